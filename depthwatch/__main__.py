@@ -1,0 +1,3 @@
+from depthwatch.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,57 @@
+"""The `depthwatch` command line: one subcommand per module in `depthwatch.commands`.
+
+The only place that prints to the user and picks exit codes: a DepthwatchError
+becomes one line on stderr and its exit code (78 for config and model errors,
+which a restart cannot fix); anything else keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from depthwatch import __version__
+from depthwatch.errors import DepthwatchError
+
+#: Subcommands, each a module in depthwatch.commands with HELP, add_arguments() and main().
+COMMANDS = ("run", "once", "check")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="depthwatch",
+        description="Watch folders for video frames and write their depth maps next to them.",
+    )
+    parser.add_argument("--version", action="version", version=f"depthwatch {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        module = importlib.import_module(f"depthwatch.commands.{name}")
+        command = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(command)
+        command.set_defaults(func=module.main)
+    return parser
+
+
+def setup_logging(level: str = "info") -> None:
+    """Human-readable lines on stderr (launchd and systemd keep them in the log file)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(message)s", "%Y-%m-%d %H:%M:%S"))
+    root = logging.getLogger("depthwatch")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(getattr(args, "log_level", None) or "info")
+    try:
+        return int(args.func(args) or 0)
+    except DepthwatchError as exc:
+        print(f"depthwatch: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130

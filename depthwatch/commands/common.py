@@ -1,0 +1,33 @@
+"""Options shared by the subcommands that read a config."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from depthwatch import config as configuration
+from depthwatch.catalogue import is_catalogue_name
+from depthwatch.config import Config, expand_path
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-c", "--config", metavar="CONFIG", help="config file (default: $DEPTHWATCH_CONFIG, then the user's config folder)"
+    )
+    parser.add_argument("--model", metavar="PATH", help="model file or catalogue name (overrides model.path)")
+    parser.add_argument("--profile", metavar="NAME", help="model profile (overrides model.profile)")
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Find and load the config, then apply the command-line overrides.
+
+    Paths given on the command line are relative to the shell's folder, unlike
+    paths in the config file, which are relative to the file.
+    """
+    config = configuration.load(configuration.find(args.config))
+    if args.model:
+        model = args.model if is_catalogue_name(args.model) else str(expand_path(args.model, Path.cwd()))
+        config = config.replace("model", path=model)
+    if args.profile:
+        config = config.replace("model", profile=args.profile)
+    return config

@@ -1,0 +1,60 @@
+"""`depthwatch run`: the long-lived daemon, in the foreground, for launchd or systemd."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+from pathlib import Path
+from types import FrameType
+
+from depthwatch.commands.common import add_config_arguments, config_from_args
+from depthwatch.config import Config
+
+HELP = "watch folders and write a depth map for every frame dropped in them (runs in the foreground)"
+
+log = logging.getLogger("depthwatch")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+    parser.add_argument("--watch", metavar="DIR", action="append", help="folder to watch (repeatable; overrides watch.folders)")
+    parser.add_argument("--pattern", metavar="GLOB", action="append", help="frame file pattern (repeatable; overrides watch.patterns)")
+    parser.add_argument("--output", metavar="TEMPLATE", help="output name template, e.g. '{stem}_depth.jpg' (overrides output.template)")
+    parser.add_argument("--status", metavar="FILE", help="status JSON file to keep up to date (overrides daemon.status_file)")
+    parser.add_argument("--polling", action="store_true", help="poll instead of using filesystem events (network volumes)")
+
+
+def apply_overrides(config: Config, args: argparse.Namespace) -> Config:
+    cwd = Path.cwd()
+    if args.watch:
+        config = config.replace("watch", folders=tuple(Path(os.path.abspath(cwd / Path(w).expanduser())) for w in args.watch))
+    if args.pattern:
+        config = config.replace("watch", patterns=tuple(args.pattern))
+    if args.polling:
+        config = config.replace("watch", observer="polling")
+    if args.output:
+        config = config.replace("output", template=args.output)
+    if args.status:
+        config = config.replace("daemon", status_file=Path(os.path.abspath(cwd / Path(args.status).expanduser())))
+    return config
+
+
+def main(args: argparse.Namespace) -> int:
+    from depthwatch.config import check_combinations
+    from depthwatch.service import Daemon
+
+    config = apply_overrides(config_from_args(args), args)
+    check_combinations(config)
+    logging.getLogger("depthwatch").setLevel(config.daemon.log_level.upper())
+    daemon = Daemon(config)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if daemon.stopping:
+            os._exit(128 + signum)  # a second signal: out at once, no cleanup
+        daemon.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return daemon.run()

@@ -1,0 +1,383 @@
+"""The one Config object, loaded from a hand-edited YAML file and checked strictly.
+
+People edit this file by hand, often while the daemon runs, so every mistake
+is reported as `file:line:column: what is wrong; what to do`, unknown keys get
+a "did you mean", and nothing but plain YAML is accepted (safe loader only).
+The defaults here and in the repository's config.yaml are kept in step by a test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from depthwatch import paths, providers
+from depthwatch.errors import ConfigError
+from depthwatch.imaging import OUTPUT_FORMATS
+from depthwatch.profiles import DEPTH, INVERSE_DEPTH, PROFILES
+
+ENV_VAR = "DEPTHWATCH_CONFIG"
+
+
+def _spec(check: Callable[[Any, Path], Any], doc: str = "") -> dict[str, Any]:
+    return {"check": check, "doc": doc}
+
+
+# -- value checks: each returns the converted value or raises ValueError(sentence) --
+
+
+def _int(lo: int, hi: int) -> Callable[[Any, Path], int]:
+    def check(value: Any, base: Path) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"must be a whole number, not {_show(value)}")
+        if not lo <= value <= hi:
+            raise ValueError(f"must be between {lo} and {hi}, not {value}")
+        return value
+
+    return check
+
+
+def _number(lo: float, hi: float) -> Callable[[Any, Path], float]:
+    def check(value: Any, base: Path) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"must be a number, not {_show(value)}")
+        if not lo <= value <= hi:
+            raise ValueError(f"must be between {lo:g} and {hi:g}, not {value:g}")
+        return float(value)
+
+    return check
+
+
+def _bool(value: Any, base: Path) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, not {_show(value)}")
+    return value
+
+
+def _choice(*choices: Any) -> Callable[[Any, Path], Any]:
+    def check(value: Any, base: Path) -> Any:
+        if isinstance(value, bool) or value not in choices:
+            shown = ", ".join(str(c) for c in choices)
+            raise ValueError(f"must be one of {shown}, not {_show(value)}{_did_you_mean(value, choices)}")
+        return value
+
+    return check
+
+
+def _text(value: Any, base: Path) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"must be a non-empty string, not {_show(value)}")
+    return value
+
+
+def _optional(check: Callable[[Any, Path], Any]) -> Callable[[Any, Path], Any]:
+    def wrapped(value: Any, base: Path) -> Any:
+        return None if value is None else check(value, base)
+
+    return wrapped
+
+
+def expand_path(value: str, base: Path) -> Path:
+    """~ and $VARS expanded; relative paths taken from the config file's folder.
+
+    launchd starts processes in /, so a path relative to the working directory
+    would mean something different under launchd than in a terminal.
+    """
+    path = Path(os.path.expandvars(os.path.expanduser(value)))
+    return Path(os.path.abspath(path if path.is_absolute() else base / path))
+
+
+def _path(value: Any, base: Path) -> Path:
+    return expand_path(_text(value, base), base)
+
+
+def _list_of(check: Callable[[Any, Path], Any]) -> Callable[[Any, Path], tuple[Any, ...]]:
+    def wrapped(value: Any, base: Path) -> tuple[Any, ...]:
+        items = value if isinstance(value, list) else [value]
+        if not items:
+            raise ValueError("must list at least one entry")
+        return tuple(check(item, base) for item in items)
+
+    return wrapped
+
+
+def _folder(value: Any, base: Path) -> Path:
+    path = _path(value, base)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{path} is a file, not a folder")
+    return path
+
+
+def _providers(value: Any, base: Path) -> str | tuple[str, ...]:
+    if value == "auto":
+        return "auto"
+    names = _list_of(_text)(value, base)
+    known = {*providers.ALIASES, *providers.ALIASES.values()}
+    for name in names:
+        if name not in known and not name.endswith("ExecutionProvider"):
+            choices = ["auto", *providers.ALIASES]
+            raise ValueError(f"{name!r} is not a provider; use auto or a list of coreml, cuda, cpu{_did_you_mean(name, choices)}")
+    return tuple(providers.full_name(n) for n in names)
+
+
+def _triple(value: Any, base: Path) -> tuple[float, float, float]:
+    if not isinstance(value, list) or len(value) != 3:
+        raise ValueError(f"must be a list of three numbers (R, G, B), not {_show(value)}")
+    return tuple(_number(-1e6, 1e6)(v, base) for v in value)  # type: ignore[return-value]
+
+
+def _percent_pair(value: Any, base: Path) -> tuple[float, float]:
+    if not isinstance(value, list) or len(value) != 2:
+        raise ValueError(f"must be a list [low, high] of two percentiles, not {_show(value)}")
+    lo, hi = (_number(0, 100)(v, base) for v in value)
+    if not lo < hi:
+        raise ValueError(f"low ({lo:g}) must be below high ({hi:g})")
+    return lo, hi
+
+
+def _template(value: Any, base: Path) -> str:
+    text = _text(value, base)
+    try:
+        rendered = text.format(stem="frame", name="frame.jpg", ext="jpg")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"{text!r} uses an unknown field {exc}; use {{stem}}, {{name}} or {{ext}}") from None
+    suffix = Path(rendered).suffix.lower()
+    if "{ext}" not in text and suffix not in OUTPUT_FORMATS:
+        raise ValueError(f"{text!r} must end in .jpg, .png or .tif (or {{ext}} for the frame's own)")
+    return text
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value)
+    if value is None:
+        return "nothing"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _did_you_mean(value: Any, choices: Any) -> str:
+    if not isinstance(value, str):
+        return ""
+    close = difflib.get_close_matches(value, [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# -- the schema -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = field(default="midas-v21-small", metadata=_spec(_text, "catalogue name or path to an .onnx file"))
+    profile: str = field(default="auto", metadata=_spec(_choice("auto", *PROFILES)))
+    providers: str | tuple[str, ...] = field(default="auto", metadata=_spec(_providers))
+    intra_op_threads: int = field(default=0, metadata=_spec(_int(0, 256)))
+    coreml_cache: Path | None = field(default=None, metadata=_spec(_optional(_path)))
+    folder: Path | None = field(default=None, metadata=_spec(_optional(_path)))
+    input_size: int | None = field(default=None, metadata=_spec(_optional(_int(14, 4096))))
+    multiple_of: int | None = field(default=None, metadata=_spec(_optional(_int(1, 256))))
+    mean: tuple[float, float, float] | None = field(default=None, metadata=_spec(_optional(_triple)))
+    std: tuple[float, float, float] | None = field(default=None, metadata=_spec(_optional(_triple)))
+    output: str | None = field(default=None, metadata=_spec(_optional(_choice(INVERSE_DEPTH, DEPTH))))
+
+    def models_folder(self) -> Path:
+        return self.folder if self.folder is not None else paths.models_dir()
+
+
+@dataclass(frozen=True)
+class WatchConfig:
+    folders: tuple[Path, ...] = field(default=(Path("tmp"),), metadata=_spec(_list_of(_folder)))
+    patterns: tuple[str, ...] = field(default=("frame.jpg",), metadata=_spec(_list_of(_text)))
+    recursive: bool = field(default=False, metadata=_spec(_bool))
+    observer: str = field(default="native", metadata=_spec(_choice("native", "polling")))
+    poll_interval_ms: int = field(default=500, metadata=_spec(_int(50, 60_000)))
+    settle_ms: int = field(default=100, metadata=_spec(_int(0, 10_000)))
+    incomplete_timeout_s: float = field(default=10.0, metadata=_spec(_number(0.1, 3600)))
+    follow_symlinks: bool = field(default=False, metadata=_spec(_bool))
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    template: str = field(default="depth.jpg", metadata=_spec(_template))
+    jpeg_quality: int = field(default=95, metadata=_spec(_int(1, 100)))
+    png_bits: int = field(default=16, metadata=_spec(_choice(8, 16)))
+    png_compression: int = field(default=1, metadata=_spec(_int(0, 9)))
+    invert: bool = field(default=False, metadata=_spec(_bool))
+    clip_percent: tuple[float, float] | None = field(default=None, metadata=_spec(_optional(_percent_pair)))
+    sidecar: bool = field(default=False, metadata=_spec(_bool))
+    error_sidecar: bool = field(default=False, metadata=_spec(_bool))
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    workers: int = field(default=2, metadata=_spec(_int(1, 64)))
+    queue_size: int = field(default=4096, metadata=_spec(_int(1, 1_000_000)))
+    max_megapixels: float = field(default=100.0, metadata=_spec(_number(0.01, 10_000)))
+    retries: int = field(default=3, metadata=_spec(_int(0, 100)))
+    shutdown_timeout_s: float = field(default=10.0, metadata=_spec(_number(0.5, 19)))
+    status_file: Path | None = field(default=None, metadata=_spec(_optional(_path)))
+    log_level: str = field(default="info", metadata=_spec(_choice("debug", "info", "warning", "error")))
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = ModelConfig()
+    watch: WatchConfig = WatchConfig()
+    output: OutputConfig = OutputConfig()
+    daemon: DaemonConfig = DaemonConfig()
+    #: The file this came from (None: built-in defaults); relative paths resolve against its folder.
+    source: Path | None = field(default=None, compare=False)
+
+    @property
+    def base(self) -> Path:
+        """The folder relative paths are taken from: the config file's, else the working directory."""
+        return self.source.parent if self.source is not None else Path.cwd()
+
+    def replace(self, section: str, **changes: Any) -> Config:
+        """A copy with some settings of one section changed (command-line overrides)."""
+        return dataclasses.replace(self, **{section: dataclasses.replace(getattr(self, section), **changes)})
+
+
+SECTIONS: dict[str, type] = {"model": ModelConfig, "watch": WatchConfig, "output": OutputConfig, "daemon": DaemonConfig}
+
+
+def defaults(base: Path | None = None) -> Config:
+    """Built-in defaults, with relative folders taken from `base` (the working directory)."""
+    base = base or Path.cwd()
+    config = Config()
+    return config.replace("watch", folders=tuple(base / f for f in config.watch.folders))
+
+
+# -- finding and loading ----------------------------------------------------------------
+
+
+def find(explicit: str | os.PathLike[str] | None = None, platform: str | None = None) -> Path | None:
+    """The config file to use: -c PATH, then $DEPTHWATCH_CONFIG, then the user's folder."""
+    if explicit:
+        path = Path(os.path.expanduser(str(explicit)))
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist; check the -c path")
+        return path.resolve()
+    env = os.environ.get(ENV_VAR)
+    if env:
+        path = Path(os.path.expanduser(env))
+        if not path.is_file():
+            raise ConfigError(f"${ENV_VAR} names {path}, which does not exist; fix or unset it")
+        return path.resolve()
+    user = paths.default_config_file(platform)
+    return user if user.is_file() else None
+
+
+def load(path: Path | None) -> Config:
+    """Load and check a config file (None: the built-in defaults); ConfigError if unusable."""
+    if path is None:
+        return defaults()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the config: {exc}") from None
+    return parse(text, path)
+
+
+def parse(text: str, path: Path) -> Config:
+    """Check YAML text as a config from `path`; every error names file, line and column."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise ConfigError(f"{where}: YAML syntax error: {problem}; fix the file's indentation or quoting") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: YAML error: {exc}") from None
+    finally:
+        loader.dispose()
+    if data is None:
+        data, node = {}, None
+    base = path.parent
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{_where(path, node)}: the config must be a mapping of sections (model, watch, output, daemon)")
+    sections: dict[str, Any] = {}
+    for key, key_node, value, value_node in _items(data, node):
+        if key not in SECTIONS:
+            raise ConfigError(
+                f"{_where(path, key_node)}: unknown section {key!r}{_did_you_mean(key, SECTIONS)}; "
+                f"sections are {', '.join(SECTIONS)}"
+            )
+        sections[key] = _section(SECTIONS[key], key, value, value_node, path, base)
+    config = Config(**sections, source=path)
+    check_combinations(config, _where(path, node))
+    return config
+
+
+def _where(path: Path, node: yaml.Node | None) -> str:
+    if node is None:
+        return f"{path}:1:1"
+    return f"{path}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
+
+
+def _items(data: Mapping[str, Any], node: yaml.Node | None) -> list[tuple[Any, Any, Any, Any]]:
+    """(key, key node, value, value node) for each entry of a mapping."""
+    pairs = node.value if isinstance(node, yaml.MappingNode) else []
+    nodes = {}
+    for key_node, value_node in pairs:
+        nodes[key_node.value] = (key_node, value_node)
+    out = []
+    for key, value in data.items():
+        key_node, value_node = nodes.get(str(key), (node, node))
+        out.append((key, key_node, value, value_node))
+    return out
+
+
+def _section(cls: type, name: str, data: Any, node: yaml.Node, path: Path, base: Path) -> Any:
+    if data is None:
+        return cls()
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{_where(path, node)}: section {name!r} must be a mapping of settings, not {_show(data)}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for key, key_node, value, value_node in _items(data, node):
+        if key not in fields:
+            raise ConfigError(
+                f"{_where(path, key_node)}: unknown setting {name}.{key}{_did_you_mean(str(key), fields)}; "
+                f"see config.yaml for the settings of {name!r}"
+            )
+        try:
+            values[key] = fields[key].metadata["check"](value, base)
+        except ValueError as exc:
+            raise ConfigError(f"{_where(path, value_node)}: {name}.{key} {exc}") from None
+    return cls(**values)
+
+
+def check_combinations(config: Config, where: str = "command line") -> None:
+    """Settings that are fine alone but impossible together (also after command-line overrides)."""
+    if (config.model.mean is None) != (config.model.std is None):
+        raise ConfigError(f"{where}: model.mean and model.std go together; set both or neither")
+    if config.output.template in config.watch.patterns:
+        raise ConfigError(
+            f"{where}: output.template {config.output.template!r} is also a watch pattern; "
+            "outputs would be processed as frames, so choose a different output name"
+        )
+
+
+def dump_defaults() -> dict[str, dict[str, Any]]:
+    """The built-in defaults as plain values, section by section (for the config.yaml test)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, cls in SECTIONS.items():
+        out[name] = {}
+        for f in dataclasses.fields(cls):
+            value = getattr(cls(), f.name)
+            if isinstance(value, tuple):
+                value = [str(v) if isinstance(v, Path) else v for v in value]
+            elif isinstance(value, Path):
+                value = str(value)
+            out[name][f.name] = value
+    return out

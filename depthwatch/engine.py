@@ -1,0 +1,339 @@
+"""The one inference thread and the one ONNX Runtime session it owns.
+
+Sessions on GPU back-ends are bound to the thread and process that made them
+(CoreML after fork() crashes; TensorFlow-style sessions hang when called from
+another thread), and a model loaded lazily from concurrent callers gets loaded
+many times. So: one thread creates the session, before any job, and makes
+every `run()` call; other threads hand it tensors and get futures back. A
+reload is a job like any other on the same queue, so two loads can never
+overlap and no frame is lost across the swap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from depthwatch import paths, providers
+from depthwatch.contract import Contract, depth_map, read_contract
+from depthwatch.errors import DepthwatchError, FrameError, ModelChanged, ModelError
+from depthwatch.imaging import model_input_size
+from depthwatch.profiles import Profile
+
+log = logging.getLogger("depthwatch.engine")
+
+SessionFactory = Callable[..., Any]
+
+
+class EngineStopped(DepthwatchError):
+    """Work was handed to an engine that has stopped (or never loaded)."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to load: a model file, its profile, and how to run it."""
+
+    path: Path
+    profile: Profile
+    providers: str | tuple[str, ...] = "auto"
+    #: Threads for the CPU provider's operators; 0 lets onnxruntime decide.
+    intra_op_threads: int = 0
+    #: Where CoreML keeps the compiled model between starts (None: the user cache dir).
+    coreml_cache: Path | None = None
+
+    def cache_dir(self) -> Path:
+        if self.coreml_cache is not None:
+            return self.coreml_cache
+        return paths.cache_dir() / "coreml" / self.path.stem
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What is loaded now; `generation` goes up by one with every swap."""
+
+    spec: ModelSpec
+    contract: Contract
+    providers: tuple[str, ...]
+    generation: int
+    load_seconds: float
+
+    @property
+    def profile(self) -> Profile:
+        return self.spec.profile
+
+    def describe(self) -> str:
+        return (
+            f"model {self.spec.path.name} (profile {self.profile.name}, "
+            f"providers {', '.join(self.providers)}): {self.contract.describe()}"
+        )
+
+
+@dataclass(frozen=True)
+class Inference:
+    """A prediction as [H, W] floats, and the seconds `session.run` took."""
+
+    prediction: np.ndarray
+    seconds: float
+    generation: int
+
+
+_STOP = object()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
+class Engine:
+    """Owns the inference thread; thread-safe to call from anywhere.
+
+    `start()` begins loading on the inference thread and returns at once;
+    `infer()` may be called before the load finishes (work waits in order).
+    """
+
+    def __init__(self, spec: ModelSpec, *, session_factory: SessionFactory | None = None) -> None:
+        if session_factory is None:
+            import onnxruntime
+
+            session_factory = onnxruntime.InferenceSession
+        self._spec = spec
+        self._factory = session_factory
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="depthwatch-inference", daemon=True)
+        self._ready = threading.Event()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._info: ModelInfo | None = None
+        self._error: DepthwatchError | None = None
+        self._cpu_rebuilt = False
+        #: Sessions created over the engine's life (first load, reloads, CPU rebuild).
+        self.load_count = 0
+        #: Frames run through the model.
+        self.run_count = 0
+
+    # -- the public side, called from any thread ---------------------------------
+
+    def start(self) -> Engine:
+        self._thread.start()
+        return self
+
+    def wait_ready(self, timeout: float | None = None) -> ModelInfo:
+        """Block until the first load is done; raise its error if it failed."""
+        if not self._ready.wait(timeout):
+            raise TimeoutError("the model is still loading")
+        if self._error is not None:
+            raise self._error
+        assert self._info is not None
+        return self._info
+
+    @property
+    def info(self) -> ModelInfo | None:
+        """The model loaded now, or None before the first load."""
+        return self._info
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
+    def infer(self, tensor: np.ndarray, generation: int) -> Future[Inference]:
+        """Queue one tensor prepared for model `generation`; the future gets the prediction.
+
+        If the model was swapped since the tensor was prepared the future fails
+        with ModelChanged and the caller prepares it again for the new model.
+        """
+        return self._put(("run", tensor, generation))
+
+    def reload(self, spec: ModelSpec) -> Future[ModelInfo]:
+        """Load `spec` on the inference thread after the work already queued, then swap.
+
+        On failure the old model stays in service and the future carries the error.
+        """
+        return self._put(("load", spec))
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Finish the queued work, release the session, join the thread; True if it ended."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._jobs.put(_STOP)
+        if self._thread.is_alive() or self._thread.ident is not None:
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def __enter__(self) -> Engine:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _put(self, job: tuple[Any, ...]) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._lock:
+            if self._closed:
+                future.set_exception(self._error or EngineStopped("the inference engine has stopped"))
+                return future
+            self._jobs.put((future, job))
+        return future
+
+    # -- the inference thread ----------------------------------------------------
+
+    def _serve(self) -> None:
+        session: Any = None
+        try:
+            try:
+                session, self._info = self._load(self._spec, generation=1)
+            except DepthwatchError as exc:
+                self._error = exc
+                return
+            finally:
+                self._ready.set()
+            while True:
+                item = self._jobs.get()
+                if item is _STOP:
+                    return
+                future, job = item
+                if not future.set_running_or_notify_cancel():
+                    continue
+                if job[0] == "load":
+                    session = self._swap(session, future, job[1])
+                else:
+                    session = self._run(session, future, job[1], job[2])
+        finally:
+            session = None  # release the model before the thread ends
+            self._drain()
+
+    def _drain(self) -> None:
+        with self._lock:
+            self._closed = True
+        reason = self._error or EngineStopped("the inference engine has stopped")
+        while True:
+            try:
+                item = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if item is not _STOP and item[0].set_running_or_notify_cancel():
+                item[0].set_exception(reason)
+
+    def _swap(self, session: Any, future: Future[Any], spec: ModelSpec) -> Any:
+        assert self._info is not None
+        try:
+            new_session, info = self._load(spec, generation=self._info.generation + 1)
+        except DepthwatchError as exc:
+            log.error("keeping %s: %s", self._info.spec.path.name, exc)
+            future.set_exception(exc)
+            return session
+        self._info = info
+        self._cpu_rebuilt = False
+        future.set_result(info)
+        return new_session  # the old session is released as its last reference goes
+
+    def _run(self, session: Any, future: Future[Any], tensor: np.ndarray, generation: int) -> Any:
+        info = self._info
+        assert info is not None
+        if generation != info.generation:
+            future.set_exception(ModelChanged())
+            return session
+        feed = {info.contract.input_name: tensor}
+        names = [info.contract.output_name]
+        for attempt in (1, 2):
+            try:
+                start = time.perf_counter()
+                output = session.run(names, feed)[0]
+                seconds = time.perf_counter() - start
+                prediction = depth_map(output)
+            except Exception as exc:  # onnxruntime raises its own exception types
+                on_accelerator = any(p != providers.CPU for p in info.providers)
+                if attempt == 1 and on_accelerator and not self._cpu_rebuilt:
+                    session, info = self._rebuild_on_cpu(session, info, exc)
+                    continue
+                future.set_exception(FrameError(f"inference failed: {_first_line(exc)}"))
+                return session
+            self.run_count += 1
+            future.set_result(Inference(prediction, seconds, generation))
+            return session
+        return session
+
+    def _rebuild_on_cpu(self, session: Any, info: ModelInfo, exc: Exception) -> tuple[Any, ModelInfo]:
+        self._cpu_rebuilt = True
+        log.warning(
+            "%s failed at run time (%s); rebuilding the session on CPU",
+            info.providers[0],
+            _first_line(exc),
+        )
+        cpu_spec = dataclasses.replace(info.spec, providers=(providers.CPU,))
+        try:
+            session, rebuilt = self._load(cpu_spec, generation=info.generation)
+        except DepthwatchError as load_exc:
+            log.error("could not rebuild the session on CPU: %s", load_exc)
+            return session, info
+        self._info = rebuilt
+        return session, rebuilt
+
+    def _load(self, spec: ModelSpec, generation: int) -> tuple[Any, ModelInfo]:
+        import onnxruntime
+
+        path = spec.path
+        if not path.is_file():
+            raise ModelError(f"model file {path} does not exist; fetch it with `depthwatch models fetch` or set model.path")
+        if not os.access(path, os.R_OK):
+            raise ModelError(f"model file {path} is not readable; check its permissions")
+        wanted, skipped = providers.choose(spec.providers, onnxruntime.get_available_providers())
+        for reason in skipped:
+            log.warning("%s; using the next provider", reason)
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = max(0, spec.intra_op_threads)
+        options.inter_op_num_threads = 1
+        options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+        options.log_severity_level = 4  # errors reach the log as our own one-line messages
+        # Idle operator threads spinning would steal the cores that decode and encode frames.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        start = time.perf_counter()
+        session = self._create(path, options, wanted, spec)
+        applied = tuple(session.get_providers())
+        for name in wanted:
+            if name != providers.CPU and name not in applied:
+                log.warning("%s did not take the model; running on %s", name, ", ".join(applied))
+        contract = read_contract(session)
+        self._warm_up(session, contract, spec.profile)
+        self.load_count += 1
+        info = ModelInfo(spec, contract, applied, generation, time.perf_counter() - start)
+        log.info("loaded %s in %.2f s; applied providers: %s", path.name, info.load_seconds, ", ".join(applied))
+        return session, info
+
+    def _create(self, path: Path, options: Any, wanted: list[str], spec: ModelSpec) -> Any:
+        chain = [(name, providers.options_for(name, spec.cache_dir())) for name in wanted]
+        try:
+            return self._factory(str(path), sess_options=options, providers=chain)
+        except Exception as exc:
+            if wanted == [providers.CPU]:
+                raise ModelError(f"cannot load model {path}: {_first_line(exc)}") from None
+            log.warning(
+                "could not start %s (%s); falling back to CPU", ", ".join(wanted[:-1]), _first_line(exc)
+            )
+        try:
+            return self._factory(str(path), sess_options=options, providers=[providers.CPU])
+        except Exception as exc:
+            raise ModelError(f"cannot load model {path}: {_first_line(exc)}") from None
+
+    def _warm_up(self, session: Any, contract: Contract, profile: Profile) -> None:
+        side = profile.input_size or 256
+        w, h = model_input_size(contract, profile, (side, side))
+        shape = (1, 3, h, w) if contract.layout == "NCHW" else (1, h, w, 3)
+        try:
+            depth_map(session.run([contract.output_name], {contract.input_name: np.zeros(shape, contract.input_dtype)})[0])
+        except DepthwatchError:
+            raise
+        except Exception as exc:
+            raise ModelError(f"the model failed its first run: {_first_line(exc)}") from None

@@ -1,0 +1,42 @@
+"""The errors depthwatch reports to people, each carrying a one-line message.
+
+The CLI turns these into one line on stderr and an exit code; the daemon turns
+`FrameError` into one log line and carries on. Anything else is a bug and keeps
+its traceback.
+"""
+
+from __future__ import annotations
+
+#: sysexits.h EX_CONFIG: a restart cannot fix this (bad config, missing model),
+#: so launchd/systemd are told not to spin on it.
+EX_CONFIG = 78
+
+
+class DepthwatchError(Exception):
+    """An error whose message is one line a user can act on."""
+
+    exit_code = 1
+
+
+class ConfigError(DepthwatchError):
+    """The configuration cannot be used as written."""
+
+    exit_code = EX_CONFIG
+
+
+class ModelError(DepthwatchError):
+    """The model file is missing, unreadable or not a usable depth model."""
+
+    exit_code = EX_CONFIG
+
+
+class FrameError(DepthwatchError):
+    """One input frame cannot be turned into a depth map; the others can."""
+
+
+class OutputError(DepthwatchError):
+    """A depth map could not be written (permissions, full disk); worth a retry."""
+
+
+class ModelChanged(Exception):
+    """A tensor was prepared for a model that has since been swapped out."""

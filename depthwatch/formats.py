@@ -1,0 +1,168 @@
+"""What an image file's own bytes say about it, read without decoding it.
+
+Two jobs need this before any pixel is decoded: refusing a decompression bomb
+(a small file that declares a huge image) and telling a completely written
+file from one still being written (JPEG ends with EOI, PNG with IEND, WebP
+declares its length). On macOS there is no "file closed" event, so the end
+marker is how a dropped frame is accepted at once.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+JPEG, PNG, TIFF, WEBP = "jpeg", "png", "tiff", "webp"
+
+#: File extensions and the format each one promises.
+EXTENSIONS = {
+    ".jpg": JPEG,
+    ".jpeg": JPEG,
+    ".png": PNG,
+    ".tif": TIFF,
+    ".tiff": TIFF,
+    ".webp": WEBP,
+}
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_IEND = b"\x00\x00\x00\x00IEND\xaeB`\x82"
+# JPEG start-of-frame markers carry the image size; C4, C8 and CC are not SOFs.
+_JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+@dataclass(frozen=True)
+class Header:
+    """Format and size as stored; `orientation` is the EXIF tag (1 = as stored)."""
+
+    format: str
+    width: int
+    height: int
+    orientation: int = 1
+
+    @property
+    def display_size(self) -> tuple[int, int]:
+        """(width, height) as a viewer shows the image, EXIF rotation applied."""
+        if self.orientation in (5, 6, 7, 8):
+            return self.height, self.width
+        return self.width, self.height
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+
+def sniff(data: bytes) -> str | None:
+    """The format named by the file's magic bytes, or None if not an image we read."""
+    if data[:3] == b"\xff\xd8\xff":
+        return JPEG
+    if data[:8] == _PNG_SIGNATURE:
+        return PNG
+    if data[:4] in (b"II*\x00", b"MM\x00*"):
+        return TIFF
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return WEBP
+    return None
+
+
+def is_complete(fmt: str, tail: bytes, size: int, head: bytes = b"") -> bool | None:
+    """Whether a file of `size` bytes ending in `tail` is completely written.
+
+    None means the format has no end marker (TIFF): the caller must rely on the
+    file having settled.
+    """
+    if fmt == JPEG:
+        return tail.rstrip(b"\x00")[-2:] == b"\xff\xd9"
+    if fmt == PNG:
+        return tail[-12:] == _PNG_IEND
+    if fmt == WEBP:
+        return len(head) >= 8 and struct.unpack("<I", head[4:8])[0] + 8 <= size
+    return None
+
+
+def read_header(data: bytes) -> Header | None:
+    """Parse the size (and JPEG EXIF orientation) from the header; None if unreadable."""
+    fmt = sniff(data)
+    try:
+        if fmt == JPEG:
+            return _jpeg_header(data)
+        if fmt == PNG and len(data) >= 24 and data[12:16] == b"IHDR":
+            w, h = struct.unpack(">II", data[16:24])
+            return Header(PNG, w, h)
+        if fmt == TIFF:
+            return _tiff_header(data)
+        if fmt == WEBP:
+            return _webp_header(data)
+    except (struct.error, IndexError, ValueError):
+        return None
+    return None
+
+
+def _jpeg_header(data: bytes) -> Header | None:
+    pos, orientation = 2, 1
+    n = len(data)
+    while pos + 4 <= n:
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            pos += 2
+            continue
+        (length,) = struct.unpack(">H", data[pos + 2 : pos + 4])
+        segment = data[pos + 4 : pos + 2 + length]
+        if marker == 0xE1 and segment[:6] == b"Exif\x00\x00":
+            orientation = _exif_orientation(segment[6:]) or 1
+        elif marker in _JPEG_SOF:
+            h, w = struct.unpack(">HH", segment[1:5])
+            return Header(JPEG, w, h, orientation)
+        elif marker == 0xDA:  # start of scan before any SOF: broken
+            return None
+        pos += 2 + length
+    return None
+
+
+def _tiff_ifd0(tiff: bytes) -> tuple[str, dict[int, int]]:
+    """The short/long tags of a TIFF structure's first IFD (for EXIF and TIFF files)."""
+    endian = "<" if tiff[:2] == b"II" else ">"
+    (offset,) = struct.unpack(endian + "I", tiff[4:8])
+    (count,) = struct.unpack(endian + "H", tiff[offset : offset + 2])
+    tags: dict[int, int] = {}
+    for i in range(min(count, 512)):
+        entry = tiff[offset + 2 + 12 * i : offset + 14 + 12 * i]
+        tag, kind = struct.unpack(endian + "HH", entry[:4])
+        if kind == 3:  # SHORT
+            tags[tag] = struct.unpack(endian + "H", entry[8:10])[0]
+        elif kind == 4:  # LONG
+            tags[tag] = struct.unpack(endian + "I", entry[8:12])[0]
+    return endian, tags
+
+
+def _exif_orientation(tiff: bytes) -> int | None:
+    try:
+        return _tiff_ifd0(tiff)[1].get(0x0112)
+    except (struct.error, IndexError):
+        return None
+
+
+def _tiff_header(data: bytes) -> Header | None:
+    _, tags = _tiff_ifd0(data)
+    if 256 not in tags or 257 not in tags:
+        return None
+    return Header(TIFF, tags[256], tags[257])
+
+
+def _webp_header(data: bytes) -> Header | None:
+    chunk = data[12:16]
+    if chunk == b"VP8 ":
+        w, h = struct.unpack("<HH", data[26:30])
+        return Header(WEBP, w & 0x3FFF, h & 0x3FFF)
+    if chunk == b"VP8L":
+        bits = struct.unpack("<I", data[21:25])[0]
+        return Header(WEBP, (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1)
+    if chunk == b"VP8X":
+        w = int.from_bytes(data[24:27], "little") + 1
+        h = int.from_bytes(data[27:30], "little") + 1
+        return Header(WEBP, w, h)
+    return None

@@ -1,0 +1,207 @@
+"""Pixels in, pixels out: pure functions around the model, no I/O, no state.
+
+decode (bytes -> image) and prepare (image -> tensor) come before inference;
+render (prediction -> depth map at the frame's size) and encode (map -> bytes)
+come after. They run on worker threads, never on the inference thread.
+
+Two choices here are made for speed and tested to give the same result as the
+obvious path: JPEGs are decoded at 1/2, 1/4 or 1/8 scale (libjpeg's DCT
+scaling) when the model's input is that much smaller than the frame, and the
+map is normalised and quantised at the model's resolution before it is
+upscaled, so the upscale works on 8- or 16-bit integers instead of floats.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from depthwatch import formats
+from depthwatch.contract import NCHW, Contract
+from depthwatch.errors import FrameError, ModelError
+from depthwatch.profiles import INVERSE_DEPTH, Profile
+
+_REDUCED = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
+
+#: Output formats by file extension; JPEG is 8-bit only.
+OUTPUT_FORMATS = {".jpg": ".jpg", ".jpeg": ".jpg", ".png": ".png", ".tif": ".tiff", ".tiff": ".tiff"}
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A decoded frame: BGR pixels (maybe at reduced scale) and the frame's true size."""
+
+    image: np.ndarray
+    #: (width, height) of the frame as an editor displays it (EXIF orientation applied).
+    size: tuple[int, int]
+    format: str
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """How the depth map looks: white = near unless inverted, optional percentile clip."""
+
+    invert: bool = False
+    clip_percent: tuple[float, float] | None = None
+    bits: int = 8
+
+
+def model_input_size(contract: Contract, profile: Profile, frame_size: tuple[int, int]) -> tuple[int, int]:
+    """(width, height) of the tensor the model takes for a frame of `frame_size`."""
+    if contract.fixed_size:
+        return contract.fixed_size
+    side = profile.input_size
+    if not side:
+        raise ModelError(
+            f"the model's input size is dynamic; set model.input_size for profile {profile.name!r}"
+        )
+    m = profile.multiple_of
+    fixed_w, fixed_h = contract.width, contract.height
+    if not profile.keep_aspect:
+        w = h = side
+    else:
+        fw, fh = frame_size
+        scale = side / min(fw, fh)
+        w, h = fw * scale, fh * scale
+    w = fixed_w or max(m, int(round(w / m)) * m)
+    h = fixed_h or max(m, int(round(h / m)) * m)
+    return w, h
+
+
+def _reduction(header: formats.Header, min_size: tuple[int, int] | None) -> int:
+    """The largest JPEG DCT scale-down that still leaves at least `min_size` pixels."""
+    if header.format != formats.JPEG or not min_size:
+        return 1
+    need = max(min_size)
+    short = min(header.width, header.height)
+    for factor in (8, 4, 2):
+        if math.ceil(short / factor) >= need:
+            return factor
+    return 1
+
+
+def decode(data: bytes, *, max_pixels: int, min_size: tuple[int, int] | None = None) -> Decoded:
+    """Decode image bytes already in memory; FrameError says why a file is unusable.
+
+    The size is checked from the header first so a decompression bomb is refused
+    before any memory is spent on it. `min_size` lets a JPEG decode at reduced
+    scale when the model needs far fewer pixels than the frame has.
+    """
+    if not data:
+        raise FrameError("the file is empty (0 bytes)")
+    fmt = formats.sniff(data)
+    if fmt is None:
+        raise FrameError("not a JPEG, PNG, TIFF or WebP image")
+    header = formats.read_header(data)
+    if header is None:
+        raise FrameError(f"the {fmt.upper()} header is damaged or cut short")
+    if header.width == 0 or header.height == 0:
+        raise FrameError(f"the {fmt.upper()} header declares an empty {header.width}x{header.height} image")
+    if header.pixels > max_pixels:
+        raise FrameError(
+            f"{header.width}x{header.height} is {header.pixels / 1e6:.0f} megapixels, over the "
+            f"limit of {max_pixels / 1e6:.0f}; raise daemon.max_megapixels to accept it"
+        )
+    if formats.is_complete(fmt, data[-16:], len(data), data[:16]) is False:
+        raise FrameError(f"the {fmt.upper()} data is cut short (no end marker): the file is incomplete")
+    factor = _reduction(header, min_size)
+    try:
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), _REDUCED[factor])
+    except cv2.error as exc:
+        raise FrameError(f"cannot decode the {fmt.upper()} data: {_cv_reason(exc)}") from None
+    if image is None or image.size == 0:
+        raise FrameError(f"cannot decode the {fmt.upper()} data: the file is corrupt")
+    if factor == 1:
+        size = (image.shape[1], image.shape[0])
+    else:
+        size = header.display_size
+    return Decoded(image, size, fmt)
+
+
+def _cv_reason(exc: cv2.error) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "unknown error"
+
+
+def prepare(decoded: Decoded, contract: Contract, profile: Profile) -> np.ndarray:
+    """The model's input tensor for a decoded frame: resized, RGB, normalised, batched."""
+    w, h = model_input_size(contract, profile, decoded.size)
+    image = decoded.image
+    shrinking = w * h < image.shape[0] * image.shape[1]
+    small = cv2.resize(image, (w, h), interpolation=cv2.INTER_AREA if shrinking else cv2.INTER_CUBIC)
+    rgb = cv2.cvtColor(small, cv2.COLOR_BGR2RGB)
+    if contract.input_dtype == np.uint8:
+        x = rgb
+    else:
+        x = rgb.astype(np.float32) * np.float32(1 / 255)
+        if profile.mean != (0.0, 0.0, 0.0) or profile.std != (1.0, 1.0, 1.0):
+            x = (x - np.asarray(profile.mean, np.float32)) / np.asarray(profile.std, np.float32)
+        x = x.astype(contract.input_dtype, copy=False)
+    if contract.layout == NCHW:
+        x = x.transpose(2, 0, 1)
+    return np.ascontiguousarray(x[None])
+
+
+def normalise(prediction: np.ndarray, output_kind: str, options: RenderOptions) -> np.ndarray:
+    """Map a raw prediction to [0, 1] with 1 = white: near by default, far if inverted.
+
+    (x - min) / (max - min), guarded for a flat map. The classic Flask example's
+    255 / max * (x - min) divides by the maximum instead of the range and wraps
+    in uint8 when min < 0; this does neither.
+    """
+    d = np.nan_to_num(prediction.astype(np.float32, copy=False), nan=0.0, posinf=0.0, neginf=0.0)
+    if options.clip_percent:
+        lo, hi = (float(v) for v in np.percentile(d, options.clip_percent))
+    else:
+        lo, hi = float(d.min()), float(d.max())
+    span = hi - lo
+    if not span > 1e-12 * max(1.0, abs(hi)):
+        n = np.zeros_like(d)
+    else:
+        n = np.clip((d - lo) * np.float32(1 / span), 0.0, 1.0)
+    larger_is_near = output_kind == INVERSE_DEPTH
+    white_is_near = not options.invert
+    if larger_is_near != white_is_near:
+        n = 1.0 - n
+    return n
+
+
+def render(prediction: np.ndarray, output_kind: str, size: tuple[int, int], options: RenderOptions) -> np.ndarray:
+    """The depth map at the frame's (width, height), 8- or 16-bit, ready to encode.
+
+    Quantising at model resolution and upscaling integers gives the same map as
+    upscaling floats first (within one level) at a fraction of the cost.
+    """
+    n = normalise(prediction, output_kind, options)
+    top, dtype = (255, np.uint8) if options.bits == 8 else (65535, np.uint16)
+    q = (n * np.float32(top) + np.float32(0.5)).astype(dtype)
+    if (q.shape[1], q.shape[0]) == size:
+        return q
+    return cv2.resize(q, size, interpolation=cv2.INTER_LINEAR)
+
+
+def encode(depth: np.ndarray, ext: str, *, jpeg_quality: int = 95, png_compression: int = 1) -> bytes:
+    """Encode a depth map for an output whose name ends in `ext`."""
+    kind = OUTPUT_FORMATS.get(ext.lower())
+    if kind is None:
+        raise ValueError(f"cannot write depth maps as {ext!r}; use .jpg, .png or .tif")
+    if kind == ".jpg":
+        if depth.dtype != np.uint8:
+            depth = (depth >> 8).astype(np.uint8)
+        params = [cv2.IMWRITE_JPEG_QUALITY, int(jpeg_quality)]
+    elif kind == ".png":
+        params = [cv2.IMWRITE_PNG_COMPRESSION, int(png_compression)]
+    else:
+        params = []
+    ok, buf = cv2.imencode(kind, depth, params)
+    if not ok:
+        raise FrameError(f"could not encode the depth map as {kind}")
+    return buf.tobytes()
+
+
+def bits_for(ext: str, png_bits: int) -> int:
+    """Bit depth an output file gets: 8 for JPEG, the configured depth for PNG/TIFF."""
+    return 8 if OUTPUT_FORMATS.get(ext.lower()) == ".jpg" else png_bits

@@ -1,0 +1,51 @@
+"""Per-user folders, in the places each platform's users expect them.
+
+macOS: ~/Library/Application Support/depthwatch (config, models),
+~/Library/Caches/depthwatch, ~/Library/Logs/depthwatch.
+Linux: $XDG_CONFIG_HOME, $XDG_DATA_HOME, $XDG_CACHE_HOME and $XDG_STATE_HOME
+(each under depthwatch/).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import platformdirs
+
+APP = "depthwatch"
+
+
+def _dirs(platform: str | None = None) -> platformdirs.PlatformDirs:
+    platform = platform or sys.platform
+    if platform == "darwin":
+        from platformdirs.macos import MacOS
+
+        return MacOS(APP, appauthor=False)
+    if platform.startswith("linux"):
+        from platformdirs.unix import Unix
+
+        return Unix(APP, appauthor=False)
+    return platformdirs.PlatformDirs(APP, appauthor=False)
+
+
+def config_dir(platform: str | None = None) -> Path:
+    return Path(_dirs(platform).user_config_dir)
+
+
+def default_config_file(platform: str | None = None) -> Path:
+    return config_dir(platform) / "config.yaml"
+
+
+def models_dir(platform: str | None = None) -> Path:
+    return Path(_dirs(platform).user_data_dir) / "models"
+
+
+def cache_dir(platform: str | None = None) -> Path:
+    return Path(_dirs(platform).user_cache_dir)
+
+
+def log_dir(platform: str | None = None) -> Path:
+    if (platform or sys.platform) == "darwin":
+        return Path.home() / "Library" / "Logs" / APP
+    return Path(_dirs(platform).user_state_dir) / "log"

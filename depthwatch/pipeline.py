@@ -1,0 +1,264 @@
+"""One frame's way through: read -> decode -> infer -> render -> encode -> atomic write.
+
+Reading, decoding, encoding and writing run on a small worker pool; only
+`session.run` runs on the inference thread, which hands its result back by
+queueing the second half of the job on the pool (never doing it itself), so
+the inference thread never waits on disk or image coding. `depthwatch once`
+and the daemon both send frames through here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from depthwatch import formats, imaging
+from depthwatch.engine import Engine, Inference, ModelInfo
+from depthwatch.errors import DepthwatchError, FrameError, ModelChanged, OutputError
+from depthwatch.writer import atomic_write
+
+log = logging.getLogger("depthwatch.frames")
+
+STAGES = ("read", "decode", "infer", "encode", "write")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One frame to turn into one depth map. Jobs are keyed by `output`."""
+
+    source: Path
+    output: Path
+    #: Where an error record goes if error sidecars are on (None: not written).
+    error_record: Path | None = None
+    #: When the frame was found complete (monotonic clock), for latency figures.
+    queued_at: float = field(default_factory=time.monotonic, compare=False)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The parts of the config a frame needs, frozen per job so a reload is clean."""
+
+    render: imaging.RenderOptions = imaging.RenderOptions()
+    jpeg_quality: int = 95
+    png_bits: int = 16
+    png_compression: int = 1
+    max_pixels: int = 100_000_000
+    sidecar: bool = False
+
+
+@dataclass
+class Result:
+    """What happened to one job; `retryable` marks output errors worth another try."""
+
+    job: Job
+    error: str | None = None
+    retryable: bool = False
+    size: tuple[int, int] | None = None
+    model: str | None = None
+    providers: tuple[str, ...] = ()
+    ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def describe(self) -> str:
+        """The one log line for this frame."""
+        if self.error:
+            return f"{self.job.source}: {self.error}"
+        timings = " ".join(f"{stage} {self.ms.get(stage, 0.0):.1f}" for stage in STAGES)
+        w, h = self.size or (0, 0)
+        return f"{self.job.source.name} -> {self.job.output.name} {w}x{h} ms: {timings}"
+
+
+@dataclass
+class _Frame:
+    job: Job
+    settings: Settings
+    future: Future[Result]
+    result: Result
+    decoded: imaging.Decoded | None = None
+    source_stat: os.stat_result | None = None
+    clock: float = field(default_factory=time.perf_counter)
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.result.ms[stage] = self.result.ms.get(stage, 0.0) + (now - self.clock) * 1000
+        self.clock = now
+
+
+def read_source(path: Path) -> tuple[bytes, os.stat_result]:
+    """The file's bytes, read once; FrameError if it vanished, is unreadable or changed meanwhile."""
+    try:
+        before = os.stat(path)
+        with open(path, "rb") as f:
+            data = f.read()
+            after = os.fstat(f.fileno())
+    except FileNotFoundError:
+        raise FrameError("the file vanished before it could be read") from None
+    except PermissionError:
+        raise FrameError("permission denied reading the file; check its permissions") from None
+    except IsADirectoryError:
+        raise FrameError("is a folder, not a file") from None
+    except OSError as exc:
+        raise FrameError(f"cannot read the file: {exc.strerror or exc}") from None
+    if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns) or len(data) != after.st_size:
+        raise FrameError("the file changed while it was being read")
+    return data, after
+
+
+class Pipeline:
+    """Runs jobs through the engine with `workers` threads for everything but inference."""
+
+    def __init__(self, engine: Engine, workers: int = 2) -> None:
+        self.engine = engine
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="depthwatch-worker")
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._idle = threading.Condition(self._lock)
+
+    def submit(self, job: Job, settings: Settings) -> Future[Result]:
+        """Start a job; the future always completes with a Result (errors included)."""
+        future: Future[Result] = Future()
+        frame = _Frame(job, settings, future, Result(job))
+        with self._lock:
+            self._pending += 1
+        future.add_done_callback(self._finished)
+        self._pool.submit(self._front, frame)
+        return future
+
+    def process(self, job: Job, settings: Settings) -> Result:
+        return self.submit(job, settings).result()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until every submitted job has its result; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Wait for the jobs in flight, then stop the workers (the engine is the caller's)."""
+        self.wait_idle(timeout)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _finished(self, _: Future[Result]) -> None:
+        with self._idle:
+            self._pending -= 1
+            if self._pending == 0:
+                self._idle.notify_all()
+
+    # -- worker side ----------------------------------------------------------------
+
+    def _front(self, frame: _Frame) -> None:
+        """read, decode, prepare, hand to the engine (worker thread)."""
+        try:
+            data, frame.source_stat = read_source(frame.job.source)
+            frame.lap("read")
+            expected = formats.EXTENSIONS.get(frame.job.source.suffix.lower())
+            found = formats.sniff(data)
+            if expected and found and found != expected:
+                raise FrameError(
+                    f"is a {found.upper()} image but its name says {frame.job.source.suffix}; rename it"
+                )
+            info = self._model_info()
+            min_size = imaging.model_input_size(info.contract, info.profile, (4096, 4096))
+            frame.decoded = imaging.decode(data, max_pixels=frame.settings.max_pixels, min_size=min_size)
+            del data
+            self._to_engine(frame, info)
+        except Exception as exc:
+            self._fail(frame, exc)
+
+    def _model_info(self) -> ModelInfo:
+        info = self.engine.info
+        return info if info is not None else self.engine.wait_ready()
+
+    def _to_engine(self, frame: _Frame, info: ModelInfo) -> None:
+        assert frame.decoded is not None
+        tensor = imaging.prepare(frame.decoded, info.contract, info.profile)
+        frame.lap("decode")
+        self.engine.infer(tensor, info.generation).add_done_callback(lambda done: self._handoff(frame, done))
+
+    def _handoff(self, frame: _Frame, done: Future[Inference]) -> None:
+        """Runs on the inference thread: only queue the rest of the job, do nothing else."""
+        try:
+            self._pool.submit(self._back, frame, done)
+        except RuntimeError:  # the pool was shut down after a shutdown timeout
+            self._fail(frame, FrameError("stopped before the depth map was written"))
+
+    def _back(self, frame: _Frame, done: Future[Inference]) -> None:
+        """render, encode, write (worker thread)."""
+        try:
+            try:
+                inference = done.result()
+            except ModelChanged:
+                self._to_engine(frame, self._model_info())
+                return
+            info = self._model_info()
+            assert frame.decoded is not None
+            frame.result.ms["infer"] = inference.seconds * 1000
+            frame.clock = time.perf_counter()
+            settings, job = frame.settings, frame.job
+            ext = job.output.suffix
+            options = imaging.RenderOptions(
+                settings.render.invert, settings.render.clip_percent, imaging.bits_for(ext, settings.png_bits)
+            )
+            depth = imaging.render(inference.prediction, info.profile.output, frame.decoded.size, options)
+            encoded = imaging.encode(
+                depth, ext, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression
+            )
+            frame.lap("encode")
+            atomic_write(job.output, encoded)
+            frame.result.size = frame.decoded.size
+            frame.result.model = info.spec.path.name
+            frame.result.providers = info.providers
+            if settings.sidecar:
+                atomic_write(job.output.with_name(job.output.name + ".json"), self._sidecar(frame))
+            if job.error_record is not None and job.error_record.exists():
+                job.error_record.unlink(missing_ok=True)
+            frame.lap("write")
+            frame.decoded = None
+            frame.future.set_result(frame.result)
+        except Exception as exc:
+            self._fail(frame, exc)
+
+    def _sidecar(self, frame: _Frame) -> bytes:
+        st = frame.source_stat
+        result = frame.result
+        record: dict[str, Any] = {
+            "source": frame.job.source.name,
+            "width": result.size[0] if result.size else None,
+            "height": result.size[1] if result.size else None,
+            "source_bytes": st.st_size if st else None,
+            "source_mtime": st.st_mtime if st else None,
+            "model": result.model,
+            "providers": list(result.providers),
+            "ms": {k: round(v, 2) for k, v in result.ms.items()},
+        }
+        return json.dumps(record, indent=2).encode() + b"\n"
+
+    def _fail(self, frame: _Frame, exc: BaseException) -> None:
+        frame.decoded = None
+        if isinstance(exc, DepthwatchError):
+            frame.result.error = str(exc)
+            frame.result.retryable = isinstance(exc, OutputError)
+        else:
+            log.debug("unexpected error on %s", frame.job.source, exc_info=exc)
+            frame.result.error = f"internal error: {type(exc).__name__}: {exc}"
+        if frame.job.error_record is not None:
+            self._write_error_record(frame)
+        if not frame.future.done():
+            frame.future.set_result(frame.result)
+
+    def _write_error_record(self, frame: _Frame) -> None:
+        record = {"source": frame.job.source.name, "error": frame.result.error, "time": time.time()}
+        try:
+            assert frame.job.error_record is not None
+            atomic_write(frame.job.error_record, json.dumps(record, indent=2).encode() + b"\n")
+        except OutputError as exc:
+            log.warning("%s", exc)

@@ -1,0 +1,109 @@
+"""Which files are frames, and where each frame's depth map goes.
+
+Pure path logic, shared by the watcher, the start-up scan and `once`. It also
+keeps depthwatch from feeding on itself: its outputs, temporary files and
+sidecars are never frames, even in the watched folder with a matching pattern.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import string
+from pathlib import Path
+
+from depthwatch.config import OutputConfig, WatchConfig, expand_path
+from depthwatch.errors import FrameError
+from depthwatch.writer import is_temp_name
+
+_SIDECAR_SUFFIXES = (".json",)
+
+
+def _template_regex(template: str) -> re.Pattern[str]:
+    """A regex matching the file names the output template can produce."""
+    name = template.replace("\\", "/").rsplit("/", 1)[-1]
+    parts = []
+    for literal, field, _, _ in string.Formatter().parse(name):
+        parts.append(re.escape(literal))
+        if field is not None:
+            parts.append("[^.]+" if field == "ext" else ".+")
+    return re.compile("".join(parts), re.IGNORECASE)
+
+
+class Rules:
+    """Watch folders, patterns and the output template, applied to paths."""
+
+    def __init__(self, watch: WatchConfig, output: OutputConfig) -> None:
+        self.roots = tuple(Path(os.path.abspath(f)) for f in watch.folders)
+        self.patterns = tuple(p.lower() for p in watch.patterns)
+        self.recursive = watch.recursive
+        self.follow_symlinks = watch.follow_symlinks
+        self.template = output.template
+        self._output_name = _template_regex(output.template)
+        self.error_records = output.error_sidecar
+        # The template's folder part: none (beside the frame), fixed, or built from fields.
+        folder = os.path.dirname(output.template)
+        self._fixed_folder = Path(os.path.expanduser(folder)) if folder and "{" not in folder else None
+        absolute = self._fixed_folder is not None and self._fixed_folder.is_absolute()
+        # A fixed absolute folder is allowed for outputs besides the watch folders.
+        self._extra_root = Path(os.path.abspath(self._fixed_folder)) if absolute else None
+
+    def root_of(self, path: Path) -> Path | None:
+        """The watch folder `path` belongs to (directly, or below it when recursive)."""
+        for root in self.roots:
+            if path.parent == root:
+                return root
+            if self.recursive and root in path.parents:
+                return root
+        return None
+
+    def is_own_file(self, path: Path) -> bool:
+        """Outputs, temporary files and sidecars: never input."""
+        name = path.name
+        if is_temp_name(name) or name.lower().endswith(_SIDECAR_SUFFIXES):
+            return True
+        if not self._output_name.fullmatch(name):
+            return False
+        fixed = self._fixed_folder
+        if fixed is None:
+            return True
+        if fixed.is_absolute():
+            return path.parent == Path(os.path.abspath(fixed))
+        return Path(os.path.abspath(path.parent)).parts[-len(fixed.parts) :] == fixed.parts
+
+    def is_frame(self, path: Path) -> bool:
+        name = path.name
+        if self.root_of(path) is None or self.is_own_file(path):
+            return False
+        if name.startswith(".") and not any(p.startswith(".") for p in self.patterns):
+            return False  # hidden files (editor temporaries, .DS_Store) unless asked for
+        lower = name.lower()
+        return any(fnmatch.fnmatchcase(lower, pattern) for pattern in self.patterns)
+
+    def output_for(self, source: Path) -> Path:
+        """Where the depth map of `source` goes; FrameError if that leaves the allowed folders."""
+        text = self.template.format(stem=source.stem, name=source.name, ext=source.suffix.lstrip("."))
+        output = Path(os.path.abspath(expand_path(text, source.parent)))
+        allowed = [r for r in (self.root_of(source), self._extra_root) if r is not None]
+        if not any(output.parent == r or r in output.parents for r in allowed):
+            raise FrameError(f"its output {output} would be outside the configured folders; not writing it")
+        if output == source:
+            raise FrameError("its output would overwrite the frame itself; change output.template")
+        return output
+
+    def error_record_for(self, source: Path, output: Path) -> Path | None:
+        if not self.error_records:
+            return None
+        return output.with_name(f"{source.name}.error.json")
+
+    def link_allowed(self, path: Path) -> bool:
+        """A symlink is followed only if it stays inside its watch folder (or if allowed)."""
+        if self.follow_symlinks or not path.is_symlink():
+            return True
+        root = self.root_of(path)
+        try:
+            target = path.resolve(strict=True)
+        except (OSError, RuntimeError):
+            return False
+        return root is not None and (root.resolve() in target.parents)

@@ -1,0 +1,262 @@
+"""The daemon's lifecycle: startup -> main loop -> shutdown, in one process, never forked.
+
+Threads, and what each one does:
+  main          waits for a stop flag (signal handlers only set it), writes the status file
+  inference     owns the ONNX Runtime session (see `engine`)
+  observer      watchdog's; hands paths to the settler and returns
+  settle        decides when a dropped file is complete, watches the watch folders' health
+  dispatch      takes jobs from the latest-wins queue, at most `workers + 2` in flight
+  workers (N)   read, decode, render, encode, write
+Every one of them is joined on shutdown, which is bounded by
+`daemon.shutdown_timeout_s` (well under launchd's 20 s ExitTimeOut).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import asdict
+from pathlib import Path
+
+from depthwatch import catalogue, imaging
+from depthwatch.config import Config
+from depthwatch.engine import Engine, SessionFactory
+from depthwatch.errors import FrameError, OutputError
+from depthwatch.jobqueue import LatestWinsQueue
+from depthwatch.pipeline import Job, Pipeline, Result, Settings
+from depthwatch.rules import Rules
+from depthwatch.status import Status, write_status
+from depthwatch.watcher import Watcher
+from depthwatch.writer import sweep_temp_files
+
+log = logging.getLogger("depthwatch")
+frames_log = logging.getLogger("depthwatch.frames")
+
+_RETRY_MAX_DELAY = 60.0
+
+
+def settings_from(config: Config) -> Settings:
+    out = config.output
+    return Settings(
+        render=imaging.RenderOptions(invert=out.invert, clip_percent=out.clip_percent),
+        jpeg_quality=out.jpeg_quality,
+        png_bits=out.png_bits,
+        png_compression=out.png_compression,
+        max_pixels=int(config.daemon.max_megapixels * 1_000_000),
+        sidecar=out.sidecar,
+    )
+
+
+class Daemon:
+    """`depthwatch run`: call `run()` from the main thread; `request_stop()` from a signal handler."""
+
+    def __init__(self, config: Config, *, session_factory: SessionFactory | None = None) -> None:
+        self.config = config
+        self._session_factory = session_factory
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.status = Status(config=str(config.source) if config.source else None)
+        self._status_dirty = True
+        self._attempts: dict[Path, int] = {}
+        self._settings = settings_from(config)
+        self.engine: Engine | None = None
+        self.pipeline: Pipeline | None = None
+        self.queue = LatestWinsQueue(config.daemon.queue_size)
+        self.rules = Rules(config.watch, config.output)
+        self.watcher: Watcher | None = None
+        self._dispatcher = threading.Thread(target=self._dispatch, name="depthwatch-dispatch", daemon=True)
+        self._slots = threading.Semaphore(config.daemon.workers + 2)
+        self._last_overflow_scan = 0.0
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def run(self) -> int:
+        self.startup()
+        try:
+            self.main_loop()
+        finally:
+            self.shutdown()
+        return 0
+
+    def request_stop(self) -> None:
+        """Safe from a signal handler: only sets a flag."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def startup(self) -> None:
+        config = self.config
+        spec = catalogue.resolve(config.model, config.base)
+        self.engine = Engine(spec, session_factory=self._session_factory).start()
+        try:
+            info = self.engine.wait_ready()  # loaded exactly once, before the first job
+        except BaseException:
+            self.engine.stop()
+            raise
+        log.info("%s", info.describe())
+        self.pipeline = Pipeline(self.engine, workers=config.daemon.workers)
+        for root in self.rules.roots:
+            if not root.exists() and root.parent.is_dir():
+                root.mkdir()
+            swept = sweep_temp_files(root)
+            if swept:
+                log.info("removed %d temporary file(s) left in %s", swept, root)
+        self.watcher = Watcher(self.rules, config.watch, self._on_complete)
+        self.watcher.start()
+        self._dispatcher.start()
+        pending = self.watcher.scan()
+        if pending:
+            log.info("%d frame(s) from before the start are waiting for their depth maps", pending)
+        self.status.state = "running"
+        self.status.watching = [str(r) for r in self.rules.roots]
+        self._publish_model()
+        self._write_status()
+        log.info("ready: watching %d folder(s), writing %s", len(self.rules.roots), config.output.template)
+
+    def main_loop(self) -> None:
+        while not self._stop.wait(0.25):
+            self._rescan_after_overflow()
+            self._write_status()
+
+    def shutdown(self) -> None:
+        """Stop taking work, finish the frames in flight (time-bounded), join every thread."""
+        deadline = time.monotonic() + self.config.daemon.shutdown_timeout_s
+
+        def left() -> float:
+            return max(0.1, deadline - time.monotonic())
+
+        self.status.state = "stopping"
+        self._stop.set()
+        if self.watcher is not None:
+            self.watcher.stop(left())
+        dropped = self.queue.close()
+        if dropped:
+            log.info("%d queued frame(s) left for the next start", len(dropped))
+        if self._dispatcher.ident is not None:
+            self._dispatcher.join(left())
+        if self.pipeline is not None:
+            if not self.pipeline.wait_idle(left()):
+                log.warning("frames still in flight after %.0f s; stopping anyway", self.config.daemon.shutdown_timeout_s)
+            self.pipeline.close(0.1)
+        if self.engine is not None:
+            self.engine.stop(left())
+        self.status.state = "stopped"
+        self._status_dirty = True
+        self._write_status()
+        log.info("stopped")
+
+    # -- frames -------------------------------------------------------------------
+
+    def _on_complete(self, source: Path) -> None:
+        """A complete frame (settle thread): make its job and queue it."""
+        try:
+            output = self.rules.output_for(source)
+        except FrameError as exc:
+            self._count_failure(f"{source}: {exc}")
+            return
+        job = Job(source, output, self.rules.error_record_for(source, output))
+        if not self.queue.put(job) and not self._stop.is_set():
+            log.warning("queue full (%d frames); %s will be picked up by a rescan", self.queue.maxsize, source.name)
+        self._status_dirty = True
+
+    def _dispatch(self) -> None:
+        assert self.pipeline is not None
+        while True:
+            if not self._slots.acquire(timeout=0.25):
+                if self.queue.closed:
+                    return
+                continue
+            job = self.queue.get()
+            if job is None:
+                self._slots.release()
+                return
+            future = self.pipeline.submit(job, self._settings)
+            future.add_done_callback(lambda done, job=job: self._finished(job, done))
+
+    def _finished(self, job: Job, done: Future[Result]) -> None:
+        result = done.result()
+        self.queue.done(job)
+        self._slots.release()
+        counts = self.status.counts
+        if result.ok:
+            latency_ms = (time.monotonic() - job.queued_at) * 1000
+            with self._lock:
+                self._attempts.pop(job.output, None)
+                counts.done += 1
+                counts.last_latency_ms = round(latency_ms, 2)
+                counts.last_frame = str(job.source)
+            frames_log.info("%s total %.1f queue %d", result.describe(), latency_ms, len(self.queue))
+        elif result.retryable and self._retry(job, result):
+            pass
+        else:
+            self._count_failure(result.describe())
+        self._status_dirty = True
+
+    def _retry(self, job: Job, result: Result) -> bool:
+        """Try an output error again later (the disk may free up); False once out of tries."""
+        with self._lock:
+            attempt = self._attempts.get(job.output, 0) + 1
+            if attempt > self.config.daemon.retries or self.watcher is None or self._stop.is_set():
+                self._attempts.pop(job.output, None)
+                return False
+            self._attempts[job.output] = attempt
+            self.status.counts.retried += 1
+        delay = min(_RETRY_MAX_DELAY, 2.0 ** (attempt - 1))
+        log.warning("%s; try %d of %d in %.0f s", result.describe(), attempt, self.config.daemon.retries, delay)
+        self.watcher.forget(job.source)
+        self.watcher.poke(job.source, delay=delay)
+        return True
+
+    def _count_failure(self, line: str) -> None:
+        with self._lock:
+            self.status.counts.failed += 1
+            self.status.counts.last_error = line
+        log.error("%s", line)
+        self._status_dirty = True
+
+    def _rescan_after_overflow(self) -> None:
+        """After the queue turned frames away, look for them once it has room again."""
+        if not self.queue.overflowed or self.watcher is None:
+            return
+        if len(self.queue) > self.queue.maxsize // 2 or time.monotonic() - self._last_overflow_scan < 1.0:
+            return
+        self.queue.overflowed = False
+        self._last_overflow_scan = time.monotonic()
+        self.watcher.scan()
+
+    # -- status -------------------------------------------------------------------
+
+    def _publish_model(self) -> None:
+        assert self.engine is not None
+        info = self.engine.info
+        if info is None:
+            return
+        self.status.model = str(info.spec.path)
+        self.status.profile = info.profile.name
+        self.status.providers = list(info.providers)
+        self.status.contract = info.contract.describe()
+        self._status_dirty = True
+
+    def _write_status(self) -> None:
+        path = self.config.daemon.status_file
+        status = self.status
+        status.queue_depth = len(self.queue)
+        status.in_progress = self.queue.in_progress
+        status.counts.superseded = self.queue.superseded
+        status.counts.incomplete = self.watcher.incomplete if self.watcher else 0
+        if self.engine is not None:
+            status.model_loads = self.engine.load_count
+        if path is None or not self._status_dirty:
+            return
+        self._status_dirty = False
+        try:
+            write_status(path, status)
+        except OutputError as exc:
+            log.warning("status file: %s", exc)
+
+    def snapshot(self) -> dict[str, object]:
+        return asdict(self.status)

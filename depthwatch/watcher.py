@@ -1,0 +1,349 @@
+"""From filesystem events to complete frames: the observer, the settle check, the watch's health.
+
+The watchdog handler only records which path moved; it returns at once. A
+"settler" thread then decides when a file is completely written: on Linux a
+close-after-write or a move into the folder says so; elsewhere (FSEvents on
+macOS merges events and has no close event; polling on network volumes) the
+file must stop changing for `settle_ms` and carry its format's end marker.
+A file that never completes is reported after `incomplete_timeout_s`, never
+turned into a depth map. The same thread notices a watch folder that vanished
+(unmounted volume, deleted and recreated) and re-establishes the watch.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import stat
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+from watchdog.observers.polling import PollingObserver
+
+from depthwatch import formats
+from depthwatch.config import WatchConfig
+from depthwatch.rules import Rules
+
+log = logging.getLogger("depthwatch.watch")
+
+#: How a file is judged complete. NOW: a close-after-write or a move said so (only an
+#: end marker missing makes it wait). CREATED: inotify saw it appear; a file moved in
+#: from another folder shows only this, so it is taken at once if its end marker is
+#: there, else the close event or the settle check decides. SETTLE: no event can be
+#: trusted (FSEvents, polling); it must stop changing for settle_ms.
+NOW, CREATED, SETTLE = "now", "created", "settle"
+_MODE_RANK = {SETTLE: 0, CREATED: 1, NOW: 2}
+_HEALTH_INTERVAL = 1.0
+_SEEN_MEMORY = 4096
+
+Signature = tuple[int, int, int]
+
+
+@dataclass
+class _Pending:
+    mode: str
+    due: float
+    since: float
+    signature: Signature | None = None
+
+
+def _observer_class(kind: str) -> Callable[..., Any]:
+    return Observer if kind == "native" else PollingObserver
+
+
+def trusts_close_events(observer: Any) -> bool:
+    """inotify reports close-after-write and moves reliably; others need the settle check."""
+    try:
+        from watchdog.observers.inotify import InotifyObserver
+    except ImportError:  # not Linux
+        return False
+    return isinstance(observer, InotifyObserver)
+
+
+class _Handler(FileSystemEventHandler):
+    """Runs on watchdog's dispatcher thread: hand the path over and return."""
+
+    def __init__(self, watcher: Watcher) -> None:
+        self.watcher = watcher
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        self.watcher.on_event(event)
+
+
+class Watcher:
+    """Watches the configured folders and calls `emit(path)` once per complete frame."""
+
+    def __init__(self, rules: Rules, config: WatchConfig, emit: Callable[[Path], None]) -> None:
+        self.rules = rules
+        self.config = config
+        self._emit = emit
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Path]] = []
+        self._pending: dict[Path, _Pending] = {}
+        self._seen: OrderedDict[Path, Signature] = OrderedDict()
+        self._counter = itertools.count()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="depthwatch-settle", daemon=True)
+        self._observer: Any = None
+        self._watches: dict[Path, tuple[Any, int]] = {}
+        self._trust_close = False
+        self._handler = _Handler(self)
+        #: Frames reported as never completed.
+        self.incomplete = 0
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._new_observer()
+        for root in self.rules.roots:
+            self._watch(root)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._stop_observer(timeout)
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
+
+    def _new_observer(self) -> None:
+        cls = _observer_class(self.config.observer)
+        if cls is PollingObserver:
+            self._observer = PollingObserver(timeout=self.config.poll_interval_ms / 1000)
+        else:
+            self._observer = cls()
+        self._observer.name = "depthwatch-observer"
+        self._trust_close = trusts_close_events(self._observer)
+        self._observer.start()
+
+    def _stop_observer(self, timeout: float | None = None) -> None:
+        observer, self._observer = self._observer, None
+        self._watches.clear()
+        if observer is not None:
+            observer.stop()
+            observer.join(timeout)
+
+    def _watch(self, root: Path) -> bool:
+        """Start watching `root`; False (and a warning) if it is not there."""
+        if not root.is_dir():
+            log.warning("watch folder %s does not exist; waiting for it to appear", root)
+            return False
+        try:
+            watch = self._observer.schedule(self._handler, str(root), recursive=self.rules.recursive)
+        except OSError as exc:
+            log.warning("cannot watch %s (%s); will retry", root, exc.strerror or exc)
+            return False
+        self._watches[root] = (watch, root.stat().st_ino)
+        log.info("watching %s for %s%s", root, ", ".join(self.rules.patterns), " (recursive)" if self.rules.recursive else "")
+        return True
+
+    # -- events (watchdog's thread) ---------------------------------------------------------
+
+    def on_event(self, event: FileSystemEvent) -> None:
+        kind = event.event_type
+        if kind in ("opened", "closed_no_write", "deleted"):
+            return
+        raw = getattr(event, "dest_path", "") if kind == "moved" else event.src_path
+        path = Path(os.fsdecode(raw))
+        if event.is_directory:
+            if kind in ("created", "moved") and self.rules.recursive:
+                self.scan(path)  # files moved in with a folder raise no events of their own
+            return
+        if not self.rules.is_frame(path):
+            return
+        if self._trust_close:
+            if kind in ("closed", "moved"):
+                self.poke(path, NOW)
+            elif kind == "created":
+                self.poke(path, CREATED)
+            return  # modified: the close event will follow
+        self.poke(path, SETTLE)
+
+    # -- the settler -----------------------------------------------------------------
+
+    def poke(self, path: Path, mode: str = SETTLE, delay: float = 0.0) -> None:
+        """Check `path` soon; repeated pokes for one path collapse into one check."""
+        now = time.monotonic()
+        with self._cond:
+            state = self._pending.get(path)
+            if state is None:
+                state = self._pending[path] = _Pending(mode, now + delay, now)
+            else:
+                state.mode = max(mode, state.mode, key=_MODE_RANK.__getitem__)
+                state.due = min(state.due, now + delay)
+            heapq.heappush(self._heap, (state.due, next(self._counter), path))
+            self._cond.notify()
+
+    def scan(self, folder: Path | None = None) -> int:
+        """Queue every frame whose depth map is missing or older than it; returns how many."""
+        count = 0
+        for root in [folder] if folder else self.rules.roots:
+            for path in self._walk(root):
+                if self._needs_output(path):
+                    self.poke(path, SETTLE)
+                    count += 1
+        return count
+
+    def _walk(self, root: Path) -> list[Path]:
+        found = []
+        try:
+            if self.rules.recursive:
+                for dirpath, _, files in os.walk(root):
+                    found.extend(Path(dirpath) / f for f in files)
+            else:
+                found = [Path(e.path) for e in os.scandir(root) if e.is_file()]
+        except OSError:
+            return []
+        return sorted((p for p in found if self.rules.is_frame(p)), key=_mtime)
+
+    def _needs_output(self, path: Path) -> bool:
+        try:
+            output = self.rules.output_for(path)
+            return output.stat().st_mtime_ns < path.stat().st_mtime_ns
+        except FileNotFoundError:
+            return True
+        except Exception:  # an output outside the allowed folders is reported when processed
+            return True
+
+    def _loop(self) -> None:
+        next_health = time.monotonic() + _HEALTH_INTERVAL
+        while True:
+            due: list[tuple[Path, _Pending]] = []
+            with self._cond:
+                while not self._stopping:
+                    now = time.monotonic()
+                    while self._heap and self._heap[0][0] <= now:
+                        _, _, path = heapq.heappop(self._heap)
+                        state = self._pending.get(path)
+                        if state is not None and state.due <= now:
+                            del self._pending[path]
+                            due.append((path, state))
+                    if due or now >= next_health:
+                        break
+                    wait = next_health - now
+                    if self._heap:
+                        wait = min(wait, self._heap[0][0] - now)
+                    self._cond.wait(max(wait, 0.001))
+                if self._stopping:
+                    return
+            for path, state in due:
+                try:
+                    self._check(path, state)
+                except Exception:  # one odd file must not stop the watch
+                    log.exception("error checking %s", path)
+            if time.monotonic() >= next_health:
+                self._check_health()
+                next_health = time.monotonic() + _HEALTH_INTERVAL
+
+    def _again(self, path: Path, state: _Pending, delay: float) -> None:
+        with self._cond:
+            current = self._pending.get(path)
+            if current is not None:  # a newer event came in meanwhile: keep the earlier check
+                current.since = min(current.since, state.since)
+                return
+            state.due = time.monotonic() + delay
+            self._pending[path] = state
+            heapq.heappush(self._heap, (state.due, next(self._counter), path))
+
+    def _check(self, path: Path, state: _Pending) -> None:
+        if not self.rules.link_allowed(path):
+            log.warning("%s: a symlink to outside the watch folder; not followed (set watch.follow_symlinks)", path)
+            return
+        try:
+            st = os.stat(path)
+        except OSError:
+            return  # vanished: nothing to do
+        if not stat.S_ISREG(st.st_mode):
+            return
+        signature = (st.st_size, st.st_mtime_ns, st.st_ino)
+        settle = self.config.settle_ms / 1000
+        now = time.monotonic()
+        if state.mode == SETTLE and signature != state.signature:
+            state.signature = signature
+            state.since = now  # it changed: the incomplete clock starts again
+            self._again(path, state, settle)
+            return
+        complete = _is_complete(path, st.st_size)
+        if state.mode == CREATED and complete is not True:
+            state.mode, state.signature, state.since = SETTLE, signature, now
+            self._again(path, state, settle)
+            return
+        if complete is False:
+            if now - state.since >= self.config.incomplete_timeout_s:
+                self.incomplete += 1
+                log.error(
+                    "%s: still incomplete after %.0f s (no end marker); not processed until it is rewritten",
+                    path,
+                    self.config.incomplete_timeout_s,
+                )
+                return
+            state.mode, state.signature = SETTLE, signature
+            self._again(path, state, max(settle, 0.05))
+            return
+        if self._seen.get(path) == signature:
+            return  # this exact version was already handed over
+        self._seen[path] = signature
+        self._seen.move_to_end(path)
+        if len(self._seen) > _SEEN_MEMORY:
+            self._seen.popitem(last=False)
+        self._emit(path)
+
+    def forget(self, path: Path) -> None:
+        """Let the next event for `path` through even if the file looks unchanged (retries)."""
+        self._seen.pop(path, None)
+
+    def _check_health(self) -> None:
+        observer = self._observer
+        if observer is None or not observer.is_alive():
+            log.warning("the file watcher stopped; restarting it")
+            self._stop_observer(1.0)
+            self._new_observer()
+        for root in self.rules.roots:
+            current = self._watches.get(root)
+            try:
+                ino = root.stat().st_ino if root.is_dir() else None
+            except OSError:
+                ino = None
+            if current is not None and current[1] == ino:
+                continue
+            if current is not None:
+                log.warning("watch folder %s disappeared or was replaced", root)
+                try:
+                    self._observer.unschedule(current[0])
+                except Exception:  # the emitter may already be gone with its folder
+                    pass
+                del self._watches[root]
+            if ino is not None and self._watch(root):
+                self.scan(root)
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
+def _is_complete(path: Path, size: int) -> bool | None:
+    """Whether the file carries its format's end marker (None: the format has none)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+            f.seek(max(0, size - 16))
+            tail = f.read(16)
+    except OSError:
+        return True  # unreadable: let the pipeline report why
+    fmt = formats.sniff(head)
+    if fmt is None:
+        return None  # empty or not an image: settled is all we can know; the pipeline says why
+    return formats.is_complete(fmt, tail, size, head)

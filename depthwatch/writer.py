@@ -1,0 +1,95 @@
+"""Atomic file replacement: a reader sees the old file or the new one, never half.
+
+The bytes go to a hidden temporary file in the target's own folder (rename is
+atomic only within one filesystem), are flushed and fsynced, then renamed over
+the target; the folder is fsynced so the rename survives a power cut. On any
+failure the temporary file is removed and the old target is untouched.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+from pathlib import Path
+
+from depthwatch.errors import OutputError
+
+#: Temporary names look like `.depth.jpg.3f9a1c.dwtmp`: hidden, and recognisable
+#: so the watcher never takes them for input and a restart can sweep leftovers.
+TEMP_SUFFIX = ".dwtmp"
+
+
+def temp_name_for(target: Path) -> Path:
+    return target.with_name(f".{target.name}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
+
+
+def is_temp_name(name: str) -> bool:
+    return name.startswith(".") and name.endswith(TEMP_SUFFIX)
+
+
+def atomic_write(target: Path, data: bytes) -> None:
+    """Replace `target` with `data` atomically; OutputError (one line) on failure."""
+    tmp = temp_name_for(target)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except OSError as exc:
+        _remove_quietly(tmp)
+        raise OutputError(f"cannot write {target}: {_reason(exc)}") from None
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+    _fsync_dir(target.parent)
+
+
+def sweep_temp_files(folder: Path) -> int:
+    """Remove temporary files a killed process left in `folder`; returns how many."""
+    removed = 0
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return 0
+    for entry in entries:
+        if is_temp_name(entry.name) and entry.is_file(follow_symlinks=False):
+            _remove_quietly(Path(entry.path))
+            removed += 1
+    return removed
+
+
+def _remove_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _reason(exc: OSError) -> str:
+    if exc.errno == errno.ENOSPC:
+        return "the disk is full"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied (is the folder writable?)"
+    if exc.errno == errno.EROFS:
+        return "the volume is read-only"
+    return exc.strerror or str(exc)

@@ -1,0 +1,97 @@
+"""Tiny ONNX models whose output is a known function of their input.
+
+Each returns the mean of the three colour channels at every pixel, so a frame's
+brightness becomes its "inverse depth": bright = near = white in the depth map.
+That makes orientation, size and normalisation checkable to the pixel.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+OPSET = 17
+
+
+def _save(graph: onnx.GraphProto, path: Path) -> Path:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def brightness_model(
+    path: Path,
+    *,
+    layout: str = "NCHW",
+    dtype: int = TensorProto.FLOAT,
+    size: tuple[int, int] | None = (32, 32),
+    output: str = "1HW",
+    scale: float = 1.0,
+) -> Path:
+    """A model whose depth output is scale * mean(R, G, B).
+
+    layout NCHW or NHWC; dtype FLOAT or UINT8; size (h, w) fixed or None for
+    dynamic; output "1HW", "11HW" or "1HW1".
+    """
+    h, w = size if size else ("height", "width")
+    in_shape = [1, 3, h, w] if layout == "NCHW" else [1, h, w, 3]
+    channel_axis = 1 if layout == "NCHW" else 3
+    nodes = []
+    current = "image"
+    if dtype != TensorProto.FLOAT:
+        nodes.append(helper.make_node("Cast", [current], ["as_float"], to=TensorProto.FLOAT))
+        current = "as_float"
+    keep = 0 if output == "1HW" else 1
+    nodes.append(helper.make_node("ReduceMean", [current], ["mean"], axes=[channel_axis], keepdims=keep))
+    current = "mean"
+    if output == "11HW" and layout == "NHWC":
+        nodes.append(helper.make_node("Transpose", [current], ["nchw"], perm=[0, 3, 1, 2]))
+        current = "nchw"
+    if output == "1HW1" and layout == "NCHW":
+        nodes.append(helper.make_node("Transpose", [current], ["nhwc"], perm=[0, 2, 3, 1]))
+        current = "nhwc"
+    scale_init = helper.make_tensor("scale", TensorProto.FLOAT, [], [scale])
+    nodes.append(helper.make_node("Mul", [current, "scale"], ["depth"]))
+    out_shape = {"1HW": [1, h, w], "11HW": [1, 1, h, w], "1HW1": [1, h, w, 1]}[output]
+    graph = helper.make_graph(
+        nodes,
+        "brightness",
+        [helper.make_tensor_value_info("image", dtype, in_shape)],
+        [helper.make_tensor_value_info("depth", TensorProto.FLOAT, out_shape)],
+        initializer=[scale_init],
+    )
+    return _save(graph, path)
+
+
+def failing_model(path: Path, size: int = 16) -> Path:
+    """A model that loads and warms up, then fails on any frame holding a white pixel.
+
+    A Gather whose index is computed from the pixels makes the failure
+    data-dependent (no optimiser can remove it): the all-zero warm-up input
+    reads index 0, a frame with a white pixel reads index 1000 and raises.
+    """
+    nodes = [
+        helper.make_node("ReduceMean", ["image"], ["mean"], axes=[1], keepdims=0),
+        helper.make_node("ReduceMax", ["image"], ["peak"], keepdims=0),
+        helper.make_node("Cast", ["peak"], ["peak_int"], to=TensorProto.INT64),
+        helper.make_node("Mul", ["peak_int", "far"], ["index"]),
+        helper.make_node("Gather", ["mean", "index"], ["row"], axis=0),
+        helper.make_node("Mul", ["row", "zero"], ["nothing"]),
+        helper.make_node("Add", ["mean", "nothing"], ["depth"]),
+    ]
+    inits = [
+        helper.make_tensor("far", TensorProto.INT64, [], [1000]),
+        helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "failing",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("depth", TensorProto.FLOAT, [1, size, size])],
+        initializer=inits,
+    )
+    return _save(graph, path)
