@@ -34,6 +34,10 @@ class FrameError(DepthwatchError):
     """One input frame cannot be turned into a depth map; the others can."""
 
 
+class Superseded(FrameError):
+    """The frame changed after it was found complete; the newer version has its own event."""
+
+
 class OutputError(DepthwatchError):
     """A depth map could not be written (permissions, full disk); worth a retry."""
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from depthwatch import formats, imaging
 from depthwatch.engine import Engine, Inference, ModelInfo
-from depthwatch.errors import DepthwatchError, FrameError, ModelChanged, OutputError
+from depthwatch.errors import DepthwatchError, FrameError, ModelChanged, OutputError, Superseded
 from depthwatch.writer import atomic_write
 
 log = logging.getLogger("depthwatch.frames")
@@ -37,6 +37,9 @@ class Job:
     output: Path
     #: Where an error record goes if error sidecars are on (None: not written).
     error_record: Path | None = None
+    #: (size, mtime_ns, inode) when the frame was found complete; a different file at
+    #: read time means a newer version is on its way (None: take what is there).
+    signature: tuple[int, int, int] | None = None
     #: When the frame was found complete (monotonic clock), for latency figures.
     queued_at: float = field(default_factory=time.monotonic, compare=False)
 
@@ -60,6 +63,8 @@ class Result:
     job: Job
     error: str | None = None
     retryable: bool = False
+    #: A newer version of the frame turned up meanwhile; not a failure.
+    superseded: bool = False
     size: tuple[int, int] | None = None
     model: str | None = None
     providers: tuple[str, ...] = ()
@@ -94,8 +99,13 @@ class _Frame:
         self.clock = now
 
 
-def read_source(path: Path) -> tuple[bytes, os.stat_result]:
-    """The file's bytes, read once; FrameError if it vanished, is unreadable or changed meanwhile."""
+def read_source(path: Path, signature: tuple[int, int, int] | None = None) -> tuple[bytes, os.stat_result]:
+    """The file's bytes, read once; FrameError if it vanished or is unreadable.
+
+    Superseded if it is no longer the version that was found complete, or
+    changed while being read: an editor rewriting a frame in place will have
+    the newer version picked up by its own event.
+    """
     try:
         before = os.stat(path)
         with open(path, "rb") as f:
@@ -110,7 +120,9 @@ def read_source(path: Path) -> tuple[bytes, os.stat_result]:
     except OSError as exc:
         raise FrameError(f"cannot read the file: {exc.strerror or exc}") from None
     if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns) or len(data) != after.st_size:
-        raise FrameError("the file changed while it was being read")
+        raise Superseded("the file changed while it was being read")
+    if signature is not None and signature != (after.st_size, after.st_mtime_ns, after.st_ino):
+        raise Superseded("the file changed after it was found complete")
     return data, after
 
 
@@ -158,7 +170,7 @@ class Pipeline:
     def _front(self, frame: _Frame) -> None:
         """read, decode, prepare, hand to the engine (worker thread)."""
         try:
-            data, frame.source_stat = read_source(frame.job.source)
+            data, frame.source_stat = read_source(frame.job.source, frame.job.signature)
             frame.lap("read")
             expected = formats.EXTENSIONS.get(frame.job.source.suffix.lower())
             found = formats.sniff(data)
@@ -247,10 +259,11 @@ class Pipeline:
         if isinstance(exc, DepthwatchError):
             frame.result.error = str(exc)
             frame.result.retryable = isinstance(exc, OutputError)
+            frame.result.superseded = isinstance(exc, Superseded)
         else:
             log.debug("unexpected error on %s", frame.job.source, exc_info=exc)
             frame.result.error = f"internal error: {type(exc).__name__}: {exc}"
-        if frame.job.error_record is not None:
+        if frame.job.error_record is not None and not frame.result.superseded:
             self._write_error_record(frame)
         if not frame.future.done():
             frame.future.set_result(frame.result)

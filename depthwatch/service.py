@@ -69,6 +69,7 @@ class Daemon:
         self._dispatcher = threading.Thread(target=self._dispatch, name="depthwatch-dispatch", daemon=True)
         self._slots = threading.Semaphore(config.daemon.workers + 2)
         self._last_overflow_scan = 0.0
+        self._superseded_on_read = 0
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -147,18 +148,21 @@ class Daemon:
         self.status.state = "stopped"
         self._status_dirty = True
         self._write_status()
+        ours = [t.name for t in threading.enumerate() if t.name.startswith("depthwatch") and t.is_alive()]
+        if ours:
+            log.warning("threads still running after shutdown: %s", ", ".join(ours))
         log.info("stopped")
 
     # -- frames -------------------------------------------------------------------
 
-    def _on_complete(self, source: Path) -> None:
+    def _on_complete(self, source: Path, signature: tuple[int, int, int]) -> None:
         """A complete frame (settle thread): make its job and queue it."""
         try:
             output = self.rules.output_for(source)
         except FrameError as exc:
             self._count_failure(f"{source}: {exc}")
             return
-        job = Job(source, output, self.rules.error_record_for(source, output))
+        job = Job(source, output, self.rules.error_record_for(source, output), signature)
         if not self.queue.put(job) and not self._stop.is_set():
             log.warning("queue full (%d frames); %s will be picked up by a rescan", self.queue.maxsize, source.name)
         self._status_dirty = True
@@ -190,6 +194,10 @@ class Daemon:
                 counts.last_latency_ms = round(latency_ms, 2)
                 counts.last_frame = str(job.source)
             frames_log.info("%s total %.1f queue %d", result.describe(), latency_ms, len(self.queue))
+        elif result.superseded:
+            with self._lock:
+                self._superseded_on_read += 1
+            frames_log.debug("%s; waiting for the newer version", result.describe())
         elif result.retryable and self._retry(job, result):
             pass
         else:
@@ -246,7 +254,7 @@ class Daemon:
         status = self.status
         status.queue_depth = len(self.queue)
         status.in_progress = self.queue.in_progress
-        status.counts.superseded = self.queue.superseded
+        status.counts.superseded = self.queue.superseded + self._superseded_on_read
         status.counts.incomplete = self.watcher.incomplete if self.watcher else 0
         if self.engine is not None:
             status.model_loads = self.engine.load_count

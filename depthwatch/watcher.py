@@ -80,9 +80,9 @@ class _Handler(FileSystemEventHandler):
 
 
 class Watcher:
-    """Watches the configured folders and calls `emit(path)` once per complete frame."""
+    """Watches the configured folders and calls `emit(path, signature)` once per complete frame."""
 
-    def __init__(self, rules: Rules, config: WatchConfig, emit: Callable[[Path], None]) -> None:
+    def __init__(self, rules: Rules, config: WatchConfig, emit: Callable[[Path, Signature], None]) -> None:
         self.rules = rules
         self.config = config
         self._emit = emit
@@ -296,7 +296,7 @@ class Watcher:
         self._seen.move_to_end(path)
         if len(self._seen) > _SEEN_MEMORY:
             self._seen.popitem(last=False)
-        self._emit(path)
+        self._emit(path, signature)
 
     def forget(self, path: Path) -> None:
         """Let the next event for `path` through even if the file looks unchanged (retries)."""

@@ -1,0 +1,219 @@
+"""The engine: one session, made on the inference thread, for any I/O family of model."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import cv2
+import numpy as np
+import onnxruntime
+import pytest
+from conftest import jpeg_bytes, quadrant_frame
+from onnx import TensorProto
+from onnx_models import brightness_model, failing_model
+
+from depthwatch import providers
+from depthwatch.engine import Engine, ModelSpec
+from depthwatch.errors import ModelError
+from depthwatch.imaging import RenderOptions
+from depthwatch.pipeline import Job, Pipeline, Settings
+from depthwatch.profiles import PROFILES, profile_for
+
+FAMILIES = {
+    "nchw-float-fixed-1HW": dict(layout="NCHW", size=(32, 32), output="1HW"),
+    "nchw-float-fixed-11HW": dict(layout="NCHW", size=(32, 32), output="11HW"),
+    "nhwc-uint8-fixed-1HW1": dict(layout="NHWC", dtype=TensorProto.UINT8, size=(32, 32), output="1HW1"),
+    "nchw-float-dynamic-1HW": dict(layout="NCHW", size=None, output="1HW"),
+    "nhwc-float-dynamic-11HW": dict(layout="NHWC", size=None, output="11HW"),
+}
+
+
+def spec_for(path: Path, profile: str = "midas-v21-small", **kw) -> ModelSpec:
+    return ModelSpec(path=path, profile=profile_for(profile).with_overrides(input_size=64), providers=("cpu",), **kw)
+
+
+def run_frame(tmp_path: Path, model: Path, frame: np.ndarray, output: str, settings: Settings = Settings()) -> np.ndarray:
+    source = tmp_path / "frame.png"
+    cv2.imwrite(str(source), frame)
+    with Engine(spec_for(model)) as engine:
+        pipeline = Pipeline(engine)
+        result = pipeline.process(Job(source, tmp_path / output), settings)
+        pipeline.close()
+    assert result.ok, result.error
+    return cv2.imread(str(tmp_path / output), cv2.IMREAD_UNCHANGED)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("output", ["depth.jpg", "depth.png"])
+def test_each_io_family_gives_a_map_of_the_frame_the_right_way_up(tmp_path, family, output):
+    model = brightness_model(tmp_path / "m.onnx", **FAMILIES[family])
+    frame = quadrant_frame(160, 96, bright="top-left")  # not square: a transpose would show
+    depth = run_frame(tmp_path, model, frame, output)
+    assert depth.shape == (96, 160)
+    top = 255 if output.endswith(".jpg") else 65535
+    assert depth.dtype == (np.uint8 if top == 255 else np.uint16)
+    # The bright quadrant is near (white); its opposite is far (black); full range used.
+    assert depth[10:38, 10:70].mean() > 0.95 * top
+    assert depth[58:86, 90:150].mean() < 0.05 * top
+    assert depth[:48, 80:].mean() < 0.05 * top and depth[48:, :80].mean() < 0.05 * top
+    assert depth.min() <= 0.02 * top and depth.max() >= 0.98 * top
+
+
+def test_invert_makes_near_black(tmp_path):
+    model = brightness_model(tmp_path / "m.onnx")
+    depth = run_frame(tmp_path, model, quadrant_frame(), "depth.jpg", Settings(render=RenderOptions(invert=True)))
+    assert depth[10:38, 10:70].mean() < 13 and depth[58:86, 90:150].mean() > 242
+
+
+def test_sixteen_threads_during_loading_make_exactly_one_session_on_the_inference_thread(tmp_path):
+    model = brightness_model(tmp_path / "m.onnx")
+    release = threading.Event()
+    calls: list[str] = []
+
+    def recording_factory(*args, **kwargs):
+        calls.append(threading.current_thread().name)
+        assert release.wait(30), "the test never released the load"
+        return onnxruntime.InferenceSession(*args, **kwargs)
+
+    engine = Engine(spec_for(model), session_factory=recording_factory).start()
+    tensor = np.zeros((1, 3, 32, 32), np.float32)
+    results, errors = [], []
+    started = threading.Barrier(17)
+
+    def submit() -> None:
+        started.wait(30)
+        try:
+            results.append(engine.infer(tensor, generation=1).result(60))
+        except Exception as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=submit) for _ in range(16)]
+    for t in threads:
+        t.start()
+    started.wait(30)
+    release.set()  # the load finishes only once all 16 have been submitting
+    for t in threads:
+        t.join(60)
+    engine.stop()
+    assert not errors
+    assert len(results) == 16
+    assert calls == ["depthwatch-inference"]
+    assert engine.load_count == 1 and engine.run_count == 16
+
+
+def test_unavailable_provider_falls_back_to_cpu_with_a_warning(tmp_path, caplog):
+    model = brightness_model(tmp_path / "m.onnx")
+    spec = ModelSpec(path=model, profile=PROFILES["midas-v21-small"], providers=("cuda", "coreml"))
+    with caplog.at_level(logging.WARNING, logger="depthwatch"), Engine(spec) as engine:
+        info = engine.wait_ready()
+    assert info.providers == (providers.CPU,)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "CUDAExecutionProvider is not available in this onnxruntime build; using the next provider" in warnings
+    assert "CoreMLExecutionProvider is not available in this onnxruntime build; using the next provider" in warnings
+
+
+def test_provider_that_fails_to_start_falls_back_to_cpu(tmp_path, caplog):
+    """No GPU exists here, so a factory refusing non-CPU providers stands in for a failing one."""
+    model = brightness_model(tmp_path / "m.onnx")
+    available = onnxruntime.get_available_providers()
+    gpu_like = next(p for p in available if p != providers.CPU)
+
+    def factory(path, sess_options=None, providers=None):
+        names = [p[0] if isinstance(p, tuple) else p for p in providers]
+        if gpu_like in names:
+            raise RuntimeError(f"{gpu_like}: device not found")
+        return onnxruntime.InferenceSession(path, sess_options=sess_options, providers=providers)
+
+    spec = ModelSpec(path=model, profile=PROFILES["midas-v21-small"], providers=(gpu_like,))
+    with caplog.at_level(logging.WARNING, logger="depthwatch"), Engine(spec, session_factory=factory) as engine:
+        info = engine.wait_ready()
+    assert info.providers == (providers.CPU,)
+    assert f"could not start {gpu_like} ({gpu_like}: device not found); falling back to CPU" in caplog.messages
+
+
+def test_provider_choice_and_coreml_options():
+    assert providers.choose("auto", ["CoreMLExecutionProvider", "CPUExecutionProvider"]) == (
+        ["CoreMLExecutionProvider", "CPUExecutionProvider"],
+        [],
+    )
+    assert providers.choose("auto", ["CUDAExecutionProvider", "CPUExecutionProvider", "CoreMLExecutionProvider"])[0] == [
+        "CoreMLExecutionProvider",
+        "CUDAExecutionProvider",
+        "CPUExecutionProvider",
+    ]
+    chosen, skipped = providers.choose(["cpu", "cuda"], ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert chosen == ["CPUExecutionProvider", "CUDAExecutionProvider"]  # an explicit order is honoured
+    assert skipped == []
+    options = providers.options_for(providers.COREML, Path("/cache/coreml/model"))
+    assert options == {"ModelFormat": "MLProgram", "MLComputeUnits": "ALL", "ModelCacheDirectory": "/cache/coreml/model"}
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, "does not exist"), (b"this is not a model", "cannot load model")],
+)
+def test_missing_or_corrupt_model_is_a_model_error(tmp_path, content, message):
+    path = tmp_path / "broken.onnx"
+    if content is not None:
+        path.write_bytes(content)
+    engine = Engine(spec_for(path)).start()
+    with pytest.raises(ModelError, match=message):
+        engine.wait_ready(30)
+    with pytest.raises(ModelError):
+        engine.infer(np.zeros((1, 3, 32, 32), np.float32), 1).result(30)
+    engine.stop()
+
+
+def test_an_inference_error_fails_that_frame_only(tmp_path):
+    model = failing_model(tmp_path / "fails.onnx")
+    good, bad = tmp_path / "good.png", tmp_path / "bad.png"
+    cv2.imwrite(str(good), np.full((16, 16, 3), 100, np.uint8))
+    cv2.imwrite(str(bad), np.full((16, 16, 3), 255, np.uint8))
+    with Engine(spec_for(model)) as engine:
+        pipeline = Pipeline(engine)
+        first = pipeline.process(Job(bad, tmp_path / "bad_depth.png"), Settings())
+        second = pipeline.process(Job(good, tmp_path / "good_depth.png"), Settings())
+        pipeline.close()
+    assert first.error and first.error.startswith("inference failed:")
+    assert not (tmp_path / "bad_depth.png").exists()
+    assert second.ok and (tmp_path / "good_depth.png").exists()
+
+
+def test_reload_swaps_on_the_inference_thread_and_keeps_the_old_model_on_failure(tmp_path):
+    small = brightness_model(tmp_path / "a.onnx", size=(32, 32))
+    other = brightness_model(tmp_path / "b.onnx", size=(48, 48), scale=2.0)
+    with Engine(spec_for(small)) as engine:
+        first = engine.wait_ready()
+        stale = engine.infer(np.zeros((1, 3, 32, 32), np.float32), first.generation)
+        swapped = engine.reload(spec_for(other)).result(30)
+        assert stale.result(30).prediction.shape == (32, 32)  # queued before the swap: old model
+        assert swapped.generation == first.generation + 1 and swapped.contract.fixed_size == (48, 48)
+        with pytest.raises(ModelError):
+            engine.reload(spec_for(tmp_path / "missing.onnx")).result(30)
+        assert engine.info.spec.path == other  # the failed load left the model in service
+        assert engine.load_count == 2
+
+
+def test_frame_errors_name_the_reason(tmp_path):
+    model = brightness_model(tmp_path / "m.onnx")
+    cases = {
+        "empty.jpg": b"",
+        "text.jpg": b"just some words",
+        "wrong.jpg": cv2.imencode(".png", quadrant_frame())[1].tobytes(),
+        "cut.jpg": jpeg_bytes(quadrant_frame())[:300],
+    }
+    with Engine(spec_for(model)) as engine:
+        pipeline = Pipeline(engine)
+        for name, data in cases.items():
+            (tmp_path / name).write_bytes(data)
+        results = {name: pipeline.process(Job(tmp_path / name, tmp_path / f"{name}.out.jpg"), Settings()) for name in cases}
+        missing = pipeline.process(Job(tmp_path / "nowhere.jpg", tmp_path / "x.jpg"), Settings())
+        pipeline.close()
+    assert "empty" in results["empty.jpg"].error
+    assert "not a JPEG, PNG, TIFF or WebP" in results["text.jpg"].error
+    assert results["wrong.jpg"].error == "is a PNG image but its name says .jpg; rename it"
+    assert "cut short" in results["cut.jpg"].error
+    assert "vanished" in missing.error
+    assert not list(tmp_path.glob("*.out.jpg"))
