@@ -4,41 +4,170 @@
 model folder, fetched with `depthwatch models fetch NAME`) or a path to any
 .onnx file. The daemon never downloads: a missing model is a one-line error
 naming the command that fetches it.
+
+The catalogue is `models/catalogue.yaml` in the repository. The package reads
+it through the `depthwatch/catalogue.yaml` symlink, which a wheel build turns
+into a real file, so an installed depthwatch has it too. `$DEPTHWATCH_CATALOGUE`
+names a file in the same format whose entries are added to (or replace) the
+built-in ones: a studio's own models on its own server, or a test's local one.
 """
 
 from __future__ import annotations
 
+import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from depthwatch.config import ModelConfig, expand_path
 from depthwatch.engine import ModelSpec
 from depthwatch.errors import ConfigError, ModelError
 from depthwatch.profiles import PROFILES, profile_for
 
+ENV_VAR = "DEPTHWATCH_CATALOGUE"
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_FIELDS = ("title", "file", "url", "profile", "licence", "source", "size", "sha256", "approx_mb")
+_REQUIRED = ("file", "url", "profile", "licence")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One model the catalogue knows: where to get it, how to run it, how to check it."""
+
+    name: str
+    file: str
+    url: str
+    profile: str
+    licence: str
+    title: str = ""
+    source: str = ""
+    #: Exact size in bytes, where verified; None otherwise.
+    size: int | None = None
+    #: Published or verified checksum (lowercase hex); None: the first fetch records one.
+    sha256: str | None = None
+    #: Rough size for people deciding what to download; never checked.
+    approx_mb: float | None = None
+
 
 def is_catalogue_name(value: str) -> bool:
     return "/" not in value and "\\" not in value and not value.lower().endswith(".onnx") and not value.startswith(("~", "."))
 
 
+def builtin_file() -> Path:
+    """The catalogue shipped with depthwatch (models/catalogue.yaml in the repository)."""
+    return Path(__file__).with_name("catalogue.yaml")
+
+
+def load(extra: Path | None = None) -> dict[str, Entry]:
+    """The built-in catalogue, with `extra` (default: $DEPTHWATCH_CATALOGUE) laid over it.
+
+    Read on every call: the file is tiny, and a long-lived process should see
+    the same catalogue as a `depthwatch models` run started next to it.
+    """
+    entries = parse_file(builtin_file())
+    if extra is None and os.environ.get(ENV_VAR):
+        extra = Path(os.path.expanduser(os.environ[ENV_VAR]))
+        if not extra.is_file():
+            raise ConfigError(f"${ENV_VAR} names {extra}, which does not exist; fix or unset it")
+    if extra is not None:
+        entries.update(parse_file(extra))
+    return entries
+
+
+def parse_file(path: Path) -> dict[str, Entry]:
+    """Read and check a catalogue file; ConfigError naming the file and entry if it is wrong."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the model catalogue {path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: the model catalogue is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("models"), dict) or set(data) != {"models"}:
+        raise ConfigError(f"{path}: a model catalogue is a mapping with one key, models; see models/README.md")
+    return {str(name): _entry(path, str(name), fields) for name, fields in data["models"].items()}
+
+
+def _entry(path: Path, name: str, fields: Any) -> Entry:
+    where = f"{path}: model {name!r}"
+    if not _NAME.match(name):
+        raise ConfigError(f"{where}: names are lowercase letters, digits, dots and dashes")
+    if not isinstance(fields, dict):
+        raise ConfigError(f"{where} must be a mapping of {', '.join(_FIELDS)}")
+    unknown = sorted(set(fields) - set(_FIELDS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown field {unknown[0]!r}; fields are {', '.join(_FIELDS)}")
+    missing = [key for key in _REQUIRED if not fields.get(key)]
+    if missing:
+        raise ConfigError(f"{where}: {missing[0]} is missing")
+    for key in ("title", "file", "url", "profile", "licence", "source"):
+        if key in fields and fields[key] is not None and not isinstance(fields[key], str):
+            raise ConfigError(f"{where}: {key} must be text")
+    file = fields["file"]
+    if "/" in file or "\\" in file or file.startswith(".") or not file.endswith(".onnx"):
+        raise ConfigError(f"{where}: file must be a plain file name ending in .onnx, not {file!r}")
+    if not fields["url"].startswith(("https://", "http://")):
+        raise ConfigError(f"{where}: url must start with https:// or http://")
+    if fields["profile"] not in PROFILES:
+        raise ConfigError(f"{where}: unknown profile {fields['profile']!r}; use one of {', '.join(sorted(PROFILES))}")
+    size = fields.get("size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
+        raise ConfigError(f"{where}: size must be a number of bytes or null")
+    sha256 = fields.get("sha256")
+    if sha256 is not None:
+        sha256 = str(sha256).lower()
+        if not _SHA256.match(sha256):
+            raise ConfigError(f"{where}: sha256 must be 64 hexadecimal digits or null")
+    approx = fields.get("approx_mb")
+    if approx is not None and (isinstance(approx, bool) or not isinstance(approx, (int, float))):
+        raise ConfigError(f"{where}: approx_mb must be a number or null")
+    return Entry(
+        name=name,
+        file=file,
+        url=fields["url"],
+        profile=fields["profile"],
+        licence=fields["licence"],
+        title=fields.get("title") or name,
+        source=fields.get("source") or "",
+        size=size,
+        sha256=sha256,
+        approx_mb=approx,
+    )
+
+
+def entry(name: str) -> Entry:
+    """The catalogue entry `name`; ConfigError listing the known names if there is none."""
+    entries = load()
+    try:
+        return entries[name]
+    except KeyError:
+        known = ", ".join(sorted(entries))
+        raise ConfigError(
+            f"unknown model {name!r}; the catalogue has {known} (see `depthwatch models list`), "
+            "and model.path also takes a path to any .onnx file"
+        ) from None
+
+
 def model_file(name: str, models_dir: Path) -> Path:
     """Where the catalogue model `name` lives once fetched."""
-    profile = PROFILES.get(name)
-    if profile is None or not profile.files:
-        known = ", ".join(sorted(p.name for p in PROFILES.values() if p.files))
-        raise ConfigError(f"unknown model {name!r}; use a path to an .onnx file or one of: {known}")
-    return models_dir / profile.files[0]
+    return models_dir / entry(name).file
 
 
 def resolve(model: ModelConfig, base: Path) -> ModelSpec:
     """The ModelSpec for a config's model section; ModelError if the file is not there."""
     if is_catalogue_name(model.path):
-        path = model_file(model.path, model.models_folder())
+        known = entry(model.path)
+        path = model.models_folder() / known.file
         if not path.is_file():
             raise ModelError(
                 f"model {model.path!r} is not installed ({path} is missing); "
                 f"fetch it with `depthwatch models fetch {model.path}` or set model.path to an .onnx file"
             )
-        profile_name = model.path if model.profile == "auto" else model.profile
+        profile_name = known.profile if model.profile == "auto" else model.profile
     else:
         path = expand_path(model.path, base)
         if not path.is_file():

@@ -112,6 +112,8 @@ def _folder(value: Any, base: Path) -> Path:
     path = _path(value, base)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{path} is a file, not a folder")
+    if not path.exists() and not path.parent.is_dir():
+        raise ValueError(f"{path} does not exist, nor does its parent; create the folder or fix the path")
     return path
 
 
@@ -151,6 +153,8 @@ def _template(value: Any, base: Path) -> str:
     suffix = Path(rendered).suffix.lower()
     if "{ext}" not in text and suffix not in OUTPUT_FORMATS:
         raise ValueError(f"{text!r} must end in .jpg, .png or .tif (or {{ext}} for the frame's own)")
+    if ".." in Path(rendered).parts:
+        raise ValueError(f"{text!r} climbs out of the watch folder with '..'; use an absolute folder instead")
     return text
 
 
@@ -294,8 +298,8 @@ def parse(text: str, path: Path) -> Config:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = exc.problem or exc.context or "invalid YAML"
-        raise ConfigError(f"{where}: YAML syntax error: {problem}; fix the file's indentation or quoting") from None
+        problem = " ".join((exc.problem or exc.context or "invalid YAML").split())
+        raise ConfigError(f"{where}: not valid YAML: {problem}; fix the indentation, quoting or tags there") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: YAML error: {exc}") from None
     finally:
@@ -306,7 +310,7 @@ def parse(text: str, path: Path) -> Config:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{_where(path, node)}: the config must be a mapping of sections (model, watch, output, daemon)")
     sections: dict[str, Any] = {}
-    for key, key_node, value, value_node in _items(data, node):
+    for key, key_node, value, value_node in _items(data, node, path):
         if key not in SECTIONS:
             raise ConfigError(
                 f"{_where(path, key_node)}: unknown section {key!r}{_did_you_mean(key, SECTIONS)}; "
@@ -314,6 +318,8 @@ def parse(text: str, path: Path) -> Config:
             )
         sections[key] = _section(SECTIONS[key], key, value, value_node, path, base)
     config = Config(**sections, source=path)
+    # The default folder (tmp) is relative too: to the file, like every other path in it.
+    config = config.replace("watch", folders=tuple(Path(os.path.abspath(base / f)) for f in config.watch.folders))
     check_combinations(config, _where(path, node))
     return config
 
@@ -324,11 +330,15 @@ def _where(path: Path, node: yaml.Node | None) -> str:
     return f"{path}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
 
 
-def _items(data: Mapping[str, Any], node: yaml.Node | None) -> list[tuple[Any, Any, Any, Any]]:
-    """(key, key node, value, value node) for each entry of a mapping."""
+def _items(data: Mapping[str, Any], node: yaml.Node | None, path: Path) -> list[tuple[Any, Any, Any, Any]]:
+    """(key, key node, value, value node) for each entry of a mapping; duplicate keys refused."""
     pairs = node.value if isinstance(node, yaml.MappingNode) else []
     nodes = {}
     for key_node, value_node in pairs:
+        if key_node.value in nodes:
+            raise ConfigError(
+                f"{_where(path, key_node)}: {key_node.value!r} is set twice; YAML would silently keep the last one, so remove one"
+            )
         nodes[key_node.value] = (key_node, value_node)
     out = []
     for key, value in data.items():
@@ -344,7 +354,7 @@ def _section(cls: type, name: str, data: Any, node: yaml.Node, path: Path, base:
         raise ConfigError(f"{_where(path, node)}: section {name!r} must be a mapping of settings, not {_show(data)}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     values: dict[str, Any] = {}
-    for key, key_node, value, value_node in _items(data, node):
+    for key, key_node, value, value_node in _items(data, node, path):
         if key not in fields:
             raise ConfigError(
                 f"{_where(path, key_node)}: unknown setting {name}.{key}{_did_you_mean(str(key), fields)}; "

@@ -16,14 +16,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import os
+from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from depthwatch import catalogue, imaging
 from depthwatch.config import Config
-from depthwatch.engine import Engine, SessionFactory
-from depthwatch.errors import FrameError, OutputError
+from depthwatch.engine import Engine, ModelInfo, SessionFactory
+from depthwatch.errors import ConfigError, DepthwatchError, FrameError, OutputError
 from depthwatch.jobqueue import LatestWinsQueue
 from depthwatch.pipeline import Job, Pipeline, Result, Settings
 from depthwatch.rules import Rules
@@ -49,12 +51,35 @@ def settings_from(config: Config) -> Settings:
     )
 
 
-class Daemon:
-    """`depthwatch run`: call `run()` from the main thread; `request_stop()` from a signal handler."""
+def _file_signature(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
 
-    def __init__(self, config: Config, *, session_factory: SessionFactory | None = None) -> None:
+
+class Daemon:
+    """`depthwatch run`: call `run()` from the main thread; `request_stop()` from a signal handler.
+
+    `loader` reads the config again for a live reload (the config file changed,
+    or SIGHUP); without one the daemon keeps the config it was given.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        loader: Callable[[], Config] | None = None,
+        session_factory: SessionFactory | None = None,
+    ) -> None:
         self.config = config
+        self._loader = loader
         self._session_factory = session_factory
+        self._reload = threading.Event()
+        self._config_signature = _file_signature(config.source) if config.source else None
+        self._config_settling: tuple[int, int, int] | None = None
+        self._swap: Future[ModelInfo] | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.status = Status(config=str(config.source) if config.source else None)
@@ -85,6 +110,10 @@ class Daemon:
         """Safe from a signal handler: only sets a flag."""
         self._stop.set()
 
+    def request_reload(self) -> None:
+        """Safe from a signal handler (SIGHUP): only sets a flag."""
+        self._reload.set()
+
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
@@ -100,28 +129,109 @@ class Daemon:
             raise
         log.info("%s", info.describe())
         self.pipeline = Pipeline(self.engine, workers=config.daemon.workers)
-        for root in self.rules.roots:
-            if not root.exists() and root.parent.is_dir():
-                root.mkdir()
-            swept = sweep_temp_files(root)
-            if swept:
-                log.info("removed %d temporary file(s) left in %s", swept, root)
-        self.watcher = Watcher(self.rules, config.watch, self._on_complete)
-        self.watcher.start()
+        self._start_watching(self.rules, config)
         self._dispatcher.start()
-        pending = self.watcher.scan()
-        if pending:
-            log.info("%d frame(s) from before the start are waiting for their depth maps", pending)
         self.status.state = "running"
-        self.status.watching = [str(r) for r in self.rules.roots]
+        self.status.config_loads = 1
         self._publish_model()
         self._write_status()
         log.info("ready: watching %d folder(s), writing %s", len(self.rules.roots), config.output.template)
 
     def main_loop(self) -> None:
         while not self._stop.wait(0.25):
+            self._poll_config()
+            self._report_swap()
             self._rescan_after_overflow()
             self._write_status()
+
+    def _start_watching(self, rules: Rules, config: Config) -> None:
+        for root in rules.roots:
+            if not root.exists() and root.parent.is_dir():
+                root.mkdir()
+            swept = sweep_temp_files(root)
+            if swept:
+                log.info("removed %d temporary file(s) left in %s", swept, root)
+        self.rules = rules
+        self.watcher = Watcher(rules, config.watch, self._on_complete)
+        self.watcher.start()
+        self.status.watching = [str(r) for r in rules.roots]
+        pending = self.watcher.scan()
+        if pending:
+            log.info("%d frame(s) are waiting for their depth maps", pending)
+
+    # -- live reload --------------------------------------------------------------
+
+    def _poll_config(self) -> None:
+        """Reload on SIGHUP, or once the config file has changed and stopped changing."""
+        if self._reload.is_set():
+            self._reload.clear()
+            self.reload("SIGHUP")
+            return
+        path = self.config.source
+        if path is None or self._loader is None:
+            return
+        signature = _file_signature(path)
+        if signature == self._config_signature:
+            self._config_settling = None
+        elif signature != self._config_settling:
+            self._config_settling = signature  # an editor may still be writing: look again next time
+        else:
+            self._config_signature, self._config_settling = signature, None
+            self.reload(f"{path.name} changed")
+
+    def reload(self, why: str) -> bool:
+        """Read the config again and apply it; on any error keep the last good config."""
+        if self._loader is None:
+            return False
+        try:
+            new = self._loader()
+        except ConfigError as exc:
+            self.status.config_error = str(exc)
+            self._status_dirty = True
+            log.error("%s; keeping the last good config", exc)
+            return False
+        log.info("reloading the config (%s)", why)
+        self.apply(new)
+        return True
+
+    def apply(self, new: Config) -> None:
+        """Apply a valid config: watch and output settings for the next frame, a new model by swap."""
+        old = self.config
+        self.status.config_error = None
+        if new.model != old.model:
+            try:
+                spec = catalogue.resolve(new.model, new.base)
+            except DepthwatchError as exc:
+                log.error("%s; keeping model %s", exc, old.model.path)
+                self.status.config_error = str(exc)
+                new = replace(new, model=old.model)
+            else:
+                assert self.engine is not None
+                self._swap = self.engine.reload(spec)  # the main loop reports it when done
+        if (new.watch, new.output.template, new.output.error_sidecar) != (old.watch, old.output.template, old.output.error_sidecar):
+            if self.watcher is not None:
+                self.watcher.stop()
+            self._start_watching(Rules(new.watch, new.output), new)
+        if new.daemon.workers != old.daemon.workers:
+            log.warning("daemon.workers takes effect at the next start")
+        self._settings = settings_from(new)
+        logging.getLogger("depthwatch").setLevel(new.daemon.log_level.upper())
+        self.config = new
+        self.status.config_loads += 1
+        self._status_dirty = True
+
+    def _report_swap(self) -> None:
+        """Once a model swap has finished on the inference thread, say so (main thread)."""
+        swap = self._swap
+        if swap is None or not swap.done():
+            return
+        self._swap = None
+        if swap.exception() is not None:
+            self.status.config_error = str(swap.exception())  # the engine logged it and kept the old model
+        else:
+            log.info("now using %s", swap.result().describe())
+            self._publish_model()
+        self._status_dirty = True
 
     def shutdown(self) -> None:
         """Stop taking work, finish the frames in flight (time-bounded), join every thread."""

@@ -43,6 +43,9 @@ class Status:
     in_progress: int = 0
     watching: list[str] = field(default_factory=list)
     config: str | None = None
+    #: Configs applied (1 at start, +1 per successful reload) and the last reload's error.
+    config_loads: int = 0
+    config_error: str | None = None
     counts: Counters = field(default_factory=Counters)
 
     def to_json(self) -> bytes:

@@ -42,13 +42,20 @@ def apply_overrides(config: Config, args: argparse.Namespace) -> Config:
 
 
 def main(args: argparse.Namespace) -> int:
-    from depthwatch.config import check_combinations
+    from depthwatch import config as configuration
     from depthwatch.service import Daemon
 
     config = apply_overrides(config_from_args(args), args)
-    check_combinations(config)
+    configuration.check_combinations(config)
     logging.getLogger("depthwatch").setLevel(config.daemon.log_level.upper())
-    daemon = Daemon(config)
+
+    def reload() -> Config:
+        """The same file with the same command-line overrides, read again."""
+        fresh = apply_overrides(config_from_args(args), args)
+        configuration.check_combinations(fresh)
+        return fresh
+
+    daemon = Daemon(config, loader=reload)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if daemon.stopping:
@@ -57,4 +64,5 @@ def main(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, lambda signum, frame: daemon.request_reload())
     return daemon.run()

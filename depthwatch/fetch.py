@@ -1,0 +1,427 @@
+"""Downloading a catalogue model into the model folder without ever leaving a bad file in its place.
+
+The bytes go to a hidden `.FILE.part` beside the model, so an interrupted
+download resumes from there (an HTTP Range request) on the next try. The part
+file becomes the model in one rename, and only after its size, its sha256 and
+an ONNX load check (through the engine's own loading code) have passed: the
+daemon, or a model already there, never sees anything in between.
+
+Where the catalogue publishes no checksum, the first download records the
+sha256 it got in `FILE.sha256` beside the model (the format `shasum -a 256 -c`
+reads), and every later check compares against that: trust on first use.
+
+Exit codes (sysexits.h), each with a one-line message:
+  69 EX_UNAVAILABLE  no network, the server failed or the download was cut short (retry resumes)
+  65 EX_DATAERR      the bytes are wrong: size, sha256 or not a loadable ONNX model (nothing changed)
+  73 EX_CANTCREAT    the model folder cannot be written
+  75 EX_TEMPFAIL     another fetch is downloading the same model right now
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import logging
+import os
+import re
+import socket
+import ssl
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, BinaryIO
+
+from depthwatch import __version__
+from depthwatch.catalogue import Entry
+from depthwatch.errors import DepthwatchError
+
+log = logging.getLogger("depthwatch.fetch")
+
+EX_DATAERR = 65
+EX_UNAVAILABLE = 69
+EX_CANTCREAT = 73
+EX_TEMPFAIL = 75
+
+#: Seconds a connection may stay silent (connecting, or between two reads) before giving up.
+DEFAULT_TIMEOUT = 30.0
+_CHUNK = 1 << 20
+_USER_AGENT = f"depthwatch/{__version__} (+models fetch)"
+_CONTENT_RANGE = re.compile(r"^bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class DownloadError(DepthwatchError):
+    """The model could not be downloaded: offline, unreachable, the server failed, or cut short."""
+
+    exit_code = EX_UNAVAILABLE
+
+
+class IntegrityError(DepthwatchError):
+    """The downloaded bytes are not the model: wrong size or sha256, or not a loadable ONNX model."""
+
+    exit_code = EX_DATAERR
+
+
+class FolderError(DepthwatchError):
+    """The model folder cannot be created or written."""
+
+    exit_code = EX_CANTCREAT
+
+
+class BusyError(DepthwatchError):
+    """Another process is downloading the same model into the same folder."""
+
+    exit_code = EX_TEMPFAIL
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """What `fetch` left in the model folder."""
+
+    path: Path
+    sha256: str
+    size: int
+    #: Bytes transferred by this call (0: a verified copy was already there).
+    downloaded: int
+    #: Where this call's transfer started (non-zero: it resumed an interrupted one).
+    resumed_from: int
+
+
+def lock_file(model: Path) -> Path:
+    """The sha256 recorded for a model whose catalogue entry has none."""
+    return model.with_name(model.name + ".sha256")
+
+
+def part_file(model: Path) -> Path:
+    """Where a download of `model` collects its bytes (hidden, so no watcher or user takes it)."""
+    return model.with_name(f".{model.name}.part")
+
+
+def recorded_sha256(model: Path) -> str | None:
+    """The sha256 in the lock file beside `model`, or None if there is none."""
+    lock = lock_file(model)
+    try:
+        text = lock.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise IntegrityError(f"cannot read {lock}: {exc}; delete it to record a new checksum") from None
+    words = text.split()
+    if not words or not _SHA256.match(words[0].lower()):
+        raise IntegrityError(f"{lock} does not hold a sha256; delete it to record a new checksum")
+    return words[0].lower()
+
+
+def expected_sha256(entry: Entry, model: Path) -> str | None:
+    """What the model's bytes must hash to: the catalogue's checksum, else the recorded one."""
+    return entry.sha256 or recorded_sha256(model)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def state(entry: Entry, folder: Path) -> str:
+    """missing, ok (matches its checksum), changed (does not), or unverified (nothing to compare with)."""
+    model = folder / entry.file
+    if not model.is_file():
+        return "missing"
+    expected = expected_sha256(entry, model)
+    if expected is None:
+        return "unverified"
+    return "ok" if sha256_of(model) == expected else "changed"
+
+
+def fetch(
+    entry: Entry,
+    folder: Path,
+    *,
+    force: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    progress: IO[str] | None = None,
+) -> Fetched:
+    """Make `folder/entry.file` a verified copy of the catalogue model, downloading only if needed.
+
+    A copy already there that matches its checksum is kept (unless `force`); a
+    hand-placed one with nothing to compare against is adopted once it loads,
+    and its sha256 recorded. `progress` receives a progress bar (None: none).
+    """
+    target = folder / entry.file
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FolderError(f"cannot create the model folder {folder}: {_reason(exc)}; choose another with --folder or model.folder") from None
+    expected = expected_sha256(entry, target)
+    if target.is_file() and not force:
+        kept = _keep_existing(entry, target, expected)
+        if kept is not None:
+            return kept
+    part = part_file(target)
+    try:
+        handle = open(part, "a+b")  # noqa: SIM115 - held open (and locked) until the rename
+    except OSError as exc:
+        raise FolderError(f"cannot write to the model folder {folder}: {_reason(exc)}; choose another with --folder or model.folder") from None
+    with handle:
+        _lock(handle, entry, folder)
+        download = _Download(entry, target, handle, timeout, progress)
+        try:
+            download.run()
+        except DepthwatchError:
+            if download.size == 0:
+                part.unlink(missing_ok=True)  # nothing to resume from
+            raise
+        try:
+            handle.flush()
+            os.fsync(handle.fileno())
+        except OSError as exc:
+            raise FolderError(f"cannot write to the model folder {folder}: {_reason(exc)}") from None
+        sha256 = download.digest.hexdigest()
+        try:
+            _check(entry, part, download.size, sha256, expected, target)
+        except IntegrityError:
+            part.unlink(missing_ok=True)
+            raise
+        try:
+            os.replace(part, target)
+        except OSError as exc:
+            raise FolderError(f"cannot put the model in place at {target}: {_reason(exc)}") from None
+    if entry.sha256 is None:
+        _write_lock(target, sha256)
+    log.info("saved %s (%d bytes, sha256 %s)", target, download.size, sha256)
+    return Fetched(target, sha256, download.size, download.received, download.start)
+
+
+def _keep_existing(entry: Entry, target: Path, expected: str | None) -> Fetched | None:
+    """The Fetched for a good copy already in place, or None if it must be downloaded again."""
+    sha256 = sha256_of(target)
+    size = target.stat().st_size
+    if expected is not None:
+        if sha256 == expected:
+            return Fetched(target, sha256, size, 0, 0)
+        log.warning("%s does not match its sha256 (%s); downloading it again", target, expected)
+        return None
+    try:
+        _load_check(entry, target)
+    except IntegrityError as exc:
+        log.warning("%s cannot be used (%s); downloading it again", target, exc)
+        return None
+    _write_lock(target, sha256)
+    log.info("kept %s, which was already there; recorded its sha256 %s", target, sha256)
+    return Fetched(target, sha256, size, 0, 0)
+
+
+def _check(entry: Entry, part: Path, size: int, sha256: str, expected: str | None, target: Path) -> None:
+    kept = "the download was discarded" + (f" and {target.name} left as it was" if target.exists() else "")
+    if entry.size is not None and size != entry.size:
+        raise IntegrityError(f"{entry.name} from {entry.url} is {size} bytes, not the {entry.size} the catalogue expects; {kept}")
+    if expected is not None and sha256 != expected:
+        if entry.sha256 is not None:
+            where = "the catalogue's"
+            what_now = "the file on the server is not the one the catalogue names"
+        else:
+            where = f"the one recorded in {lock_file(target)}"
+            what_now = f"the file on the server has changed; delete {lock_file(target).name} to accept it"
+        raise IntegrityError(f"checksum mismatch for {entry.name}: got sha256 {sha256}, not {where} ({expected}); {kept}; {what_now}")
+    try:
+        _load_check(entry, part)
+    except IntegrityError as exc:
+        raise IntegrityError(f"{entry.name} from {entry.url} is not a usable ONNX model ({exc}); {kept}") from None
+
+
+def _load_check(entry: Entry, path: Path) -> None:
+    """Load the model and run it once, through the engine's one code path, on CPU.
+
+    CPU only: the point is whether the file is a working model, and a CoreML
+    compile of a temporary file would only fill the cache with a copy nobody
+    reuses.
+    """
+    from depthwatch import providers
+    from depthwatch.engine import Engine, ModelSpec
+    from depthwatch.profiles import PROFILES
+
+    engine = Engine(ModelSpec(path=path, profile=PROFILES[entry.profile], providers=(providers.CPU,))).start()
+    try:
+        engine.wait_ready()
+    except DepthwatchError as exc:
+        raise IntegrityError(str(exc)) from None
+    finally:
+        engine.stop()
+
+
+def _lock(handle: BinaryIO, entry: Entry, folder: Path) -> None:
+    import fcntl
+
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise BusyError(f"another `depthwatch models fetch {entry.name}` is downloading into {folder}; wait for it to finish") from None
+
+
+def _write_lock(target: Path, sha256: str) -> None:
+    lock = lock_file(target)
+    temp = lock.with_name(f".{lock.name}.tmp")
+    try:
+        temp.write_text(f"{sha256}  {target.name}\n", encoding="utf-8")
+        os.replace(temp, lock)
+    except OSError as exc:
+        temp.unlink(missing_ok=True)
+        raise FolderError(f"cannot record the checksum in {lock}: {_reason(exc)}") from None
+
+
+class _Download:
+    """One transfer into the part file: resumes what is there, or starts it over."""
+
+    def __init__(self, entry: Entry, target: Path, handle: BinaryIO, timeout: float, progress: IO[str] | None) -> None:
+        self.entry = entry
+        self.target = target
+        self.handle = handle
+        self.timeout = timeout
+        self.progress = progress
+        self.digest = hashlib.sha256()
+        handle.seek(0)
+        while chunk := handle.read(_CHUNK):
+            self.digest.update(chunk)
+        #: Bytes in the part file now; where this transfer started; bytes it received.
+        self.size = handle.tell()
+        self.start = self.size
+        self.received = 0
+
+    def run(self) -> None:
+        if self.size:
+            log.info("resuming %s at byte %d from %s", self.entry.name, self.size, self.entry.url)
+        else:
+            log.info("downloading %s from %s", self.entry.name, self.entry.url)
+        response, total = self._open()
+        if response is None:
+            return  # the part file already held every byte
+        with response:
+            self._copy(response, total)
+        if total is not None and self.size != total:
+            raise DownloadError(
+                f"the download of {self.entry.name} stopped after {self.size} of {total} bytes "
+                f"(the server closed the connection); run the same command again to resume"
+            )
+
+    def _restart(self) -> None:
+        self.handle.truncate(0)
+        self.digest = hashlib.sha256()
+        self.size = self.start = 0
+
+    def _open(self) -> tuple[Any, int | None]:
+        """The response to read from, and the full size of the file when the server says it."""
+        headers = {"User-Agent": _USER_AGENT, "Accept-Encoding": "identity"}
+        if self.size:
+            headers["Range"] = f"bytes={self.size}-"
+        request = urllib.request.Request(self.entry.url, headers=headers)
+        try:
+            response = urllib.request.urlopen(request, timeout=self.timeout)  # noqa: S310 - http(s) only, checked in the catalogue
+        except urllib.error.HTTPError as exc:
+            try:
+                if exc.code == 416 and self.size:
+                    total = _content_range(exc.headers.get("Content-Range"))[1]
+                    if total == self.size:
+                        return None, total  # an earlier try got every byte but stopped before the checks
+                    log.info("the server cannot resume %s; starting it over", self.entry.name)
+                    self._restart()
+                    return self._open()
+                raise self._failed(f"the server answered HTTP {exc.code} {exc.reason}", "try again later") from None
+            finally:
+                exc.close()
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            raise self._failed(_reason(exc), "check the internet connection") from None
+        if response.status == 206 and self.size:
+            start, total = _content_range(response.headers.get("Content-Range"))
+            if start == self.size:
+                return response, total
+            response.close()
+            log.info("the server resumed %s at the wrong place; starting it over", self.entry.name)
+            self._restart()
+            return self._open()
+        if response.status != 200:
+            response.close()
+            raise self._failed(f"the server answered HTTP {response.status} {response.reason}", "try again later")
+        if self.size:
+            log.info("the server cannot resume %s; starting it over", self.entry.name)
+            self._restart()
+        length = response.headers.get("Content-Length")
+        return response, int(length) if length and length.isdigit() else None
+
+    def _copy(self, response: Any, total: int | None) -> None:
+        from tqdm import tqdm
+
+        bar = tqdm(
+            total=total,
+            initial=self.size,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc=self.entry.name,
+            file=self.progress,
+            disable=self.progress is None,
+            dynamic_ncols=True,
+        )
+        with bar:
+            while True:
+                try:
+                    chunk = response.read(_CHUNK)
+                except (OSError, http.client.HTTPException) as exc:
+                    got = f"{self.size} of {total}" if total is not None else str(self.size)
+                    raise DownloadError(
+                        f"the download of {self.entry.name} stopped after {got} bytes ({_reason(exc)}); "
+                        "run the same command again to resume"
+                    ) from None
+                if not chunk:
+                    return
+                try:
+                    self.handle.write(chunk)
+                except OSError as exc:
+                    raise FolderError(f"cannot write to the model folder {self.target.parent}: {_reason(exc)}") from None
+                self.digest.update(chunk)
+                self.size += len(chunk)
+                self.received += len(chunk)
+                bar.update(len(chunk))
+
+    def _failed(self, reason: str, advice: str) -> DownloadError:
+        return DownloadError(
+            f"cannot download {self.entry.name} from {self.entry.url}: {reason}; "
+            f"{advice} or put the file at {self.target} yourself"
+        )
+
+
+def _content_range(value: str | None) -> tuple[int | None, int | None]:
+    """(first byte, full size) from a Content-Range header; None where it does not say."""
+    match = _CONTENT_RANGE.match((value or "").strip())
+    if not match:
+        return None, None
+    start = int(match.group(1)) if match.group(1) else None
+    total = int(match.group(3)) if match.group(3) != "*" else None
+    return start, total
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a network or file operation failed, in a few lower-case words."""
+    if isinstance(exc, urllib.error.URLError) and not isinstance(exc, urllib.error.HTTPError):
+        inner = exc.reason
+        if isinstance(inner, BaseException):
+            return _reason(inner)
+        return str(inner)
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return (
+            f"the server's certificate could not be verified ({exc.verify_message}); with Python from "
+            "python.org on macOS, run its 'Install Certificates.command' once"
+        )
+    if isinstance(exc, socket.gaierror):
+        return f"the host name could not be resolved ({exc.strerror})"
+    if isinstance(exc, (TimeoutError, socket.timeout)):
+        return "the connection timed out"
+    if isinstance(exc, http.client.RemoteDisconnected):
+        return "the server closed the connection without answering"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror[0].lower() + exc.strerror[1:]
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

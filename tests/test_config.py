@@ -1,0 +1,129 @@
+"""config.yaml: documented defaults in step with the code, strict errors with line numbers, discovery."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from depthwatch import config as configuration
+from depthwatch import paths
+from depthwatch.errors import EX_CONFIG, ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+BAD_CONFIGS = {
+    "yaml syntax": ("model:\n  path: [unclosed\n", ":3:1: not valid YAML"),
+    "tab indentation": ("model:\n\tpath: x\n", ":2:1: not valid YAML: found character '\\t'"),
+    "python tag": ("model: !!python/object:os.system {}\n", ":1:8: not valid YAML: could not determine a constructor"),
+    "duplicate key": ("model:\n  path: a.onnx\n  path: b.onnx\n", ":3:3: 'path' is set twice"),
+    "unknown section": ("modle:\n  path: a.onnx\n", ":1:1: unknown section 'modle' (did you mean 'model'?)"),
+    "unknown setting": ("watch:\n  patern: '*.jpg'\n", ":2:3: unknown setting watch.patern (did you mean 'patterns'?)"),
+    "top level list": ("- model\n- watch\n", ":1:1: the config must be a mapping of sections"),
+    "section not a mapping": ("watch: [tmp]\n", ":1:8: section 'watch' must be a mapping of settings"),
+    "wrong type": ("watch:\n  recursive: yes please\n", ":2:14: watch.recursive must be true or false, not 'yes please'"),
+    "out of range": ("output:\n  jpeg_quality: 500\n", ":2:17: output.jpeg_quality must be between 1 and 100, not 500"),
+    "zero workers": ("daemon:\n  workers: 0\n", ":2:12: daemon.workers must be between 1 and 64, not 0"),
+    "float for int": ("daemon:\n  retries: 2.5\n", ":2:12: daemon.retries must be a whole number, not float 2.5"),
+    "unknown provider": ("model:\n  providers: [cudaa]\n", ":2:14: model.providers 'cudaa' is not a provider; use auto or a list of coreml, cuda, cpu (did you mean 'cuda'?)"),
+    "empty providers": ("model:\n  providers: []\n", ":2:14: model.providers must list at least one entry"),
+    "unknown profile": ("model:\n  profile: midas-small\n", ":2:12: model.profile must be one of auto,"),
+    "bad choice": ("watch:\n  observer: poling\n", ":2:13: watch.observer must be one of native, polling, not 'poling' (did you mean 'polling'?)"),
+    "png bits": ("output:\n  png_bits: 12\n", ":2:13: output.png_bits must be one of 8, 16, not int 12"),
+    "template field": ("output:\n  template: '{frame}.jpg'\n", ":2:13: output.template '{frame}.jpg' uses an unknown field 'frame'"),
+    "template format": ("output:\n  template: depth.gif\n", ":2:13: output.template 'depth.gif' must end in .jpg, .png or .tif"),
+    "template escapes": ("output:\n  template: ../depth.jpg\n", ":2:13: output.template '../depth.jpg' climbs out of the watch folder"),
+    "missing folder": ("watch:\n  folders: [/nonexistent/volume/frames]\n", ":2:12: watch.folders /nonexistent/volume/frames does not exist, nor does its parent"),
+    "folder is a file": ("watch:\n  folders: [config.yaml]\n", "is a file, not a folder"),
+    "clip order": ("output:\n  clip_percent: [98, 2]\n", ":2:17: output.clip_percent low (98) must be below high (2)"),
+    "mean without std": ("model:\n  mean: [0.5, 0.5, 0.5]\n", ":1:1: model.mean and model.std go together"),
+    "output is input": ("watch:\n  patterns: [frame.jpg]\noutput:\n  template: frame.jpg\n", "output.template 'frame.jpg' is also a watch pattern"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_CONFIGS)
+def test_bad_config_is_one_line_with_its_place_and_exit_78(tmp_path, case):
+    text, expected = BAD_CONFIGS[case]
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    done = subprocess.run(
+        [sys.executable, "-m", "depthwatch", "run", "-c", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == EX_CONFIG, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"depthwatch: {path}:")
+    assert expected in lines[0], lines[0]
+
+
+def test_repository_config_documents_every_default(tmp_path):
+    """config.yaml and the code's defaults are the same, key for key, value for value."""
+    text = (REPO / "config.yaml").read_text()
+    documented = yaml.safe_load(text)
+    assert documented == configuration.dump_defaults()
+    parsed = configuration.parse(text, tmp_path / "config.yaml")
+    assert parsed.model == configuration.Config().model
+    assert parsed.watch.folders == (tmp_path / "tmp",)
+    for section, values in documented.items():
+        for key in values:
+            assert f"\n  {key}:" in text  # every key written out, with its comment above it
+
+
+def test_paths_are_taken_from_the_config_folder_with_home_and_variables(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHOTS", str(tmp_path / "srv"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "srv").mkdir()
+    text = "watch:\n  folders: [frames, ~/inbox, $SHOTS/today]\nmodel:\n  path: ../models/m.onnx\n"
+    folder = tmp_path / "cfg"
+    folder.mkdir()
+    (tmp_path / "inbox").mkdir()
+    config = configuration.parse(text, folder / "config.yaml")
+    assert config.watch.folders == (folder / "frames", tmp_path / "inbox", tmp_path / "srv" / "today")
+    assert config.base == folder
+
+
+def test_discovery_order(tmp_path, monkeypatch):
+    explicit, env, user = (tmp_path / n for n in ("explicit.yaml", "env.yaml", "xdg"))
+    explicit.write_text("")
+    env.write_text("")
+    (user / "depthwatch").mkdir(parents=True)
+    (user / "depthwatch" / "config.yaml").write_text("")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(user))
+    monkeypatch.setenv(configuration.ENV_VAR, str(env))
+    assert configuration.find(str(explicit), platform="linux") == explicit
+    assert configuration.find(None, platform="linux") == env
+    monkeypatch.delenv(configuration.ENV_VAR)
+    assert configuration.find(None, platform="linux") == user / "depthwatch" / "config.yaml"
+    (user / "depthwatch" / "config.yaml").unlink()
+    assert configuration.find(None, platform="linux") is None  # built-in defaults
+    with pytest.raises(ConfigError, match="does not exist; check the -c path"):
+        configuration.find(str(tmp_path / "nope.yaml"))
+    monkeypatch.setenv(configuration.ENV_VAR, str(tmp_path / "gone.yaml"))
+    with pytest.raises(ConfigError, match=r"\$DEPTHWATCH_CONFIG names .* which does not exist"):
+        configuration.find(None)
+
+
+def test_macos_config_lives_in_application_support(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert paths.default_config_file("darwin") == tmp_path / "Library/Application Support/depthwatch/config.yaml"
+    assert paths.models_dir("darwin") == tmp_path / "Library/Application Support/depthwatch/models"
+    assert paths.log_dir("darwin") == tmp_path / "Library/Logs/depthwatch"
+
+
+def test_check_command_validates_loads_and_runs_a_frame(tmp_path, tiny_model):
+    path = tmp_path / "config.yaml"
+    path.write_text(f"model:\n  path: {tiny_model}\n  profile: midas-v21-small\n")
+    done = subprocess.run([sys.executable, "-m", "depthwatch", "check", "-c", str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "providers: CPUExecutionProvider" in done.stdout
+    assert "contract:  input 'image' float32 NCHW 32x32 -> output 'depth' [1x32x32]" in done.stdout
+    assert done.stdout.strip().endswith("ok")
+    (tmp_path / "broken.onnx").write_bytes(b"not a model")
+    path.write_text(f"model:\n  path: {tmp_path / 'broken.onnx'}\n")
+    done = subprocess.run([sys.executable, "-m", "depthwatch", "check", "-c", str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == EX_CONFIG
+    assert done.stderr.startswith(f"depthwatch: cannot load model {tmp_path / 'broken.onnx'}:")

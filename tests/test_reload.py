@@ -1,0 +1,133 @@
+"""Live reload: edit config.yaml while the daemon runs (or send SIGHUP)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections import Counter
+
+import cv2
+import yaml
+from conftest import jpeg_bytes, quadrant_frame, write_by_rename
+from daemon_process import DaemonProcess, wait_for
+from onnx_models import brightness_model
+
+
+def edit(d: DaemonProcess, change) -> None:
+    """Change the config the way most editors save: a new file renamed over the old one."""
+    config = yaml.safe_load(d.config_path.read_text())
+    change(config)
+    write_by_rename(d.config_path, yaml.safe_dump(config).encode())
+
+
+def loads(d: DaemonProcess, n: int) -> None:
+    wait_for(lambda: d.status().get("config_loads") == n, what=f"config load {n}")
+
+
+def test_new_template_pattern_folder_and_model_take_effect(tmp_path, tiny_model):
+    d = DaemonProcess(tmp_path, tiny_model).start()
+    try:
+        frame = jpeg_bytes(quadrant_frame())
+        edit(d, lambda c: c["output"].update(template="depth2.jpg"))
+        loads(d, 2)
+        write_by_rename(d.watch / "frame.jpg", frame)
+        wait_for(lambda: (d.watch / "depth2.jpg").exists(), what="the new template's output")
+
+        edit(d, lambda c: (c["watch"].update(patterns=["*.png"]), c["output"].update(template="{stem}_depth.png")))
+        loads(d, 3)
+        (d.watch / ".shot.tmp").write_bytes(cv2.imencode(".png", quadrant_frame())[1].tobytes())
+        (d.watch / ".shot.tmp").rename(d.watch / "shot.png")
+        wait_for(lambda: (d.watch / "shot_depth.png").exists(), what="the new pattern's output")
+
+        second = tmp_path / "watch2"
+        second.mkdir()
+        edit(d, lambda c: c["watch"].update(folders=[str(d.watch), str(second)]))
+        loads(d, 4)
+        (second / ".b.tmp").write_bytes(cv2.imencode(".png", quadrant_frame())[1].tobytes())
+        (second / ".b.tmp").rename(second / "b.png")
+        wait_for(lambda: (second / "b_depth.png").exists(), what="the new folder's output")
+
+        other = brightness_model(tmp_path / "other.onnx", size=(48, 48))
+        edit(d, lambda c: c["model"].update(path=str(other)))
+        loads(d, 5)
+        wait_for(lambda: d.status().get("model") == str(other), what="the new model in service")
+        assert d.status()["model_loads"] == 2
+        assert "48x48" in d.status()["contract"]
+        assert d.counts()["failed"] == 0
+    finally:
+        assert d.stop() == 0
+
+
+def test_broken_edit_keeps_the_last_good_config_until_fixed(tmp_path, tiny_model):
+    d = DaemonProcess(tmp_path, tiny_model).start()
+    try:
+        good = d.config_path.read_text()
+        write_by_rename(d.config_path, good.replace("output:", "output:\n  templat: x.jpg").encode())
+        wait_for(lambda: d.status().get("config_error"), what="the broken edit to be reported")
+        error = d.status()["config_error"]
+        assert error.startswith(f"{d.config_path}:") and "unknown setting output.templat (did you mean 'template'?)" in error
+        assert f"{error}; keeping the last good config" in d.log()
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: (d.watch / "depth.jpg").exists(), what="a frame served on the old config")
+
+        write_by_rename(d.config_path, good.replace("depth.jpg", "fixed.jpg").encode())
+        loads(d, 2)
+        assert d.status()["config_error"] is None
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame(bright="bottom-left")))
+        wait_for(lambda: (d.watch / "fixed.jpg").exists(), what="the fixed config's output")
+        assert d.proc.poll() is None
+    finally:
+        assert d.stop() == 0
+
+
+def test_sighup_reloads(tmp_path, tiny_model):
+    d = DaemonProcess(tmp_path, tiny_model).start()
+    try:
+        d.send(signal.SIGHUP)
+        loads(d, 2)
+        assert "reloading the config (SIGHUP)" in d.log()
+    finally:
+        assert d.stop() == 0
+
+
+def test_model_swap_under_a_stream_of_frames_loses_and_repeats_nothing(tmp_path, tiny_model):
+    d = DaemonProcess(tmp_path, tiny_model, watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_depth.jpg"}).start()
+    other = brightness_model(tmp_path / "other.onnx", size=(64, 48), scale=3.0)
+    frames = [jpeg_bytes(quadrant_frame(320, 180, q)) for q in ("top-left", "bottom-right")]
+    swapped = threading.Event()
+    dropped = [0]
+
+    def stream() -> None:
+        """Frames keep coming from before the edit until well after the swap."""
+        after = 0
+        while after < 60 and dropped[0] < 5000:
+            write_by_rename(d.watch / f"f{dropped[0]:04d}.jpg", frames[dropped[0] % 2])
+            dropped[0] += 1
+            after += swapped.is_set()
+            time.sleep(0.003)
+
+    feeder = threading.Thread(target=stream)
+    feeder.start()
+    try:
+        wait_for(lambda: dropped[0] >= 40, what="the stream to start")
+        edit(d, lambda c: c["model"].update(path=str(other)))
+        wait_for(lambda: d.status().get("model") == str(other), what="the swap")
+        swapped.set()
+        feeder.join(120)
+        wait_for(lambda: d.counts().get("done") == dropped[0], timeout=180, what="every frame's map")
+    finally:
+        swapped.set()
+        feeder.join(120)
+        code = d.stop()
+    assert code == 0
+    lines = d.log().splitlines()
+    swap_line = next(i for i, line in enumerate(lines) if "now using model other.onnx" in line)
+    frame_lines = [i for i, line in enumerate(lines) if " ms: " in line]
+    assert frame_lines[0] < swap_line < frame_lines[-1]  # frames on both sides of the swap
+    per_frame = Counter(line.split()[3] for line in d.frame_lines())
+    assert len(per_frame) == dropped[0] and set(per_frame.values()) == {1}
+    assert len(list(d.watch.glob("*_depth.jpg"))) == dropped[0]
+    status = d.status()
+    assert status["model_loads"] == 2  # up by exactly one
+    assert status["counts"]["failed"] == 0
