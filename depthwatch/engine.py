@@ -89,6 +89,7 @@ class Inference:
 
 
 _STOP = object()
+_FIX_MODEL = "; the file is damaged or not an ONNX model: fetch it again or point model.path at a working .onnx file"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -318,14 +319,14 @@ class Engine:
             return self._factory(str(path), sess_options=options, providers=chain)
         except Exception as exc:
             if wanted == [providers.CPU]:
-                raise ModelError(f"cannot load model {path}: {_first_line(exc)}") from None
+                raise ModelError(f"cannot load model {path}: {_first_line(exc)}{_FIX_MODEL}") from None
             log.warning(
                 "could not start %s (%s); falling back to CPU", ", ".join(wanted[:-1]), _first_line(exc)
             )
         try:
             return self._factory(str(path), sess_options=options, providers=[providers.CPU])
         except Exception as exc:
-            raise ModelError(f"cannot load model {path}: {_first_line(exc)}") from None
+            raise ModelError(f"cannot load model {path}: {_first_line(exc)}{_FIX_MODEL}") from None
 
     def _warm_up(self, session: Any, contract: Contract, profile: Profile) -> None:
         side = profile.input_size or 256

@@ -35,11 +35,18 @@ class FrameError(DepthwatchError):
 
 
 class Superseded(FrameError):
-    """The frame changed after it was found complete; the newer version has its own event."""
+    """The frame changed or vanished after it was found: nothing to do for this version.
+
+    A newer version, if any, has an event of its own; this is no failure.
+    """
 
 
 class OutputError(DepthwatchError):
-    """A depth map could not be written (permissions, full disk); worth a retry."""
+    """A depth map could not be written; `retryable` when the cause may clear (full disk, permissions)."""
+
+    def __init__(self, message: str, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 class ModelChanged(Exception):

@@ -19,6 +19,7 @@ Exit codes (sysexits.h), each with a one-line message:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import logging
@@ -192,7 +193,7 @@ def fetch(
             raise FolderError(f"cannot put the model in place at {target}: {_reason(exc)}") from None
     if entry.sha256 is None:
         _write_lock(target, sha256)
-    log.info("saved %s (%d bytes, sha256 %s)", target, download.size, sha256)
+    log.debug("saved %s (%d bytes, sha256 %s)", target, download.size, sha256)
     return Fetched(target, sha256, download.size, download.received, download.start)
 
 
@@ -211,7 +212,7 @@ def _keep_existing(entry: Entry, target: Path, expected: str | None) -> Fetched 
         log.warning("%s cannot be used (%s); downloading it again", target, exc)
         return None
     _write_lock(target, sha256)
-    log.info("kept %s, which was already there; recorded its sha256 %s", target, sha256)
+    log.debug("kept %s, which was already there; recorded its sha256 %s", target, sha256)
     return Fetched(target, sha256, size, 0, 0)
 
 
@@ -352,20 +353,7 @@ class _Download:
         return response, int(length) if length and length.isdigit() else None
 
     def _copy(self, response: Any, total: int | None) -> None:
-        from tqdm import tqdm
-
-        bar = tqdm(
-            total=total,
-            initial=self.size,
-            unit="B",
-            unit_scale=True,
-            unit_divisor=1024,
-            desc=self.entry.name,
-            file=self.progress,
-            disable=self.progress is None,
-            dynamic_ncols=True,
-        )
-        with bar:
+        with self._bar(total) as bar:
             while True:
                 try:
                     chunk = response.read(_CHUNK)
@@ -386,11 +374,33 @@ class _Download:
                 self.received += len(chunk)
                 bar.update(len(chunk))
 
+    def _bar(self, total: int | None) -> Any:
+        # No tqdm at all without a bar to show: even a disabled one starts a monitor thread it never ends.
+        if self.progress is None:
+            return contextlib.nullcontext(_NoBar())
+        from tqdm import tqdm
+
+        return tqdm(
+            total=total,
+            initial=self.size,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc=self.entry.name,
+            file=self.progress,
+            dynamic_ncols=True,
+        )
+
     def _failed(self, reason: str, advice: str) -> DownloadError:
         return DownloadError(
             f"cannot download {self.entry.name} from {self.entry.url}: {reason}; "
             f"{advice} or put the file at {self.target} yourself"
         )
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
 
 
 def _content_range(value: str | None) -> tuple[int | None, int | None]:

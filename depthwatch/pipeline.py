@@ -99,6 +99,16 @@ class _Frame:
         self.clock = now
 
 
+def _ensure_folder(folder: Path) -> None:
+    """Outputs may go to a folder of their own (output.template 'depth/{stem}.png')."""
+    if folder.is_dir():
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create the output folder {folder}: {exc.strerror or exc}") from None
+
+
 def read_source(path: Path, signature: tuple[int, int, int] | None = None) -> tuple[bytes, os.stat_result]:
     """The file's bytes, read once; FrameError if it vanished or is unreadable.
 
@@ -112,7 +122,7 @@ def read_source(path: Path, signature: tuple[int, int, int] | None = None) -> tu
             data = f.read()
             after = os.fstat(f.fileno())
     except FileNotFoundError:
-        raise FrameError("the file vanished before it could be read") from None
+        raise Superseded("the file vanished before it could be read") from None
     except PermissionError:
         raise FrameError("permission denied reading the file; check its permissions") from None
     except IsADirectoryError:
@@ -225,6 +235,7 @@ class Pipeline:
                 depth, ext, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression
             )
             frame.lap("encode")
+            _ensure_folder(job.output.parent)
             atomic_write(job.output, encoded)
             frame.result.size = frame.decoded.size
             frame.result.model = info.spec.path.name
@@ -258,20 +269,22 @@ class Pipeline:
         frame.decoded = None
         if isinstance(exc, DepthwatchError):
             frame.result.error = str(exc)
-            frame.result.retryable = isinstance(exc, OutputError)
+            frame.result.retryable = isinstance(exc, OutputError) and exc.retryable
             frame.result.superseded = isinstance(exc, Superseded)
         else:
             log.debug("unexpected error on %s", frame.job.source, exc_info=exc)
             frame.result.error = f"internal error: {type(exc).__name__}: {exc}"
         if frame.job.error_record is not None and not frame.result.superseded:
-            self._write_error_record(frame)
+            write_error_record(frame.job.error_record, frame.job.source, frame.result.error)
         if not frame.future.done():
             frame.future.set_result(frame.result)
 
-    def _write_error_record(self, frame: _Frame) -> None:
-        record = {"source": frame.job.source.name, "error": frame.result.error, "time": time.time()}
-        try:
-            assert frame.job.error_record is not None
-            atomic_write(frame.job.error_record, json.dumps(record, indent=2).encode() + b"\n")
-        except OutputError as exc:
-            log.warning("%s", exc)
+
+def write_error_record(path: Path, source: Path, reason: str) -> None:
+    """`<frame name>.error.json` beside the output: why there is no (new) depth map."""
+    record = {"source": source.name, "error": reason, "time": time.time()}
+    try:
+        _ensure_folder(path.parent)
+        atomic_write(path, json.dumps(record, indent=2).encode() + b"\n")
+    except OutputError as exc:
+        log.warning("%s", exc)

@@ -85,8 +85,10 @@ class Rules:
         """Where the depth map of `source` goes; FrameError if that leaves the allowed folders."""
         text = self.template.format(stem=source.stem, name=source.name, ext=source.suffix.lstrip("."))
         output = Path(os.path.abspath(expand_path(text, source.parent)))
-        allowed = [r for r in (self.root_of(source), self._extra_root) if r is not None]
-        if not any(output.parent == r or r in output.parents for r in allowed):
+        # Real paths: a symlinked subfolder must not carry an output outside either.
+        real = os.path.realpath(output.parent)
+        allowed = [os.path.realpath(r) for r in (self.root_of(source), self._extra_root) if r is not None]
+        if not any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in allowed):
             raise FrameError(f"its output {output} would be outside the configured folders; not writing it")
         if output == source:
             raise FrameError("its output would overwrite the frame itself; change output.template")

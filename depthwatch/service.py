@@ -27,7 +27,7 @@ from depthwatch.config import Config
 from depthwatch.engine import Engine, ModelInfo, SessionFactory
 from depthwatch.errors import ConfigError, DepthwatchError, FrameError, OutputError
 from depthwatch.jobqueue import LatestWinsQueue
-from depthwatch.pipeline import Job, Pipeline, Result, Settings
+from depthwatch.pipeline import Job, Pipeline, Result, Settings, write_error_record
 from depthwatch.rules import Rules
 from depthwatch.status import Status, write_status
 from depthwatch.watcher import Watcher
@@ -152,7 +152,7 @@ class Daemon:
             if swept:
                 log.info("removed %d temporary file(s) left in %s", swept, root)
         self.rules = rules
-        self.watcher = Watcher(rules, config.watch, self._on_complete)
+        self.watcher = Watcher(rules, config.watch, self._on_complete, self._on_unusable)
         self.watcher.start()
         self.status.watching = [str(r) for r in rules.roots]
         pending = self.watcher.scan()
@@ -277,6 +277,17 @@ class Daemon:
             log.warning("queue full (%d frames); %s will be picked up by a rescan", self.queue.maxsize, source.name)
         self._status_dirty = True
 
+    def _on_unusable(self, source: Path, reason: str) -> None:
+        """A file the watcher will not hand over (never completed, forbidden link): report it."""
+        self._count_failure(f"{source}: {reason}")
+        try:
+            output = self.rules.output_for(source)
+        except FrameError:
+            return
+        record = self.rules.error_record_for(source, output)
+        if record is not None:
+            write_error_record(record, source, reason)
+
     def _dispatch(self) -> None:
         assert self.pipeline is not None
         while True:
@@ -307,7 +318,7 @@ class Daemon:
         elif result.superseded:
             with self._lock:
                 self._superseded_on_read += 1
-            frames_log.debug("%s; waiting for the newer version", result.describe())
+            frames_log.info("%s; skipped", result.describe())
         elif result.retryable and self._retry(job, result):
             pass
         else:

@@ -80,12 +80,22 @@ class _Handler(FileSystemEventHandler):
 
 
 class Watcher:
-    """Watches the configured folders and calls `emit(path, signature)` once per complete frame."""
+    """Watches the configured folders and calls `emit(path, signature)` once per complete frame.
 
-    def __init__(self, rules: Rules, config: WatchConfig, emit: Callable[[Path, Signature], None]) -> None:
+    Files that never complete, and links it will not follow, go to `report(path, reason)`.
+    """
+
+    def __init__(
+        self,
+        rules: Rules,
+        config: WatchConfig,
+        emit: Callable[[Path, Signature], None],
+        report: Callable[[Path, str], None],
+    ) -> None:
         self.rules = rules
         self.config = config
         self._emit = emit
+        self._report = report
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, Path]] = []
         self._pending: dict[Path, _Pending] = {}
@@ -257,7 +267,7 @@ class Watcher:
 
     def _check(self, path: Path, state: _Pending) -> None:
         if not self.rules.link_allowed(path):
-            log.warning("%s: a symlink to outside the watch folder; not followed (set watch.follow_symlinks)", path)
+            self._report(path, "a symlink to outside the watch folder; not followed (set watch.follow_symlinks to allow it)")
             return
         try:
             st = os.stat(path)
@@ -281,10 +291,10 @@ class Watcher:
         if complete is False:
             if now - state.since >= self.config.incomplete_timeout_s:
                 self.incomplete += 1
-                log.error(
-                    "%s: still incomplete after %.0f s (no end marker); not processed until it is rewritten",
+                self._report(
                     path,
-                    self.config.incomplete_timeout_s,
+                    f"still incomplete after {self.config.incomplete_timeout_s:g} s (no end marker); "
+                    "not processed until it is written again",
                 )
                 return
             state.mode, state.signature = SETTLE, signature

@@ -20,8 +20,14 @@ from depthwatch.errors import OutputError
 TEMP_SUFFIX = ".dwtmp"
 
 
+#: Room the temporary name adds to the target's: "." + "." + 8 hex digits + TEMP_SUFFIX.
+_TEMP_EXTRA = 2 + 8 + len(TEMP_SUFFIX)
+
+
 def temp_name_for(target: Path) -> Path:
-    return target.with_name(f".{target.name}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
+    # Shortened if needed so a target name near the 255-byte limit still gets a temp name.
+    name = os.fsencode(target.name)[: 255 - _TEMP_EXTRA].decode(errors="ignore")
+    return target.with_name(f".{name}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
 
 
 def is_temp_name(name: str) -> bool:
@@ -44,7 +50,8 @@ def atomic_write(target: Path, data: bytes) -> None:
         os.replace(tmp, target)
     except OSError as exc:
         _remove_quietly(tmp)
-        raise OutputError(f"cannot write {target}: {_reason(exc)}") from None
+        retryable = exc.errno not in (errno.ENAMETOOLONG, errno.EINVAL, errno.EISDIR)
+        raise OutputError(f"cannot write {target.name} in {target.parent}: {_reason(exc)}", retryable) from None
     except BaseException:
         _remove_quietly(tmp)
         raise
@@ -92,4 +99,8 @@ def _reason(exc: OSError) -> str:
         return "permission denied (is the folder writable?)"
     if exc.errno == errno.EROFS:
         return "the volume is read-only"
+    if exc.errno == errno.ENAMETOOLONG:
+        return "the name is too long for the filesystem; shorten the frame's name or output.template"
+    if exc.errno == errno.ENOENT:
+        return "the folder does not exist"
     return exc.strerror or str(exc)

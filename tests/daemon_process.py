@@ -33,8 +33,9 @@ def wait_for(condition: Callable[[], Any], timeout: float = TIMEOUT, what: str =
 class DaemonProcess:
     """Writes a config, starts `python -m depthwatch run -c it`, reads its status and log."""
 
-    def __init__(self, root: Path, model: Path, **sections: dict[str, Any]) -> None:
+    def __init__(self, root: Path, model: Path, *, restricted: bool = False, **sections: dict[str, Any]) -> None:
         self.root = root
+        self.restricted = restricted
         self.watch = root / "watch"
         self.watch.mkdir(parents=True, exist_ok=True)
         self.status_path = root / "status.json"
@@ -57,7 +58,7 @@ class DaemonProcess:
             self.status_path.unlink()
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "depthwatch", "run", "-c", str(self.config_path)],
+            [*privileges(self.restricted), sys.executable, "-m", "depthwatch", "run", "-c", str(self.config_path)],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=self.root,
@@ -117,5 +118,13 @@ class DaemonProcess:
         return [line for line in self.log().splitlines() if " -> " in line and " ms: " in line]
 
 
-def environment_without(*names: str) -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in names}
+def privileges(restricted: bool) -> list[str]:
+    """A command prefix under which file permissions bind, even for root.
+
+    The tests run as root in CI, and root reads and writes anything; dropping
+    the two capabilities that let it do so (setpriv is in util-linux) makes an
+    unreadable frame or an unwritable folder real for the daemon.
+    """
+    if not restricted or os.geteuid() != 0:
+        return []
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]

@@ -1,0 +1,318 @@
+"""Hostile files, failing disks and models: the daemon says why, keeps going, loses nothing."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from conftest import jpeg_bytes, quadrant_frame, write_by_rename
+from daemon_process import DaemonProcess, privileges, wait_for
+from onnx_models import failing_model
+
+from depthwatch.engine import Engine
+from depthwatch.errors import EX_CONFIG
+from depthwatch.pipeline import Job, Pipeline, Settings, read_source
+from test_engine import spec_for
+
+
+def png_bytes(image: np.ndarray) -> bytes:
+    return cv2.imencode(".png", image)[1].tobytes()
+
+
+def jpeg_bomb() -> bytes:
+    """A small, complete JPEG whose header declares 60000 x 60000 pixels."""
+    data = bytearray(jpeg_bytes(quadrant_frame(64, 48)))
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5 : sof + 9] = (60000).to_bytes(2, "big") * 2
+    return bytes(data)
+
+
+def error_lines(d: DaemonProcess) -> list[str]:
+    return [line for line in d.log().splitlines() if " ERROR " in line]
+
+
+def test_bad_inputs_are_reported_once_and_the_last_good_map_stays(tmp_path, tiny_model):
+    d = DaemonProcess(
+        tmp_path, tiny_model, watch={"incomplete_timeout_s": 0.5}, output={"error_sidecar": True}
+    ).start()
+    frame, depth, record = d.watch / "frame.jpg", d.watch / "depth.jpg", d.watch / "frame.jpg.error.json"
+    good = jpeg_bytes(quadrant_frame(320, 180))
+    png = png_bytes(quadrant_frame(320, 180))
+    rng = np.random.default_rng(7)
+    cases = [
+        ("zero bytes", b"", "the file is empty (0 bytes)"),
+        ("random bytes", b"\x00" + rng.bytes(5000), "not a JPEG, PNG, TIFF or WebP image"),
+        ("text", b"this is a shot list, not a frame\n", "not a JPEG, PNG, TIFF or WebP image"),
+        ("png named .jpg", png, "is a PNG image but its name says .jpg; rename it"),
+        ("bomb", jpeg_bomb(), "60000x60000 is 3600 megapixels, over the limit of 100"),
+    ]
+    cases += [(f"jpeg cut at {n}", good[:n], "still incomplete after 0.5 s") for n in (3, 200, len(good) // 2, len(good) - 1)]
+    cases += [(f"png cut at {n}", png[:n], "still incomplete after 0.5 s") for n in (10, 40, len(png) // 2, len(png) - 5)]
+    try:
+        write_by_rename(frame, good)
+        wait_for(lambda: depth.exists(), what="the first good map")
+        wait_for(lambda: d.counts().get("done") == 1, what="the first frame counted")
+        good_map = depth.read_bytes()
+        for n, (case, data, reason) in enumerate(cases, start=1):
+            write_by_rename(frame, data)
+            wait_for(lambda: d.counts().get("failed") == n, what=f"{case} to be reported")
+            lines = error_lines(d)
+            assert len(lines) == n, (case, lines)
+            assert f"{frame}: " in lines[-1] and reason in lines[-1], (case, lines[-1])
+            assert json.loads(wait_for(lambda: record.exists() and record.read_text(), what="the error record"))[
+                "error"
+            ] in lines[-1]
+            assert depth.read_bytes() == good_map, case
+            assert d.temp_files() == []
+            record.unlink()
+        write_by_rename(frame, jpeg_bytes(quadrant_frame(320, 180, "bottom-right")))
+        wait_for(lambda: d.counts().get("done") == 2, what="a good frame after all that")
+        assert depth.read_bytes() != good_map
+        assert not record.exists()
+    finally:
+        assert d.stop() == 0
+
+
+def exif_rotated_jpeg() -> bytes:
+    """Stored 200x100 with its left half white, EXIF orientation 6: shown 100x200, top half white."""
+    from PIL import Image
+
+    stored = np.full((100, 200, 3), 20, np.uint8)
+    stored[:, :100] = 235
+    image = Image.fromarray(stored)
+    exif = image.getexif()
+    exif[0x0112] = 6
+    out = io.BytesIO()
+    image.save(out, "JPEG", exif=exif.tobytes(), quality=95)
+    return out.getvalue()
+
+
+def test_odd_but_valid_images_and_names(tmp_path, tiny_model):
+    d = DaemonProcess(
+        tmp_path, tiny_model, watch={"patterns": ["*.jpg", "*.png", "*.tif"]}, output={"template": "{stem}_depth.png"}
+    ).start()
+    gray16 = (np.linspace(0, 65535, 96 * 160).reshape(96, 160)).astype(np.uint16)
+    rgba = np.dstack([quadrant_frame(), np.full((96, 160), 90, np.uint8)])
+    long_stem = "shot_" + "x" * 200
+    files = {
+        "sixteen.png": (cv2.imencode(".png", gray16)[1].tobytes(), (160, 96)),
+        "tiff16.tif": (cv2.imencode(".tif", gray16)[1].tobytes(), (160, 96)),
+        "gray.jpg": (jpeg_bytes(quadrant_frame()[:, :, 0]), (160, 96)),
+        "alpha.png": (png_bytes(rgba), (160, 96)),
+        "one pixel wide.png": (png_bytes(quadrant_frame(1, 50)), (1, 50)),
+        "panorama.jpg": (jpeg_bytes(quadrant_frame(6000, 200)), (6000, 200)),
+        "rotated.jpg": (exif_rotated_jpeg(), (100, 200)),
+        "ünïcødé 名前.jpg": (jpeg_bytes(quadrant_frame()), (160, 96)),
+        f"{long_stem}.jpg": (jpeg_bytes(quadrant_frame()), (160, 96)),
+        ".hidden.jpg": (jpeg_bytes(quadrant_frame()), None),  # hidden files are editors' temporaries: skipped
+    }
+    try:
+        for name, (data, _) in files.items():
+            write_by_rename(d.watch / name, data)
+        expected = {name: size for name, (_, size) in files.items() if size}
+        settled = lambda: d.counts().get("done", 0) + d.counts().get("failed", 0) >= len(expected)  # noqa: E731
+        wait_for(settled, what="every valid image's map")
+        assert d.counts()["failed"] == 0 and d.counts()["done"] == len(expected), d.log()
+        for name, size in expected.items():
+            depth = cv2.imread(str(d.watch / f"{Path(name).stem}_depth.png"), cv2.IMREAD_UNCHANGED)
+            assert depth is not None and depth.dtype == np.uint16, name
+            assert (depth.shape[1], depth.shape[0]) == size, name
+        rotated = cv2.imread(str(d.watch / "rotated_depth.png"), cv2.IMREAD_UNCHANGED)
+        assert rotated[:90].mean() > 60000 and rotated[110:].mean() < 5000  # as the editor shows it
+        gradient = cv2.imread(str(d.watch / "sixteen_depth.png"), cv2.IMREAD_UNCHANGED).astype(np.int64)
+        assert gradient[-1].mean() > gradient[0].mean()  # brighter rows, nearer
+        assert not (d.watch / ".hidden_depth.png").exists()
+        assert d.counts()["failed"] == 0
+    finally:
+        assert d.stop() == 0
+
+
+def test_links_to_outside_are_not_followed_and_outputs_stay_inside(tmp_path, tiny_model):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.jpg").write_bytes(jpeg_bytes(quadrant_frame()))
+    d = DaemonProcess(tmp_path, tiny_model, watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_depth.jpg"}).start()
+    try:
+        (d.watch / "inside.jpg").write_bytes(jpeg_bytes(quadrant_frame()))
+        os.symlink(outside / "secret.jpg", d.watch / "escape.jpg")
+        os.symlink(d.watch / "inside.jpg", d.watch / "alias.jpg")
+        os.symlink(outside, d.watch / "linked_folder")
+        wait_for(lambda: (d.watch / "alias_depth.jpg").exists() and (d.watch / "inside_depth.jpg").exists(), what="maps")
+        wait_for(lambda: d.counts().get("failed") == 1, what="the escaping link to be reported")
+        assert "escape.jpg: a symlink to outside the watch folder; not followed" in d.log()
+        assert not (d.watch / "escape_depth.jpg").exists()
+        assert sorted(p.name for p in outside.iterdir()) == ["secret.jpg"]
+    finally:
+        assert d.stop() == 0
+
+
+def test_unreadable_frame_is_reported(tmp_path, tiny_model):
+    d = DaemonProcess(tmp_path, tiny_model, restricted=True).start()
+    try:
+        (d.watch / ".f").write_bytes(jpeg_bytes(quadrant_frame()))
+        os.chmod(d.watch / ".f", 0)
+        (d.watch / ".f").rename(d.watch / "frame.jpg")
+        wait_for(lambda: d.counts().get("failed") == 1, what="the unreadable frame to be reported")
+        assert f"{d.watch / 'frame.jpg'}: permission denied reading the file; check its permissions" in d.log()
+        os.chmod(d.watch / "frame.jpg", 0o644)
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: (d.watch / "depth.jpg").exists(), what="service to go on")
+    finally:
+        assert d.stop() == 0
+
+
+def test_unwritable_folder_is_retried_once_writable_again(tmp_path, tiny_model):
+    d = DaemonProcess(tmp_path, tiny_model, restricted=True, daemon={"retries": 6}).start()
+    depth = d.watch / "depth.jpg"
+    try:
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: depth.exists(), what="the first map")
+        before = depth.read_bytes()
+        os.chmod(d.watch, 0o555)
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame(bright="bottom-right")))
+        wait_for(lambda: "permission denied (is the folder writable?); try 1 of 6" in d.log(), what="the first failure")
+        assert depth.read_bytes() == before and d.temp_files() == []
+        os.chmod(d.watch, 0o755)
+        wait_for(lambda: depth.read_bytes() != before, what="the retry to land")
+        assert d.counts()["failed"] == 0 and d.counts()["retried"] >= 1
+        assert d.temp_files() == []
+    finally:
+        os.chmod(d.watch, 0o755)
+        assert d.stop() == 0
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real, nearly full filesystem: a 1 MiB tmpfs (needs root, as in CI)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_full_disk_leaves_nothing_half_written_and_retries(tmp_path, tiny_model, small_disk):
+    d = DaemonProcess(tmp_path, tiny_model, watch={"folders": [str(small_disk)]}, daemon={"retries": 6})
+    d.watch = small_disk
+    d.start()
+    depth = small_disk / "depth.jpg"
+    try:
+        write_by_rename(small_disk / "frame.jpg", jpeg_bytes(quadrant_frame(320, 180)))
+        wait_for(lambda: depth.exists(), what="the first map")
+        frame = jpeg_bytes(quadrant_frame(320, 180, "bottom-right"))
+        write_by_rename(small_disk / "frame.jpg", frame)  # the frame fits; then nothing else does
+        wait_for(lambda: d.counts().get("done") == 2, what="the second map")
+        filler = small_disk / "filler"
+        with open(filler, "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\0" * 4096)
+            except OSError:
+                pass  # full
+        after = depth.read_bytes()
+        with open(small_disk / "frame.jpg", "r+b") as f:
+            f.write(frame)  # rewritten in place: needs no new space, so it lands even now
+        wait_for(lambda: "the disk is full; try 1 of 6" in d.log(), what="the full disk to be reported")
+        assert depth.read_bytes() == after and d.temp_files() == []
+        filler.unlink()
+        wait_for(lambda: d.counts().get("done") == 3, what="the retry once space is back")
+        assert d.temp_files() == []
+    finally:
+        assert d.stop() == 0
+
+
+def test_watch_folder_deleted_and_recreated_is_watched_again(tmp_path, tiny_model):
+    d = DaemonProcess(tmp_path, tiny_model).start()
+    try:
+        shutil.rmtree(d.watch)
+        wait_for(lambda: "disappeared or was replaced" in d.log(), what="the loss to be noticed")
+        d.watch.mkdir()
+        wait_for(lambda: d.log().count(f"watching {d.watch} for frame.jpg") == 2, what="the watch to come back")
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: (d.watch / "depth.jpg").exists(), what="a map in the recreated folder")
+    finally:
+        assert d.stop() == 0
+
+
+def test_inference_error_fails_one_frame_and_the_daemon_serves_on(tmp_path):
+    model = failing_model(tmp_path / "fails.onnx")
+    d = DaemonProcess(tmp_path, model).start()
+    try:
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(np.full((40, 40, 3), 255, np.uint8)))
+        wait_for(lambda: d.counts().get("failed") == 1, what="the failing frame")
+        assert "frame.jpg: inference failed:" in d.log()
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(np.full((40, 40, 3), 90, np.uint8)))
+        wait_for(lambda: (d.watch / "depth.jpg").exists(), what="the next frame's map")
+    finally:
+        assert d.stop() == 0
+
+
+@pytest.mark.parametrize("problem", ["missing", "unreadable", "corrupt"])
+def test_model_problems_at_start_exit_78_with_one_line(tmp_path, problem):
+    model = tmp_path / "model.onnx"
+    if problem != "missing":
+        model.write_bytes(b"\x08\x07garbage" * 10)
+    if problem == "unreadable":
+        model.chmod(0)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"model:\n  path: {model}\n")
+    done = subprocess.run(
+        [*privileges(True), sys.executable, "-m", "depthwatch", "run", "-c", str(config)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == EX_CONFIG
+    lines = done.stderr.strip().splitlines()
+    expected = {
+        "missing": f"depthwatch: model file {model} does not exist; check model.path (or --model)",
+        "unreadable": f"depthwatch: model file {model} is not readable; check its permissions",
+        "corrupt": f"depthwatch: cannot load model {model}: ",
+    }[problem]
+    assert lines[-1].startswith(expected), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_corrupt_model_on_reload_keeps_the_old_one(tmp_path, tiny_model):
+    import yaml
+
+    d = DaemonProcess(tmp_path, tiny_model).start()
+    try:
+        broken = tmp_path / "broken.onnx"
+        broken.write_bytes(b"not a model")
+        config = yaml.safe_load(d.config_path.read_text())
+        config["model"]["path"] = str(broken)
+        write_by_rename(d.config_path, yaml.safe_dump(config).encode())
+        wait_for(lambda: (d.status().get("config_error") or "").startswith("cannot load model"), what="the failed swap")
+        assert d.status()["model"] == str(tiny_model)
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: (d.watch / "depth.jpg").exists(), what="service on the old model")
+    finally:
+        assert d.stop() == 0
+
+
+def test_a_frame_that_changed_or_vanished_after_its_event_is_skipped_not_failed(tmp_path, tiny_model):
+    source = tmp_path / "frame.jpg"
+    source.write_bytes(jpeg_bytes(quadrant_frame()))
+    st = source.stat()
+    found = (st.st_size, st.st_mtime_ns, st.st_ino)
+    write_by_rename(source, jpeg_bytes(quadrant_frame(bright="bottom-left")))  # a newer version
+    with Engine(spec_for(tiny_model)) as engine:
+        pipeline = Pipeline(engine)
+        changed = pipeline.process(Job(source, tmp_path / "depth.jpg", signature=found), Settings())
+        source.unlink()
+        vanished = pipeline.process(Job(source, tmp_path / "depth.jpg"), Settings())
+        pipeline.close()
+    assert changed.superseded and changed.error == "the file changed after it was found complete"
+    assert vanished.superseded and vanished.error == "the file vanished before it could be read"
+    assert not (tmp_path / "depth.jpg").exists()
+    with pytest.raises(Exception, match="vanished"):
+        read_source(source)
