@@ -18,6 +18,7 @@ import plistlib
 import re
 from pathlib import Path
 from typing import Any
+from xml.parsers.expat import ExpatError
 
 from depthwatch import paths, supervision
 from depthwatch.errors import DepthwatchError
@@ -34,6 +35,8 @@ HOMEBREW_BIN = "/opt/homebrew/bin"
 #: The daemon logs to stderr; stdout is normally empty.
 LOG_NAME = "depthwatch.log"
 STDOUT_NAME = "depthwatch.out.log"
+#: What plistlib raises on a file that is not a plist (InvalidFileException is a ValueError).
+PARSE_ERRORS = (ValueError, ExpatError)
 
 _COMMENT = """\
 <!--
@@ -128,7 +131,7 @@ def validate(data: bytes) -> dict[str, Any]:
     """
     try:
         plist = plistlib.loads(data)
-    except (plistlib.InvalidFileException, ValueError) as exc:
+    except PARSE_ERRORS as exc:
         raise DepthwatchError(f"the LaunchAgent plist does not parse ({exc}); please report this") from None
     problems = list(_problems(plist))
     if problems:

@@ -35,15 +35,21 @@ from depthwatch.rules import Rules
 
 log = logging.getLogger("depthwatch.watch")
 
-#: How a file is judged complete. NOW: a close-after-write or a move said so (only an
-#: end marker missing makes it wait). CREATED: inotify saw it appear; a file moved in
-#: from another folder shows only this, so it is taken at once if its end marker is
-#: there, else the close event or the settle check decides. SETTLE: no event can be
-#: trusted (FSEvents, polling); it must stop changing for settle_ms.
-NOW, CREATED, SETTLE = "now", "created", "settle"
-_MODE_RANK = {SETTLE: 0, CREATED: 1, NOW: 2}
+#: How a file is judged complete.
+#: NOW: a close-after-write or a move said so (only a missing end marker makes it wait).
+#: CREATED: inotify saw it appear. A file moved in from another folder shows only this,
+#:   so it is taken at once if its end marker is there; otherwise it is being written
+#:   and the close event will come (WAIT), or the incomplete timeout reports it.
+#: SETTLE: no event can be trusted (FSEvents, polling): it must stop changing for settle_ms.
+NOW, CREATED, WAIT, SETTLE = "now", "created", "wait", "settle"
+_MODE_RANK = {SETTLE: 0, WAIT: 1, CREATED: 2, NOW: 3}
 _HEALTH_INTERVAL = 1.0
-_SEEN_MEMORY = 4096
+#: Versions already handed over, remembered to drop a second event for the same one:
+#: the "closed" that follows a "created" already taken, or a repeated FSEvents event.
+#: Such pairs arrive within moments, so a short memory of plain strings keeps RSS flat.
+#: Close and move events are otherwise never dropped this way: an in-place rewrite of
+#: the same size within one clock tick has the same (size, mtime, inode) but is new.
+_SEEN_MEMORY = 1024
 
 Signature = tuple[int, int, int]
 
@@ -99,7 +105,8 @@ class Watcher:
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, Path]] = []
         self._pending: dict[Path, _Pending] = {}
-        self._seen: OrderedDict[Path, Signature] = OrderedDict()
+        self._seen: OrderedDict[str, Signature] = OrderedDict()
+        self._taken_at_creation: OrderedDict[str, Signature] = OrderedDict()
         self._counter = itertools.count()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="depthwatch-settle", daemon=True)
@@ -278,15 +285,16 @@ class Watcher:
         signature = (st.st_size, st.st_mtime_ns, st.st_ino)
         settle = self.config.settle_ms / 1000
         now = time.monotonic()
-        if state.mode == SETTLE and signature != state.signature:
+        if state.mode in (SETTLE, WAIT) and signature != state.signature:
             state.signature = signature
             state.since = now  # it changed: the incomplete clock starts again
-            self._again(path, state, settle)
+            self._again(path, state, settle if state.mode == SETTLE else self.config.incomplete_timeout_s)
             return
         complete = _is_complete(path, st.st_size)
         if state.mode == CREATED and complete is not True:
-            state.mode, state.signature, state.since = SETTLE, signature, now
-            self._again(path, state, settle)
+            # Being written: its close event decides; if none comes, report it at the timeout.
+            state.mode, state.signature, state.since = WAIT, signature, now
+            self._again(path, state, self.config.incomplete_timeout_s)
             return
         if complete is False:
             if now - state.since >= self.config.incomplete_timeout_s:
@@ -300,17 +308,22 @@ class Watcher:
             state.mode, state.signature = SETTLE, signature
             self._again(path, state, max(settle, 0.05))
             return
-        if self._seen.get(path) == signature:
+        key = str(path)
+        if state.mode == NOW:
+            if self._taken_at_creation.pop(key, None) == signature:
+                return  # the close of the very write that was taken when it appeared
+        elif state.mode == CREATED:
+            _remember(self._taken_at_creation, key, signature)
+        elif self._seen.get(key) == signature:
             return  # this exact version was already handed over
-        self._seen[path] = signature
-        self._seen.move_to_end(path)
-        if len(self._seen) > _SEEN_MEMORY:
-            self._seen.popitem(last=False)
+        else:
+            _remember(self._seen, key, signature)
         self._emit(path, signature)
 
     def forget(self, path: Path) -> None:
         """Let the next event for `path` through even if the file looks unchanged (retries)."""
-        self._seen.pop(path, None)
+        self._seen.pop(str(path), None)
+        self._taken_at_creation.pop(str(path), None)
 
     def _check_health(self) -> None:
         observer = self._observer
@@ -335,6 +348,13 @@ class Watcher:
                 del self._watches[root]
             if ino is not None and self._watch(root):
                 self.scan(root)
+
+
+def _remember(memory: OrderedDict[str, Signature], key: str, signature: Signature) -> None:
+    memory[key] = signature
+    memory.move_to_end(key)
+    if len(memory) > _SEEN_MEMORY:
+        memory.popitem(last=False)
 
 
 def _mtime(path: Path) -> int:

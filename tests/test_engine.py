@@ -217,3 +217,45 @@ def test_frame_errors_name_the_reason(tmp_path):
     assert "cut short" in results["cut.jpg"].error
     assert "vanished" in missing.error
     assert not list(tmp_path.glob("*.out.jpg"))
+
+
+def test_provider_failing_at_run_time_rebuilds_on_cpu_once(tmp_path, caplog):
+    """A session that loads on an accelerator and then fails in run() (no GPU exists here,
+    so a wrapper around a real CPU session plays the failing device)."""
+    model = brightness_model(tmp_path / "m.onnx")
+    gpu_like = next(p for p in onnxruntime.get_available_providers() if p != providers.CPU)
+
+    class FailingDevice:
+        def __init__(self, session):
+            self.session, self.runs = session, 0
+
+        def get_providers(self):
+            return [gpu_like, providers.CPU]
+
+        def get_inputs(self):
+            return self.session.get_inputs()
+
+        def get_outputs(self):
+            return self.session.get_outputs()
+
+        def run(self, names, feed):
+            self.runs += 1
+            if self.runs > 1:  # the warm-up passes; real frames hit a lost device
+                raise RuntimeError("device lost")
+            return self.session.run(names, feed)
+
+    def factory(path, sess_options=None, providers=None):
+        session = onnxruntime.InferenceSession(path, sess_options=sess_options, providers=["CPUExecutionProvider"])
+        names = [p[0] if isinstance(p, tuple) else p for p in providers]
+        return FailingDevice(session) if gpu_like in names else session
+
+    spec = ModelSpec(path=model, profile=PROFILES["midas-v21-small"], providers=(gpu_like,))
+    tensor = np.zeros((1, 3, 32, 32), np.float32)
+    with caplog.at_level(logging.WARNING, logger="depthwatch"), Engine(spec, session_factory=factory) as engine:
+        first = engine.wait_ready()
+        assert first.providers == (gpu_like, providers.CPU)
+        results = [engine.infer(tensor, first.generation).result(30) for _ in range(3)]
+        assert engine.info.providers == (providers.CPU,)
+        assert engine.load_count == 2  # rebuilt once, not per frame
+    assert all(r.prediction.shape == (32, 32) for r in results)
+    assert caplog.messages.count(f"{gpu_like} failed at run time (device lost); rebuilding the session on CPU") == 1

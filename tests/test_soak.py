@@ -1,0 +1,50 @@
+"""Ten thousand frames through one daemon: flat memory, one model load, nothing unaccounted for."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+from conftest import jpeg_bytes, quadrant_frame, write_by_rename
+from daemon_process import DaemonProcess, wait_for
+
+QUADRANTS = ("top-left", "top-right", "bottom-left", "bottom-right")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_ten_thousand_frames(tmp_path, tiny_model):
+    total, batch, bad_every = 10_000, 100, 997
+    d = DaemonProcess(
+        tmp_path, tiny_model, watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_depth.jpg", "error_sidecar": True}
+    ).start()
+    frames = [jpeg_bytes(quadrant_frame(64, 48, q)) for q in QUADRANTS]
+    bad = {i for i in range(total) if i % bad_every == bad_every - 1}
+    process = psutil.Process(d.proc.pid)
+    try:
+        rss = {}
+        for start in range(0, total, batch):
+            for i in range(start, min(total, start + batch)):
+                write_by_rename(d.watch / f"f{i:05d}.jpg", b"not a frame" if i in bad else frames[i % 4])
+            dropped = min(total, start + batch)
+            wait_for(
+                lambda: d.counts().get("done", 0) + d.counts().get("failed", 0) >= dropped,
+                timeout=300,
+                what=f"{dropped} frames",
+            )
+            if start == 0:
+                rss["first"] = process.memory_info().rss  # after the first batch: warm
+            if start % 1000 == 0: print("batch", start, process.memory_info().rss / 2**20)
+        wait_for(lambda: d.status().get("queue_depth") == 0 and d.status().get("in_progress") == 0, what="idle")
+        rss["last"] = process.memory_info().rss
+        status = d.status()
+    finally:
+        assert d.stop() == 0
+    growth = rss["last"] / rss["first"] - 1
+    print(f"RSS after {batch} frames {rss['first'] / 2**20:.1f} MiB, after {total}: {rss['last'] / 2**20:.1f} MiB ({growth:+.1%})")
+    assert growth < 0.05
+    assert status["model_loads"] == 1
+    assert status["counts"]["done"] == total - len(bad) and status["counts"]["failed"] == len(bad)
+    for i in range(total):
+        record = d.watch / f"f{i:05d}.jpg.error.json"
+        output = d.watch / f"f{i:05d}_depth.jpg"
+        assert record.exists() if i in bad else output.exists(), i
