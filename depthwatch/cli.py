@@ -55,3 +55,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `depthwatch models list | head`: the reader left, nothing to say
+        sys.stderr.close()
+        return 0

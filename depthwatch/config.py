@@ -20,7 +20,7 @@ import yaml
 
 from depthwatch import paths, providers
 from depthwatch.errors import ConfigError
-from depthwatch.imaging import OUTPUT_FORMATS
+from depthwatch.formats import OUTPUT_FORMATS
 from depthwatch.profiles import DEPTH, INVERSE_DEPTH, PROFILES
 
 ENV_VAR = "DEPTHWATCH_CONFIG"

@@ -24,6 +24,9 @@ EXTENSIONS = {
     ".webp": WEBP,
 }
 
+#: Depth map formats by output file extension (the value is OpenCV's encoder name); JPEG is 8-bit only.
+OUTPUT_FORMATS = {".jpg": ".jpg", ".jpeg": ".jpg", ".png": ".png", ".tif": ".tiff", ".tiff": ".tiff"}
+
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_IEND = b"\x00\x00\x00\x00IEND\xaeB`\x82"
 # JPEG start-of-frame markers carry the image size; C4, C8 and CC are not SOFs.

@@ -22,12 +22,10 @@ import numpy as np
 from depthwatch import formats
 from depthwatch.contract import NCHW, Contract
 from depthwatch.errors import FrameError, ModelError
+from depthwatch.formats import OUTPUT_FORMATS
 from depthwatch.profiles import INVERSE_DEPTH, Profile
 
 _REDUCED = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
-
-#: Output formats by file extension; JPEG is 8-bit only.
-OUTPUT_FORMATS = {".jpg": ".jpg", ".jpeg": ".jpg", ".png": ".png", ".tif": ".tiff", ".tiff": ".tiff"}
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ class LatestWinsQueue:
     def __init__(self, maxsize: int) -> None:
         self.maxsize = maxsize
         self._waiting: OrderedDict[Path, Job] = OrderedDict()
-        self._busy: set[Path] = set()
+        self._busy: dict[Path, Job] = {}
         self._cond = threading.Condition()
         self._closed = False
         #: Jobs replaced by a newer one for the same output before they started.
@@ -31,11 +31,18 @@ class LatestWinsQueue:
         self.overflowed = False
 
     def put(self, job: Job) -> bool:
-        """Queue `job`, replacing a waiting job for the same output; False if full or closed."""
+        """Queue `job`, replacing a waiting job for the same output; False if full or closed.
+
+        The very same version (source and signature) already waiting or in progress
+        is not queued twice: a rescan may find a frame the queue already holds.
+        """
         with self._cond:
             if self._closed:
                 return False
             key = job.output
+            current = self._waiting.get(key) or self._busy.get(key)
+            if current is not None and (current.source, current.signature) == (job.source, job.signature):
+                return True
             if key in self._waiting:
                 del self._waiting[key]
                 self.superseded += 1
@@ -57,8 +64,7 @@ class LatestWinsQueue:
                     return True
                 for key in self._waiting:
                     if key not in self._busy:
-                        job = self._waiting.pop(key)
-                        self._busy.add(key)
+                        job = self._busy[key] = self._waiting.pop(key)
                         return True
                 return False
 
@@ -68,7 +74,7 @@ class LatestWinsQueue:
     def done(self, job: Job) -> None:
         """The job's output is written (or failed): the next job for it may start."""
         with self._cond:
-            self._busy.discard(job.output)
+            self._busy.pop(job.output, None)
             self._cond.notify_all()
 
     def close(self) -> list[Job]:

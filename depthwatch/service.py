@@ -8,7 +8,7 @@ Threads, and what each one does:
   dispatch      takes jobs from the latest-wins queue, at most `workers + 2` in flight
   workers (N)   read, decode, render, encode, write
 Every one of them is joined on shutdown, which is bounded by
-`daemon.shutdown_timeout_s` (well under launchd's 20 s ExitTimeOut).
+`daemon.shutdown_timeout_s`; the service definitions give it 5 s more before SIGKILL.
 """
 
 from __future__ import annotations
@@ -94,6 +94,7 @@ class Daemon:
         self._dispatcher = threading.Thread(target=self._dispatch, name="depthwatch-dispatch", daemon=True)
         self._slots = threading.Semaphore(config.daemon.workers + 2)
         self._last_overflow_scan = 0.0
+        self._overflow_reported = False
         self._superseded_on_read = 0
 
     # -- lifecycle ----------------------------------------------------------------
@@ -274,7 +275,11 @@ class Daemon:
             return
         job = Job(source, output, self.rules.error_record_for(source, output), signature)
         if not self.queue.put(job) and not self._stop.is_set():
-            log.warning("queue full (%d frames); %s will be picked up by a rescan", self.queue.maxsize, source.name)
+            if self.watcher is not None:
+                self.watcher.forget(source)  # so the rescan hands it over again
+            if not self._overflow_reported:
+                self._overflow_reported = True
+                log.warning("queue full (%d frames); the frames beyond it will be picked up by a rescan", self.queue.maxsize)
         self._status_dirty = True
 
     def _on_unusable(self, source: Path, reason: str) -> None:
@@ -354,6 +359,7 @@ class Daemon:
         if len(self.queue) > self.queue.maxsize // 2 or time.monotonic() - self._last_overflow_scan < 1.0:
             return
         self.queue.overflowed = False
+        self._overflow_reported = False
         self._last_overflow_scan = time.monotonic()
         self.watcher.scan()
 

@@ -60,6 +60,8 @@ class _Pending:
     due: float
     since: float
     signature: Signature | None = None
+    #: Found by a scan, not an event: its depth map may have been written meanwhile.
+    scanned: bool = False
 
 
 def _observer_class(kind: str) -> Callable[..., Any]:
@@ -188,16 +190,17 @@ class Watcher:
 
     # -- the settler -----------------------------------------------------------------
 
-    def poke(self, path: Path, mode: str = SETTLE, delay: float = 0.0) -> None:
+    def poke(self, path: Path, mode: str = SETTLE, delay: float = 0.0, scanned: bool = False) -> None:
         """Check `path` soon; repeated pokes for one path collapse into one check."""
         now = time.monotonic()
         with self._cond:
             state = self._pending.get(path)
             if state is None:
-                state = self._pending[path] = _Pending(mode, now + delay, now)
+                state = self._pending[path] = _Pending(mode, now + delay, now, scanned=scanned)
             else:
                 state.mode = max(mode, state.mode, key=_MODE_RANK.__getitem__)
                 state.due = min(state.due, now + delay)
+                state.scanned = state.scanned and scanned
             heapq.heappush(self._heap, (state.due, next(self._counter), path))
             self._cond.notify()
 
@@ -207,7 +210,7 @@ class Watcher:
         for root in [folder] if folder else self.rules.roots:
             for path in self._walk(root):
                 if self._needs_output(path):
-                    self.poke(path, SETTLE)
+                    self.poke(path, SETTLE, scanned=True)
                     count += 1
         return count
 
@@ -308,6 +311,8 @@ class Watcher:
             state.mode, state.signature = SETTLE, signature
             self._again(path, state, max(settle, 0.05))
             return
+        if state.scanned and not self._needs_output(path):
+            return  # its depth map was written since the scan found it
         key = str(path)
         if state.mode == NOW:
             if self._taken_at_creation.pop(key, None) == signature:

@@ -247,3 +247,17 @@ def test_no_config_reproduces_the_classic_setup(tmp_path, tiny_model):
             proc.kill()
             proc.wait()
         log.close()
+
+
+def test_a_burst_larger_than_the_queue_is_picked_up_by_a_rescan(daemon):
+    """The queue holds 16 jobs; the other frames are found again once it has room."""
+    d = daemon(watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_depth.jpg"}, daemon={"queue_size": 16})
+    count = 300
+    data = jpeg_bytes(quadrant_frame(48, 32))
+    for i in range(count):
+        write_by_rename(d.watch / f"f{i:03d}.jpg", data)
+    wait_for(lambda: len(list(d.watch.glob("*_depth.jpg"))) == count, timeout=180, what="every frame's map")
+    wait_for(lambda: d.status().get("queue_depth") == 0 and d.status().get("in_progress") == 0, what="idle")
+    assert d.stop() == 0
+    assert "queue full (16 frames); the frames beyond it will be picked up by a rescan" in d.log()
+    assert d.counts()["done"] == count and d.counts()["failed"] == 0

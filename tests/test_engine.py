@@ -259,3 +259,21 @@ def test_provider_failing_at_run_time_rebuilds_on_cpu_once(tmp_path, caplog):
         assert engine.load_count == 2  # rebuilt once, not per frame
     assert all(r.prediction.shape == (32, 32) for r in results)
     assert caplog.messages.count(f"{gpu_like} failed at run time (device lost); rebuilding the session on CPU") == 1
+
+
+def test_once_reports_each_failed_file_on_one_line_and_exits_non_zero(tmp_path, tiny_model):
+    import subprocess
+    import sys
+
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    for name in ("a.jpg", "b.jpg"):
+        cv2.imwrite(str(frames / name), quadrant_frame())
+    (frames / "broken.jpg").write_bytes(b"not an image at all")
+    done = subprocess.run(
+        [sys.executable, "-m", "depthwatch", "once", str(frames), "--model", str(tiny_model), "--profile", "midas-v21-small"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == f"depthwatch: {frames / 'broken.jpg'}: not a JPEG, PNG, TIFF or WebP image"
+    assert sorted(p.name for p in frames.glob("*_depth.jpg")) == ["a_depth.jpg", "b_depth.jpg"]

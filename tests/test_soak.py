@@ -33,7 +33,6 @@ def test_ten_thousand_frames(tmp_path, tiny_model):
             )
             if start == 0:
                 rss["first"] = process.memory_info().rss  # after the first batch: warm
-            if start % 1000 == 0: print("batch", start, process.memory_info().rss / 2**20)
         wait_for(lambda: d.status().get("queue_depth") == 0 and d.status().get("in_progress") == 0, what="idle")
         rss["last"] = process.memory_info().rss
         status = d.status()

@@ -1,0 +1,115 @@
+"""The benchmark suite's smoke test: every scenario runs at a tiny size and reports sane numbers.
+
+`python -m benchmarks --quick` runs as a real process, with its real children
+(two depthwatch daemons, the classic Flask server under Flask and under
+gunicorn, the bare-session process); this checks the JSON it writes, that it
+cleaned up its temporary folder and that none of its processes outlived it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+for _module in ("flask", "gunicorn", "psutil", "skimage", "onnx"):
+    pytest.importorskip(_module, reason="the benchmarks need the bench extra: pip install -e '.[bench]'")
+
+import psutil  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCENARIOS = {"costs", "ceiling", "classic_flask", "classic_gunicorn", "bare", "burst", "latency", "scrub", "daemon"}
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def test_quick_benchmark_runs_every_scenario(tmp_path: Path) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "TMPDIR": str(temp)}
+    # Its own session, so a hung run can be ended with every process it started.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks", "--quick", "--json", str(out)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"the quick benchmark took over 150 s: {stderr[-3000:]}")
+    assert proc.returncode == 0, stdout[-2000:] + stderr[-4000:]
+    results = json.loads(out.read_text())
+    assert results["errors"] == {}
+    s = results["scenarios"]
+    assert set(s) >= SCENARIOS
+
+    assert results["machine"]["cores"] >= 1
+    assert results["derived"]["model_loads"] == 1
+    assert results["settings"]["session"]["inter_op_num_threads"] == 1  # depthwatch's own settings
+
+    costs = s["costs"]
+    assert _positive(costs["infer_cpu_ms"]) and _positive(costs["image_cpu_ms"])
+    assert _positive(results["derived"]["limit_fps"])
+
+    for name in ("ceiling", "classic_flask", "classic_gunicorn", "burst"):
+        assert _positive(s[name]["fps"]), name
+    if not results["machine"]["accelerated"]:
+        assert _positive(s["parallel_ceiling"]["fps"])
+    for server in ("classic_flask", "classic_gunicorn"):
+        assert s[server]["outputs"] == s[server]["requests"] > 0, server
+        assert _positive(s[server]["startup_s"])
+
+    burst = s["burst"]
+    assert burst["outputs"] == burst["frames"] > 0
+    assert burst["failed"] == 0 and burst["model_loads"] == 1
+    assert all(_positive(t) for t in burst["startup_s"])
+
+    latency = s["latency"]
+    assert latency["outputs"] == latency["frames"] > 0 and latency["failed"] == 0
+    assert 0 < latency["p50_ms"] <= latency["p95_ms"]
+    assert set(latency["daemon_stage_ms"]) >= {"read", "decode", "infer", "encode", "write", "total"}
+
+    scrub = s["scrub"]
+    assert scrub["writes"] >= 2
+    assert 1 <= scrub["inferences"] <= scrub["writes"]
+    assert _positive(scrub["last_map_ms"])
+
+    assert _positive(s["bare"]["peak_rss_bytes"]) and _positive(s["daemon"]["peak_rss_bytes"])
+    assert s["daemon"]["model_loads"] == 1 and s["daemon"]["exit_code"] == 0
+    assert _positive(results["derived"]["daemon_startup_s"]) and _positive(results["derived"]["bare_startup_s"])
+
+    assert {t["target"] for t in results["targets"]} and all(t["met"] in (True, False) for t in results["targets"])
+    assert "targets" in stdout and "depthwatch burst" in stdout
+
+    # It cleaned up after itself: no temporary folder, no process left running.
+    # (onnxruntime itself leaves a small `.ses` file in $TMPDIR; that one is not ours.)
+    assert [p.name for p in temp.iterdir() if p.name.startswith("depthwatch-bench-")] == []
+    assert _processes_mentioning(str(temp)) == []
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Processes whose command line or environment names `text` (every child of the run does)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(text in part for part in p.info["cmdline"] or []) or any(text in v for v in p.environ().values()):
+                found.append(p.pid)
+        except psutil.Error:
+            continue
+    return found

@@ -1,0 +1,62 @@
+"""The latest-wins queue, on its own: order, replacement, in-progress outputs, the bound."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from depthwatch.jobqueue import LatestWinsQueue
+from depthwatch.pipeline import Job
+
+
+def job(source: str, output: str, version: int = 0) -> Job:
+    return Job(Path(source), Path(output), signature=(version, version, 1))
+
+
+def test_newer_job_for_an_output_replaces_the_waiting_one_and_order_is_kept():
+    q = LatestWinsQueue(10)
+    q.put(job("a.jpg", "a_d.jpg", 1))
+    q.put(job("b.jpg", "b_d.jpg", 1))
+    q.put(job("a.jpg", "a_d.jpg", 2))  # newer version of a
+    q.put(job("other.jpg", "b_d.jpg", 1))  # another frame with b's output
+    assert q.superseded == 2
+    # A replacement takes its arrival time: a (version 2) came before other.
+    first, second = q.get(0), q.get(0)
+    assert (first.source.name, first.signature) == ("a.jpg", (2, 2, 1))
+    assert second.source.name == "other.jpg"
+    assert q.get(0) is None
+
+
+def test_an_output_in_progress_is_not_handed_out_again_until_done():
+    q = LatestWinsQueue(10)
+    q.put(job("f.jpg", "d.jpg", 1))
+    running = q.get(0)
+    q.put(job("f.jpg", "d.jpg", 2))
+    q.put(job("g.jpg", "g_d.jpg", 1))
+    assert q.get(0).source.name == "g.jpg"  # d.jpg is being written: its newer job waits
+    assert q.get(0) is None
+    q.done(running)
+    assert q.get(0).signature == (2, 2, 1)
+
+
+def test_the_same_version_is_not_queued_twice():
+    q = LatestWinsQueue(10)
+    q.put(job("f.jpg", "d.jpg", 1))
+    assert q.put(job("f.jpg", "d.jpg", 1))
+    assert len(q) == 1 and q.superseded == 0
+    running = q.get(0)
+    assert q.put(job("f.jpg", "d.jpg", 1))  # already in progress
+    assert len(q) == 0
+    q.done(running)
+
+
+def test_bounded_and_closing_wakes_a_waiting_getter():
+    q = LatestWinsQueue(2)
+    assert q.put(job("a", "1")) and q.put(job("b", "2"))
+    assert not q.put(job("c", "3")) and q.overflowed
+    got = []
+    getter = threading.Thread(target=lambda: (q.get(), q.get(), got.append(q.get())))
+    getter.start()
+    q.close()
+    getter.join(10)
+    assert got == [None] and not getter.is_alive()
