@@ -14,9 +14,9 @@ Every one of them is joined on shutdown, which is bounded by
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-import os
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, replace

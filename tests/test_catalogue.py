@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from onnx_models import brightness_model
 
 from depthwatch import catalogue
 from depthwatch.catalogue import Entry
 from depthwatch.config import ModelConfig
 from depthwatch.errors import ConfigError, ModelError
 from depthwatch.profiles import PROFILES
-from onnx_models import brightness_model
 
 REPO = Path(__file__).resolve().parents[1]
 

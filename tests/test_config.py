@@ -68,7 +68,7 @@ def test_repository_config_documents_every_default(tmp_path):
     parsed = configuration.parse(text, tmp_path / "config.yaml")
     assert parsed.model == configuration.Config().model
     assert parsed.watch.folders == (tmp_path / "tmp",)
-    for section, values in documented.items():
+    for values in documented.values():
         for key in values:
             assert f"\n  {key}:" in text  # every key written out, with its comment above it
 

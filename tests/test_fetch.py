@@ -21,10 +21,10 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
+from onnx_models import brightness_model
 
 from depthwatch import fetch
 from depthwatch.catalogue import Entry
-from onnx_models import brightness_model
 
 NAME = "midas-v21-small"
 FILE = "model-small.onnx"
