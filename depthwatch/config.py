@@ -221,6 +221,7 @@ class OutputConfig:
 @dataclass(frozen=True)
 class DaemonConfig:
     workers: int = field(default=2, metadata=_spec(_int(1, 64)))
+    worker_niceness: int = field(default=10, metadata=_spec(_int(0, 19)))
     queue_size: int = field(default=4096, metadata=_spec(_int(1, 1_000_000)))
     max_megapixels: float = field(default=100.0, metadata=_spec(_number(0.01, 10_000)))
     retries: int = field(default=3, metadata=_spec(_int(0, 100)))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -99,6 +100,24 @@ class _Frame:
         self.clock = now
 
 
+def _yield_to_inference(niceness: int) -> None:
+    """Make this worker thread `niceness` steps nicer than the inference thread.
+
+    On a CPU-only machine the image work and the model's operator threads share
+    the cores; when both want one the model should win, and decoding and
+    encoding should fill the gaps its parallel sections leave (measured: burst
+    throughput 21 -> 25 frames/s on two cores at niceness 10; see the README).
+    Linux applies nice to single threads; elsewhere this does nothing.
+    """
+    if not sys.platform.startswith("linux") or niceness <= 0:
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness))
+    except OSError:
+        pass
+
+
 def _ensure_folder(folder: Path) -> None:
     """Outputs may go to a folder of their own (output.template 'depth/{stem}.png')."""
     if folder.is_dir():
@@ -137,11 +156,19 @@ def read_source(path: Path, signature: tuple[int, int, int] | None = None) -> tu
 
 
 class Pipeline:
-    """Runs jobs through the engine with `workers` threads for everything but inference."""
+    """Runs jobs through the engine with `workers` threads for everything but inference.
 
-    def __init__(self, engine: Engine, workers: int = 2) -> None:
+    `niceness` lowers the workers' scheduling priority below the inference thread's.
+    """
+
+    def __init__(self, engine: Engine, workers: int = 2, niceness: int = 0) -> None:
         self.engine = engine
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="depthwatch-worker")
+        self._pool = ThreadPoolExecutor(
+            max_workers=workers,
+            thread_name_prefix="depthwatch-worker",
+            initializer=_yield_to_inference,
+            initargs=(niceness,),
+        )
         self._lock = threading.Lock()
         self._pending = 0
         self._idle = threading.Condition(self._lock)

@@ -129,7 +129,7 @@ class Daemon:
             self.engine.stop()
             raise
         log.info("%s", info.describe())
-        self.pipeline = Pipeline(self.engine, workers=config.daemon.workers)
+        self.pipeline = Pipeline(self.engine, workers=config.daemon.workers, niceness=config.daemon.worker_niceness)
         self._start_watching(self.rules, config)
         self._dispatcher.start()
         self.status.state = "running"
@@ -213,8 +213,8 @@ class Daemon:
             if self.watcher is not None:
                 self.watcher.stop()
             self._start_watching(Rules(new.watch, new.output), new)
-        if new.daemon.workers != old.daemon.workers:
-            log.warning("daemon.workers takes effect at the next start")
+        if (new.daemon.workers, new.daemon.worker_niceness) != (old.daemon.workers, old.daemon.worker_niceness):
+            log.warning("daemon.workers and daemon.worker_niceness take effect at the next start")
         self._settings = settings_from(new)
         logging.getLogger("depthwatch").setLevel(new.daemon.log_level.upper())
         self.config = new

@@ -277,3 +277,20 @@ def test_once_reports_each_failed_file_on_one_line_and_exits_non_zero(tmp_path, 
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1] == f"depthwatch: {frames / 'broken.jpg'}: not a JPEG, PNG, TIFF or WebP image"
     assert sorted(p.name for p in frames.glob("*_depth.jpg")) == ["a_depth.jpg", "b_depth.jpg"]
+
+
+def test_workers_yield_to_the_inference_thread(tmp_path, tiny_model):
+    import os
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("per-thread nice is a Linux feature")
+    source = tmp_path / "frame.png"
+    cv2.imwrite(str(source), quadrant_frame())
+    with Engine(spec_for(tiny_model)) as engine:
+        pipeline = Pipeline(engine, workers=2, niceness=7)
+        assert pipeline.process(Job(source, tmp_path / "depth.png"), Settings()).ok
+        base = os.getpriority(os.PRIO_PROCESS, engine.thread.native_id)
+        workers = [t for t in threading.enumerate() if t.name.startswith("depthwatch-worker")]
+        assert workers and all(os.getpriority(os.PRIO_PROCESS, t.native_id) == min(19, base + 7) for t in workers)
+        pipeline.close()

@@ -74,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
     failures = 0
     with Engine(spec) as engine:
         engine.wait_ready()
-        pipeline = Pipeline(engine, workers=config.daemon.workers)
+        pipeline = Pipeline(engine, workers=config.daemon.workers, niceness=config.daemon.worker_niceness)
         window = threading.Semaphore(config.daemon.workers + 2)  # bound decoded frames in memory
         progress = _progress(len(jobs))
         futures = []
