@@ -27,7 +27,7 @@ import numpy as np
 
 from depthwatch import paths, providers
 from depthwatch.contract import Contract, depth_map, read_contract
-from depthwatch.errors import DepthwatchError, FrameError, ModelChanged, ModelError
+from depthwatch.errors import DepthwatchError, FrameError, ModelChanged, ModelError, Superseded
 from depthwatch.imaging import model_input_size
 from depthwatch.profiles import Profile
 
@@ -119,6 +119,7 @@ class Engine:
         self._info: ModelInfo | None = None
         self._error: DepthwatchError | None = None
         self._cpu_rebuilt = False
+        self._running: tuple[Future[Any], Any] | None = None
         #: Sessions created over the engine's life (first load, reloads, CPU rebuild).
         self.load_count = 0
         #: Frames run through the model.
@@ -145,6 +146,11 @@ class Engine:
         return self._info
 
     @property
+    def busy(self) -> bool:
+        """Whether a session.run is in progress right now."""
+        return self._running is not None
+
+    @property
     def thread(self) -> threading.Thread:
         return self._thread
 
@@ -155,6 +161,20 @@ class Engine:
         with ModelChanged and the caller prepares it again for the new model.
         """
         return self._put(("run", tensor, generation))
+
+    def abort(self, future: Future[Inference]) -> None:
+        """Give up on a queued or running inference whose frame has a newer version.
+
+        A queued one is cancelled; a running one is told to stop through its
+        RunOptions (onnxruntime checks between operators) and fails with
+        Superseded. Either way the inference thread moves on to the newer frame.
+        """
+        if future.cancel():
+            return
+        with self._lock:
+            running = self._running
+            if running is not None and running[0] is future:
+                running[1].terminate = True
 
     def reload(self, spec: ModelSpec) -> Future[ModelInfo]:
         """Load `spec` on the inference thread after the work already queued, then swap.
@@ -246,21 +266,32 @@ class Engine:
         if generation != info.generation:
             future.set_exception(ModelChanged())
             return session
+        import onnxruntime
+
         feed = {info.contract.input_name: tensor}
         names = [info.contract.output_name]
         for attempt in (1, 2):
+            options = onnxruntime.RunOptions()
+            with self._lock:
+                self._running = (future, options)
             try:
                 start = time.perf_counter()
-                output = session.run(names, feed)[0]
+                output = session.run(names, feed, options)[0]
                 seconds = time.perf_counter() - start
                 prediction = depth_map(output)
             except Exception as exc:  # onnxruntime raises its own exception types
+                if options.terminate:
+                    future.set_exception(Superseded("a newer version arrived during inference"))
+                    return session
                 on_accelerator = any(p != providers.CPU for p in info.providers)
                 if attempt == 1 and on_accelerator and not self._cpu_rebuilt:
                     session, info = self._rebuild_on_cpu(session, info, exc)
                     continue
                 future.set_exception(FrameError(f"inference failed: {_first_line(exc)}"))
                 return session
+            finally:
+                with self._lock:
+                    self._running = None
             self.run_count += 1
             future.set_result(Inference(prediction, seconds, generation))
             return session

@@ -2,11 +2,10 @@
 
 An editor scrubbing rewrites frame.jpg many times a second; only the newest
 version is worth a depth map, so a newer job for an output replaces the one
-waiting for it. A job whose output is already being produced waits until that
-one is written, so an older frame can never land after a newer one. The queue
-holds paths, not pixels, and has a bound: a job that finds it full is dropped
-and `overflowed` tells the owner to rescan the folders later (their outputs
-are missing, so nothing is lost).
+waiting for it (a job already started is abandoned by the pipeline when its
+successor starts). The queue holds paths, not pixels, and has a bound: a job
+that finds it full is dropped and `overflowed` tells the owner to rescan the
+folders later (their outputs are missing, so nothing is lost).
 """
 
 from __future__ import annotations
@@ -22,7 +21,9 @@ class LatestWinsQueue:
     def __init__(self, maxsize: int) -> None:
         self.maxsize = maxsize
         self._waiting: OrderedDict[Path, Job] = OrderedDict()
-        self._busy: dict[Path, Job] = {}
+        #: The newest job started for each output, until it is done.
+        self._started: dict[Path, Job] = {}
+        self._in_progress = 0
         self._cond = threading.Condition()
         self._closed = False
         #: Jobs replaced by a newer one for the same output before they started.
@@ -33,14 +34,14 @@ class LatestWinsQueue:
     def put(self, job: Job) -> bool:
         """Queue `job`, replacing a waiting job for the same output; False if full or closed.
 
-        The very same version (source and signature) already waiting or in progress
+        The very same version (source and signature) already waiting or started
         is not queued twice: a rescan may find a frame the queue already holds.
         """
         with self._cond:
             if self._closed:
                 return False
             key = job.output
-            current = self._waiting.get(key) or self._busy.get(key)
+            current = self._waiting.get(key) or self._started.get(key)
             if current is not None and (current.source, current.signature) == (job.source, job.signature):
                 return True
             if key in self._waiting:
@@ -54,28 +55,21 @@ class LatestWinsQueue:
             return True
 
     def get(self, timeout: float | None = None) -> Job | None:
-        """The oldest job whose output is not in progress; None on timeout or when closed."""
+        """The oldest waiting job; None on timeout or when closed."""
         with self._cond:
-            job = None
-
-            def ready() -> bool:
-                nonlocal job
-                if self._closed:
-                    return True
-                for key in self._waiting:
-                    if key not in self._busy:
-                        job = self._busy[key] = self._waiting.pop(key)
-                        return True
-                return False
-
-            self._cond.wait_for(ready, timeout)
+            if not self._cond.wait_for(lambda: self._waiting or self._closed, timeout) or self._closed:
+                return None
+            _, job = self._waiting.popitem(last=False)
+            self._started[job.output] = job
+            self._in_progress += 1
             return job
 
     def done(self, job: Job) -> None:
-        """The job's output is written (or failed): the next job for it may start."""
+        """The job has its result (written, failed or abandoned)."""
         with self._cond:
-            self._busy.pop(job.output, None)
-            self._cond.notify_all()
+            if self._started.get(job.output) is job:
+                del self._started[job.output]
+            self._in_progress -= 1
 
     def close(self) -> list[Job]:
         """Stop handing out jobs; returns the ones still waiting."""
@@ -97,4 +91,4 @@ class LatestWinsQueue:
     @property
     def in_progress(self) -> int:
         with self._cond:
-            return len(self._busy)
+            return self._in_progress

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
+import itertools
 import os
 import sys
 import threading
+from collections import OrderedDict
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -93,6 +95,15 @@ class _Frame:
     decoded: imaging.Decoded | None = None
     source_stat: os.stat_result | None = None
     clock: float = field(default_factory=time.perf_counter)
+    #: Submission order; a map never replaces one written by a later job for its output.
+    seq: int = 0
+    #: A newer job for the same output was submitted: do not start inference.
+    abandoned: bool = False
+    inference: Future[Inference] | None = None
+
+    def check(self) -> None:
+        if self.abandoned:
+            raise Superseded("a newer version arrived; skipped")
 
     def lap(self, stage: str) -> None:
         now = time.perf_counter()
@@ -155,8 +166,23 @@ def read_source(path: Path, signature: tuple[int, int, int] | None = None) -> tu
     return data, after
 
 
+#: While an output's maps keep coming at least this often, a newer version of its
+#: frame stops the inference in progress. Slower than that (a long scrub, playback),
+#: the inference in progress finishes and lands, so the editor still sees a live map.
+PREVIEW_INTERVAL_S = 0.25
+_WRITTEN_MEMORY = 1024
+
+
 class Pipeline:
     """Runs jobs through the engine with `workers` threads for everything but inference.
+
+    Jobs for the same output: the newest wins. Submitting one abandons any older
+    job for that output still in flight: one not yet at the model stops there
+    (its queued inference is cancelled); one in the model is stopped mid-run if
+    this output got a map within PREVIEW_INTERVAL_S, else it finishes. A map is
+    never written over one from a newer job. So an editor scrubbing through a
+    shot sees the latest frame's map about one inference after the last write,
+    and a live map at least every PREVIEW_INTERVAL_S plus one inference meanwhile.
 
     `niceness` lowers the workers' scheduling priority below the inference thread's.
     """
@@ -172,14 +198,29 @@ class Pipeline:
         self._lock = threading.Lock()
         self._pending = 0
         self._idle = threading.Condition(self._lock)
+        self._newest: dict[Path, _Frame] = {}
+        self._seq = itertools.count(1)
+        # (seq, time) of the last map written per output; a short memory is enough, since
+        # only jobs in flight (a handful) ever compare against it.
+        self._written: OrderedDict[Path, tuple[int, float]] = OrderedDict()
+        # Writes to one output are serialised (by stripe, to keep this bounded) so the
+        # check "nothing newer was written" and the write happen as one.
+        self._write_locks = [threading.Lock() for _ in range(64)]
 
     def submit(self, job: Job, settings: Settings) -> Future[Result]:
         """Start a job; the future always completes with a Result (errors included)."""
         future: Future[Result] = Future()
-        frame = _Frame(job, settings, future, Result(job))
+        frame = _Frame(job, settings, future, Result(job), seq=next(self._seq))
         with self._lock:
             self._pending += 1
-        future.add_done_callback(self._finished)
+            older = self._newest.get(job.output)
+            self._newest[job.output] = frame
+            _, last_map = self._written.get(job.output, (0, float("-inf")))
+        if older is not None:
+            older.abandoned = True
+            if older.inference is not None and time.monotonic() - last_map < PREVIEW_INTERVAL_S:
+                self.engine.abort(older.inference)
+        future.add_done_callback(lambda _: self._finished(frame))
         self._pool.submit(self._front, frame)
         return future
 
@@ -196,8 +237,10 @@ class Pipeline:
         self.wait_idle(timeout)
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def _finished(self, _: Future[Result]) -> None:
+    def _finished(self, frame: _Frame) -> None:
         with self._idle:
+            if self._newest.get(frame.job.output) is frame:
+                del self._newest[frame.job.output]
             self._pending -= 1
             if self._pending == 0:
                 self._idle.notify_all()
@@ -207,6 +250,7 @@ class Pipeline:
     def _front(self, frame: _Frame) -> None:
         """read, decode, prepare, hand to the engine (worker thread)."""
         try:
+            frame.check()
             data, frame.source_stat = read_source(frame.job.source, frame.job.signature)
             frame.lap("read")
             expected = formats.EXTENSIONS.get(frame.job.source.suffix.lower())
@@ -231,7 +275,15 @@ class Pipeline:
         assert frame.decoded is not None
         tensor = imaging.prepare(frame.decoded, info.contract, info.profile)
         frame.lap("decode")
-        self.engine.infer(tensor, info.generation).add_done_callback(lambda done: self._handoff(frame, done))
+        frame.check()
+        frame.inference = self.engine.infer(tensor, info.generation)
+        if frame.abandoned:  # a newer job came while this one was being handed over
+            self.engine.abort(frame.inference)
+        frame.inference.add_done_callback(lambda done: self._handoff(frame, done))
+
+    def _newer_written(self, frame: _Frame) -> bool:
+        with self._lock:
+            return self._written.get(frame.job.output, (0, 0.0))[0] > frame.seq
 
     def _handoff(self, frame: _Frame, done: Future[Inference]) -> None:
         """Runs on the inference thread: only queue the rest of the job, do nothing else."""
@@ -243,11 +295,15 @@ class Pipeline:
     def _back(self, frame: _Frame, done: Future[Inference]) -> None:
         """render, encode, write (worker thread)."""
         try:
+            if done.cancelled():
+                raise Superseded("a newer version arrived before inference; skipped")
             try:
                 inference = done.result()
             except ModelChanged:
                 self._to_engine(frame, self._model_info())
                 return
+            if self._newer_written(frame):
+                raise Superseded("a newer version's map was written first; skipped")
             info = self._model_info()
             assert frame.decoded is not None
             frame.result.ms["infer"] = inference.seconds * 1000
@@ -263,12 +319,20 @@ class Pipeline:
             )
             frame.lap("encode")
             _ensure_folder(job.output.parent)
-            atomic_write(job.output, encoded)
             frame.result.size = frame.decoded.size
             frame.result.model = info.spec.path.name
             frame.result.providers = info.providers
-            if settings.sidecar:
-                atomic_write(job.output.with_name(job.output.name + ".json"), self._sidecar(frame))
+            with self._write_locks[hash(job.output) % len(self._write_locks)]:
+                if self._newer_written(frame):
+                    raise Superseded("a newer version's map was written first; skipped")
+                atomic_write(job.output, encoded)
+                if settings.sidecar:
+                    atomic_write(job.output.with_name(job.output.name + ".json"), self._sidecar(frame))
+                with self._lock:
+                    self._written[job.output] = (frame.seq, time.monotonic())
+                    self._written.move_to_end(job.output)
+                    if len(self._written) > _WRITTEN_MEMORY:
+                        self._written.popitem(last=False)
             if job.error_record is not None and job.error_record.exists():
                 job.error_record.unlink(missing_ok=True)
             frame.lap("write")

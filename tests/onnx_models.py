@@ -95,3 +95,30 @@ def failing_model(path: Path, size: int = 16) -> Path:
         initializer=inits,
     )
     return _save(graph, path)
+
+
+def slow_model(path: Path, layers: int = 40, size: int = 64, channels: int = 32) -> Path:
+    """A float NCHW model that takes a while (many convolutions), to catch a run in progress."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    nodes, inits = [], []
+    current, in_ch = "image", 3
+    for i in range(layers):
+        weight = helper.make_tensor(
+            f"w{i}", TensorProto.FLOAT, [channels, in_ch, 3, 3],
+            (rng.standard_normal((channels, in_ch, 3, 3)) * 0.05).astype(np.float32).ravel().tolist(),
+        )
+        inits.append(weight)
+        nodes.append(helper.make_node("Conv", [current, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]))
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"]))
+        current, in_ch = f"r{i}", channels
+    nodes.append(helper.make_node("ReduceMean", [current], ["depth"], axes=[1], keepdims=0))
+    graph = helper.make_graph(
+        nodes,
+        "slow",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("depth", TensorProto.FLOAT, [1, size, size])],
+        initializer=inits,
+    )
+    return _save(graph, path)

@@ -16,7 +16,7 @@ from onnx_models import brightness_model, failing_model
 
 from depthwatch import providers
 from depthwatch.engine import Engine, ModelSpec
-from depthwatch.errors import ModelError
+from depthwatch.errors import ModelError, Superseded
 from depthwatch.imaging import RenderOptions
 from depthwatch.pipeline import Job, Pipeline, Settings
 from depthwatch.profiles import PROFILES, profile_for
@@ -238,11 +238,11 @@ def test_provider_failing_at_run_time_rebuilds_on_cpu_once(tmp_path, caplog):
         def get_outputs(self):
             return self.session.get_outputs()
 
-        def run(self, names, feed):
+        def run(self, names, feed, options=None):
             self.runs += 1
             if self.runs > 1:  # the warm-up passes; real frames hit a lost device
                 raise RuntimeError("device lost")
-            return self.session.run(names, feed)
+            return self.session.run(names, feed, options)
 
     def factory(path, sess_options=None, providers=None):
         session = onnxruntime.InferenceSession(path, sess_options=sess_options, providers=["CPUExecutionProvider"])
@@ -294,3 +294,50 @@ def test_workers_yield_to_the_inference_thread(tmp_path, tiny_model):
         workers = [t for t in threading.enumerate() if t.name.startswith("depthwatch-worker")]
         assert workers and all(os.getpriority(os.PRIO_PROCESS, t.native_id) == min(19, base + 7) for t in workers)
         pipeline.close()
+
+
+def test_a_newer_job_for_the_same_output_abandons_the_older_one(tmp_path, tiny_model):
+    """Both submitted while the model loads: the older stops at its first step, the newer lands."""
+    release = threading.Event()
+
+    def slow_loading(*args, **kwargs):
+        assert release.wait(30)
+        return onnxruntime.InferenceSession(*args, **kwargs)
+
+    old, new = tmp_path / "old.png", tmp_path / "new.png"
+    cv2.imwrite(str(old), quadrant_frame(bright="top-left"))
+    cv2.imwrite(str(new), quadrant_frame(bright="bottom-right"))
+    output = tmp_path / "depth.png"
+    with Engine(spec_for(tiny_model), session_factory=slow_loading) as engine:
+        pipeline = Pipeline(engine)
+        first = pipeline.submit(Job(old, output), Settings())
+        second = pipeline.submit(Job(new, output), Settings())
+        release.set()
+        older, newer = first.result(30), second.result(30)
+        pipeline.close()
+    assert older.superseded and not newer.error
+    depth = cv2.imread(str(output), cv2.IMREAD_UNCHANGED)
+    assert depth[60:, 100:].mean() > depth[:40, :60].mean()  # the newer frame's map
+
+
+def test_a_running_inference_is_stopped_when_its_frame_is_superseded(tmp_path):
+    from onnx_models import slow_model
+
+    model = slow_model(tmp_path / "slow.onnx")
+    source = tmp_path / "frame.png"
+    cv2.imwrite(str(source), quadrant_frame(64, 64))
+    with Engine(spec_for(model)) as engine:
+        info = engine.wait_ready()
+        tensor = np.zeros((1, 3, 64, 64), np.float32)
+        running = engine.infer(tensor, info.generation)
+        deadline = threading.Event()
+        while not engine.busy and not running.done():
+            deadline.wait(0.001)
+        queued = engine.infer(tensor, info.generation)
+        engine.abort(queued)  # not started: cancelled
+        engine.abort(running)  # started: stopped between operators
+        with pytest.raises(Superseded, match="a newer version arrived during inference"):
+            running.result(60)
+        assert queued.cancelled()
+        # The session is fine afterwards.
+        assert engine.infer(tensor, info.generation).result(60).prediction.shape == (64, 64)

@@ -1,0 +1,5 @@
+"""depthwatch's benchmark suite: `python -m benchmarks` (see README.md, "Benchmarks").
+
+Kept free of imports so the small child processes it starts (`benchmarks.bare`,
+`benchmarks.classic_server`) load only what they use.
+"""

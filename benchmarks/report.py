@@ -1,0 +1,249 @@
+"""Ratios, targets and the printed table, all computed from one run's results.
+
+The machine's limit on CPU is cores / (CPU seconds per frame of inference +
+of the image work), each measured single-threaded in the same run; with an
+accelerator the image work runs on the CPU beside the inference, so the limit
+is the bare loop (or the CPU's image-work rate, if that is lower).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+#: The issue's targets; reported, never asserted.
+BURST_VS_LIMIT = 0.95
+LATENCY_OVERHEAD_MS = 10.0
+SCRUB_INFERENCE_SHARE = 0.5
+RSS_VS_BARE = 1.10
+
+
+def _get(results: dict[str, Any], *keys: str) -> Any:
+    node: Any = results
+    for key in keys:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    if a is None or b is None or not b or (isinstance(b, float) and math.isnan(b)):
+        return None
+    return float(a) / float(b)
+
+
+def limit_fps(results: dict[str, Any], ceiling_fps: float | None) -> float | None:
+    """The machine's limit for this model and these frames."""
+    cores = results["machine"]["cores"]
+    infer, image = _get(results, "scenarios", "costs", "infer_cpu_ms"), _get(results, "scenarios", "costs", "image_cpu_ms")
+    if image is None:
+        return None
+    if results["machine"]["accelerated"]:
+        image_rate = cores * 1000 / image
+        return min(ceiling_fps, image_rate) if ceiling_fps else image_rate
+    if infer is None:
+        return None
+    return cores * 1000 / (infer + image)
+
+
+def derive(results: dict[str, Any]) -> dict[str, Any]:
+    """The ratios the issue asks for, within this run."""
+    s = results["scenarios"]
+    ceiling = _get(s, "ceiling", "fps")
+    ceiling_ms = _get(s, "ceiling", "ms_per_frame")
+    limit = limit_fps(results, ceiling)
+    burst = _get(s, "burst", "fps")
+    p50 = _get(s, "latency", "p50_ms")
+    daemon_infer = _get(s, "latency", "daemon_stage_ms", "infer")
+    rss = max((v for v in (_get(s, "burst", "peak_rss_bytes"), _get(s, "daemon", "peak_rss_bytes")) if v), default=None)
+    loads = [v for v in (_get(s, "burst", "model_loads"), _get(s, "daemon", "model_loads")) if v is not None]
+    startups = (_get(s, "burst", "startup_s") or []) + (_get(s, "daemon", "startup_s") or [])
+    return {
+        "limit_fps": limit,
+        "burst_vs_limit": _ratio(burst, limit),
+        "burst_vs_ceiling": _ratio(burst, ceiling),
+        "burst_vs_classic_flask": _ratio(burst, _get(s, "classic_flask", "fps")),
+        "burst_vs_classic_gunicorn": _ratio(burst, _get(s, "classic_gunicorn", "fps")),
+        "classic_flask_vs_limit": _ratio(_get(s, "classic_flask", "fps"), limit),
+        "classic_gunicorn_vs_limit": _ratio(_get(s, "classic_gunicorn", "fps"), limit),
+        "ceiling_vs_limit": _ratio(ceiling, limit),
+        "latency_overhead_ms": None if p50 is None or ceiling_ms is None else p50 - ceiling_ms,
+        "latency_overhead_vs_own_infer_ms": None if p50 is None or daemon_infer is None else p50 - daemon_infer,
+        "scrub_inference_share": _ratio(_get(s, "scrub", "inferences"), _get(s, "scrub", "writes")),
+        "daemon_peak_rss_bytes": rss,
+        "rss_vs_bare": _ratio(rss, _get(s, "bare", "peak_rss_bytes")),
+        "model_loads": max(loads) if loads else None,
+        "daemon_startup_s": _median(startups),
+        "bare_startup_s": _median(_get(s, "bare", "startup_s") or []),
+    }
+
+
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target with its measured value and whether it was met (None: not measured)."""
+    d, s = results["derived"], results["scenarios"]
+    accelerated = results["machine"]["accelerated"]
+    rows = []
+
+    def add(name: str, value: Any, met: bool | None, goal: str) -> None:
+        rows.append({"target": name, "goal": goal, "value": value, "met": met})
+
+    if accelerated:
+        v = d["burst_vs_ceiling"]
+        add("burst vs bare loop (accelerator)", v, None if v is None else v >= BURST_VS_LIMIT, f">= {BURST_VS_LIMIT}")
+    else:
+        v = d["burst_vs_limit"]
+        add("burst vs machine limit", v, None if v is None else v >= BURST_VS_LIMIT, f">= {BURST_VS_LIMIT}")
+    for server in ("flask", "gunicorn"):
+        v = d[f"burst_vs_classic_{server}"]
+        add(f"burst vs classic {server}", v, None if v is None else v > 1.0, "> 1")
+    v = d["latency_overhead_ms"]
+    add("latency overhead at p50 (ms)", v, None if v is None else v <= LATENCY_OVERHEAD_MS, f"<= {LATENCY_OVERHEAD_MS:g}")
+    tail, p50 = _get(s, "scrub", "last_map_ms"), _get(s, "latency", "p50_ms")
+    add(
+        "scrub: last map after last write (ms)",
+        tail,
+        None if tail is None or p50 is None else tail <= p50,
+        "<= one inference + overhead (latency p50)" + (f" = {p50:.1f}" if p50 is not None else ""),
+    )
+    v = d["scrub_inference_share"]
+    add("scrub: inferences / writes", v, None if v is None else v <= SCRUB_INFERENCE_SHARE, f"<= {SCRUB_INFERENCE_SHARE}")
+    v = d["rss_vs_bare"]
+    add("peak RSS vs bare session", v, None if v is None else v <= RSS_VS_BARE, f"<= {RSS_VS_BARE}")
+    v = d["model_loads"]
+    add("model loads per daemon", v, None if v is None else v == 1, "== 1")
+    return rows
+
+
+# -- the printed table ------------------------------------------------------------------
+
+
+def _f(value: Any, fmt: str = ".1f", unit: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:{fmt}}{unit}"
+
+
+def _mib(value: Any) -> str:
+    return "-" if not value else f"{value / 2**20:.0f} MiB"
+
+
+def table(results: dict[str, Any]) -> str:
+    m, s, d = results["machine"], results["scenarios"], results["derived"]
+    model, frames, knobs = results["model"], results["frames"], results["settings"]
+    lines = [
+        f"depthwatch benchmark: {m['cores']} cores ({m['cpu']}), {m['platform']}, load average {m['load_before']} -> {m['load_after']}",
+        f"providers {', '.join(m['providers_applied'])} (available: {', '.join(m['providers_available'])}); "
+        f"onnxruntime {m['onnxruntime']}, OpenCV {m['opencv']}",
+        f"model {model['name']}{' (%.2f GFLOPs/frame)' % (model['gflops']) if model.get('gflops') else ''}: {model['contract']}",
+        f"frames {frames['describe']}",
+        f"settings intra_op_threads {knobs['intra_op_threads']} (0 = onnxruntime's choice), workers {knobs['workers']}, "
+        f"OpenCV threads {knobs['cv2_threads'] or 'default'}; {knobs['repeats']} repeat(s), medians",
+        "",
+        f"{'scenario':<40}{'frames/s':>10}{'ms/frame':>10}{'x ceiling':>11}{'x limit':>9}   notes",
+    ]
+
+    def row(name: str, fps: Any, notes: str = "") -> None:
+        ms = None if not fps else 1000 / fps
+        lines.append(
+            f"{name:<40}{_f(fps):>10}{_f(ms):>10}{_f(_ratio(fps, _get(s, 'ceiling', 'fps')), '.2f'):>11}"
+            f"{_f(_ratio(fps, d['limit_fps']), '.2f'):>9}   {notes}"
+        )
+
+    c = s.get("costs") or {}
+    pc = s.get("parallel_ceiling")
+    row("ceiling: bare session.run loop", _get(s, "ceiling", "fps"), "pre-decoded, pre-resized inputs")
+    row(
+        "machine limit",
+        d["limit_fps"],
+        f"{m['cores']} cores / (inference {_f(c.get('infer_cpu_ms'))} + image {_f(c.get('image_cpu_ms'))} ms "
+        "CPU per frame, single-threaded)"
+        if not m["accelerated"]
+        else "bare loop, or the CPU's image-work rate if lower",
+    )
+    if pc:
+        row(
+            f"(frames in parallel: {pc['threads']} x session.run)",
+            pc["fps"],
+            "one intra-op thread each, one session: not what depthwatch does",
+        )
+    for server, label in (("flask", "classic server: Flask"), ("gunicorn", "classic server: gunicorn -w 1")):
+        r = s.get(f"classic_{server}")
+        if r:
+            size = r.get("output_size")
+            note = f"request p50 {_f(r['p50_ms'])} ms; writes a {size[0]}x{size[1]} map" if size else ""
+            row(label, r["fps"], note)
+    b = s.get("burst")
+    if b:
+        row(
+            f"depthwatch burst ({results['plan']['count']} frames at once)",
+            b["fps"],
+            f"{b['outputs']}/{b['frames']} maps at the frame's size; daemon CPU {_f(b.get('cpu_ms_per_frame'))} ms/frame, "
+            f"{_f(100 * b['cores_busy'] if b.get('cores_busy') is not None else None, '.0f')}% of the cores busy",
+        )
+    if b and b.get("daemon_stage_ms"):
+        st = b["daemon_stage_ms"]
+        lines.append("  burst, daemon's own stage medians (ms): " + " ".join(f"{k} {v:.1f}" for k, v in st.items()))
+    lines.append("")
+    lat = s.get("latency")
+    if lat:
+        st = lat.get("daemon_stage_ms") or {}
+        stages = " ".join(f"{k} {v:.1f}" for k, v in st.items())
+        lines.append(
+            f"latency (one frame at a time, {lat['frames']} frames): p50 {_f(lat['p50_ms'])} ms, p95 {_f(lat['p95_ms'])} ms; "
+            f"overhead beyond the ceiling's {_f(_get(s, 'ceiling', 'ms_per_frame'))} ms/frame: {_f(d['latency_overhead_ms'])} ms"
+            f" (beyond the daemon's own session.run median: {_f(d['latency_overhead_vs_own_infer_ms'])} ms)"
+        )
+        if stages:
+            lines.append(f"  latency, daemon's own stage medians (ms): {stages}")
+    sc = s.get("scrub")
+    if sc:
+        lines.append(
+            f"scrub ({sc['writes']} writes in {sc['seconds']:g} s): {_f(sc['inferences'], '.0f')} inferences, "
+            f"{_f(sc['superseded'], '.0f')} superseded; last map {_f(sc['last_map_ms'])} ms after the last write"
+        )
+    if s.get("bare") or d["daemon_peak_rss_bytes"]:
+        lines.append(
+            f"memory: daemon peak RSS {_mib(d['daemon_peak_rss_bytes'])} vs bare session {_mib(_get(s, 'bare', 'peak_rss_bytes'))} "
+            f"({_f(d['rss_vs_bare'], '.2f')}x); model loads per daemon {_f(d['model_loads'], '.0f')}"
+        )
+        lines.append(
+            f"start-up to ready: daemon {_f(d['daemon_startup_s'], '.2f')} s, bare session {_f(d['bare_startup_s'], '.2f')} s"
+        )
+    lines += ["", "targets (not assertions):"]
+    for t in results["targets"]:
+        mark = {True: "met   ", False: "MISSED", None: "n/a   "}[t["met"]]
+        value = _f(t["value"], ".2f") if not isinstance(t["value"], int) else str(t["value"])
+        lines.append(f"  [{mark}] {t['target']}: {value} (goal {t['goal']})")
+    for name, error in results.get("errors", {}).items():
+        lines.append(f"  [ERROR ] {name}: {error}")
+    return "\n".join(lines)
+
+
+def sweep_table(results: dict[str, Any]) -> str:
+    d = results["derived"]
+    c = results["scenarios"].get("costs") or {}
+    lines = [
+        f"sweep: burst of {results['plan']['count']} frames, machine limit {_f(d['limit_fps'])} frames/s "
+        f"({results['machine']['cores']} cores / (inference {_f(c.get('infer_cpu_ms'))} + "
+        f"image {_f(c.get('image_cpu_ms'))} ms CPU per frame)), "
+        f"load average {results['machine']['load_before']} -> {results['machine']['load_after']}",
+        f"{'intra_op':>9}{'workers':>9}{'cv2 thr':>9}{'ceiling':>10}{'burst':>9}{'x limit':>9}{'x ceiling':>11}"
+        f"{'CPU ms/frame':>14}{'cores busy':>12}",
+    ]
+    for r in results.get("sweep", []):
+        lines.append(
+            f"{r['intra_op_threads']:>9}{r['workers']:>9}{r['cv2_threads'] or 'dflt':>9}{_f(r['ceiling_fps']):>10}"
+            f"{_f(r.get('fps')):>9}{_f(_ratio(r.get('fps'), d['limit_fps']), '.2f'):>9}"
+            f"{_f(_ratio(r.get('fps'), r['ceiling_fps']), '.2f'):>11}{_f(r.get('cpu_ms_per_frame')):>14}"
+            f"{_f(r.get('cores_busy'), '.0%'):>12}" + (f"   error: {r['error']}" if r.get("error") else "")
+        )
+    return "\n".join(lines)

@@ -1,0 +1,599 @@
+"""The scenarios, each against the same model, frames and thread settings.
+
+Each function measures one thing and returns plain numbers (JSON-ready);
+ratios between scenarios are computed in `report`. Times are
+`time.perf_counter()` seconds in this process; CPU costs are
+`time.process_time()`; "visible" means this process saw the output file
+appear or change, polling every `poll_s` (1 ms by default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import json
+import os
+import shutil
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from benchmarks import sessions
+from benchmarks.daemon import Daemon, Knobs, config_dict, drop, signature, stage, wall_of, write_config
+from benchmarks.frames import FrameSet
+from benchmarks.processes import BenchError, Child, free_port, python
+
+#: Frames run before timing starts, in every scenario.
+WARM_UP = 2
+SCRUB_FPS = 60
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every scenario shares."""
+
+    work: Path
+    knobs: Knobs
+    frames: FrameSet
+    count: int
+    repeats: int
+    latency_count: int
+    scrub_seconds: float
+    poll_s: float = 0.001
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def _folder(plan: Plan, name: str) -> Path:
+    folder = plan.work / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
+# -- the model as depthwatch loads it ---------------------------------------------------
+
+
+def load_reference(plan: Plan, intra_op_threads: int | None = None) -> tuple[Any, sessions.Captured]:
+    """depthwatch's Config for these knobs and the session its Engine makes from it."""
+    from depthwatch import catalogue
+    from depthwatch import config as configuration
+
+    knobs = plan.knobs if intra_op_threads is None else dataclasses.replace(plan.knobs, intra_op_threads=intra_op_threads)
+    folder = plan.work / "reference"
+    folder.mkdir(exist_ok=True)
+    path = write_config(
+        plan.work / f"reference-{knobs.intra_op_threads}.yaml",
+        config_dict(knobs, folder, ["*.jpg"], "{stem}_depth.jpg", plan.work / "reference.status.json"),
+    )
+    config = configuration.load(path)
+    return config, sessions.capture(catalogue.resolve(config.model, config.base))
+
+
+def _write_frames(plan: Plan, name: str, limit: int) -> list[Path]:
+    folder = _folder(plan, name)
+    paths = []
+    for i, data in enumerate(plan.frames.data[:limit]):
+        path = folder / f"f{i:04d}.jpg"
+        path.write_bytes(data)
+        paths.append(path)
+    return paths
+
+
+# -- 0. the machine's limit: single-threaded CPU cost of inference and of the image work --
+
+
+def costs(plan: Plan, config: Any, single: sessions.Captured) -> dict[str, Any]:
+    """CPU seconds per frame of inference (one intra-op thread) and of the daemon's image work.
+
+    `single` is the model loaded by depthwatch with one intra-op thread, from
+    `config`. The image work is depthwatch's own: read the file, decode (at
+    reduced scale), prepare the tensor, render the map at the frame's size,
+    encode it and write it atomically, with OpenCV on one thread.
+    """
+    from depthwatch import imaging
+    from depthwatch.contract import depth_map
+    from depthwatch.pipeline import read_source
+    from depthwatch.service import settings_from
+    from depthwatch.writer import atomic_write
+
+    settings = settings_from(config)
+    info = single.info
+    contract, profile = info.contract, info.profile
+    min_size = imaging.model_input_size(contract, profile, (4096, 4096))
+    options = imaging.RenderOptions(
+        settings.render.invert, settings.render.clip_percent, imaging.bits_for(".jpg", settings.png_bits)
+    )
+    paths = _write_frames(plan, "costs", max(plan.count, WARM_UP + 1))
+    samples = min(max(plan.count, 3), 40)
+    order = [paths[i % len(paths)] for i in range(WARM_UP + samples)]
+    stages: dict[str, list[float]] = {k: [] for k in ("read", "decode", "infer", "encode", "write")}
+    wall: list[float] = []
+    threads = cv2.getNumThreads()
+    cv2.setNumThreads(1)
+    try:
+        for n, path in enumerate(order):
+            w0 = time.perf_counter()
+            c0 = time.process_time()
+            data, _ = read_source(path)
+            c1 = time.process_time()
+            decoded = imaging.decode(data, max_pixels=settings.max_pixels, min_size=min_size)
+            tensor = imaging.prepare(decoded, contract, profile)
+            c2 = time.process_time()
+            w2 = time.perf_counter()
+            output = single.session.run([contract.output_name], {contract.input_name: tensor})[0]
+            c3 = time.process_time()
+            w3 = time.perf_counter()
+            depth = imaging.render(depth_map(output), profile.output, decoded.size, options)
+            encoded = imaging.encode(
+                depth, ".jpg", jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression
+            )
+            c4 = time.process_time()
+            atomic_write(path.with_name(path.stem + "_depth.jpg"), encoded)
+            c5 = time.process_time()
+            w5 = time.perf_counter()
+            if n < WARM_UP:
+                continue
+            for key, value in zip(stages, (c1 - c0, c2 - c1, c3 - c2, c4 - c3, c5 - c4)):
+                stages[key].append(value * 1000)
+            wall.append(((w2 - w0) + (w5 - w3)) * 1000)
+    finally:
+        cv2.setNumThreads(threads)
+    per_stage = {k: median(v) for k, v in stages.items()}
+    image_ms = median([sum(stages[k][i] for k in stages if k != "infer") for i in range(samples)])
+    return {
+        "samples": samples,
+        "infer_cpu_ms": per_stage["infer"],
+        "image_cpu_ms": image_ms,
+        "image_wall_ms": median(wall),
+        "stage_cpu_ms": per_stage,
+        "decode_scale": f"1/{_reduction(decoded.image.shape, decoded.size)}",
+    }
+
+
+def _reduction(shape: tuple[int, ...], size: tuple[int, int]) -> int:
+    return max(1, round(size[0] / shape[1]))
+
+
+# -- 1. ceiling: bare session.run on pre-decoded, pre-resized inputs ------------------------
+
+
+def ceiling(plan: Plan, captured: sessions.Captured) -> dict[str, Any]:
+    tensors = _tensors(plan, captured)
+    contract = captured.info.contract
+    session, feed_name, names = captured.session, contract.input_name, [contract.output_name]
+    for t in tensors[:WARM_UP]:
+        session.run(names, {feed_name: t})
+    runs = []
+    for _ in range(plan.repeats):
+        start = time.perf_counter()
+        for i in range(plan.count):
+            session.run(names, {feed_name: tensors[i % len(tensors)]})
+        runs.append(plan.count / (time.perf_counter() - start))
+    fps = median(runs)
+    return {"fps": fps, "ms_per_frame": 1000 / fps, "runs_fps": runs, "frames": plan.count}
+
+
+def parallel_ceiling(plan: Plan, single: sessions.Captured, threads: int) -> dict[str, Any]:
+    """`threads` frames in flight on one session, each run on its own thread with one intra-op thread.
+
+    Not a depthwatch scenario: it shows what frame-level parallelism would
+    reach where onnxruntime's intra-op threads scale poorly.
+    """
+    import threading
+
+    tensors = _tensors(plan, single)
+    session, feed_name, names = single.session, single.info.contract.input_name, [single.info.contract.output_name]
+    runs = []
+    for _ in range(plan.repeats):
+        counter = iter(range(plan.count))
+        lock = threading.Lock()
+
+        def loop() -> None:
+            while True:
+                with lock:
+                    i = next(counter, None)
+                if i is None:
+                    return
+                session.run(names, {feed_name: tensors[i % len(tensors)]})
+
+        workers = [threading.Thread(target=loop, name=f"bench-run-{k}") for k in range(threads)]
+        start = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        runs.append(plan.count / (time.perf_counter() - start))
+    fps = median(runs)
+    return {"fps": fps, "ms_per_frame": 1000 / fps, "runs_fps": runs, "threads": threads}
+
+
+def _tensors(plan: Plan, captured: sessions.Captured) -> list[np.ndarray]:
+    from depthwatch import imaging
+
+    contract, profile = captured.info.contract, captured.info.profile
+    min_size = imaging.model_input_size(contract, profile, (4096, 4096))
+    return [
+        imaging.prepare(imaging.decode(d, max_pixels=10**9, min_size=min_size), contract, profile)
+        for d in plan.frames.data[: max(1, min(plan.count, 16))]
+    ]
+
+
+# -- 2. the classic Flask /predict server ----------------------------------------------------
+
+
+def _post(port: int, path: str, timeout: float = 120.0) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("POST" if path == "/predict" else "GET", path, body=b"" if path == "/predict" else None)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def _wait_http(child: Child, port: int, timeout: float = 120.0) -> float:
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        child.check_alive()
+        try:
+            if _post(port, "/health", timeout=2.0)[0] == 200:
+                return time.perf_counter() - child.started
+        except OSError:
+            pass
+        time.sleep(0.01)
+    raise BenchError(f"{child.name} did not answer within {timeout:.0f} s: {child.tail()}")
+
+
+def prep_for(captured: sessions.Captured, frame_size: tuple[int, int]) -> dict[str, Any]:
+    """What the classic server needs to feed the model, from depthwatch's contract and profile."""
+    from depthwatch import imaging
+
+    info = captured.info
+    w, h = imaging.model_input_size(info.contract, info.profile, frame_size)
+    return {
+        "width": w,
+        "height": h,
+        "layout": info.contract.layout,
+        "dtype": np.dtype(info.contract.input_dtype).name,
+        "mean": list(info.profile.mean),
+        "std": list(info.profile.std),
+        "output": info.profile.output,
+    }
+
+
+def classic(plan: Plan, server: str, captured: sessions.Captured) -> dict[str, Any]:
+    """Write frame.jpg, POST /predict, the server reads, runs, writes depth.jpg, answers."""
+    folder = _folder(plan, f"classic-{server}")
+    port = free_port()
+    env = {
+        "BENCH_MODEL": str(plan.knobs.model),
+        "BENCH_SESSION": json.dumps(captured.settings),
+        "BENCH_PREP": json.dumps(prep_for(captured, plan.frames.size)),
+        "BENCH_FOLDER": str(folder),
+        **plan.knobs.env(),
+    }
+    if server == "flask":
+        argv = [python(), "-m", "benchmarks.classic_server", "--port", str(port)]
+    else:
+        argv = [python(), "-m", "gunicorn", "-w", "1", "-b", f"127.0.0.1:{port}", "--timeout", "300"]
+        argv += ["--graceful-timeout", "5", "--log-level", "warning", "--worker-tmp-dir", str(plan.work)]
+        argv += _gunicorn_extra()
+        argv += ["benchmarks.classic_server:create_app()"]
+    child = Child(f"classic server ({server})", argv, plan.work / f"classic-{server}.log", env)
+    try:
+        startup = _wait_http(child, port)
+        frame, depth = folder / "frame.jpg", folder / "depth.jpg"
+        requests = produced = 0
+        runs, latencies = [], []
+
+        def one(data: bytes) -> bool:
+            before = signature(depth)
+            t = time.perf_counter()
+            with open(frame, "wb") as f:
+                f.write(data)
+            status, _ = _post(port, "/predict")
+            latencies.append((time.perf_counter() - t) * 1000)
+            return status == 200 and signature(depth) not in (None, before)
+
+        for i in range(WARM_UP):
+            one(plan.frames.data[i % len(plan.frames)])
+        latencies.clear()
+        for _ in range(plan.repeats):
+            start = time.perf_counter()
+            done = 0
+            for i in range(plan.count):
+                done += one(plan.frames.data[i % len(plan.frames)])
+            runs.append(plan.count / (time.perf_counter() - start))
+            requests += plan.count
+            produced += done
+        out = cv2.imread(str(depth), cv2.IMREAD_UNCHANGED)
+        return {
+            "fps": median(runs),
+            "runs_fps": runs,
+            "p50_ms": median(latencies),
+            "requests": requests,
+            "outputs": produced,
+            "output_size": [int(out.shape[1]), int(out.shape[0])] if out is not None else None,
+            "startup_s": startup,
+        }
+    finally:
+        child.stop()
+
+
+def _gunicorn_extra() -> list[str]:
+    """Flags newer gunicorns need to stay inside the benchmark's folder."""
+    try:
+        from gunicorn.config import KNOWN_SETTINGS
+    except ImportError:
+        return []
+    names = {s.name for s in KNOWN_SETTINGS}
+    return ["--no-control-socket"] if "control_socket_disable" in names else []
+
+
+# -- 3. depthwatch burst: N frames dropped at once ----------------------------------------------
+
+
+def burst(plan: Plan, knobs: Knobs | None = None, name: str = "burst") -> dict[str, Any]:
+    """Rename N staged frames into the watched folder at once; time until every map exists."""
+    knobs = knobs or plan.knobs
+    runs, startups, peaks, loads, produced, failed = [], [], [], [], 0, 0
+    cpu_per_frame: list[float] = []
+    busy: list[float] = []
+    timings: list[dict[str, float]] = []
+    for r in range(plan.repeats):
+        daemon = Daemon(plan.work, f"{name}{r}", knobs, ["*.jpg"], "{stem}_depth.jpg")
+        try:
+            startups.append(daemon.start())
+            folder = daemon.folder
+            warm_start = time.time()
+            for i in range(WARM_UP):
+                drop(folder, f"warm{i}.jpg", plan.frames.data[i % len(plan.frames)])
+            _wait_files([folder / f"warm{i}_depth.jpg" for i in range(WARM_UP)], daemon, plan.poll_s, 120)
+            daemon.wait_idle(warm_start)
+            names = [f"b{r}_{i:04d}.jpg" for i in range(plan.count)]
+            staged = [stage(folder, n, plan.frames.data[i % len(plan.frames)]) for i, n in enumerate(names)]
+            outputs = [folder / f"{Path(n).stem}_depth.jpg" for n in names]
+            assert daemon.child is not None
+            cpu = daemon.child.cpu_seconds()
+            start = time.perf_counter()
+            for tmp, n in zip(staged, names):
+                os.rename(tmp, folder / n)
+            elapsed = _wait_files(outputs, daemon, max(plan.poll_s, 0.002), 60 + 5 * plan.count) - start
+            cpu = daemon.child.cpu_seconds() - cpu
+            runs.append(plan.count / elapsed)
+            cpu_per_frame.append(cpu * 1000 / plan.count)
+            busy.append(cpu / (elapsed * cores()))
+            status = daemon.wait_idle(wall_of(start))
+            timings += _logged(daemon, WARM_UP + plan.count)[WARM_UP:]
+            produced += sum(o.exists() for o in outputs)
+            failed += status["counts"]["failed"]
+            loads.append(status["model_loads"])
+            peaks.append(daemon.peak_rss())
+        finally:
+            daemon.stop()
+            shutil.rmtree(daemon.folder, ignore_errors=True)
+    return {
+        "fps": median(runs),
+        "runs_fps": runs,
+        # The daemon's own CPU time (all threads) per frame during the burst, and the
+        # share of the machine's cores it kept busy: fps = busy x cores / cpu per frame.
+        "cpu_ms_per_frame": median(cpu_per_frame),
+        "cores_busy": median(busy),
+        # The daemon's own per-stage medians (ms of wall time) during the bursts, from its log.
+        "daemon_stage_ms": _stage_medians(timings),
+        "frames": plan.count * plan.repeats,
+        "outputs": produced,
+        "failed": failed,
+        "model_loads": max(loads) if loads else None,
+        "startup_s": startups,
+        "peak_rss_bytes": max(peaks) if peaks else None,
+    }
+
+
+def _wait_files(paths: list[Path], daemon: Daemon, poll_s: float, timeout: float) -> float:
+    """Poll until every path exists (mostly in order, so one stat per poll); the time it did."""
+    assert daemon.child is not None
+    deadline = time.perf_counter() + timeout
+    i, polls = 0, 0
+    while True:
+        while i < len(paths) and paths[i].exists():
+            i += 1
+        if i == len(paths):
+            return time.perf_counter()
+        polls += 1
+        if polls % 200 == 0:
+            daemon.child.check_alive()
+            if time.perf_counter() > deadline:
+                raise BenchError(f"{len(paths) - i} depth map(s) missing after {timeout:.0f} s: {daemon.child.tail()}")
+        time.sleep(poll_s)
+
+
+# -- 4 and 5. depthwatch latency, one frame at a time, and the scrub ----------------------------
+
+
+def _logged(daemon: Daemon, count: int) -> list[dict[str, float]]:
+    """The daemon's per-frame log lines, once `count` are there (they follow the maps by a moment)."""
+    deadline = time.perf_counter() + 5
+    timings = daemon.frame_timings()
+    while len(timings) < count and time.perf_counter() < deadline:
+        time.sleep(0.01)
+        timings = daemon.frame_timings()
+    return timings
+
+
+def _stage_medians(timings: list[dict[str, float]]) -> dict[str, float]:
+    return {k: median([t[k] for t in timings]) for k in timings[0]} if timings else {}
+
+
+def _until_changed(path: Path, before: tuple[int, int] | None, daemon: Daemon, poll_s: float, timeout: float) -> float:
+    assert daemon.child is not None
+    deadline = time.perf_counter() + timeout
+    polls = 0
+    while True:
+        if signature(path) != before:
+            return time.perf_counter()
+        polls += 1
+        if polls % 500 == 0:
+            daemon.child.check_alive()
+            if time.perf_counter() > deadline:
+                raise BenchError(f"{path.name} did not change within {timeout:.0f} s: {daemon.child.tail()}")
+        time.sleep(poll_s)
+
+
+def latency_and_scrub(plan: Plan) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """One daemon watching frame.jpg -> depth.jpg: latency samples, then the scrub repeats."""
+    daemon = Daemon(plan.work, "single", plan.knobs, ["frame.jpg"], "depth.jpg")
+    try:
+        startup = daemon.start()
+        latency, idle = _latency(plan, daemon)
+        scrub = _scrub(plan, daemon, idle)
+        status = daemon.status() or {}
+        process = {
+            "startup_s": [startup],
+            "peak_rss_bytes": daemon.peak_rss(),
+            "model_loads": status.get("model_loads"),
+        }
+    finally:
+        rc = daemon.stop()
+        shutil.rmtree(daemon.folder, ignore_errors=True)
+    process["exit_code"] = rc
+    return latency, scrub, process
+
+
+def _latency(plan: Plan, daemon: Daemon) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Drop frames one at a time; the results and the daemon's idle status after them."""
+    folder, depth = daemon.folder, daemon.folder / "depth.jpg"
+    samples: list[float] = []
+    total = WARM_UP + plan.latency_count
+    t0 = time.perf_counter()
+    for i in range(total):
+        before = signature(depth)
+        t0 = drop(folder, "frame.jpg", plan.frames.data[i % len(plan.frames)])
+        t1 = _until_changed(depth, before, daemon, plan.poll_s, 120)
+        if i >= WARM_UP:
+            samples.append((t1 - t0) * 1000)
+        time.sleep(0.03)  # let the daemon go idle: each sample is one frame alone
+    status = daemon.wait_idle(wall_of(t0))
+    timings = _logged(daemon, total)[WARM_UP:total]
+    stages = {}
+    if len(timings) == plan.latency_count:
+        stages = _stage_medians(timings)
+        # From the rename to the job being queued, plus this process noticing the file.
+        stages["watch_and_poll"] = median([s - t["total"] for s, t in zip(samples, timings)])
+    return {
+        "p50_ms": median(samples),
+        "p95_ms": percentile(samples, 95),
+        "samples_ms": samples,
+        "frames": plan.latency_count,
+        "outputs": len(samples),
+        "failed": status["counts"]["failed"],
+        "daemon_stage_ms": stages,
+    }, status
+
+
+def _scrub(plan: Plan, daemon: Daemon, idle: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite frame.jpg at 60 fps; count inferences, time the last map after the last write."""
+    folder, depth = daemon.folder, daemon.folder / "depth.jpg"
+    writes = max(2, round(SCRUB_FPS * plan.scrub_seconds))
+    tails, inferences, superseded = [], [], []
+    before = idle
+    for _ in range(plan.repeats):
+        start = time.perf_counter()
+        for k in range(writes):
+            delay = start + k / SCRUB_FPS - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            last = drop(folder, "frame.jpg", plan.frames.data[k % len(plan.frames)])
+        last_wall = time.time()
+        tail, after = _settle(daemon, depth, last, last_wall, plan.poll_s)
+        tails.append(tail)
+        counts, was = after["counts"], before["counts"]
+        inferences.append(counts["done"] + counts["failed"] - was["done"] - was["failed"])
+        superseded.append(counts["superseded"] - was["superseded"])
+        before = after
+    return {
+        "writes": writes,
+        "seconds": plan.scrub_seconds,
+        "inferences": median(inferences),
+        "runs_inferences": inferences,
+        "superseded": median(superseded),
+        "last_map_ms": median(tails),
+        "runs_last_map_ms": tails,
+    }
+
+
+def _settle(daemon: Daemon, depth: Path, last: float, last_wall: float, poll_s: float) -> tuple[float, dict[str, Any]]:
+    """Watch depth.jpg after the last write until the daemon is idle and the file stays put.
+
+    The latest-wins queue runs the last write's job after any in flight, so
+    the last change to depth.jpg is the last frame's map.
+    """
+    assert daemon.child is not None
+    quiet = 0.5
+    current, changed = signature(depth), None
+    deadline = time.perf_counter() + 120
+    next_status = 0.0
+    while time.perf_counter() < deadline:
+        now = time.perf_counter()
+        sig = signature(depth)
+        if sig != current:
+            current, changed = sig, now
+        if changed is not None and now - changed >= quiet and now >= next_status:
+            next_status = now + 0.02
+            status = daemon.status()
+            if (
+                status
+                and status.get("updated", 0) >= last_wall
+                and status.get("queue_depth") == 0
+                and status.get("in_progress") == 0
+            ):
+                return (changed - last) * 1000, status
+            daemon.child.check_alive()
+        time.sleep(poll_s)
+    raise BenchError(f"the scrub's last depth map did not settle within 120 s: {daemon.child.tail()}")
+
+
+# -- 6. memory and start-up: a bare process holding one session ---------------------------------
+
+
+def bare(plan: Plan, captured: sessions.Captured) -> dict[str, Any]:
+    peaks, startups = [], []
+    for r in range(plan.repeats):
+        log = plan.work / f"bare{r}.log"
+        child = Child("bare session", [python(), "-m", "benchmarks.bare", str(plan.knobs.model), json.dumps(captured.settings)], log)
+        try:
+            deadline = time.perf_counter() + 120
+            line = None
+            while line is None:
+                text = log.read_text(errors="replace") if log.exists() else ""
+                line = next((x for x in text.splitlines() if x.startswith("{")), None)
+                if line is None:
+                    if not child.alive() or time.perf_counter() > deadline:
+                        raise BenchError(f"the bare session process did not report: {child.tail()}")
+                    time.sleep(0.002)
+            startups.append(time.perf_counter() - child.started)
+            peaks.append(max(json.loads(line)["peak_rss_bytes"], child.peak_rss()))
+            child.proc.wait(30)
+        finally:
+            child.stop()
+    return {"peak_rss_bytes": max(peaks), "startup_s": startups}
