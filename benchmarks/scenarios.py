@@ -24,7 +24,16 @@ import cv2
 import numpy as np
 
 from benchmarks import sessions
-from benchmarks.daemon import Daemon, Knobs, config_dict, drop, signature, stage, wall_of, write_config
+from benchmarks.daemon import (
+    Daemon,
+    Knobs,
+    config_dict,
+    drop,
+    signature,
+    stage,
+    wall_of,
+    write_config,
+)
 from benchmarks.frames import FrameSet
 from benchmarks.processes import BenchError, Child, free_port, python
 

@@ -27,7 +27,13 @@ import numpy as np
 
 from depthwatch import paths, providers
 from depthwatch.contract import Contract, depth_map, read_contract
-from depthwatch.errors import DepthwatchError, FrameError, ModelChanged, ModelError, Superseded
+from depthwatch.errors import (
+    DepthwatchError,
+    FrameError,
+    ModelChanged,
+    ModelError,
+    Superseded,
+)
 from depthwatch.imaging import model_input_size
 from depthwatch.profiles import Profile
 
@@ -162,14 +168,14 @@ class Engine:
         """
         return self._put(("run", tensor, generation))
 
-    def abort(self, future: Future[Inference]) -> None:
-        """Give up on a queued or running inference whose frame has a newer version.
+    def abort(self, future: Future[Inference], running_too: bool = True) -> None:
+        """Give up on an inference whose frame has a newer version.
 
-        A queued one is cancelled; a running one is told to stop through its
-        RunOptions (onnxruntime checks between operators) and fails with
-        Superseded. Either way the inference thread moves on to the newer frame.
+        A queued one is cancelled. A running one (if `running_too`) is told to
+        stop through its RunOptions (onnxruntime checks between operators) and
+        fails with Superseded. Either way the inference thread moves on.
         """
-        if future.cancel():
+        if future.cancel() or not running_too:
             return
         with self._lock:
             running = self._running

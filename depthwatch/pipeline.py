@@ -9,14 +9,14 @@ and the daemon both send frames through here.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
-import itertools
 import os
 import sys
 import threading
-from collections import OrderedDict
 import time
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +24,13 @@ from typing import Any
 
 from depthwatch import formats, imaging
 from depthwatch.engine import Engine, Inference, ModelInfo
-from depthwatch.errors import DepthwatchError, FrameError, ModelChanged, OutputError, Superseded
+from depthwatch.errors import (
+    DepthwatchError,
+    FrameError,
+    ModelChanged,
+    OutputError,
+    Superseded,
+)
 from depthwatch.writer import atomic_write
 
 log = logging.getLogger("depthwatch.frames")
@@ -218,8 +224,9 @@ class Pipeline:
             _, last_map = self._written.get(job.output, (0, float("-inf")))
         if older is not None:
             older.abandoned = True
-            if older.inference is not None and time.monotonic() - last_map < PREVIEW_INTERVAL_S:
-                self.engine.abort(older.inference)
+            if older.inference is not None:
+                fresh = time.monotonic() - last_map < PREVIEW_INTERVAL_S
+                self.engine.abort(older.inference, running_too=fresh)
         future.add_done_callback(lambda _: self._finished(frame))
         self._pool.submit(self._front, frame)
         return future
@@ -278,7 +285,7 @@ class Pipeline:
         frame.check()
         frame.inference = self.engine.infer(tensor, info.generation)
         if frame.abandoned:  # a newer job came while this one was being handed over
-            self.engine.abort(frame.inference)
+            self.engine.abort(frame.inference, running_too=False)
         frame.inference.add_done_callback(lambda done: self._handoff(frame, done))
 
     def _newer_written(self, frame: _Frame) -> bool:
