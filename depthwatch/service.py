@@ -242,6 +242,8 @@ class Daemon:
             return max(0.1, deadline - time.monotonic())
 
         self.status.state = "stopping"
+        self._status_dirty = True
+        self._write_status()
         self._stop.set()
         if self.watcher is not None:
             self.watcher.stop(left())

@@ -316,3 +316,29 @@ def test_a_frame_that_changed_or_vanished_after_its_event_is_skipped_not_failed(
     assert not (tmp_path / "depth.jpg").exists()
     with pytest.raises(Exception, match="vanished"):
         read_source(source)
+
+
+def test_unmounted_and_remounted_volume_is_watched_again(tmp_path, tiny_model):
+    """A network or external volume going away and coming back (a tmpfs here; needs root)."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(volume)]
+    if subprocess.run(mount, capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    d = DaemonProcess(tmp_path, tiny_model, watch={"folders": [str(volume)]})
+    d.watch = volume
+    try:
+        d.start()
+        write_by_rename(volume / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: (volume / "depth.jpg").exists(), what="a map on the volume")
+        assert subprocess.run(["umount", str(volume)], capture_output=True).returncode == 0
+        wait_for(lambda: "disappeared or was replaced" in d.log(), what="the unmount to be noticed")
+        assert subprocess.run(mount, capture_output=True).returncode == 0
+        wait_for(lambda: d.log().count(f"watching {volume} for frame.jpg") >= 3, what="the volume to be watched again")
+        write_by_rename(volume / "frame.jpg", jpeg_bytes(quadrant_frame(bright="bottom-right")))
+        wait_for(lambda: (volume / "depth.jpg").exists(), what="a map on the remounted volume")
+        assert d.counts()["failed"] == 0
+    finally:
+        code = d.stop()
+        subprocess.run(["umount", "-l", str(volume)], capture_output=True)
+    assert code == 0

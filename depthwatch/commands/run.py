@@ -59,7 +59,11 @@ def main(args: argparse.Namespace) -> int:
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if daemon.stopping:
-            os._exit(128 + signum)  # a second signal: out at once, no cleanup
+            # A second signal: out at once. Still a stop the user asked for, so exit 0
+            # (launchd and systemd would restart a non-zero exit); frames left
+            # unfinished are picked up by the next start's scan.
+            os.write(2, b"depthwatch: second signal, exiting at once\n")
+            os._exit(0)
         daemon.request_stop()
 
     signal.signal(signal.SIGTERM, on_signal)
