@@ -109,7 +109,7 @@ class _Frame:
 
     def check(self) -> None:
         if self.abandoned:
-            raise Superseded("a newer version arrived; skipped")
+            raise Superseded("a newer version arrived")
 
     def lap(self, stage: str) -> None:
         now = time.perf_counter()
@@ -303,14 +303,14 @@ class Pipeline:
         """render, encode, write (worker thread)."""
         try:
             if done.cancelled():
-                raise Superseded("a newer version arrived before inference; skipped")
+                raise Superseded("a newer version arrived before inference")
             try:
                 inference = done.result()
             except ModelChanged:
                 self._to_engine(frame, self._model_info())
                 return
             if self._newer_written(frame):
-                raise Superseded("a newer version's map was written first; skipped")
+                raise Superseded("a newer version's map was written first")
             info = self._model_info()
             assert frame.decoded is not None
             frame.result.ms["infer"] = inference.seconds * 1000
@@ -331,7 +331,7 @@ class Pipeline:
             frame.result.providers = info.providers
             with self._write_locks[hash(job.output) % len(self._write_locks)]:
                 if self._newer_written(frame):
-                    raise Superseded("a newer version's map was written first; skipped")
+                    raise Superseded("a newer version's map was written first")
                 atomic_write(job.output, encoded)
                 if settings.sidecar:
                     atomic_write(job.output.with_name(job.output.name + ".json"), self._sidecar(frame))
