@@ -45,10 +45,11 @@ NOW, CREATED, WAIT, SETTLE = "now", "created", "wait", "settle"
 _MODE_RANK = {SETTLE: 0, WAIT: 1, CREATED: 2, NOW: 3}
 _HEALTH_INTERVAL = 1.0
 #: Versions already handed over, remembered to drop a second event for the same one:
-#: the "closed" that follows a "created" already taken, or a repeated FSEvents event.
-#: Such pairs arrive within moments, so a short memory of plain strings keeps RSS flat.
-#: Close and move events are otherwise never dropped this way: an in-place rewrite of
-#: the same size within one clock tick has the same (size, mtime, inode) but is new.
+#: the "closed" that follows a "created" already taken, a repeated FSEvents event, or
+#: an event that arrives after a rescan took the file. Such pairs arrive within
+#: moments, so a short memory of plain strings keeps RSS flat. A close or move event
+#: is never dropped against another close or move: an in-place rewrite of the same
+#: size within one clock tick has the same (size, mtime, inode) but is new.
 _SEEN_MEMORY = 1024
 
 Signature = tuple[int, int, int]
@@ -315,8 +316,11 @@ class Watcher:
             return  # its depth map was written since the scan found it
         key = str(path)
         if state.mode == NOW:
-            if self._taken_at_creation.pop(key, None) == signature:
-                return  # the close of the very write that was taken when it appeared
+            if self._taken_at_creation.pop(key, None) == signature or self._seen.get(key) == signature:
+                # The close of the very write taken when it appeared, or a late event for a
+                # version a scan already took; that one had settled, so a rewrite since
+                # would carry a later mtime.
+                return
         elif state.mode == CREATED:
             _remember(self._taken_at_creation, key, signature)
         elif self._seen.get(key) == signature:
