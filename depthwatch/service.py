@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 from depthwatch import catalogue, imaging
@@ -95,7 +95,7 @@ class Daemon:
         self._slots = threading.Semaphore(config.daemon.workers + 2)
         self._last_overflow_scan = 0.0
         self._overflow_reported = False
-        self._superseded_on_read = 0
+        self._superseded_in_flight = 0
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -324,7 +324,7 @@ class Daemon:
             frames_log.info("%s total %.1f queue %d", result.describe(), latency_ms, len(self.queue))
         elif result.superseded:
             with self._lock:
-                self._superseded_on_read += 1
+                self._superseded_in_flight += 1
             frames_log.info("%s; skipped", result.describe())
         elif result.retryable and self._retry(job, result):
             pass
@@ -383,7 +383,7 @@ class Daemon:
         status = self.status
         status.queue_depth = len(self.queue)
         status.in_progress = self.queue.in_progress
-        status.counts.superseded = self.queue.superseded + self._superseded_on_read
+        status.counts.superseded = self.queue.superseded + self._superseded_in_flight
         status.counts.incomplete = self.watcher.incomplete if self.watcher else 0
         if self.engine is not None:
             status.model_loads = self.engine.load_count
@@ -394,6 +394,3 @@ class Daemon:
             write_status(path, status)
         except OutputError as exc:
             log.warning("status file: %s", exc)
-
-    def snapshot(self) -> dict[str, object]:
-        return asdict(self.status)

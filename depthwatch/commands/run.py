@@ -10,7 +10,7 @@ from pathlib import Path
 from types import FrameType
 
 from depthwatch.commands.common import add_config_arguments, config_from_args
-from depthwatch.config import Config
+from depthwatch.config import Config, expand_path
 
 HELP = "watch folders and write a depth map for every frame dropped in them (runs in the foreground)"
 
@@ -27,9 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def apply_overrides(config: Config, args: argparse.Namespace) -> Config:
-    cwd = Path.cwd()
+    cwd = Path.cwd()  # paths on the command line are relative to the shell, not the config file
     if args.watch:
-        config = config.replace("watch", folders=tuple(Path(os.path.abspath(cwd / Path(w).expanduser())) for w in args.watch))
+        config = config.replace("watch", folders=tuple(expand_path(w, cwd) for w in args.watch))
     if args.pattern:
         config = config.replace("watch", patterns=tuple(args.pattern))
     if args.polling:
@@ -37,7 +37,7 @@ def apply_overrides(config: Config, args: argparse.Namespace) -> Config:
     if args.output:
         config = config.replace("output", template=args.output)
     if args.status:
-        config = config.replace("daemon", status_file=Path(os.path.abspath(cwd / Path(args.status).expanduser())))
+        config = config.replace("daemon", status_file=expand_path(args.status, cwd))
     return config
 
 
