@@ -122,10 +122,10 @@ def costs(plan: Plan, config: Any, single: sessions.Captured) -> dict[str, Any]:
     from depthwatch import imaging
     from depthwatch.contract import depth_map
     from depthwatch.pipeline import read_source
-    from depthwatch.service import settings_from
+    from depthwatch.pipeline import Settings
     from depthwatch.writer import atomic_write
 
-    settings = settings_from(config)
+    settings = Settings.from_config(config)
     info = single.info
     contract, profile = info.contract, info.profile
     min_size = imaging.model_input_size(contract, profile, (4096, 4096))

@@ -22,8 +22,9 @@ from typing import Any
 
 import yaml
 
-from depthwatch.config import ModelConfig, expand_path
-from depthwatch.engine import ModelSpec
+from depthwatch.config import ModelConfig
+from depthwatch.paths import expand_path
+from depthwatch.model import ModelSpec
 from depthwatch.errors import ConfigError, ModelError
 from depthwatch.profiles import PROFILES, profile_for
 

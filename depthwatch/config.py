@@ -84,18 +84,8 @@ def _optional(check: Callable[[Any, Path], Any]) -> Callable[[Any, Path], Any]:
     return wrapped
 
 
-def expand_path(value: str, base: Path) -> Path:
-    """~ and $VARS expanded; relative paths taken from the config file's folder.
-
-    launchd starts processes in /, so a path relative to the working directory
-    would mean something different under launchd than in a terminal.
-    """
-    path = Path(os.path.expandvars(os.path.expanduser(value)))
-    return Path(os.path.abspath(path if path.is_absolute() else base / path))
-
-
 def _path(value: Any, base: Path) -> Path:
-    return expand_path(_text(value, base), base)
+    return paths.expand_path(_text(value, base), base)
 
 
 def _list_of(check: Callable[[Any, Path], Any]) -> Callable[[Any, Path], tuple[Any, ...]]:

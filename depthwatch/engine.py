@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from depthwatch import paths, providers
+from depthwatch import providers
 from depthwatch.contract import Contract, depth_map, read_contract
 from depthwatch.errors import (
     DepthwatchError,
@@ -35,6 +35,7 @@ from depthwatch.errors import (
     Superseded,
 )
 from depthwatch.imaging import model_input_size
+from depthwatch.model import ModelInfo, ModelSpec
 from depthwatch.profiles import Profile
 
 log = logging.getLogger("depthwatch.engine")
@@ -44,45 +45,6 @@ SessionFactory = Callable[..., Any]
 
 class EngineStopped(DepthwatchError):
     """Work was handed to an engine that has stopped (or never loaded)."""
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What to load: a model file, its profile, and how to run it."""
-
-    path: Path
-    profile: Profile
-    providers: str | tuple[str, ...] = "auto"
-    #: Threads for the CPU provider's operators; 0 lets onnxruntime decide.
-    intra_op_threads: int = 0
-    #: Where CoreML keeps the compiled model between starts (None: the user cache dir).
-    coreml_cache: Path | None = None
-
-    def cache_dir(self) -> Path:
-        if self.coreml_cache is not None:
-            return self.coreml_cache
-        return paths.cache_dir() / "coreml" / self.path.stem
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What is loaded now; `generation` goes up by one with every swap."""
-
-    spec: ModelSpec
-    contract: Contract
-    providers: tuple[str, ...]
-    generation: int
-    load_seconds: float
-
-    @property
-    def profile(self) -> Profile:
-        return self.spec.profile
-
-    def describe(self) -> str:
-        return (
-            f"model {self.spec.path.name} (profile {self.profile.name}, "
-            f"providers {', '.join(self.providers)}): {self.contract.describe()}"
-        )
 
 
 @dataclass(frozen=True)

@@ -242,7 +242,8 @@ def _load_check(entry: Entry, path: Path) -> None:
     reuses.
     """
     from depthwatch import providers
-    from depthwatch.engine import Engine, ModelSpec
+    from depthwatch.engine import Engine
+    from depthwatch.model import ModelSpec
     from depthwatch.profiles import PROFILES
 
     engine = Engine(ModelSpec(path=path, profile=PROFILES[entry.profile], providers=(providers.CPU,))).start()

@@ -8,6 +8,7 @@ Linux: $XDG_CONFIG_HOME, $XDG_DATA_HOME, $XDG_CACHE_HOME and $XDG_STATE_HOME
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -49,3 +50,13 @@ def log_dir(platform: str | None = None) -> Path:
     if (platform or sys.platform) == "darwin":
         return Path.home() / "Library" / "Logs" / APP
     return Path(_dirs(platform).user_state_dir) / "log"
+
+
+def expand_path(value: str, base: Path) -> Path:
+    """~ and $VARS expanded; relative paths taken from the config file's folder.
+
+    launchd starts processes in /, so a path relative to the working directory
+    would mean something different under launchd than in a terminal.
+    """
+    path = Path(os.path.expandvars(os.path.expanduser(value)))
+    return Path(os.path.abspath(path if path.is_absolute() else base / path))

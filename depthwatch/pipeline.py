@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from depthwatch import formats, imaging
-from depthwatch.engine import Engine, Inference, ModelInfo
+from depthwatch.config import Config
+from depthwatch.engine import Engine, Inference
+from depthwatch.model import ModelInfo
 from depthwatch.errors import (
     DepthwatchError,
     FrameError,
@@ -63,6 +65,18 @@ class Settings:
     png_compression: int = 1
     max_pixels: int = 100_000_000
     sidecar: bool = False
+
+    @classmethod
+    def from_config(cls, config: Config) -> Settings:
+        out = config.output
+        return cls(
+            render=imaging.RenderOptions(invert=out.invert, clip_percent=out.clip_percent),
+            jpeg_quality=out.jpeg_quality,
+            png_bits=out.png_bits,
+            png_compression=out.png_compression,
+            max_pixels=int(config.daemon.max_megapixels * 1_000_000),
+            sidecar=out.sidecar,
+        )
 
 
 @dataclass

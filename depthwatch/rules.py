@@ -13,7 +13,8 @@ import re
 import string
 from pathlib import Path
 
-from depthwatch.config import OutputConfig, WatchConfig, expand_path
+from depthwatch.config import OutputConfig, WatchConfig
+from depthwatch.paths import expand_path
 from depthwatch.errors import FrameError
 from depthwatch.writer import is_temp_name
 

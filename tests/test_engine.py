@@ -15,7 +15,8 @@ from onnx import TensorProto
 from onnx_models import brightness_model, failing_model
 
 from depthwatch import providers
-from depthwatch.engine import Engine, ModelSpec
+from depthwatch.engine import Engine
+from depthwatch.model import ModelSpec
 from depthwatch.errors import ModelError, Superseded
 from depthwatch.imaging import RenderOptions
 from depthwatch.pipeline import Job, Pipeline, Settings

@@ -36,7 +36,8 @@ from service_support import (
 )
 from standin import make_standins, path_with
 
-from depthwatch import cli, launchd, paths, supervision
+from depthwatch import cli, paths
+from depthwatch.service import launchd, supervision
 from depthwatch.errors import EX_CONFIG, DepthwatchError
 from depthwatch.status import Status, read_status, write_status
 
@@ -233,7 +234,7 @@ def test_an_installed_package_builds_the_plist_from_its_own_files(tmp_path: Path
     site = tmp_path / "site"
     shutil.copytree(REPO / "depthwatch", site / "depthwatch", ignore=shutil.ignore_patterns("__pycache__"))
     script = (
-        "import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; import depthwatch.launchd as l; "
+        "import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; import depthwatch.service.launchd as l; "
         "assert l.__file__.startswith(sys.argv[1]), l.__file__; "
         "sys.stdout.buffer.write(l.dumps(l.build(Path(sys.argv[2]), home=Path(sys.argv[3]), shutdown_timeout_s=10)))"
     )

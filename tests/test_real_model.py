@@ -12,7 +12,8 @@ import pytest
 from scipy.stats import spearmanr
 from skimage import data
 
-from depthwatch.engine import Engine, ModelSpec
+from depthwatch.engine import Engine
+from depthwatch.model import ModelSpec
 from depthwatch.pipeline import Job, Pipeline, Settings
 from depthwatch.profiles import PROFILES
 

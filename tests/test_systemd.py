@@ -30,7 +30,8 @@ from service_support import (
 )
 from standin import make_standins, path_with
 
-from depthwatch import cli, launchd, supervision, systemd
+from depthwatch import cli
+from depthwatch.service import launchd, supervision, systemd
 from depthwatch.errors import EX_CONFIG
 
 ENTRY_POINT = str(Path(os.path.abspath(sys.executable)).parent / "depthwatch")

@@ -21,7 +21,7 @@ def main(args: argparse.Namespace) -> int:
     from depthwatch import catalogue, imaging
     from depthwatch.config import check_combinations
     from depthwatch.engine import Engine
-    from depthwatch.service import settings_from
+    from depthwatch.pipeline import Settings
 
     config = config_from_args(args)
     check_combinations(config)
@@ -39,7 +39,7 @@ def main(args: argparse.Namespace) -> int:
         frame = np.zeros((1080, 1920, 3), np.uint8)
         frame[:, :, :] = np.linspace(0, 255, 1920, dtype=np.uint8)[None, :, None]
         data = cv2.imencode(".jpg", frame)[1].tobytes()
-        settings = settings_from(config)
+        settings = Settings.from_config(config)
         decoded = imaging.decode(data, max_pixels=settings.max_pixels, min_size=(info.contract.width or 512, info.contract.height or 512))
         inference = engine.infer(imaging.prepare(decoded, info.contract, info.profile), info.generation).result()
         depth = imaging.render(inference.prediction, info.profile.output, decoded.size, settings.render)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from depthwatch import config as configuration
 from depthwatch.catalogue import is_catalogue_name
-from depthwatch.config import Config, expand_path
+from depthwatch.config import Config
+from depthwatch.paths import expand_path
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:

@@ -51,7 +51,7 @@ def _seconds(text: str) -> float:
 
 def main(args: argparse.Namespace) -> int:
     from depthwatch import config as configuration
-    from depthwatch.config import expand_path
+    from depthwatch.paths import expand_path
 
     config = configuration.load(configuration.find(args.config))
     folder = expand_path(args.folder, Path.cwd()) if args.folder else config.model.models_folder()

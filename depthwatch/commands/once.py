@@ -59,8 +59,7 @@ def output_for(source: Path, output: str | None, single: bool) -> Path:
 def main(args: argparse.Namespace) -> int:
     from depthwatch import catalogue
     from depthwatch.engine import Engine
-    from depthwatch.pipeline import Job, Pipeline
-    from depthwatch.service import settings_from
+    from depthwatch.pipeline import Job, Pipeline, Settings
 
     config = config_from_args(args)
     sources = collect_inputs(args.inputs)
@@ -69,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
     jobs = [Job(s, output_for(s, args.output, len(sources) == 1)) for s in sources]
     for job in jobs:
         job.output.parent.mkdir(parents=True, exist_ok=True)
-    settings = settings_from(config)
+    settings = Settings.from_config(config)
     spec = catalogue.resolve(config.model, config.base)
     failures = 0
     with Engine(spec) as engine:

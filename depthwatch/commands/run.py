@@ -10,7 +10,8 @@ from pathlib import Path
 from types import FrameType
 
 from depthwatch.commands.common import add_config_arguments, config_from_args
-from depthwatch.config import Config, expand_path
+from depthwatch.config import Config
+from depthwatch.paths import expand_path
 
 HELP = "watch folders and write a depth map for every frame dropped in them (runs in the foreground)"
 
@@ -43,7 +44,7 @@ def apply_overrides(config: Config, args: argparse.Namespace) -> Config:
 
 def main(args: argparse.Namespace) -> int:
     from depthwatch import config as configuration
-    from depthwatch.service import Daemon
+    from depthwatch.daemon import Daemon
 
     config = apply_overrides(config_from_args(args), args)
     configuration.check_combinations(config)

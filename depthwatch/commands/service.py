@@ -2,8 +2,8 @@
 
 The same verbs for both: install, uninstall, start, stop, restart, status,
 logs and print. What goes into the plist or the unit, and the exact
-launchctl / systemctl command lines, live in `depthwatch.launchd` and
-`depthwatch.systemd`; this module puts them in order and reports.
+launchctl / systemctl command lines, live in `depthwatch.service.launchd` and
+`depthwatch.service.systemd`; this module puts them in order and reports.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from depthwatch import launchd, supervision, systemd
+from depthwatch.service import launchd, supervision, systemd
 from depthwatch.errors import ConfigError, DepthwatchError
-from depthwatch.supervision import State, describe_exit, run
+from depthwatch.service.supervision import State, describe_exit, run
 
 if TYPE_CHECKING:
     from depthwatch.config import Config

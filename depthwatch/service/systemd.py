@@ -16,9 +16,9 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
-from depthwatch import supervision
+from depthwatch.service import supervision
 from depthwatch.errors import EX_CONFIG, DepthwatchError
-from depthwatch.supervision import State
+from depthwatch.service.supervision import State
 
 UNIT = "depthwatch.service"
 #: Pause before a restart after a crash (exit 78 is never restarted).

@@ -22,9 +22,10 @@ from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 
-from depthwatch import catalogue, imaging
+from depthwatch import catalogue
 from depthwatch.config import Config
-from depthwatch.engine import Engine, ModelInfo, SessionFactory
+from depthwatch.engine import Engine, SessionFactory
+from depthwatch.model import ModelInfo
 from depthwatch.errors import ConfigError, DepthwatchError, FrameError, OutputError
 from depthwatch.jobqueue import LatestWinsQueue
 from depthwatch.pipeline import Job, Pipeline, Result, Settings, write_error_record
@@ -37,18 +38,6 @@ log = logging.getLogger("depthwatch")
 frames_log = logging.getLogger("depthwatch.frames")
 
 _RETRY_MAX_DELAY = 60.0
-
-
-def settings_from(config: Config) -> Settings:
-    out = config.output
-    return Settings(
-        render=imaging.RenderOptions(invert=out.invert, clip_percent=out.clip_percent),
-        jpeg_quality=out.jpeg_quality,
-        png_bits=out.png_bits,
-        png_compression=out.png_compression,
-        max_pixels=int(config.daemon.max_megapixels * 1_000_000),
-        sidecar=out.sidecar,
-    )
 
 
 def _file_signature(path: Path) -> tuple[int, int, int] | None:
@@ -85,7 +74,7 @@ class Daemon:
         self.status = Status(config=str(config.source) if config.source else None)
         self._status_dirty = True
         self._attempts: dict[Path, int] = {}
-        self._settings = settings_from(config)
+        self._settings = Settings.from_config(config)
         self.engine: Engine | None = None
         self.pipeline: Pipeline | None = None
         self.queue = LatestWinsQueue(config.daemon.queue_size)
@@ -215,7 +204,7 @@ class Daemon:
             self._start_watching(Rules(new.watch, new.output), new)
         if (new.daemon.workers, new.daemon.worker_niceness) != (old.daemon.workers, old.daemon.worker_niceness):
             log.warning("daemon.workers and daemon.worker_niceness take effect at the next start")
-        self._settings = settings_from(new)
+        self._settings = Settings.from_config(new)
         logging.getLogger("depthwatch").setLevel(new.daemon.log_level.upper())
         self.config = new
         self.status.config_loads += 1

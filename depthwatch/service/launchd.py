@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 from xml.parsers.expat import ExpatError
 
-from depthwatch import paths, supervision
+from depthwatch import paths
+from depthwatch.service import supervision
 from depthwatch.errors import DepthwatchError
-from depthwatch.supervision import State
+from depthwatch.service.supervision import State
 
 #: The job's label (reverse DNS), used for the plist's name, the Label key and every service target.
 LABEL = "com.depthwatch.agent"

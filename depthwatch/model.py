@@ -1,0 +1,53 @@
+"""What a model is to depthwatch: the file and how to run it (ModelSpec), and what got loaded (ModelInfo).
+
+Kept apart from the engine so the catalogue, `fetch` and the pipeline can name
+a model without importing the thread that runs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from depthwatch import paths
+from depthwatch.contract import Contract
+from depthwatch.profiles import Profile
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to load: a model file, its profile, and how to run it."""
+
+    path: Path
+    profile: Profile
+    providers: str | tuple[str, ...] = "auto"
+    #: Threads for the CPU provider's operators; 0 lets onnxruntime decide.
+    intra_op_threads: int = 0
+    #: Where CoreML keeps the compiled model between starts (None: the user cache dir).
+    coreml_cache: Path | None = None
+
+    def cache_dir(self) -> Path:
+        if self.coreml_cache is not None:
+            return self.coreml_cache
+        return paths.cache_dir() / "coreml" / self.path.stem
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What is loaded now; `generation` goes up by one with every swap."""
+
+    spec: ModelSpec
+    contract: Contract
+    providers: tuple[str, ...]
+    generation: int
+    load_seconds: float
+
+    @property
+    def profile(self) -> Profile:
+        return self.spec.profile
+
+    def describe(self) -> str:
+        return (
+            f"model {self.spec.path.name} (profile {self.profile.name}, "
+            f"providers {', '.join(self.providers)}): {self.contract.describe()}"
+        )
