@@ -25,6 +25,7 @@ import yaml
 from depthwatch.config import ModelConfig
 from depthwatch.paths import expand_path
 from depthwatch.model import ModelSpec
+from depthwatch.reading import why_not_a_file
 from depthwatch.errors import ConfigError, ModelError
 from depthwatch.profiles import PROFILES, profile_for
 
@@ -172,7 +173,7 @@ def resolve(model: ModelConfig, base: Path) -> ModelSpec:
     else:
         path = expand_path(model.path, base)
         if not path.is_file():
-            raise ModelError(f"model file {path} does not exist; check model.path (or --model)")
+            raise ModelError(f"model file {path} {why_not_a_file(path)}; check model.path (or --model)")
         profile_name = model.profile
     profile = profile_for(profile_name, path).with_overrides(
         input_size=model.input_size,

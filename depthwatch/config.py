@@ -214,6 +214,8 @@ class DaemonConfig:
     worker_niceness: int = field(default=10, metadata=_spec(_int(0, 19)))
     queue_size: int = field(default=4096, metadata=_spec(_int(1, 1_000_000)))
     max_megapixels: float = field(default=100.0, metadata=_spec(_number(0.01, 10_000)))
+    #: Files larger than this are refused before a byte is read (a sparse or endless file).
+    max_file_mb: float = field(default=512.0, metadata=_spec(_number(0.001, 65_536)))
     retries: int = field(default=3, metadata=_spec(_int(0, 100)))
     shutdown_timeout_s: float = field(default=10.0, metadata=_spec(_number(0.5, 19)))
     status_file: Path | None = field(default=None, metadata=_spec(_optional(_path)))
@@ -232,7 +234,8 @@ class Config:
     @property
     def base(self) -> Path:
         """The folder relative paths are taken from: the config file's, else the working directory."""
-        return self.source.parent if self.source is not None else Path.cwd()
+        # The real file's folder, as before: a config reached through a symlink keeps its relative paths.
+        return Path(os.path.realpath(self.source)).parent if self.source is not None else Path.cwd()
 
     def replace(self, section: str, **changes: Any) -> Config:
         """A copy with some settings of one section changed (command-line overrides)."""
@@ -258,13 +261,13 @@ def find(explicit: str | os.PathLike[str] | None = None, platform: str | None = 
         path = Path(os.path.expanduser(str(explicit)))
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist; check the -c path")
-        return path.resolve()
+        return Path(os.path.abspath(path))  # the path given: a symlink relinked is seen
     env = os.environ.get(ENV_VAR)
     if env:
         path = Path(os.path.expanduser(env))
         if not path.is_file():
             raise ConfigError(f"${ENV_VAR} names {path}, which does not exist; fix or unset it")
-        return path.resolve()
+        return Path(os.path.abspath(path))  # the path given: a symlink relinked is seen
     user = paths.default_config_file(platform)
     return user if user.is_file() else None
 
@@ -297,7 +300,7 @@ def parse(text: str, path: Path) -> Config:
         loader.dispose()
     if data is None:
         data, node = {}, None
-    base = path.parent
+    base = Path(os.path.realpath(path)).parent
     if not isinstance(data, Mapping):
         raise ConfigError(f"{_where(path, node)}: the config must be a mapping of sections (model, watch, output, daemon)")
     sections: dict[str, Any] = {}

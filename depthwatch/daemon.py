@@ -22,12 +22,14 @@ from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 
-from depthwatch import catalogue
+from depthwatch import catalogue, provenance
 from depthwatch.config import Config
 from depthwatch.engine import Engine, SessionFactory
 from depthwatch.model import ModelInfo
 from depthwatch.errors import ConfigError, DepthwatchError, FrameError, OutputError
+from depthwatch.instance import FolderLocks
 from depthwatch.jobqueue import LatestWinsQueue
+from depthwatch.names import shown
 from depthwatch.pipeline import Job, Pipeline, Result, Settings, write_error_record
 from depthwatch.rules import Rules
 from depthwatch.status import Status, write_status
@@ -40,12 +42,14 @@ frames_log = logging.getLogger("depthwatch.frames")
 _RETRY_MAX_DELAY = 60.0
 
 
-def _file_signature(path: Path) -> tuple[int, int, int] | None:
+def _file_signature(path: Path) -> tuple[int, ...] | None:
+    """The config file as given and what it leads to: relinking a symlink, or replacing
+    the link or its target, changes one of the two."""
     try:
-        st = os.stat(path)
+        link, st = os.lstat(path), os.stat(path)
     except OSError:
         return None
-    return st.st_mtime_ns, st.st_size, st.st_ino
+    return link.st_ino, link.st_mtime_ns, link.st_ctime_ns, st.st_ino, st.st_mtime_ns, st.st_size
 
 
 class Daemon:
@@ -67,7 +71,8 @@ class Daemon:
         self._session_factory = session_factory
         self._reload = threading.Event()
         self._config_signature = _file_signature(config.source) if config.source else None
-        self._config_settling: tuple[int, int, int] | None = None
+        self._config_settling: tuple[int, ...] | None = None
+        self._locks = FolderLocks()
         self._swap: Future[ModelInfo] | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -110,6 +115,7 @@ class Daemon:
 
     def startup(self) -> None:
         config = self.config
+        self._locks.hold(self.rules.roots)  # AlreadyRunning: another daemon has one of them
         spec = catalogue.resolve(config.model, config.base)
         self.engine = Engine(spec, session_factory=self._session_factory).start()
         try:
@@ -199,6 +205,14 @@ class Daemon:
                 assert self.engine is not None
                 self._swap = self.engine.reload(spec)  # the main loop reports it when done
         if (new.watch, new.output.template, new.output.error_sidecar) != (old.watch, old.output.template, old.output.error_sidecar):
+            rules = Rules(new.watch, new.output)
+            try:
+                self._locks.hold(rules.roots)
+            except DepthwatchError as exc:
+                log.error("%s; keeping the watch folders of the last good config", exc)
+                self.status.config_error = str(exc)
+                new = replace(new, watch=old.watch, output=replace(new.output, template=old.output.template, error_sidecar=old.output.error_sidecar))
+        if (new.watch, new.output.template, new.output.error_sidecar) != (old.watch, old.output.template, old.output.error_sidecar):
             if self.watcher is not None:
                 self.watcher.stop()
             self._start_watching(Rules(new.watch, new.output), new)
@@ -250,6 +264,7 @@ class Daemon:
         self.status.state = "stopped"
         self._status_dirty = True
         self._write_status()
+        self._locks.release()
         ours = [t.name for t in threading.enumerate() if t.name.startswith("depthwatch") and t.is_alive()]
         if ours:
             log.warning("threads still running after shutdown: %s", ", ".join(ours))
@@ -259,12 +274,23 @@ class Daemon:
 
     def _on_complete(self, source: Path, signature: tuple[int, int, int]) -> None:
         """A complete frame (settle thread): make its job and queue it."""
-        try:
-            output = self.rules.output_for(source)
-        except FrameError as exc:
-            self._count_failure(f"{source}: {exc}")
+        rules = self.rules
+        if provenance.read(source) is not None:
+            log.debug("%s is a depth map depthwatch made; not taken as input", shown(source))
             return
-        job = Job(source, output, self.rules.error_record_for(source, output), signature)
+        try:
+            output = rules.output_for(source)
+        except FrameError as exc:
+            self._count_failure(f"{shown(source)}: {exc}")
+            return
+        job = Job(
+            source,
+            output,
+            rules.error_record_for(source, output),
+            signature,
+            link_root=None if rules.follow_symlinks else rules.root_of(source),
+            output_roots=rules.output_roots(source),
+        )
         if not self.queue.put(job) and not self._stop.is_set():
             if self.watcher is not None:
                 self.watcher.forget(source)  # so the rescan hands it over again
@@ -275,14 +301,14 @@ class Daemon:
 
     def _on_unusable(self, source: Path, reason: str) -> None:
         """A file the watcher will not hand over (never completed, forbidden link): report it."""
-        self._count_failure(f"{source}: {reason}")
+        self._count_failure(f"{shown(source)}: {reason}")
         try:
             output = self.rules.output_for(source)
         except FrameError:
             return
         record = self.rules.error_record_for(source, output)
         if record is not None:
-            write_error_record(record, source, reason)
+            write_error_record(record, source, reason, self.rules.output_roots(source))
 
     def _dispatch(self) -> None:
         assert self.pipeline is not None

@@ -27,6 +27,7 @@ import numpy as np
 
 from depthwatch import providers
 from depthwatch.contract import Contract, depth_map, read_contract
+from depthwatch.reading import why_not_a_file
 from depthwatch.errors import (
     DepthwatchError,
     FrameError,
@@ -286,7 +287,7 @@ class Engine:
 
         path = spec.path
         if not path.is_file():
-            raise ModelError(f"model file {path} does not exist; fetch it with `depthwatch models fetch` or set model.path")
+            raise ModelError(f"model file {path} {why_not_a_file(path)}; fetch it with `depthwatch models fetch` or set model.path")
         if not os.access(path, os.R_OK):
             raise ModelError(f"model file {path} is not readable; check its permissions")
         wanted, skipped = providers.choose(spec.providers, onnxruntime.get_available_providers())

@@ -51,3 +51,7 @@ class OutputError(DepthwatchError):
 
 class ModelChanged(Exception):
     """A tensor was prepared for a model that has since been swapped out."""
+
+
+class OwnOutput(Superseded):
+    """The file is a depth map depthwatch wrote (it carries its record): never taken as input."""

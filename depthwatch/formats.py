@@ -156,6 +156,22 @@ def _tiff_header(data: bytes) -> Header | None:
     return Header(TIFF, tags[256], tags[257])
 
 
+def tiff_sample_format(data: bytes) -> int:
+    """TIFF SampleFormat (tag 339) of the first image: 1 unsigned, 2 signed, 3 floating point."""
+    try:
+        endian = "<" if data[:2] == b"II" else ">"
+        (offset,) = struct.unpack(endian + "I", data[4:8])
+        (count,) = struct.unpack(endian + "H", data[offset : offset + 2])
+        for i in range(min(count, 512)):
+            tag, kind, n, value = struct.unpack(endian + "HHII", data[offset + 2 + 12 * i : offset + 14 + 12 * i])
+            if tag == 339 and kind == 3:  # SHORT, one per sample: inline if it fits in 4 bytes
+                at = offset + 2 + 12 * i + 8 if n <= 2 else value
+                return struct.unpack(endian + "H", data[at : at + 2])[0]
+    except (struct.error, IndexError):
+        pass
+    return 1
+
+
 def _webp_header(data: bytes) -> Header | None:
     chunk = data[12:16]
     if chunk == b"VP8 ":

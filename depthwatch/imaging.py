@@ -105,6 +105,8 @@ def decode(data: bytes, *, max_pixels: int, min_size: tuple[int, int] | None = N
         )
     if formats.is_complete(fmt, data[-16:], len(data), data[:16]) is False:
         raise FrameError(f"the {fmt.upper()} data is cut short (no end marker): the file is incomplete")
+    if fmt == formats.TIFF and formats.tiff_sample_format(data) == 3:
+        raise FrameError("the TIFF holds floating-point samples, an unsupported sample type; save it as 8- or 16-bit")
     factor = _reduction(header, min_size)
     try:
         image = cv2.imdecode(np.frombuffer(data, np.uint8), _REDUCED[factor])

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from depthwatch import formats, imaging
+from depthwatch import formats, imaging, provenance, reading
 from depthwatch.config import Config
 from depthwatch.engine import Engine, Inference
 from depthwatch.model import ModelInfo
@@ -31,8 +31,10 @@ from depthwatch.errors import (
     FrameError,
     ModelChanged,
     OutputError,
+    OwnOutput,
     Superseded,
 )
+from depthwatch.names import shown
 from depthwatch.writer import atomic_write
 
 log = logging.getLogger("depthwatch.frames")
@@ -53,6 +55,11 @@ class Job:
     signature: tuple[int, int, int] | None = None
     #: When the frame was found complete (monotonic clock), for latency figures.
     queued_at: float = field(default_factory=time.monotonic, compare=False)
+    #: A symlinked frame is followed only to inside this folder (None: links are followed).
+    link_root: Path | None = None
+    #: The output's folder must really lie inside one of these when the map is written
+    #: (empty: anywhere, for `once`). Checked at write time, not when the job is made.
+    output_roots: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,8 @@ class Settings:
     png_compression: int = 1
     max_pixels: int = 100_000_000
     sidecar: bool = False
+    #: Files larger than this are refused before a byte is read (`daemon.max_file_mb`).
+    max_file_bytes: int = reading.DEFAULT_MAX_BYTES
 
     @classmethod
     def from_config(cls, config: Config) -> Settings:
@@ -76,6 +85,7 @@ class Settings:
             png_compression=out.png_compression,
             max_pixels=int(config.daemon.max_megapixels * 1_000_000),
             sidecar=out.sidecar,
+            max_file_bytes=int(config.daemon.max_file_mb * 2**20),
         )
 
 
@@ -100,10 +110,10 @@ class Result:
     def describe(self) -> str:
         """The one log line for this frame."""
         if self.error:
-            return f"{self.job.source}: {self.error}"
+            return f"{shown(self.job.source)}: {self.error}"
         timings = " ".join(f"{stage} {self.ms.get(stage, 0.0):.1f}" for stage in STAGES)
         w, h = self.size or (0, 0)
-        return f"{self.job.source.name} -> {self.job.output.name} {w}x{h} ms: {timings}"
+        return f"{shown(self.job.source.name)} -> {shown(self.job.output.name)} {w}x{h} ms: {timings}"
 
 
 @dataclass
@@ -159,27 +169,36 @@ def _ensure_folder(folder: Path) -> None:
         raise OutputError(f"cannot create the output folder {folder}: {exc.strerror or exc}") from None
 
 
-def read_source(path: Path, signature: tuple[int, int, int] | None = None) -> tuple[bytes, os.stat_result]:
+def read_source(
+    path: Path,
+    signature: tuple[int, int, int] | None = None,
+    *,
+    max_bytes: int = reading.DEFAULT_MAX_BYTES,
+    link_root: Path | None = None,
+) -> tuple[bytes, os.stat_result]:
     """The file's bytes, read once; FrameError if it vanished or is unreadable.
 
+    Whatever now sits at `path` is checked on its open descriptor before a byte
+    is read: a regular file (not a FIFO, a device, a socket) of at most
+    `max_bytes` (see `reading`). With `link_root`, a symlink is followed only
+    to a file inside that folder, checked now, not when the frame was found.
     Superseded if it is no longer the version that was found complete, or
     changed while being read: an editor rewriting a frame in place will have
     the newer version picked up by its own event.
     """
-    try:
-        before = os.stat(path)
-        with open(path, "rb") as f:
-            data = f.read()
-            after = os.fstat(f.fileno())
-    except FileNotFoundError:
-        raise Superseded("the file vanished before it could be read") from None
-    except PermissionError:
-        raise FrameError("permission denied reading the file; check its permissions") from None
-    except IsADirectoryError:
-        raise FrameError("is a folder, not a file") from None
-    except OSError as exc:
-        raise FrameError(f"cannot read the file: {exc.strerror or exc}") from None
-    if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns) or len(data) != after.st_size:
+    follow = True
+    if link_root is not None and os.path.islink(path):
+        problem = reading.link_problem(path)
+        if problem:
+            raise FrameError(problem)
+        real = os.path.realpath(path)
+        top = os.path.realpath(link_root)
+        if not real.startswith(top.rstrip(os.sep) + os.sep):
+            raise FrameError("a symlink to outside the watch folder; not followed (set watch.follow_symlinks to allow it)")
+        path, follow = Path(real), False  # the target itself, without following another link
+    before = os.stat(path) if os.path.exists(path) else None
+    data, after = reading.read_file(path, follow_links=follow, max_bytes=max_bytes)
+    if before is None or (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns) or len(data) != after.st_size:
         raise Superseded("the file changed while it was being read")
     if signature is not None and signature != (after.st_size, after.st_mtime_ns, after.st_ino):
         raise Superseded("the file changed after it was found complete")
@@ -272,8 +291,18 @@ class Pipeline:
         """read, decode, prepare, hand to the engine (worker thread)."""
         try:
             frame.check()
-            data, frame.source_stat = read_source(frame.job.source, frame.job.signature)
+            job = frame.job
+            data, frame.source_stat = read_source(
+                job.source, job.signature, max_bytes=frame.settings.max_file_bytes, link_root=job.link_root
+            )
             frame.lap("read")
+            if not data and job.signature is not None:
+                # Caught between an in-place rewrite's truncate and its write: the write's
+                # own event brings the frame.
+                raise Superseded("the file is empty for now")
+            made = provenance.read(data)
+            if made is not None:
+                raise OwnOutput(f"is a depth map depthwatch made from {shown(str(made.get('source')))}; not taken as input")
             expected = formats.EXTENSIONS.get(frame.job.source.suffix.lower())
             found = formats.sniff(data)
             if expected and found and found != expected:
@@ -338,6 +367,17 @@ class Pipeline:
             encoded = imaging.encode(
                 depth, ext, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression
             )
+            assert frame.source_stat is not None
+            encoded = provenance.embed(
+                encoded,
+                provenance.record_for(
+                    job.source.name,
+                    frame.source_stat,
+                    model=info.spec.path.name,
+                    normalise="frame",  # per-frame min-max (or clip_percent), today's only mode
+                    invert=settings.render.invert,
+                ),
+            )
             frame.lap("encode")
             _ensure_folder(job.output.parent)
             frame.result.size = frame.decoded.size
@@ -346,9 +386,9 @@ class Pipeline:
             with self._write_locks[hash(job.output) % len(self._write_locks)]:
                 if self._newer_written(frame):
                     raise Superseded("a newer version's map was written first")
-                atomic_write(job.output, encoded)
+                atomic_write(job.output, encoded, job.output_roots)
                 if settings.sidecar:
-                    atomic_write(job.output.with_name(job.output.name + ".json"), self._sidecar(frame))
+                    atomic_write(job.output.with_name(job.output.name + ".json"), self._sidecar(frame), job.output_roots)
                 with self._lock:
                     self._written[job.output] = (frame.seq, time.monotonic())
                     self._written.move_to_end(job.output)
@@ -387,16 +427,16 @@ class Pipeline:
             log.debug("unexpected error on %s", frame.job.source, exc_info=exc)
             frame.result.error = f"internal error: {type(exc).__name__}: {exc}"
         if frame.job.error_record is not None and not frame.result.superseded:
-            write_error_record(frame.job.error_record, frame.job.source, frame.result.error)
+            write_error_record(frame.job.error_record, frame.job.source, frame.result.error, frame.job.output_roots)
         if not frame.future.done():
             frame.future.set_result(frame.result)
 
 
-def write_error_record(path: Path, source: Path, reason: str) -> None:
+def write_error_record(path: Path, source: Path, reason: str, roots: tuple[Path, ...] = ()) -> None:
     """`<frame name>.error.json` beside the output: why there is no (new) depth map."""
     record = {"source": source.name, "error": reason, "time": time.time()}
     try:
         _ensure_folder(path.parent)
-        atomic_write(path, json.dumps(record, indent=2).encode() + b"\n")
+        atomic_write(path, json.dumps(record, indent=2).encode() + b"\n", roots)
     except OutputError as exc:
         log.warning("%s", exc)

@@ -95,6 +95,10 @@ class Rules:
             raise FrameError("its output would overwrite the frame itself; change output.template")
         return output
 
+    def output_roots(self, source: Path) -> tuple[Path, ...]:
+        """The folders the output of `source` must really lie in when it is written."""
+        return tuple(r for r in (self.root_of(source), self._extra_root) if r is not None)
+
     def error_record_for(self, source: Path, output: Path) -> Path | None:
         if not self.error_records:
             return None

@@ -29,8 +29,11 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
-from depthwatch import formats
+from depthwatch import formats, provenance
 from depthwatch.config import WatchConfig
+from depthwatch.names import shown
+from depthwatch.errors import DepthwatchError
+from depthwatch.reading import link_problem, open_checked
 from depthwatch.rules import Rules
 
 log = logging.getLogger("depthwatch.watch")
@@ -67,6 +70,16 @@ class _Pending:
 
 def _observer_class(kind: str) -> Callable[..., Any]:
     return Observer if kind == "native" else PollingObserver
+
+
+def _native_observer() -> Any:
+    """watchdog's native observer; on Linux one that reports a file moved in from another
+    folder as a move (complete at once), not as a creation (maybe still being written)."""
+    try:
+        from watchdog.observers.inotify import InotifyObserver
+    except ImportError:  # not Linux
+        return Observer()
+    return InotifyObserver(generate_full_events=True)
 
 
 def trusts_close_events(observer: Any) -> bool:
@@ -114,7 +127,10 @@ class Watcher:
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="depthwatch-settle", daemon=True)
         self._observer: Any = None
-        self._watches: dict[Path, tuple[Any, int]] = {}
+        self._watches: dict[Path, tuple[Any, tuple[int, int]]] = {}
+        #: Watch folders whose own deletion was reported: their watch is dead even if a
+        #: folder of the same name, and maybe the same inode number, is back.
+        self._lost: set[Path] = set()
         self._trust_close = False
         self._handler = _Handler(self)
         #: Frames reported as never completed.
@@ -141,7 +157,7 @@ class Watcher:
         if cls is PollingObserver:
             self._observer = PollingObserver(timeout=self.config.poll_interval_ms / 1000)
         else:
-            self._observer = cls()
+            self._observer = _native_observer()
         self._observer.name = "depthwatch-observer"
         self._trust_close = trusts_close_events(self._observer)
         self._observer.start()
@@ -156,24 +172,33 @@ class Watcher:
     def _watch(self, root: Path) -> bool:
         """Start watching `root`; False (and a warning) if it is not there."""
         if not root.is_dir():
-            log.warning("watch folder %s does not exist; waiting for it to appear", root)
+            log.warning("watch folder %s does not exist; waiting for it to appear", shown(root))
             return False
         try:
             watch = self._observer.schedule(self._handler, str(root), recursive=self.rules.recursive)
         except OSError as exc:
-            log.warning("cannot watch %s (%s); will retry", root, exc.strerror or exc)
+            log.warning("cannot watch %s (%s); will retry", shown(root), exc.strerror or exc)
             return False
-        self._watches[root] = (watch, root.stat().st_ino)
-        log.info("watching %s for %s%s", root, ", ".join(self.rules.patterns), " (recursive)" if self.rules.recursive else "")
+        st = root.stat()
+        self._watches[root] = (watch, (st.st_dev, st.st_ino))
+        self._lost.discard(root)
+        log.info("watching %s for %s%s", shown(root), ", ".join(self.rules.patterns), " (recursive)" if self.rules.recursive else "")
         return True
 
     # -- events (watchdog's thread) ---------------------------------------------------------
 
     def on_event(self, event: FileSystemEvent) -> None:
         kind = event.event_type
+        if kind == "deleted" and event.is_directory:
+            folder = Path(os.fsdecode(event.src_path))
+            if folder in self._watches:
+                self._lost.add(folder)  # the health check watches it again once it is back
+            return
         if kind in ("opened", "closed_no_write", "deleted"):
             return
         raw = getattr(event, "dest_path", "") if kind == "moved" else event.src_path
+        if not raw:
+            return  # moved out of the watched folders
         path = Path(os.fsdecode(raw))
         if event.is_directory:
             if kind in ("created", "moved") and self.rules.recursive:
@@ -228,9 +253,18 @@ class Watcher:
         return sorted((p for p in found if self.rules.is_frame(p)), key=_mtime)
 
     def _needs_output(self, path: Path) -> bool:
+        """Whether the map is missing or was made from another version of the frame.
+
+        The map's own record says which version it shows (see `provenance`); a map
+        without one (written by depthwatch before it kept records) falls back to mtimes.
+        """
         try:
             output = self.rules.output_for(path)
-            return output.stat().st_mtime_ns < path.stat().st_mtime_ns
+            frame = path.stat()
+            record = provenance.read(output)
+            if record is not None:
+                return not provenance.same_version(record, frame)
+            return output.stat().st_mtime_ns < frame.st_mtime_ns
         except FileNotFoundError:
             return True
         except Exception:  # an output outside the allowed folders is reported when processed
@@ -261,7 +295,7 @@ class Watcher:
                 try:
                     self._check(path, state)
                 except Exception:  # one odd file must not stop the watch
-                    log.exception("error checking %s", path)
+                    log.exception("error checking %s", shown(path))
             if time.monotonic() >= next_health:
                 self._check_health()
                 next_health = time.monotonic() + _HEALTH_INTERVAL
@@ -278,7 +312,10 @@ class Watcher:
 
     def _check(self, path: Path, state: _Pending) -> None:
         if not self.rules.link_allowed(path):
-            self._report(path, "a symlink to outside the watch folder; not followed (set watch.follow_symlinks to allow it)")
+            problem = link_problem(path)
+            self._report(
+                path, problem or "a symlink to outside the watch folder; not followed (set watch.follow_symlinks to allow it)"
+            )
             return
         try:
             st = os.stat(path)
@@ -286,6 +323,8 @@ class Watcher:
             return  # vanished: nothing to do
         if not stat.S_ISREG(st.st_mode):
             return
+        if st.st_size == 0:
+            return  # not yet a frame (an in-place rewrite between truncate and write): its write brings it
         signature = (st.st_size, st.st_mtime_ns, st.st_ino)
         settle = self.config.settle_ms / 1000
         now = time.monotonic()
@@ -343,13 +382,14 @@ class Watcher:
         for root in self.rules.roots:
             current = self._watches.get(root)
             try:
-                ino = root.stat().st_ino if root.is_dir() else None
+                st = root.stat()
+                ino = (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
             except OSError:
                 ino = None
-            if current is not None and current[1] == ino:
+            if current is not None and current[1] == ino and root not in self._lost:
                 continue
             if current is not None:
-                log.warning("watch folder %s disappeared or was replaced", root)
+                log.warning("watch folder %s disappeared or was replaced; watching it again when it is back", shown(root))
                 try:
                     self._observer.unschedule(current[0])
                 except Exception:  # the emitter may already be gone with its folder
@@ -376,12 +416,17 @@ def _mtime(path: Path) -> int:
 def _is_complete(path: Path, size: int) -> bool | None:
     """Whether the file carries its format's end marker (None: the format has none)."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(16)
-            f.seek(max(0, size - 16))
-            tail = f.read(16)
+        # Without blocking: a FIFO swapped in since the stat must not stall this thread.
+        fd, _ = open_checked(path, max_bytes=1 << 62)
+    except DepthwatchError:
+        return True  # unreadable or not a file: let the pipeline report why
+    try:
+        head = os.pread(fd, 16, 0)
+        tail = os.pread(fd, 16, max(0, size - 16))
     except OSError:
-        return True  # unreadable: let the pipeline report why
+        return True
+    finally:
+        os.close(fd)
     fmt = formats.sniff(head)
     if fmt is None:
         return None  # empty or not an image: settled is all we can know; the pipeline says why

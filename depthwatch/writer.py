@@ -10,35 +10,99 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 from pathlib import Path
 
 from depthwatch.errors import OutputError
 
-#: Temporary names look like `.depth.jpg.3f9a1c.dwtmp`: hidden, and recognisable
-#: so the watcher never takes them for input and a restart can sweep leftovers.
+#: Temporary names look like `.depth.jpg.4242-3f9a1c0b.dwtmp`: hidden, recognisable so
+#: the watcher never takes them for input, and carrying the writer's pid so only a
+#: dead process's leftovers are ever swept (a reload must not remove files in flight).
 TEMP_SUFFIX = ".dwtmp"
 
+_TEMP_TAIL = re.compile(r"\.(\d+)-[0-9a-f]{8}" + re.escape(TEMP_SUFFIX) + "$")
 
-#: Room the temporary name adds to the target's: "." + "." + 8 hex digits + TEMP_SUFFIX.
-_TEMP_EXTRA = 2 + 8 + len(TEMP_SUFFIX)
+#: Room the temporary name adds to the target's: "." + "." + pid + "-" + 8 hex digits + TEMP_SUFFIX.
+_TEMP_EXTRA = 2 + 10 + 1 + 8 + len(TEMP_SUFFIX)
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 
 def temp_name_for(target: Path) -> Path:
     # Shortened if needed so a target name near the 255-byte limit still gets a temp name.
     name = os.fsencode(target.name)[: 255 - _TEMP_EXTRA].decode(errors="ignore")
-    return target.with_name(f".{name}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
+    return target.with_name(f".{name}.{os.getpid()}-{secrets.token_hex(4)}{TEMP_SUFFIX}")
 
 
 def is_temp_name(name: str) -> bool:
     return name.startswith(".") and name.endswith(TEMP_SUFFIX)
 
 
-def atomic_write(target: Path, data: bytes) -> None:
-    """Replace `target` with `data` atomically; OutputError (one line) on failure."""
-    tmp = temp_name_for(target)
+def temp_owner(name: str) -> int | None:
+    """The pid of the process that made a temporary file (None: an older name without one)."""
+    match = _TEMP_TAIL.search(name)
+    return int(match.group(1)) if match else None
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    except OSError:
+        return False
+    return True
+
+
+def open_folder(folder: Path, roots: tuple[Path, ...] = ()) -> int:
+    """A descriptor of the real folder `folder` names now, checked to lie inside `roots`.
+
+    Writing relative to this descriptor means a folder swapped for a symlink
+    after the job was made cannot carry the file elsewhere: what is checked is
+    what is written into. No `roots`: no containment check (`once`).
+    """
+    try:
+        fd = os.open(folder, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
+    except OSError as exc:
+        raise OutputError(f"cannot open the output folder {folder}: {_reason(exc)}") from None
+    if not roots:
+        return fd
+    try:
+        real = os.path.realpath(folder)
+        allowed = [os.path.realpath(r) for r in roots]
+        inside = any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in allowed)
+        here, there = os.fstat(fd), os.stat(real)
+        if not inside or (here.st_dev, here.st_ino) != (there.st_dev, there.st_ino):
+            raise OutputError(
+                f"the output folder {folder} now leads outside the configured folders (replaced by a link?); not writing",
+                retryable=False,
+            )
+    except OSError as exc:
+        os.close(fd)
+        raise OutputError(f"cannot check the output folder {folder}: {_reason(exc)}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def atomic_write(target: Path, data: bytes, roots: tuple[Path, ...] = ()) -> None:
+    """Replace `target` with `data` atomically; OutputError (one line) on failure.
+
+    With `roots`, the target's folder must really be inside one of them when
+    the file is written (see `open_folder`).
+    """
+    folder = open_folder(target.parent, roots)
+    tmp = temp_name_for(target).name
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC | _NOFOLLOW, 0o644, dir_fd=folder)
         try:
             view = memoryview(data)
             while view:
@@ -47,49 +111,51 @@ def atomic_write(target: Path, data: bytes) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, target)
+        os.replace(tmp, target.name, src_dir_fd=folder, dst_dir_fd=folder)
     except OSError as exc:
-        _remove_quietly(tmp)
+        _remove_quietly(tmp, folder)
+        os.close(folder)
         retryable = exc.errno not in (errno.ENAMETOOLONG, errno.EINVAL, errno.EISDIR)
         raise OutputError(f"cannot write {target.name} in {target.parent}: {_reason(exc)}", retryable) from None
     except BaseException:
-        _remove_quietly(tmp)
+        _remove_quietly(tmp, folder)
+        os.close(folder)
         raise
-    _fsync_dir(target.parent)
+    try:
+        os.fsync(folder)  # so the rename survives a power cut
+    except OSError:
+        pass
+    finally:
+        os.close(folder)
 
 
 def sweep_temp_files(folder: Path) -> int:
-    """Remove temporary files a killed process left in `folder`; returns how many."""
+    """Remove temporary files that dead processes left in `folder`; returns how many.
+
+    A file whose writer is still alive (this process in the middle of a write,
+    or a `depthwatch once` beside it) is left alone.
+    """
     removed = 0
     try:
         entries = list(os.scandir(folder))
     except OSError:
         return 0
     for entry in entries:
-        if is_temp_name(entry.name) and entry.is_file(follow_symlinks=False):
-            _remove_quietly(Path(entry.path))
-            removed += 1
+        if not is_temp_name(entry.name) or not entry.is_file(follow_symlinks=False):
+            continue
+        owner = temp_owner(entry.name)
+        if owner is not None and _alive(owner):
+            continue
+        _remove_quietly(entry.path)
+        removed += 1
     return removed
 
 
-def _remove_quietly(path: Path) -> None:
+def _remove_quietly(path: str, folder: int | None = None) -> None:
     try:
-        os.unlink(path)
+        os.unlink(path, dir_fd=folder)
     except OSError:
         pass
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _reason(exc: OSError) -> str:

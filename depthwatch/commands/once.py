@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 from pathlib import Path
 
 from depthwatch.commands.common import add_config_arguments, config_from_args
-from depthwatch.errors import ConfigError
+from depthwatch.errors import ConfigError, DepthwatchError
 from depthwatch.formats import EXTENSIONS
+from depthwatch.names import shown
 
 HELP = "write depth maps for the given frames (files or folders) and exit"
 
 #: Beside each input unless -o says otherwise; a fixed name would collide across inputs.
 DEFAULT_TEMPLATE = "{stem}_depth.jpg"
+
+
+class UsageError(DepthwatchError):
+    """The command line asks for something that would do harm (EX_USAGE)."""
+
+    exit_code = 64
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,12 +45,29 @@ def collect_inputs(inputs: list[str]) -> list[Path]:
         if path.is_dir():
             found = sorted(
                 p for p in path.iterdir()
-                if p.suffix.lower() in EXTENSIONS and p.is_file() and not p.name.startswith(".") and "_depth" not in p.stem
+                if p.suffix.lower() in EXTENSIONS and p.is_file() and not p.name.startswith(".") and not _is_depth_map(p)
             )
             files.extend(found)
         else:
             files.append(path)  # a missing file is reported as a failed frame
     return files
+
+
+def _is_depth_map(path: Path) -> bool:
+    """One of depthwatch's own maps (it carries a provenance record), whatever its name."""
+    from depthwatch import provenance
+
+    return provenance.read(path) is not None
+
+
+def check_outputs(jobs: list) -> None:  # noqa: ANN001 - pipeline.Job, imported late
+    """Refuse before any work a map that would replace one of the inputs."""
+    inputs = {os.path.realpath(job.source) for job in jobs}
+    for job in jobs:
+        if os.path.realpath(job.output) in inputs:
+            raise UsageError(
+                f"the output {shown(job.output)} is an input frame; writing it would replace the frame: give another -o"
+            )
 
 
 def output_for(source: Path, output: str | None, single: bool) -> Path:
@@ -66,6 +91,7 @@ def main(args: argparse.Namespace) -> int:
     if not sources:
         raise ConfigError("no frames found in " + ", ".join(args.inputs) + "; give image files or folders of them")
     jobs = [Job(s, output_for(s, args.output, len(sources) == 1)) for s in sources]
+    check_outputs(jobs)
     for job in jobs:
         job.output.parent.mkdir(parents=True, exist_ok=True)
     settings = Settings.from_config(config)

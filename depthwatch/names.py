@@ -1,0 +1,27 @@
+"""File names as they go into log lines and messages: one line, whatever the name holds.
+
+A frame's name is chosen by whoever writes into the watch folder. A newline in
+it must not start a forged log line, and bytes that are not UTF-8 must not
+break the log stream; so control characters, backslashes and undecodable bytes
+are written as Python escapes (`\\n`, `\\x1b`, `\\udcff`). Ordinary names,
+spaces and non-ASCII letters included, are shown as they are.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\\\u2028\u2029\ud800-\udfff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    if char == "\\":
+        return "\\\\"
+    return char.encode("unicode_escape", "backslashreplace").decode("ascii") if ord(char) < 0xD800 else f"\\u{ord(char):04x}"
+
+
+def shown(name: str | os.PathLike[str]) -> str:
+    """`name` (a path or a plain name) safe to put in one log line."""
+    return _UNSAFE.sub(_escape, os.fspath(name))

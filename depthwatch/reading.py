@@ -1,0 +1,172 @@
+"""Reading a frame from a folder other programs control, without trusting what is there.
+
+Between the moment a frame is found and the moment it is read, anything can
+take its place: a FIFO (an `open` that never returns), a link to
+`/dev/urandom` (a read that never ends), a sparse file of many gigabytes.
+So the file is opened without blocking and, where links are not to be
+followed, without following one; what was opened is checked on its own
+descriptor (a regular file, under the size limit) and only then read, and
+never more than the limit.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from depthwatch.errors import FrameError, Superseded
+
+#: Default for `daemon.max_file_mb`: far above any frame, far below a machine's memory.
+DEFAULT_MAX_BYTES = 512 * 1024 * 1024
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def kind_of(mode: int) -> str | None:
+    """What a non-regular file is, in words (None for a regular file)."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def _not_a_file(mode: int) -> FrameError:
+    return FrameError(f"is {kind_of(mode)}, not an image file; not read")
+
+
+def link_problem(path: Path) -> str | None:
+    """Why a symlink cannot be followed at all (dangling, a loop), or None."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        try:
+            target = os.readlink(path)
+        except OSError:
+            return None  # not a link: it just vanished
+        return f"a symlink to {target!r}, which does not exist"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symlink loop; not followed"
+        return None
+    return None
+
+
+def open_checked(path: Path, *, follow_links: bool = True, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[int, os.stat_result]:
+    """An open read-only descriptor of the regular file at `path`, and its fstat.
+
+    FrameError (one line) for anything that is not a regular file of at most
+    `max_bytes`; Superseded if it vanished. The caller closes the descriptor.
+    """
+    try:
+        before = os.stat(path) if follow_links else os.lstat(path)
+    except FileNotFoundError:
+        if follow_links and os.path.islink(path):
+            raise FrameError(link_problem(path) or "a dangling symlink") from None
+        raise Superseded("the file vanished before it could be read") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise FrameError("a symlink loop; not followed") from None
+        raise FrameError(f"cannot read the file: {exc.strerror or exc}") from None
+    if stat.S_ISLNK(before.st_mode):
+        raise FrameError("a symlink; not followed (set watch.follow_symlinks to allow it)")
+    if not stat.S_ISREG(before.st_mode):
+        raise _not_a_file(before.st_mode)  # refused before opening: opening a device can have effects
+    flags = os.O_RDONLY | _NONBLOCK | _CLOEXEC | (0 if follow_links else _NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise Superseded("the file vanished before it could be read") from None
+    except PermissionError:
+        raise FrameError("permission denied reading the file; check its permissions") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise FrameError("a symlink; not followed (set watch.follow_symlinks to allow it)") from None
+        raise FrameError(f"cannot read the file: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # swapped between the check and the open
+            raise _not_a_file(st.st_mode)
+        if st.st_size > max_bytes:
+            raise FrameError(
+                f"is {st.st_size / 2**20:.0f} MB, over the limit of {max_bytes / 2**20:.0f} MB; "
+                "raise daemon.max_file_mb to accept it"
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_bounded(fd: int, size: int, max_bytes: int) -> bytes:
+    """Up to `size` bytes (what fstat said), never more than `max_bytes` + 1."""
+    limit = min(size, max_bytes) + 1  # one more than expected shows a file still growing
+    chunks = []
+    while limit > 0:
+        try:
+            chunk = os.read(fd, min(limit, 1 << 22))
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+        limit -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_file(path: Path, *, follow_links: bool = True, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, os.stat_result]:
+    """The whole regular file at `path` and its fstat after reading."""
+    fd, st = open_checked(path, follow_links=follow_links, max_bytes=max_bytes)
+    try:
+        data = read_bounded(fd, st.st_size, max_bytes)
+        after = os.fstat(fd)
+    except OSError as exc:
+        raise FrameError(f"cannot read the file: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise FrameError(
+            f"grew past the limit of {max_bytes / 2**20:.0f} MB while being read; raise daemon.max_file_mb to accept it"
+        )
+    return data, after
+
+
+def read_head(path: Path, size: int = 65536) -> tuple[bytes, os.stat_result] | None:
+    """The first bytes of a regular file (no FIFO, no device, no link followed), or None."""
+    try:
+        fd, st = open_checked(path, follow_links=False, max_bytes=1 << 62)
+    except FrameError:
+        return None
+    try:
+        return read_bounded(fd, min(size, st.st_size), size), st
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def why_not_a_file(path: Path) -> str:
+    """Why `path` is not a regular file, for messages: "is a folder", "does not exist", ..."""
+    problem = link_problem(path) if os.path.islink(path) else None
+    if problem:
+        return f"is {problem}"
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    kind = kind_of(st.st_mode)
+    return f"is {kind}, not a file" if kind else "is a file"
