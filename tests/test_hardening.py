@@ -1,0 +1,376 @@
+"""A hostile folder, a racing file system and a killed process, against the real daemon and `once`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import yaml
+from conftest import jpeg_bytes, quadrant_frame, write_by_rename
+from daemon_process import DaemonProcess, wait_for
+
+from depthwatch import provenance
+from depthwatch.instance import EX_TEMPFAIL
+
+SPARSE_SIZE = 2 * 2**30  # 2 GiB, almost none of it on disk
+
+
+def error_lines(d: DaemonProcess) -> list[str]:
+    return [line for line in d.log().splitlines() if " ERROR " in line]
+
+
+def sparse_file(path: Path, size: int = SPARSE_SIZE) -> None:
+    """A huge file that takes no room, ending in a JPEG end marker."""
+    with open(path, "wb") as f:
+        f.truncate(size - 2)
+        f.seek(size - 2)
+        f.write(b"\xff\xd9")
+
+
+def idle(d: DaemonProcess) -> bool:
+    status = d.status()
+    return status.get("queue_depth") == 0 and status.get("in_progress") == 0
+
+
+def run_once(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "depthwatch", "once", *args],
+        capture_output=True, text=True, timeout=timeout, cwd=cwd,
+    )
+
+
+# -- reading what sits in a frame's place, writing where the folder really is -------------------
+
+
+def test_queued_frames_swapped_for_a_fifo_a_device_or_a_sparse_file_and_the_output_folder_for_a_link(tmp_path):
+    """Frames found complete and queued are replaced before a worker reads them.
+
+    The daemon must neither block (FIFO), read without end (/dev/zero), read a
+    2 GiB sparse file, nor write a map into a folder the output folder was
+    swapped for; and SIGTERM still ends it.
+    """
+    from onnx_models import slow_model
+
+    model = slow_model(tmp_path / "slow.onnx", layers=400, size=128)  # seconds per frame
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    d = DaemonProcess(
+        tmp_path, model,
+        watch={"patterns": ["*.jpg"], "follow_symlinks": True},  # links allowed: only the read's own checks guard
+        output={"template": "maps/{stem}_depth.jpg"},
+        daemon={"workers": 1, "max_file_mb": 64, "shutdown_timeout_s": 5},
+    ).start()
+    maps = d.watch / "maps"
+    maps.mkdir()
+    frame = jpeg_bytes(quadrant_frame(64, 64))
+    try:
+        for i in range(3):  # workers + 2 frames in flight: the rest wait in the queue
+            write_by_rename(d.watch / f"blocker{i}.jpg", frame)
+        wait_for(lambda: d.status().get("in_progress") == 3, what="three frames in flight")
+        for name in ("fifo", "zero", "sparse"):
+            write_by_rename(d.watch / f"{name}.jpg", frame)
+        wait_for(lambda: d.status().get("queue_depth") == 3, what="three frames queued")
+        # Swapped while they wait (each by rename, as a careful attacker would).
+        os.mkfifo(d.watch / ".fifo")
+        os.replace(d.watch / ".fifo", d.watch / "fifo.jpg")
+        os.symlink("/dev/zero", d.watch / ".zero")
+        os.replace(d.watch / ".zero", d.watch / "zero.jpg")
+        sparse_file(d.watch / ".sparse")
+        os.replace(d.watch / ".sparse", d.watch / "sparse.jpg")
+        maps.rename(tmp_path / "maps.real")
+        os.symlink(outside, maps)
+
+        def reported(reason: str) -> bool:
+            return any(reason in line for line in error_lines(d))
+
+        wait_for(lambda: reported("fifo.jpg: is a FIFO (named pipe), not an image file"), what="the FIFO refused")
+        wait_for(lambda: reported("zero.jpg: is a character device, not an image file"), what="/dev/zero refused")
+        wait_for(lambda: reported("sparse.jpg: is 2048 MB, over the limit of 64 MB"), what="the sparse file refused")
+        wait_for(lambda: reported("now leads outside the configured folders"), what="a map refused at write time")
+        wait_for(lambda: idle(d), what="the daemon idle")
+        assert list(outside.iterdir()) == []
+        assert d.stop(timeout=60) == 0  # no worker stuck in open() or read()
+    finally:
+        d.close()
+    assert "threads still running" not in d.log()
+    assert list(outside.iterdir()) == []
+
+
+def test_once_refuses_a_fifo_a_device_a_sparse_file_and_its_own_input(tmp_path, tiny_model):
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"daemon": {"max_file_mb": 64}}))
+    frame = tmp_path / "a.jpg"
+    frame.write_bytes(jpeg_bytes(quadrant_frame()))
+    os.mkfifo(tmp_path / "fifo.jpg")
+    os.symlink("/dev/urandom", tmp_path / "random.jpg")
+    sparse_file(tmp_path / "sparse.jpg")
+    base = ["--model", str(tiny_model), "--profile", "midas-v21-small", "-c", str(tmp_path / "config.yaml")]
+    cases = [
+        ("fifo.jpg", "is a FIFO (named pipe), not an image file"),
+        ("random.jpg", "is a character device, not an image file"),
+        ("sparse.jpg", "is 2048 MB, over the limit of 64 MB"),
+    ]
+    for name, reason in cases:
+        done = run_once(name, *base, cwd=tmp_path)
+        assert done.returncode == 1, (name, done.stderr)
+        lines = [line for line in done.stderr.splitlines() if line.startswith("depthwatch: ")]
+        assert len(lines) == 1 and lines[0].startswith(f"depthwatch: {name}: {reason}"), done.stderr
+    original = frame.read_bytes()
+    done = run_once("a.jpg", "-o", "a.jpg", *base, cwd=tmp_path)
+    assert done.returncode == 64, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "depthwatch: the output a.jpg is an input frame; writing it would replace the frame: give another -o"
+    )
+    assert frame.read_bytes() == original
+    assert not (tmp_path / "a_depth.jpg").exists()
+
+
+# -- provenance: which frame a map shows, and never a map as a frame ---------------------------
+
+
+def test_a_map_made_from_an_older_version_is_made_again_after_a_restart(tmp_path, tiny_model):
+    """v1's map landed after v2 was written (a kill in between): newer by mtime, yet stale."""
+    d = DaemonProcess(tmp_path, tiny_model).start()
+    frame, depth = d.watch / "frame.jpg", d.watch / "depth.jpg"
+    try:
+        write_by_rename(frame, jpeg_bytes(quadrant_frame(160, 96, "top-left")))
+        wait_for(lambda: d.counts().get("done") == 1, what="v1's map")
+    finally:
+        d.kill()
+    v1_map = depth.read_bytes()
+    record = provenance.read(depth)
+    assert record is not None and record["source"] == "frame.jpg" and record["size"] == frame.stat().st_size
+    write_by_rename(frame, jpeg_bytes(quadrant_frame(160, 96, "bottom-right")))
+    older = depth.stat().st_mtime_ns - 5 * 10**9
+    os.utime(frame, ns=(older, older))  # the map is newer than v2, as after the kill
+    d.start()
+    try:
+        wait_for(lambda: depth.read_bytes() != v1_map, what="v2's map")
+        made = provenance.read(depth)
+        st = frame.stat()
+        assert (made["size"], made["mtime_ns"], made["inode"]) == (st.st_size, st.st_mtime_ns, st.st_ino)
+        assert made["model"] == tiny_model.name and made["normalise"] == "frame"
+    finally:
+        assert d.stop() == 0
+
+
+def test_own_outputs_are_never_input_under_any_template_or_name(tmp_path, tiny_model):
+    d = DaemonProcess(tmp_path, tiny_model, watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_depth.jpg"})
+    d.start()
+    forged = "x\n2026-01-01 00:00:00 ERROR   forged.jpg: forged line"
+    try:
+        write_by_rename(d.watch / "a.jpg", jpeg_bytes(quadrant_frame()))
+        write_by_rename(d.watch / f"{forged}.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: d.counts().get("done") == 2, what="two maps")
+        write_by_rename(d.watch / "marker.jpg", jpeg_bytes(quadrant_frame()))  # queued after any own output
+        wait_for(lambda: d.counts().get("done") == 3 and idle(d), what="the marker's map")
+    finally:
+        assert d.stop() == 0
+    names = sorted(p.name for p in d.watch.iterdir())
+    assert names == sorted(["a.jpg", "a_depth.jpg", f"{forged}.jpg", f"{forged}_depth.jpg", "marker.jpg", "marker_depth.jpg"])
+    log = d.log()
+    assert not any(line.startswith("2026-01-01") for line in log.splitlines()), "a name forged a log line"
+    assert "x\\n2026-01-01 00:00:00 ERROR   forged.jpg: forged line.jpg -> " in log
+    # Yesterday's maps under a new template, at the next start: still not frames.
+    config = yaml.safe_load(d.config_path.read_text())
+    config["output"]["template"] = "{stem}_map.jpg"
+    d.config_path.write_text(yaml.safe_dump(config))
+    d.start()
+    try:
+        wait_for(lambda: d.counts().get("done") == 3 and idle(d), what="the three frames mapped under the new template")
+    finally:
+        assert d.stop() == 0
+    assert not list(d.watch.glob("*_depth_map.jpg"))
+    assert sorted(p.name for p in d.watch.glob("*_map.jpg")) == sorted(["a_map.jpg", f"{forged}_map.jpg", "marker_map.jpg"])
+
+
+def test_once_run_twice_does_not_map_its_own_maps(tmp_path, tiny_model):
+    shots = tmp_path / "shots"
+    shots.mkdir()
+    for name in ("one", "two"):
+        (shots / f"{name}.jpg").write_bytes(jpeg_bytes(quadrant_frame()))
+    for _ in range(2):
+        done = run_once(str(shots), "-o", "{stem}_map.png", "--model", str(tiny_model), "--profile", "midas-v21-small", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in shots.iterdir()) == ["one.jpg", "one_map.png", "two.jpg", "two_map.png"]
+    assert provenance.read(shots / "one_map.png")["source"] == "one.jpg"
+    done = run_once(str(shots / "one_map.png"), "--model", str(tiny_model), "--profile", "midas-v21-small", cwd=tmp_path)
+    assert done.returncode == 1
+    assert "one_map.png: is a depth map depthwatch made from one.jpg; not taken as input" in done.stderr
+
+
+# -- the watch, the config, the temporary files --------------------------------------------------
+
+
+def test_the_watch_comes_back_after_the_folder_is_recreated_with_the_same_inode(tmp_path, tiny_model):
+    d = DaemonProcess(tmp_path, tiny_model).start()
+    try:
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: d.counts().get("done") == 1, what="the first map")
+        inode = d.watch.stat().st_ino
+        for _ in range(50):
+            shutil.rmtree(d.watch)
+            d.watch.mkdir()
+            if d.watch.stat().st_ino == inode:
+                break
+        else:
+            pytest.skip("this filesystem never hands out the same inode number again")
+        wait_for(lambda: "was replaced; watching it again" in d.log(), what="the recreate noticed")
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame(160, 96, "bottom-right")))
+        wait_for(lambda: (d.watch / "depth.jpg").exists(), what="a map in the recreated folder")
+    finally:
+        assert d.stop() == 0
+
+
+def test_a_reload_leaves_the_daemons_own_temporary_files_alone(tmp_path, tiny_model):
+    d = DaemonProcess(tmp_path, tiny_model).start()
+    try:
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        ours = d.watch / f".depth.jpg.{d.proc.pid}-0123abcd.dwtmp"  # a write in flight
+        theirs = d.watch / f".depth.jpg.{dead.pid}-0123abcd.dwtmp"  # a killed process's leftover
+        old = d.watch / ".depth.jpg.0123abcd.dwtmp"  # from before temp names carried a pid
+        for path in (ours, theirs, old):
+            path.write_bytes(b"half a map")
+        config = yaml.safe_load(d.config_path.read_text())
+        config["watch"]["patterns"] = ["frame.jpg", "other.jpg"]  # a watch change: the watch restarts
+        d.config_path.write_text(yaml.safe_dump(config))
+        wait_for(lambda: d.status().get("config_loads") == 2, what="the reload")
+        wait_for(lambda: not theirs.exists() and not old.exists(), what="the dead process's leftovers swept")
+        assert ours.exists()
+    finally:
+        assert d.stop() == 0
+
+
+def test_a_config_symlink_relinked_is_reloaded(tmp_path, tiny_model):
+    d = DaemonProcess(tmp_path, tiny_model)
+    first = tmp_path / "first.yaml"
+    d.config_path.rename(first)
+    d.config_path.symlink_to(first.name)
+    d.start()
+    try:
+        config = yaml.safe_load(first.read_text())
+        config["watch"]["patterns"] = ["shot.jpg"]
+        second = tmp_path / "second.yaml"
+        second.write_text(yaml.safe_dump(config))
+        link = tmp_path / ".config.yaml.new"
+        link.symlink_to(second.name)
+        link.replace(d.config_path)  # ln -sfn, atomically
+        wait_for(lambda: d.status().get("config_loads") == 2, what="the relinked config reloaded")
+        write_by_rename(d.watch / "shot.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: (d.watch / "depth.jpg").exists(), what="a map under the new pattern")
+    finally:
+        assert d.stop() == 0
+    assert "reloading the config (config.yaml changed)" in d.log()
+
+
+def test_files_moved_in_are_complete_at_once_whatever_their_format(tmp_path, tiny_model):
+    d = DaemonProcess(
+        tmp_path, tiny_model,
+        watch={"patterns": ["*.tif", "*.jpg"], "incomplete_timeout_s": 3600},
+        output={"template": "{stem}_depth.png"},
+    ).start()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    try:
+        (elsewhere / "shot.tif").write_bytes(cv2.imencode(".tif", quadrant_frame())[1].tobytes())
+        (elsewhere / "notes.jpg").write_bytes(b"not a frame at all\n")
+        os.rename(elsewhere / "shot.tif", d.watch / "shot.tif")
+        os.rename(elsewhere / "notes.jpg", d.watch / "notes.jpg")
+        wait_for(lambda: (d.watch / "shot_depth.png").exists(), what="the TIFF's map long before the timeout")
+        wait_for(lambda: any("notes.jpg: not a JPEG, PNG, TIFF or WebP image" in line for line in error_lines(d)),
+                 what="the unknown file's error long before the timeout")
+        assert d.counts().get("incomplete") == 0
+    finally:
+        assert d.stop() == 0
+
+
+def test_an_empty_file_is_not_yet_a_frame(tmp_path, tiny_model):
+    d = DaemonProcess(
+        tmp_path, tiny_model, watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_depth.jpg", "error_sidecar": True}
+    ).start()
+    try:
+        write_by_rename(d.watch / "frame.jpg", b"")  # caught between an in-place rewrite's truncate and write
+        write_by_rename(d.watch / "marker.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: d.counts().get("done") == 1 and idle(d), what="the marker's map")
+        assert d.counts().get("failed") == 0, error_lines(d)
+        assert not list(d.watch.glob("*.error.json"))
+        with open(d.watch / "frame.jpg", "wb") as f:  # the write that follows the truncate
+            f.write(jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: (d.watch / "frame_depth.jpg").exists(), what="the frame's map")
+        assert d.counts().get("failed") == 0
+    finally:
+        assert d.stop() == 0
+
+
+# -- one daemon per folder -----------------------------------------------------------------------
+
+
+def test_a_second_daemon_on_the_same_folder_refuses_to_start(tmp_path, tiny_model):
+    first = DaemonProcess(tmp_path / "first", tiny_model).start()
+    try:
+        second = DaemonProcess(tmp_path / "second", tiny_model, watch={"folders": [str(first.watch)]})
+        second.start(wait=False)
+        assert second.proc.wait(60) == EX_TEMPFAIL
+        second.close()
+        last = second.log().strip().splitlines()[-1]
+        assert last == (
+            f"depthwatch: another depthwatch (pid {first.proc.pid}) is already watching {first.watch}; "
+            "stop it first, or watch another folder"
+        )
+    finally:
+        first.kill()  # a crash: the kernel drops the lock, nothing stale is left
+    third = DaemonProcess(tmp_path / "third", tiny_model, watch={"folders": [str(first.watch)]}).start()
+    try:
+        write_by_rename(first.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: third.counts().get("done") == 1, what="the third daemon at work")
+    finally:
+        assert third.stop() == 0
+
+
+# -- minor: what each odd file is called -----------------------------------------------------------
+
+
+def test_odd_files_are_called_what_they_are(tmp_path, tiny_model):
+    d = DaemonProcess(
+        tmp_path, tiny_model, watch={"patterns": ["*.jpg", "*.tif"]}, output={"template": "{stem}_depth.png"}
+    ).start()
+    try:
+        os.symlink("missing.jpg", d.watch / ".dangling")
+        os.replace(d.watch / ".dangling", d.watch / "dangling.jpg")
+        os.symlink("loop.jpg", d.watch / ".loop")
+        os.replace(d.watch / ".loop", d.watch / "loop.jpg")
+        float_tiff = cv2.imencode(".tif", np.random.default_rng(1).random((48, 64, 3)).astype(np.float32))[1].tobytes()
+        write_by_rename(d.watch / "float.tif", float_tiff)
+        wait_for(lambda: d.counts().get("failed") == 3, what="three odd files reported")
+    finally:
+        assert d.stop() == 0
+    lines = "\n".join(error_lines(d))
+    assert "dangling.jpg: a symlink to 'missing.jpg', which does not exist" in lines
+    assert "loop.jpg: a symlink loop; not followed" in lines
+    assert "float.tif: the TIFF holds floating-point samples, an unsupported sample type" in lines
+    assert "symlink to outside the watch folder" not in lines
+    folder = tmp_path / "model.onnx"
+    folder.mkdir()
+    (tmp_path / "a.jpg").write_bytes(jpeg_bytes(quadrant_frame()))
+    done = run_once("a.jpg", "--model", str(folder), cwd=tmp_path)
+    assert done.returncode == 78
+    assert f"model file {folder} is a folder, not a file" in done.stderr
+
+
+def test_a_unix_socket_in_place_of_a_frame_is_named(tmp_path, tiny_model):
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.bind(str(tmp_path / "s.jpg"))
+        done = run_once("s.jpg", "--model", str(tiny_model), "--profile", "midas-v21-small", cwd=tmp_path)
+    finally:
+        sock.close()
+    assert done.returncode == 1
+    assert "s.jpg: is a socket, not an image file; not read" in done.stderr
+
