@@ -90,6 +90,8 @@ class Daemon:
         self._last_overflow_scan = 0.0
         self._overflow_reported = False
         self._superseded_in_flight = 0
+        #: Threads still alive after shutdown (blocked in the OS): the CLI exits without waiting for them.
+        self.stuck_threads: list[str] = []
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -258,7 +260,7 @@ class Daemon:
         if self.pipeline is not None:
             if not self.pipeline.wait_idle(left()):
                 log.warning("frames still in flight after %.0f s; stopping anyway", self.config.daemon.shutdown_timeout_s)
-            self.pipeline.close(0.1)
+            self.pipeline.close(left())
         if self.engine is not None:
             self.engine.stop(left())
         self.status.state = "stopped"
@@ -268,6 +270,7 @@ class Daemon:
         ours = [t.name for t in threading.enumerate() if t.name.startswith("depthwatch") and t.is_alive()]
         if ours:
             log.warning("threads still running after shutdown: %s", ", ".join(ours))
+        self.stuck_threads = ours
         log.info("stopped")
 
     # -- frames -------------------------------------------------------------------

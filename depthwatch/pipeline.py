@@ -273,9 +273,16 @@ class Pipeline:
             return self._idle.wait_for(lambda: self._pending == 0, timeout)
 
     def close(self, timeout: float | None = None) -> None:
-        """Wait for the jobs in flight, then stop the workers (the engine is the caller's)."""
+        """Wait for the jobs in flight, then stop the workers (the engine is the caller's).
+
+        Bounded by `timeout` in all: a worker stuck in the OS (a hung network
+        volume) is left behind rather than waited for.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
         self.wait_idle(timeout)
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for thread in list(getattr(self._pool, "_threads", ())):
+            thread.join(None if deadline is None else max(0.1, deadline - time.monotonic()))
 
     def _finished(self, frame: _Frame) -> None:
         with self._idle:

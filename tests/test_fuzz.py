@@ -66,3 +66,96 @@ def test_arbitrary_bytes_never_escape_as_anything_but_frame_errors(data):
         imaging.decode(data, max_pixels=4_000_000)
     except FrameError:
         pass
+
+
+# -- file types, not only bytes: what can sit at a frame's path ------------------------------
+
+KINDS = [
+    "image", "empty", "fifo", "link to /dev/zero", "link to /dev/urandom", "link to /dev/null",
+    "dangling link", "link loop", "sparse", "folder", "socket", "link to a fifo", "link to a folder",
+    "link to an image",
+]
+LIMIT = 1 << 20
+
+
+def _make(kind: str, path, data: bytes, size: int) -> None:
+    import os
+    import socket
+
+    folder = path.parent
+    if kind == "image":
+        path.write_bytes(data)
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind.startswith("link to /dev/"):
+        os.symlink(kind.removeprefix("link to "), path)
+    elif kind == "dangling link":
+        os.symlink(folder / "missing.jpg", path)
+    elif kind == "link loop":
+        os.symlink(path.name, path)
+    elif kind == "sparse":
+        with open(path, "wb") as f:
+            f.truncate(size)
+            f.seek(max(0, size - 2))
+            f.write(b"\xff\xd9")
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(path))
+        sock.close()
+    elif kind == "link to a fifo":
+        os.mkfifo(folder / "pipe")
+        os.symlink("pipe", path)
+    elif kind == "link to a folder":
+        (folder / "sub").mkdir()
+        os.symlink("sub", path)
+    else:  # link to an image inside the folder
+        (folder / "real.jpg").write_bytes(data)
+        os.symlink("real.jpg", path)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(KINDS),
+    mutated(),
+    st.integers(0, 4 * LIMIT),
+    st.booleans(),
+)
+def test_whatever_sits_at_a_frames_path_is_read_or_refused_in_one_line_never_hangs(kind, data, size, contained):
+    """A FIFO, a device behind a link, a sparse file over the limit: refused at once, never read past it."""
+    import tempfile
+    import threading
+    from pathlib import Path
+
+    from depthwatch import provenance
+    from depthwatch.pipeline import read_source
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        path = folder / "frame.jpg"
+        _make(kind, path, data, size)
+        outcome: list[object] = []
+
+        def read() -> None:
+            try:
+                got, st_ = read_source(path, max_bytes=LIMIT, link_root=folder if contained else None)
+                provenance.read(path)
+                outcome.append(got)
+            except FrameError as exc:  # Superseded included
+                outcome.append(exc)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(20)
+        assert not reader.is_alive(), f"reading {kind} hung"
+        assert len(outcome) == 1, f"reading {kind} raised something other than a FrameError"
+        result = outcome[0]
+        if isinstance(result, bytes):
+            assert kind in ("image", "empty", "link to an image") or (kind == "sparse" and size <= LIMIT)
+            assert len(result) <= LIMIT
+        else:
+            assert str(result) and "\n" not in str(result)
+            assert kind != "image"

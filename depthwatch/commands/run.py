@@ -70,4 +70,10 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGHUP, lambda signum, frame: daemon.request_reload())
-    return daemon.run()
+    code = daemon.run()
+    if daemon.stuck_threads:
+        # A thread blocked in the OS would hold the interpreter's exit forever; the
+        # shutdown is bounded, so leave without it (its frame is redone at the next start).
+        logging.shutdown()
+        os._exit(code)
+    return code
