@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import cv2
@@ -120,13 +121,15 @@ def test_once_refuses_a_fifo_a_device_a_sparse_file_and_its_own_input(tmp_path, 
         done = run_once(name, *base, cwd=tmp_path)
         assert done.returncode == 1, (name, done.stderr)
         lines = [line for line in done.stderr.splitlines() if line.startswith("depthwatch: ")]
-        assert len(lines) == 1 and lines[0].startswith(f"depthwatch: {name}: {reason}"), done.stderr
+        assert len(lines) == 1 and f"{name}: {reason}" in lines[0], done.stderr
     original = frame.read_bytes()
     done = run_once("a.jpg", "-o", "a.jpg", *base, cwd=tmp_path)
-    assert done.returncode == 64, done.stderr
-    assert done.stderr.strip().splitlines()[-1] == (
-        "depthwatch: the output a.jpg is an input frame; writing it would replace the frame: give another -o"
-    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith("a.jpg: its output would overwrite the frame itself; change output.template")
+    cv2.imwrite(str(tmp_path / "a.png"), quadrant_frame())
+    done = run_once("a.jpg", "a.png", "-o", "{stem}.jpg", *base, cwd=tmp_path)  # a.png's map would be a.jpg
+    assert done.returncode == 1, done.stderr
+    assert f"a.png: its output {tmp_path / 'a.jpg'} is an input frame; writing it would replace that frame" in done.stderr
     assert frame.read_bytes() == original
     assert not (tmp_path / "a_depth.jpg").exists()
 
@@ -214,11 +217,12 @@ def test_the_watch_comes_back_after_the_folder_is_recreated_with_the_same_inode(
         write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
         wait_for(lambda: d.counts().get("done") == 1, what="the first map")
         inode = d.watch.stat().st_ino
-        for _ in range(50):
+        for _ in range(500):  # the inode is free again once the kernel drops its inotify watch
             shutil.rmtree(d.watch)
             d.watch.mkdir()
             if d.watch.stat().st_ino == inode:
                 break
+            time.sleep(0.02)
         else:
             pytest.skip("this filesystem never hands out the same inode number again")
         wait_for(lambda: "was replaced; watching it again" in d.log(), what="the recreate noticed")
@@ -287,24 +291,6 @@ def test_files_moved_in_are_complete_at_once_whatever_their_format(tmp_path, tin
         wait_for(lambda: any("notes.jpg: not a JPEG, PNG, TIFF or WebP image" in line for line in error_lines(d)),
                  what="the unknown file's error long before the timeout")
         assert d.counts().get("incomplete") == 0
-    finally:
-        assert d.stop() == 0
-
-
-def test_an_empty_file_is_not_yet_a_frame(tmp_path, tiny_model):
-    d = DaemonProcess(
-        tmp_path, tiny_model, watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_depth.jpg", "error_sidecar": True}
-    ).start()
-    try:
-        write_by_rename(d.watch / "frame.jpg", b"")  # caught between an in-place rewrite's truncate and write
-        write_by_rename(d.watch / "marker.jpg", jpeg_bytes(quadrant_frame()))
-        wait_for(lambda: d.counts().get("done") == 1 and idle(d), what="the marker's map")
-        assert d.counts().get("failed") == 0, error_lines(d)
-        assert not list(d.watch.glob("*.error.json"))
-        with open(d.watch / "frame.jpg", "wb") as f:  # the write that follows the truncate
-            f.write(jpeg_bytes(quadrant_frame()))
-        wait_for(lambda: (d.watch / "frame_depth.jpg").exists(), what="the frame's map")
-        assert d.counts().get("failed") == 0
     finally:
         assert d.stop() == 0
 

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from conftest import jpeg_bytes, quadrant_frame, write_by_rename
 from daemon_process import DaemonProcess, privileges, wait_for
-from onnx_models import failing_model
-from test_engine import spec_for
+from onnx_models import failing_model, spec_for
 
 from depthwatch.engine import Engine
 from depthwatch.errors import EX_CONFIG
-from depthwatch.pipeline import Job, Pipeline, Settings, read_source
+from depthwatch.job import Job
+from depthwatch.pipeline import Pipeline, Settings, read_source
 
 
 def png_bytes(image: np.ndarray) -> bytes:
@@ -48,6 +48,7 @@ def test_bad_inputs_are_reported_once_and_the_last_good_map_stays(tmp_path, tiny
     png = png_bytes(quadrant_frame(320, 180))
     rng = np.random.default_rng(7)
     cases = [
+        ("zero bytes", b"", "the file is empty (0 bytes)"),
         ("random bytes", b"\x00" + rng.bytes(5000), "not a JPEG, PNG, TIFF or WebP image"),
         ("text", b"this is a shot list, not a frame\n", "not a JPEG, PNG, TIFF or WebP image"),
         ("png named .jpg", png, "is a PNG image but its name says .jpg; rename it"),
