@@ -20,6 +20,7 @@ import cv2
 import numpy as np
 
 from depthwatch import formats
+from depthwatch.codecwarnings import codec_messages
 from depthwatch.contract import NCHW, Contract
 from depthwatch.errors import FrameError, ModelError
 from depthwatch.formats import OUTPUT_FORMATS
@@ -116,12 +117,19 @@ def decode(
     if fmt == formats.TIFF and formats.tiff_sample_format(data) == 3:
         raise FrameError("the TIFF holds floating-point samples, an unsupported sample type; save it as 8- or 16-bit")
     factor = _reduction(header, min_size)
-    try:
-        image = cv2.imdecode(np.frombuffer(data, np.uint8), _REDUCED[factor])
-    except cv2.error as exc:
-        raise FrameError(f"cannot decode the {fmt.upper()} data: {_cv_reason(exc)}") from None
+    with codec_messages() as messages:  # libjpeg says "damaged" only on stderr
+        try:
+            image = cv2.imdecode(np.frombuffer(data, np.uint8), _REDUCED[factor])
+        except cv2.error as exc:
+            image, error = None, _cv_reason(exc)
+        else:
+            error = None
+    if error is not None:
+        raise FrameError(f"cannot decode the {fmt.upper()} data: {error}")
     if image is None or image.size == 0:
         raise FrameError(f"cannot decode the {fmt.upper()} data: the file is corrupt")
+    if messages.damaged:
+        raise FrameError(f"the {fmt.upper()} data is damaged ({messages.damaged}); the picture is incomplete")
     if factor == 1:
         size = (image.shape[1], image.shape[0])
     else:

@@ -350,6 +350,29 @@ def test_odd_files_are_called_what_they_are(tmp_path, tiny_model):
     assert f"model file {folder} is a folder, not a file" in done.stderr
 
 
+def test_a_half_decoded_jpeg_is_reported_as_damaged_and_libjpeg_stays_out_of_the_log(tmp_path, tiny_model):
+    d = DaemonProcess(tmp_path, tiny_model).start()
+    frame, depth = d.watch / "frame.jpg", d.watch / "depth.jpg"
+    good = jpeg_bytes(quadrant_frame(640, 480))
+    try:
+        write_by_rename(frame, good)
+        wait_for(lambda: d.counts().get("done") == 1, what="the good map")
+        good_map = depth.read_bytes()
+        write_by_rename(frame, good[: len(good) // 2] + b"\xff\xd9")  # cut short, end marker appended
+        wait_for(lambda: d.counts().get("failed") == 1, what="the damaged frame reported")
+        assert depth.read_bytes() == good_map  # no map with a made-up half
+        write_by_rename(frame, jpeg_bytes(quadrant_frame(640, 480, "bottom-right")))
+        wait_for(lambda: d.counts().get("done") == 2, what="the next good map")
+    finally:
+        assert d.stop() == 0
+    lines = error_lines(d)
+    assert len(lines) == 1 and lines[0].endswith(
+        "frame.jpg: the JPEG data is damaged (Corrupt JPEG data: premature end of data segment); the picture is incomplete"
+    ), lines
+    raw = [line for line in d.log().splitlines() if "Corrupt JPEG data" in line and line not in lines]
+    assert raw == [], "libjpeg wrote into the log"
+
+
 def test_a_unix_socket_in_place_of_a_frame_is_named(tmp_path, tiny_model):
     sock = socket.socket(socket.AF_UNIX)
     try:
