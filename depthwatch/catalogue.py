@@ -25,9 +25,9 @@ import yaml
 from depthwatch.config import ModelConfig
 from depthwatch.paths import expand_path
 from depthwatch.model import ModelSpec
-from depthwatch.reading import why_not_a_file
 from depthwatch.errors import ConfigError, ModelError
 from depthwatch.profiles import PROFILES, profile_for
+from depthwatch.reading import why_not_a_file
 
 ENV_VAR = "DEPTHWATCH_CATALOGUE"
 

@@ -27,7 +27,6 @@ import numpy as np
 
 from depthwatch import providers
 from depthwatch.contract import Contract, depth_map, read_contract
-from depthwatch.reading import why_not_a_file
 from depthwatch.errors import (
     DepthwatchError,
     FrameError,
@@ -38,6 +37,7 @@ from depthwatch.errors import (
 from depthwatch.imaging import model_input_size
 from depthwatch.model import ModelInfo, ModelSpec
 from depthwatch.profiles import Profile
+from depthwatch.reading import why_not_a_file
 
 log = logging.getLogger("depthwatch.engine")
 
