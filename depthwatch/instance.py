@@ -17,6 +17,8 @@ import errno
 import fcntl
 import hashlib
 import os
+import stat
+import sys
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -40,15 +42,26 @@ class AlreadyRunning(DepthwatchError):
 
 def lock_folder() -> Path:
     """Where the lock files live: the user's runtime folder, else a per-user temp folder."""
-    try:
-        base = Path(platformdirs.user_runtime_dir("depthwatch", appauthor=False))
-        base.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if os.access(base, os.W_OK):
-            return base
-    except OSError:
-        pass
+    if sys.platform == "darwin":
+        candidate: str | None = platformdirs.user_runtime_dir("depthwatch", appauthor=False)
+    else:  # $XDG_RUNTIME_DIR only where the session set it (platformdirs warns otherwise)
+        runtime = os.environ.get("XDG_RUNTIME_DIR")
+        candidate = os.path.join(runtime, "depthwatch") if runtime else None
+    if candidate:
+        try:
+            Path(candidate).mkdir(parents=True, exist_ok=True, mode=0o700)
+            if os.access(candidate, os.W_OK):
+                return Path(candidate)
+        except OSError:
+            pass
     base = Path(tempfile.gettempdir()) / f"depthwatch-{os.getuid()}"
-    base.mkdir(exist_ok=True, mode=0o700)
+    try:
+        base.mkdir(exist_ok=True, mode=0o700)
+        st = os.lstat(base)
+    except OSError as exc:
+        raise DepthwatchError(f"cannot make the lock folder {base}: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise DepthwatchError(f"{base} is not a folder of this user's; remove it so depthwatch can keep its locks there")
     return base
 
 

@@ -42,7 +42,7 @@ from depthwatch.errors import (
     Superseded,
 )
 from depthwatch.names import shown
-from depthwatch.writer import atomic_write
+from depthwatch.writer import atomic_write, really_inside
 
 log = logging.getLogger("depthwatch.frames")
 
@@ -169,10 +169,18 @@ def _yield_to_inference(niceness: int) -> None:
         pass
 
 
-def _ensure_folder(folder: Path) -> None:
-    """Outputs may go to a folder of their own (output.template 'depth/{stem}.png')."""
+def _ensure_folder(folder: Path, roots: tuple[Path, ...] = ()) -> None:
+    """Outputs may go to a folder of their own (output.template 'depth/{stem}.png').
+
+    Not created through a link that now leads outside `roots` (a folder outside is a write too).
+    """
     if folder.is_dir():
         return
+    if roots and not really_inside(folder, roots):
+        raise OutputError(
+            f"the output folder {shown(folder)} now leads outside the configured folders (replaced by a link?); not writing",
+            retryable=False,
+        )
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -455,7 +463,7 @@ class Pipeline:
                 ),
             )
             frame.lap("encode")
-            _ensure_folder(job.output.parent)
+            _ensure_folder(job.output.parent, job.output_roots)
             frame.result.size = frame.decoded.size
             frame.result.model = info.spec.path.name
             frame.result.providers = info.providers
@@ -512,7 +520,7 @@ def write_error_record(path: Path, source: Path, reason: str, roots: tuple[Path,
     """`<frame name>.error.json` beside the output: why there is no (new) depth map."""
     record = {"source": source.name, "error": reason, "time": time.time()}
     try:
-        _ensure_folder(path.parent)
+        _ensure_folder(path.parent, roots)
         atomic_write(path, json.dumps(record, indent=2).encode() + b"\n", roots)
     except OutputError as exc:
         log.warning("%s", exc)

@@ -76,10 +76,8 @@ def open_folder(folder: Path, roots: tuple[Path, ...] = ()) -> int:
         return fd
     try:
         real = os.path.realpath(folder)
-        allowed = [os.path.realpath(r) for r in roots]
-        inside = any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in allowed)
         here, there = os.fstat(fd), os.stat(real)
-        if not inside or (here.st_dev, here.st_ino) != (there.st_dev, there.st_ino):
+        if not really_inside(folder, roots) or (here.st_dev, here.st_ino) != (there.st_dev, there.st_ino):
             raise OutputError(
                 f"the output folder {folder} now leads outside the configured folders (replaced by a link?); not writing",
                 retryable=False,
@@ -91,6 +89,12 @@ def open_folder(folder: Path, roots: tuple[Path, ...] = ()) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def really_inside(path: Path, roots: tuple[Path, ...]) -> bool:
+    """Whether `path`, every link in it resolved, lies inside one of `roots` (resolved too)."""
+    real = os.path.realpath(path)
+    return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in map(os.path.realpath, roots))
 
 
 def atomic_write(target: Path, data: bytes, roots: tuple[Path, ...] = ()) -> None:

@@ -303,8 +303,10 @@ def test_a_second_daemon_on_the_same_folder_refuses_to_start(tmp_path, tiny_mode
     try:
         second = DaemonProcess(tmp_path / "second", tiny_model, watch={"folders": [str(first.watch)]})
         second.start(wait=False)
-        assert second.proc.wait(60) == EX_TEMPFAIL
-        second.close()
+        try:
+            assert second.proc.wait(60) == EX_TEMPFAIL
+        finally:
+            second.close()
         last = second.log().strip().splitlines()[-1]
         assert last == (
             f"depthwatch: another depthwatch (pid {first.proc.pid}) is already watching {first.watch}; "
