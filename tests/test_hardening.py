@@ -385,3 +385,29 @@ def test_a_unix_socket_in_place_of_a_frame_is_named(tmp_path, tiny_model):
     assert done.returncode == 1
     assert "s.jpg: is a socket, not an image file; not read" in done.stderr
 
+
+
+@pytest.mark.parametrize(
+    ("ext", "image"),
+    [
+        (".jpg", quadrant_frame(64, 48)[:, :, 0]),
+        (".png", (np.arange(48 * 64).reshape(48, 64) * 20).astype(np.uint16)),
+        (".tif", (np.arange(48 * 64).reshape(48, 64) * 20).astype(np.uint16)),
+        (".tif", quadrant_frame(64, 48)[:, :, 0]),
+    ],
+)
+def test_the_provenance_record_rides_inside_each_format_without_changing_a_pixel(tmp_path, ext, image):
+    encoded = cv2.imencode(ext, image)[1].tobytes()
+    (tmp_path / "x").write_bytes(b"frame")
+    st = (tmp_path / "x").stat()
+    record = provenance.record_for("a\nb.jpg", st, model="m.onnx", normalise="frame", invert=False)
+    assert provenance.read(encoded) is None
+    made = provenance.embed(encoded, record)
+    assert provenance.read(made) == record
+    path = tmp_path / f"map{ext}"
+    path.write_bytes(made)
+    assert provenance.read(path) == record
+    assert provenance.same_version(record, st)
+    plain = cv2.imdecode(np.frombuffer(encoded, np.uint8), cv2.IMREAD_UNCHANGED)
+    marked = cv2.imdecode(np.frombuffer(made, np.uint8), cv2.IMREAD_UNCHANGED)
+    assert marked.dtype == plain.dtype and np.array_equal(marked, plain)
