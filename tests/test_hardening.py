@@ -322,6 +322,26 @@ def test_a_second_daemon_on_the_same_folder_refuses_to_start(tmp_path, tiny_mode
         assert third.stop() == 0
 
 
+def test_a_reload_onto_a_folder_another_daemon_holds_keeps_the_old_folders(tmp_path, tiny_model):
+    first = DaemonProcess(tmp_path / "first", tiny_model).start()
+    second = DaemonProcess(tmp_path / "second", tiny_model).start()
+    try:
+        config = yaml.safe_load(second.config_path.read_text())
+        config["watch"]["folders"] = [str(first.watch)]
+        second.config_path.write_text(yaml.safe_dump(config))
+        wait_for(lambda: second.status().get("config_loads") == 2, what="the reload")
+        assert f"another depthwatch (pid {first.proc.pid}) is already watching {first.watch}" in second.status()["config_error"]
+        assert second.status()["watching"] == [str(second.watch)]
+        write_by_rename(second.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: second.counts().get("done") == 1, what="the second daemon still at work on its own folder")
+        write_by_rename(first.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: first.counts().get("done") == 1, what="the first daemon's map")
+        assert second.counts().get("done") == 1
+    finally:
+        assert second.stop() == 0
+        assert first.stop() == 0
+
+
 # -- minor: what each odd file is called -----------------------------------------------------------
 
 
