@@ -17,12 +17,14 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import replace
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from depthwatch import formats, imaging
+from depthwatch.levels import Levels, parse_level
 from depthwatch.config import Config
 from depthwatch.engine import Engine, Inference
 from depthwatch.model import ModelInfo
@@ -70,7 +72,11 @@ class Settings:
     def from_config(cls, config: Config) -> Settings:
         out = config.output
         return cls(
-            render=imaging.RenderOptions(invert=out.invert, clip_percent=out.clip_percent),
+            render=imaging.RenderOptions(
+                clip_percent=out.clip_percent,
+                refine=out.refine,
+                levels=Levels(parse_level(out.near), parse_level(out.far), out.gamma, out.invert),
+            ),
             jpeg_quality=out.jpeg_quality,
             png_bits=out.png_bits,
             png_compression=out.png_compression,
@@ -331,10 +337,9 @@ class Pipeline:
             frame.clock = time.perf_counter()
             settings, job = frame.settings, frame.job
             ext = job.output.suffix
-            options = imaging.RenderOptions(
-                settings.render.invert, settings.render.clip_percent, imaging.bits_for(ext, settings.png_bits)
-            )
-            depth = imaging.render(inference.prediction, info.profile.output, frame.decoded.size, options)
+            options = replace(settings.render, bits=imaging.bits_for(ext, settings.png_bits))
+            nearness = imaging.normalise(inference.prediction, info.profile.output, options)
+            depth = imaging.render(nearness, frame.decoded.size, options, guide=frame.decoded.image)
             encoded = imaging.encode(
                 depth, ext, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression
             )
