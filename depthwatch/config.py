@@ -399,6 +399,20 @@ def check_combinations(config: Config, where: str = "command line") -> None:
         )
 
 
+def override(config: Config, section: str, key: str, text: str, where: str = "command line") -> Config:
+    """`config` with one setting given as command-line text, checked like the same text in the file."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = text
+    f = next(f for f in dataclasses.fields(SECTIONS[section]) if f.name == key)
+    try:
+        checked = f.metadata["check"](value, Path.cwd())
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {section}.{key} {exc}") from None
+    return config.replace(section, **{key: checked})
+
+
 def dump_defaults() -> dict[str, dict[str, Any]]:
     """The built-in defaults as plain values, section by section (for the config.yaml test)."""
     out: dict[str, dict[str, Any]] = {}

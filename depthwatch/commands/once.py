@@ -7,6 +7,7 @@ import sys
 import threading
 from pathlib import Path
 
+from depthwatch import config as configuration
 from depthwatch.commands.common import add_config_arguments, config_from_args
 from depthwatch.errors import ConfigError
 from depthwatch.formats import EXTENSIONS
@@ -26,6 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="output file (one input), folder, or name template like '{stem}_depth.png' "
         f"(default: {DEFAULT_TEMPLATE} beside each input)",
     )
+    levels = parser.add_argument_group("how the map looks (override the config's output section)")
+    levels.add_argument("--refine", metavar="MODE", help="edges (depth edges follow the frame's) or none (plain upscale)")
+    levels.add_argument("--near", metavar="LEVEL", help="the level shown white: a fraction 0..1 of the range, or a percentile like 80%%")
+    levels.add_argument("--far", metavar="LEVEL", help="the level shown black: a fraction 0..1 of the range, or a percentile like 20%%")
+    levels.add_argument("--gamma", metavar="G", help="midtones: above 1 brighter, below 1 darker (0.1..10)")
     add_config_arguments(parser)
 
 
@@ -57,15 +63,25 @@ def output_for(source: Path, output: str | None, single: bool) -> Path:
 
 
 def main(args: argparse.Namespace) -> int:
-    from depthwatch import catalogue
+    from depthwatch import catalogue, imaging
     from depthwatch.engine import Engine
     from depthwatch.pipeline import Job, Pipeline, Settings
 
     config = config_from_args(args)
+    for key in ("refine", "near", "far", "gamma"):
+        if getattr(args, key) is not None:
+            config = configuration.override(config, "output", key, getattr(args, key), where=f"--{key}")
+    configuration.check_combinations(config)
     sources = collect_inputs(args.inputs)
     if not sources:
         raise ConfigError("no frames found in " + ", ".join(args.inputs) + "; give image files or folders of them")
     jobs = [Job(s, output_for(s, args.output, len(sources) == 1)) for s in sources]
+    unwritable = sorted({job.output.suffix or "(no extension)" for job in jobs if not imaging.can_encode(job.output.suffix)})
+    if unwritable:
+        raise ConfigError(
+            f"-o {args.output}: cannot write depth maps as {', '.join(unwritable)}; "
+            "use .jpg, .png or .tif (.tif with output.png_bits: 32 for float)"
+        )
     for job in jobs:
         job.output.parent.mkdir(parents=True, exist_ok=True)
     settings = Settings.from_config(config)
