@@ -468,9 +468,9 @@ def _until_changed(path: Path, before: tuple[int, int] | None, daemon: Daemon, p
         time.sleep(poll_s)
 
 
-def latency_and_scrub(plan: Plan) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def latency_and_scrub(plan: Plan, name: str = "single") -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """One daemon watching frame.jpg -> depth.jpg: latency samples, then the scrub repeats."""
-    daemon = Daemon(plan.work, "single", plan.knobs, ["frame.jpg"], "depth.jpg")
+    daemon = Daemon(plan.work, name, plan.knobs, ["frame.jpg"], "depth.jpg")
     try:
         startup = daemon.start()
         latency, idle = _latency(plan, daemon)

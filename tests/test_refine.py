@@ -56,13 +56,14 @@ def gradient_energy_ratio(depth: np.ndarray, edges: np.ndarray, rest: np.ndarray
     return float(energy[edges].mean() / energy[rest].mean())
 
 
-def test_refined_edges_sit_on_the_ground_truth_edges_and_stay_as_accurate(tmp_path, fastdepth):
+@pytest.mark.parametrize("kind", ["jpg", "png"])  # a JPEG decodes at 1/4 scale here, a PNG in full
+def test_refined_edges_sit_on_the_ground_truth_edges_and_stay_as_accurate(tmp_path, fastdepth, kind):
     left, _, disparity = data.stereo_motorcycle()
     h, w = left.shape[:2]
     size = (2 * w, 2 * h)  # 1482x1000: the model sees 224 px of it
     frame = cv2.resize(left[:, :, ::-1], size, interpolation=cv2.INTER_CUBIC)
-    source = tmp_path / "motorcycle.jpg"
-    source.write_bytes(jpeg_bytes(frame))
+    source = tmp_path / f"motorcycle.{kind}"
+    source.write_bytes(jpeg_bytes(frame) if kind == "jpg" else cv2.imencode(".png", frame)[1].tobytes())
 
     truth = cv2.resize(disparity.astype(np.float32), size, interpolation=cv2.INTER_NEAREST)
     valid = np.isfinite(truth) & (truth > 0)
@@ -98,7 +99,7 @@ def test_refined_edges_sit_on_the_ground_truth_edges_and_stay_as_accurate(tmp_pa
     )
     rho = {name: spearman(m) for name, m in (("edges", maps["edges"]), ("none", maps["none"]), ("bare", bare))}
     print(
-        f"edge gradient energy (edges/elsewhere): refined {sharpness:.2f}x the plain upscale's; "
+        f"{kind}: edge gradient energy (edges/elsewhere): refined {sharpness:.2f}x the plain upscale's; "
         f"spearman: refined {rho['edges']:.4f}, plain {rho['none']:.4f}, bare model {rho['bare']:.4f}"
     )
     assert rho["bare"] > 0.7  # the model's own quality, as its PROVENANCE says
@@ -150,8 +151,8 @@ def test_refine_guides_at_the_decoded_scale_without_a_full_decode():
     assert decoded.image.shape == (270, 480, 3)
     n = np.random.default_rng(0).random((224, 224)).astype(np.float32)
     assert refine.edges(n, decoded.image).shape == (270, 480)
-    # A full-size guide (a PNG frame) is reduced to twice the prediction's size, not used whole.
-    assert refine.edges(n, frame).shape == (448, 796)
+    # A full-size guide (a PNG frame) is reduced by a whole factor towards twice the prediction's size.
+    assert refine.edges(n, frame).shape == (540, 960)
 
 
 def test_refine_none_is_todays_plain_upscale_exactly():
