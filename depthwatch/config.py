@@ -140,6 +140,8 @@ def _level(value: Any, base: Path) -> float | str:
 
 
 def _template(value: Any, base: Path) -> str:
+    """The template, its folder part expanded (~, $VARS) now, once: a frame's own name
+    ($HOME.jpg) is later put into it literally, never expanded."""
     text = _text(value, base)
     try:
         rendered = text.format(stem="frame", name="frame.jpg", ext="jpg")
@@ -158,6 +160,9 @@ def _template(value: Any, base: Path) -> str:
             )
     if ".." in Path(rendered).parts:
         raise ValueError(f"{text!r} climbs out of the watch folder with '..'; use an absolute folder instead")
+    folder, name = os.path.split(text)
+    if folder:
+        text = os.path.join(os.path.expandvars(os.path.expanduser(folder)), name)
     return text
 
 
@@ -399,18 +404,19 @@ def check_combinations(config: Config, where: str = "command line") -> None:
         )
 
 
-def override(config: Config, section: str, key: str, text: str, where: str = "command line") -> Config:
-    """`config` with one setting given as command-line text, checked like the same text in the file."""
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        value = text
-    f = next(f for f in dataclasses.fields(SECTIONS[section]) if f.name == key)
-    try:
-        checked = f.metadata["check"](value, Path.cwd())
-    except ValueError as exc:
-        raise ConfigError(f"{where}: {section}.{key} {exc}") from None
-    return config.replace(section, **{key: checked})
+def override(config: Config, flag: str, section: str, base: Path | None = None, **raw: Any) -> Config:
+    """A copy with settings given on the command line (`--flag`), checked exactly as the file's are.
+
+    Relative paths are taken from `base` (the shell's folder), not the config file's.
+    """
+    fields = {f.name: f for f in dataclasses.fields(SECTIONS[section])}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        try:
+            values[key] = fields[key].metadata["check"](value, base or Path.cwd())
+        except ValueError as exc:
+            raise ConfigError(f"{flag}: {section}.{key} {exc}") from None
+    return config.replace(section, **values)
 
 
 def dump_defaults() -> dict[str, dict[str, Any]]:

@@ -50,6 +50,11 @@ def parse_level(value: Any) -> Level:
         if not 0.0 <= number <= 100.0:
             raise ValueError(f"must be a percentile between 0% and 100%, not {value!r}")
         return Level(number, percentile=True)
+    if isinstance(value, str):  # "0.8" from a command line
+        try:
+            value = float(value)
+        except ValueError:
+            raise ValueError(f"must be a fraction 0..1 or a percentile like '80%', not {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"must be a fraction 0..1 or a percentile like '80%', not {value!r}")
     if not 0.0 <= value <= 1.0:

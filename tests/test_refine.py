@@ -14,7 +14,8 @@ from depthwatch import imaging, refine
 from depthwatch.engine import Engine
 from depthwatch.imaging import RenderOptions
 from depthwatch.model import ModelSpec
-from depthwatch.pipeline import Job, Pipeline, Settings
+from depthwatch.job import Job
+from depthwatch.pipeline import Pipeline, Settings
 from depthwatch.profiles import DEPTH, PROFILES
 
 LIMIT = 100_000_000
