@@ -187,3 +187,29 @@ def test_once_takes_near_far_and_gamma(tmp_path, tiny_model):
     assert bad.stderr.strip() == "depthwatch: --near: output.near must be a fraction between 0 and 1 (or a percentile like '80%'), not 2"
     crossed = once("--near", "0.2", "--far", "0.5")
     assert crossed.returncode == EX_CONFIG and "output.near (0.2) must be above output.far (0.5)" in crossed.stderr
+
+
+def test_the_pipeline_writes_float_tiff_without_quantising(tmp_path, tiny_model):
+    from depthwatch.engine import Engine
+    from depthwatch.job import Job
+    from depthwatch.model import ModelSpec
+    from depthwatch.pipeline import Pipeline, Settings
+    from depthwatch.profiles import PROFILES
+
+    source = tmp_path / "ramp.png"
+    source.write_bytes(ramp_frame())
+    levels = Levels(near=Level(0.9), gamma=1.3)
+    spec = ModelSpec(path=tiny_model, profile=PROFILES["midas-v21-small"], providers=("cpu",))
+    with Engine(spec) as engine:
+        pipeline = Pipeline(engine)
+        for name, bits in (("depth.tif", 32), ("depth.png", 16)):
+            settings = Settings(render=RenderOptions(levels=levels), png_bits=bits)
+            assert pipeline.process(Job(source, tmp_path / name), settings).ok
+        pipeline.close()
+    floats = cv2.imread(str(tmp_path / "depth.tif"), cv2.IMREAD_UNCHANGED)
+    sixteen = cv2.imread(str(tmp_path / "depth.png"), cv2.IMREAD_UNCHANGED)
+    assert floats.dtype == np.float32 and floats.shape == sixteen.shape == (96, 320)
+    assert 0.0 <= floats.min() and floats.max() == 1.0  # levels applied: near 0.9 and above is white
+    # The same map, the 16-bit one rounded to its grid; the float one off that grid.
+    assert np.abs(floats - sixteen / 65535).max() <= 1.5 / 65535
+    assert (np.abs(floats * 65535 - np.round(floats * 65535)) > 1e-3).mean() > 0.5
