@@ -78,8 +78,8 @@ def apply(m: np.ndarray, levels: Levels, reference: np.ndarray | None = None) ->
     """Levels on a float32 nearness map; percentiles are taken over `reference` (default `m`).
 
     Returns a new float32 array in [0, 1]; the identity returns `m` itself.
-    Near and far that meet or cross (percentiles of a nearly flat map) make a
-    hard threshold at `near` rather than a division by zero.
+    Near and far that meet or cross (a fraction and a percentile of a nearly
+    flat map) make a hard threshold rather than a division by zero.
     """
     if levels.is_identity:
         return m

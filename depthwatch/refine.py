@@ -11,27 +11,32 @@ its information lives, then upsampled and applied to the guide at its larger
 size, so the map's steps follow the guide's edges.
 
 Why this filter and these numbers, measured on the real FastDepth model and
-the Middlebury motorcycle at twice the photo's size (1482x1000 JPEG; see
-tests/test_refine.py; gradient energy at ground-truth depth edges relative
-to elsewhere, as a multiple of the plain upscale's; Spearman to the ground
-truth; Pearson to the plain upscale):
+the Middlebury motorcycle at twice the photo's size (1482x1000 JPEG): gradient
+energy at ground-truth depth edges relative to elsewhere, as a multiple of the
+plain upscale's; Spearman to the ground-truth disparity; Pearson to the plain
+upscale; time for the step on a loaded 2-core VM:
 
     guided filter, guide at 1/4 decode (371x250), r 2, eps 1e-3: 1.93x, 0.768, 0.999, ~2 ms
     guided filter, guide at full decode (1482x1000), same:        1.75x, 0.769, 0.999, ~15 ms
     guided filter, r 4 / r 8 (eps 1e-3), 1/4 decode:              1.72x / 1.67x (Spearman 0.767 / 0.762)
+    guided filter, eps 1e-2 (r 2), 1/4 decode:                    1.69x
     joint bilateral upsampling (numpy, 5x5, sigma_r 0.05), 1/4:   1.74x, 0.769, 0.9997, ~40 ms
     joint bilateral upsampling with a 1080p guide:                ~1400 ms
     plain bilinear upscale:                                       1.00x, 0.768
 
 So: the guided filter (linear time, box filters only, no contrib build) with
 radius 2 (in prediction pixels) and eps 1e-3 (guide in [0, 1]). A guide
-larger than twice the prediction's size adds cost and no measured edge
-quality, so the guide is the decoded frame as the pipeline already has it
-(JPEGs decode at 1/2..1/8 scale when the model needs far fewer pixels),
-area-reduced to at most GUIDE_SCALE times the prediction's short side; the
-refined map comes back at the guide's size and is upscaled with the integer
-fast path like an unrefined one. A flat map stays exactly flat (a = 0 where
-the map does not vary), so no depth edges are invented in flat regions.
+larger than the prediction by more than about twice adds cost and no measured
+edge quality, so the guide is the decoded frame as the pipeline already has it
+(JPEGs decode at 1/2..1/8 scale when the model needs far fewer pixels), or a
+full decode (PNG, TIFF) reduced by a whole factor towards GUIDE_SCALE times
+the prediction's short side; the refined map comes back at the guide's size
+and is levelled, quantised and upscaled like an unrefined one. Through the
+whole pipeline (tests/test_refine.py): 2.15x for the JPEG, 1.88x for a PNG of
+the same frame, Spearman unchanged. On one core the step takes about 1.3 ms
+for a 1080p or 4K JPEG frame, 3-10 ms with a full-size guide (see
+`python -m benchmarks.refine`). A flat map stays flat (a = 0 where the map
+does not vary), so no depth edges are invented in flat regions.
 """
 
 from __future__ import annotations
