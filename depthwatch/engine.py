@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from depthwatch import compile_cache, measure, providers
+from depthwatch import compile_cache, graph_inputs, measure, providers
 from depthwatch.contract import Contract, depth_map, read_contract
 from depthwatch.errors import (
     DepthwatchError,
@@ -60,6 +60,14 @@ class Inference:
 
 _STOP = object()
 _FIX_MODEL = "; the file is damaged or not an ONNX model: fetch it again or point model.path at a working .onnx file"
+
+
+def _square_side(profile: Profile) -> int | None:
+    """The side of the one square input depthwatch feeds a dynamic model, or None if it follows the frame's aspect."""
+    if profile.keep_aspect or not profile.input_size:
+        return None
+    m = profile.multiple_of
+    return max(m, int(round(profile.input_size / m)) * m)
 
 
 def _with_cpu(provider: str) -> list[str]:
@@ -317,8 +325,8 @@ class Engine:
         if spec.providers == "auto":
             wanted, chosen_by, trials = self._decide(spec, available)
             start = time.perf_counter()  # the load time is the serving session's, not the measurement's
-        chain, compiled = self._chain(wanted, spec)
-        session = self._create(path, self._session_options(spec), chain)
+        chain, compiled, pins = self._chain(wanted, spec)
+        session = self._create(path, self._session_options(spec, pins=pins), chain)
         applied = tuple(session.get_providers())
         for name in wanted:
             if name != providers.CPU and name not in applied:
@@ -332,7 +340,7 @@ class Engine:
         log.info("loaded %s in %.2f s; applied providers: %s", path.name, info.load_seconds, ", ".join(applied))
         return session, info
 
-    def _session_options(self, spec: ModelSpec, profile_prefix: str | None = None) -> Any:
+    def _session_options(self, spec: ModelSpec, profile_prefix: str | None = None, pins: dict[str, int] | None = None) -> Any:
         import onnxruntime
 
         options = onnxruntime.SessionOptions()
@@ -342,23 +350,36 @@ class Engine:
         options.log_severity_level = 4  # errors reach the log as our own one-line messages
         # Idle operator threads spinning would steal the cores that decode and encode frames.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        for name, value in (pins or {}).items():
+            options.add_free_dimension_override_by_name(name, value)
         if profile_prefix is not None:
             options.enable_profiling = True
             options.profile_file_prefix = profile_prefix
         return options
 
-    def _chain(self, wanted: list[str], spec: ModelSpec) -> tuple[list[tuple[str, dict[str, Any]]], compile_cache.Entry | None]:
-        """(provider, options) pairs; CoreML's cache folder keyed by the model's contents."""
+    def _chain(self, wanted: list[str], spec: ModelSpec) -> tuple[list[tuple[str, dict[str, Any]]], compile_cache.Entry | None, dict[str, int]]:
+        """(provider, options) pairs, CoreML's cache folder, and the input dimensions to pin.
+
+        With CoreML in the chain the image input's symbolic batch (and height
+        and width, where depthwatch feeds one square size) are pinned, so that
+        CoreML, taking only nodes of static shape, can take the graph; the
+        cache folder is keyed by the model's contents, the runtime, the options
+        and those pins.
+        """
         entry = None
+        pins: dict[str, int] = {}
         chain = []
         for name in wanted:
             options = providers.options_for(name)
-            if name == providers.COREML and providers.coreml_caches(providers.runtime_version()):
-                digest = compile_cache.model_digest(spec.path, spec.state_dir())
-                entry = compile_cache.open_entry(spec.coreml_root(), spec.path, digest, providers.runtime_version(), options)
-                options = providers.options_for(name, entry.path)
+            if name == providers.COREML:
+                pins = graph_inputs.fixed_dims(spec.path, _square_side(spec.profile))
+                if providers.coreml_caches(providers.runtime_version()):
+                    digest = compile_cache.model_digest(spec.path, spec.state_dir())
+                    keyed = {**options, "depthwatch.fixed_dims": pins}
+                    entry = compile_cache.open_entry(spec.coreml_root(), spec.path, digest, providers.runtime_version(), keyed)
+                    options = providers.options_for(name, entry.path)
             chain.append((name, options))
-        return chain, entry
+        return chain, entry, pins
 
     def _decide(self, spec: ModelSpec, available: list[str]) -> tuple[list[str], str, list[Trial]]:
         """`auto`: the provider measured fastest for this model on this machine, measuring if nobody has.
@@ -382,8 +403,8 @@ class Engine:
             profile_prefix = str(Path(folder) / "profile") if self._measure == "always" else None
 
             def create(provider: str, profile: bool) -> Any:
-                chain, _ = self._chain(_with_cpu(provider), spec)
-                options = self._session_options(spec, profile_prefix if profile else None)
+                chain, _, pins = self._chain(_with_cpu(provider), spec)
+                options = self._session_options(spec, profile_prefix if profile else None, pins)
                 return self._factory(str(spec.path), sess_options=options, providers=chain)
 
             def run(session: Any) -> None:

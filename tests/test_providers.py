@@ -85,7 +85,8 @@ class Machine:
         if cache and not any(p.name != compile_cache.MARKER for p in Path(cache).iterdir()):
             (Path(cache) / "compiled.mlmodelc").write_bytes(b"compiled")  # what CoreML leaves there
         session = onnxruntime.InferenceSession(path, sess_options=sess_options, providers=[CPU])
-        return StandIn(session, first, self.delays[first], fail=first in self.failing)
+        self.last = StandIn(session, first, self.delays[first], fail=first in self.failing)
+        return self.last
 
 
 def spec(model: Path, providers_: str | tuple[str, ...] = "auto") -> ModelSpec:
@@ -255,3 +256,32 @@ def test_check_providers_prints_the_table_for_cpu_with_the_real_model(tmp_path, 
     assert "providers: CPUExecutionProvider (auto: measured now)" in lines
     assert "providers: measured fastdepth_224_nyu_int8.onnx: CPU " in done.stderr
     assert lines[-1] == "ok"
+
+
+def test_coreml_gets_the_symbolic_batch_pinned_and_cpu_keeps_the_graph_as_it_is(tmp_path):
+    import onnx as onnx_
+
+    model = tmp_path / "dynamic.onnx"
+    graph = onnx_.load(str(brightness_model(model, size=None)))
+    graph.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch_size"
+    onnx_.save(graph, str(model))
+    shapes = {}
+    for wanted in (("coreml",), ("cpu",)):
+        machine = Machine({COREML: 0.0, CPU: 0.0})
+        engine = Engine(spec(model, wanted), session_factory=machine, available_providers=machine.available)
+        with engine:
+            engine.wait_ready(60)
+        shapes[wanted[0]] = machine.last.get_inputs()[0].shape
+    # Height and width follow the frame's aspect (the profile keeps it), so only the batch is pinned.
+    assert shapes == {"coreml": [1, 3, "height", "width"], "cpu": ["batch_size", 3, "height", "width"]}
+
+
+def test_declared_inputs_are_read_from_the_file_without_loading_it(fastdepth, tmp_path):
+    from depthwatch import graph_inputs
+
+    assert graph_inputs.declared_inputs(fastdepth) == [("image", [1, 224, 224, 3])]
+    assert graph_inputs.fixed_dims(fastdepth, None) == {}  # nothing symbolic to pin
+    dynamic = brightness_model(tmp_path / "d.onnx", size=None)
+    assert graph_inputs.fixed_dims(dynamic, 256) == {"height": 256, "width": 256}
+    (tmp_path / "junk.onnx").write_bytes(b"\xff" * 64)
+    assert graph_inputs.fixed_dims(tmp_path / "junk.onnx", 256) == {}
