@@ -374,10 +374,18 @@ class Engine:
             if name == providers.COREML:
                 pins = graph_inputs.fixed_dims(spec.path, _square_side(spec.profile))
                 if providers.coreml_caches(providers.runtime_version()):
-                    digest = compile_cache.model_digest(spec.path, spec.state_dir())
                     keyed = {**options, "depthwatch.fixed_dims": pins}
-                    entry = compile_cache.open_entry(spec.coreml_root(), spec.path, digest, providers.runtime_version(), keyed)
-                    options = providers.options_for(name, entry.path)
+                    try:
+                        digest = compile_cache.model_digest(spec.path, spec.state_dir())
+                        entry = compile_cache.open_entry(spec.coreml_root(), spec.path, digest, providers.runtime_version(), keyed)
+                    except OSError as exc:
+                        log.warning(
+                            "cannot use the compiled-model cache in %s (%s); CoreML compiles at every load",
+                            spec.coreml_root(),
+                            exc.strerror or exc,
+                        )
+                    else:
+                        options = providers.options_for(name, entry.path)
             chain.append((name, options))
         return chain, entry, pins
 
@@ -391,7 +399,10 @@ class Engine:
         candidates = providers.auto_candidates(available)
         if len(candidates) == 1 and self._measure != "always":
             return candidates, "", []
-        digest = compile_cache.model_digest(spec.path, spec.state_dir())
+        try:
+            digest = compile_cache.model_digest(spec.path, spec.state_dir())
+        except OSError as exc:
+            raise ModelError(f"cannot read model {spec.path}: {exc.strerror or exc}; check the file and its permissions") from None
         key = measure.decision_key(digest, providers.runtime_version(), available)
         decisions = measure.Decisions(spec.state_dir() / "providers.json")
         known = decisions.get(key) if self._measure != "always" else None

@@ -285,3 +285,15 @@ def test_declared_inputs_are_read_from_the_file_without_loading_it(fastdepth, tm
     assert graph_inputs.fixed_dims(dynamic, 256) == {"height": 256, "width": 256}
     (tmp_path / "junk.onnx").write_bytes(b"\xff" * 64)
     assert graph_inputs.fixed_dims(tmp_path / "junk.onnx", 256) == {}
+
+
+def test_an_unwritable_cache_costs_the_cache_not_the_model(tmp_path, caplog):
+    model = brightness_model(tmp_path / "m.onnx")
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache folder should be")
+    machine = Machine({COREML: 0.0, CPU: 0.0})
+    spec_ = ModelSpec(path=model, profile=PROFILES["midas-v21-small"], providers=("coreml",), coreml_cache=blocked / "coreml")
+    with caplog.at_level(logging.WARNING, logger="depthwatch"), Engine(spec_, session_factory=machine, available_providers=machine.available) as engine:
+        info = engine.wait_ready(60)
+    assert info.providers == (COREML, CPU) and info.compiled is None
+    assert any(m.startswith(f"cannot use the compiled-model cache in {blocked / 'coreml'} (") for m in caplog.messages)
