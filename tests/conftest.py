@@ -58,6 +58,12 @@ def write_by_rename(path: Path, data: bytes) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _cache_in_tmp(tmp_path_factory, monkeypatch):
+    """depthwatch's cache (model digests, measured providers, compiled models) never lands in the real home."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+
+
+@pytest.fixture(autouse=True)
 def _no_leaked_threads():
     """Every thread a test starts is joined by the time it ends (watchdog's rule too)."""
     before = set(threading.enumerate())
