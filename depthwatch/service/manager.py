@@ -94,7 +94,8 @@ class Manager(ABC):
         with Undo() as undo:
             if chosen.new is not None:
                 _write_new_config(chosen.path, chosen.new, undo)
-            self.install_definition(self.render(chosen.path, shutdown_timeout_s=chosen.config.daemon.shutdown_timeout_s), undo)
+            data = self.render(chosen.path, shutdown_timeout_s=chosen.config.daemon.shutdown_timeout_s)
+            self.install_definition(data, undo)
         if chosen.new is not None:
             print(
                 f"config: wrote the documented default to {chosen.path}; edit it (watch.folders, model.path) "
@@ -110,13 +111,17 @@ class Manager(ABC):
                 config = self.config_in(self.definition.read_bytes())
             except (OSError, ValueError) as exc:
                 print(f"{self.definition} cannot be read: {exc}; run `depthwatch service install` again")
-        table = report.rows(service=self.display_name(), definition=self.definition, config=config, state=state, log=self.log_hint())
+        table = report.rows(
+            service=self.display_name(), definition=self.definition, config=config, state=state, log=self.log_hint()
+        )
         sys.stdout.write(report.format_rows(table))
         return 0 if state.running else EXIT_NOT_RUNNING
 
     def require_installed(self) -> None:
         if not self.definition.exists():
-            raise DepthwatchError(f"{self.label} is not installed ({self.definition} is missing); run `depthwatch service install`")
+            raise DepthwatchError(
+                f"{self.label} is not installed ({self.definition} is missing); run `depthwatch service install`"
+            )
 
 
 def _write_new_config(path: Path, data: bytes, undo: Undo) -> None:

@@ -340,7 +340,10 @@ class Systemd(Manager):
         text = "".join(line for line in ran.stdout.splitlines(keepends=True) if line.strip() != _NO_ENTRIES)
         if ran.ok and lines > 0 and not text.strip():
             said = f" (journalctl: {ran.reason})" if ran.stderr.strip() else ""
-            print(f"depthwatch: the journal has no lines from {UNIT} yet{said}; `depthwatch service status` says whether it ran", file=sys.stderr)
+            print(
+                f"depthwatch: the journal has no lines from {UNIT} yet{said}; `depthwatch service status` says whether it ran",
+                file=sys.stderr,
+            )
             return 0
         sys.stdout.write(text)
         sys.stderr.write(ran.stderr)
