@@ -45,8 +45,8 @@ def choose(config_arg: str | None, *, check_model: bool) -> ServiceConfig:
     if path is not None:
         config = configuration.load(path)
     else:
-        # Read where it is shipped: its folders are relative, and the one they name is made
-        # beside the config when it is written, so they mean the same from the user's folder.
+        # Checked where it is shipped: its paths are relative to the file, so they mean the
+        # same from the user's config folder once it is written there (which install does).
         path = paths.default_config_file()
         new = documented_default().read_bytes()
         config = configuration.parse(new.decode("utf-8"), documented_default())
