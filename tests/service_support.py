@@ -120,13 +120,14 @@ def folder_snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
     return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.iterdir())}
 
 
-def new_user(home: Path, model: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A user who has fetched the default model but written no config: where their config will be."""
+def new_user(home: Path, monkeypatch: pytest.MonkeyPatch, model: Path | None = None) -> Path:
+    """A user with no config yet (and, given `model`, the default config's model fetched): where their config will be."""
     for name in ("DEPTHWATCH_CONFIG", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR"):
         monkeypatch.delenv(name, raising=False)
-    fetched = home / ".local/share/depthwatch/models" / catalogue.entry("midas-v21-small").file
-    fetched.parent.mkdir(parents=True)
-    shutil.copyfile(model, fetched)
+    if model is not None:
+        fetched = home / ".local/share/depthwatch/models" / catalogue.entry("midas-v21-small").file
+        fetched.parent.mkdir(parents=True)
+        shutil.copyfile(model, fetched)
     return home / ".config/depthwatch/config.yaml"
 
 

@@ -210,7 +210,7 @@ def test_a_failed_install_puts_the_folder_back(config: Path, home: Path, tools, 
 def test_install_without_a_config_writes_the_documented_one_and_the_service_runs_with_it(
     home: Path, tiny_model: Path, tools, capsys, monkeypatch, tmp_path: Path
 ):
-    user_config = new_user(home, tiny_model, monkeypatch)
+    user_config = new_user(home, monkeypatch, tiny_model)
     assert service("install") == 0
     out = capsys.readouterr().out
     assert user_config.read_bytes() == DOCUMENTED_CONFIG.read_bytes()
@@ -224,7 +224,11 @@ def test_install_without_a_config_writes_the_documented_one_and_the_service_runs
     log = tmp_path / "logs" / "stderr.log"
     proc = start_from_unit(unit_text, home, log.parent)
     try:
-        wait_for(lambda: "ready: watching 1 folder(s)" in log.read_text(), what="the daemon to start watching")
+        def watching() -> bool:
+            assert proc.poll() is None, log.read_text()
+            return "ready: watching 1 folder(s)" in log.read_text()
+
+        wait_for(watching, what="the daemon to start watching")
         frames = user_config.parent / "tmp"
         assert frames.is_dir()
         process_one_frame(proc, frames, log)
@@ -243,7 +247,7 @@ def test_install_without_a_config_writes_the_documented_one_and_the_service_runs
 
 
 def test_install_never_writes_over_what_is_at_the_user_config_path(home: Path, tiny_model: Path, tools, capsys, monkeypatch):
-    user_config = new_user(home, tiny_model, monkeypatch)
+    user_config = new_user(home, monkeypatch, tiny_model)
     user_config.parent.mkdir(parents=True)
     user_config.symlink_to(home / "config-on-an-unmounted-volume.yaml")
     before = tree(home)
@@ -265,7 +269,7 @@ def test_an_installed_package_writes_the_documented_config_from_its_own_files(
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
     assert "default_config.yaml" in pyproject["tool"]["setuptools"]["package-data"]["depthwatch"]
 
-    user_config = new_user(home, tiny_model, monkeypatch)
+    user_config = new_user(home, monkeypatch, tiny_model)
     site = tmp_path / "site"
     shutil.copytree(REPO / "depthwatch", site / "depthwatch", ignore=shutil.ignore_patterns("__pycache__"))
     script = (
@@ -281,7 +285,7 @@ def test_an_installed_package_writes_the_documented_config_from_its_own_files(
 
 
 def test_print_without_a_config_shows_what_install_would_write(home: Path, tiny_model: Path, tools, capsys, monkeypatch):
-    user_config = new_user(home, tiny_model, monkeypatch)
+    user_config = new_user(home, monkeypatch, tiny_model)
     before = tree(home)
     assert service("print") == 0
     printed = capsys.readouterr()
@@ -303,7 +307,7 @@ def test_print_without_a_config_shows_what_install_would_write(home: Path, tiny_
 def test_an_unreachable_user_manager_is_one_line_and_install_leaves_nothing(
     home: Path, tiny_model: Path, tools, capsys, monkeypatch, refusal: str
 ):
-    new_user(home, tiny_model, monkeypatch)
+    new_user(home, monkeypatch, tiny_model)
     before = tree(home)
     tools.reply("systemctl daemon-reload", {"rc": 1, "err": refusal + "\n"})
     tools.reply("systemctl show", {"rc": 1, "err": refusal + "\n"})
