@@ -350,6 +350,24 @@ def test_start_stop_restart_logs_run_the_right_lines(config: Path, home: Path, t
     ]
 
 
+def test_the_real_systemctl_without_a_user_session_is_one_line_and_install_leaves_nothing(
+    home: Path, tiny_model: Path, capsys, monkeypatch
+):
+    """No stand-in: where systemctl is installed but no user manager runs for this login (containers, su, cron)."""
+    if shutil.which("systemctl") is None:
+        pytest.skip("systemctl is not installed")
+    new_user(home, monkeypatch, tiny_model)
+    monkeypatch.delenv("DBUS_SESSION_BUS_ADDRESS", raising=False)
+    probe = subprocess.run(["systemctl", "--user", "show-environment"], capture_output=True, text=True, timeout=60)
+    if probe.returncode == 0 or "Failed to connect to" not in probe.stderr:
+        pytest.skip(f"systemctl --user here does not lack a bus ({probe.stderr.strip() or 'it works'}); the stand-ins cover it")
+    before = tree(home)
+    assert service("install") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "user manager is unreachable" in err and "loginctl enable-linger" in err, err
+    assert tree(home) == before
+
+
 @pytest.mark.parametrize("empty", ["", "-- No entries --\n"])
 def test_logs_of_an_empty_journal_say_so(home: Path, tools, capsys, empty: str):
     tools.reply("journalctl depthwatch.service", {"out": empty})
