@@ -10,7 +10,10 @@ import cv2
 import numpy as np
 import pytest
 
+# The test helpers beside this file, and the repository root for `benchmarks` (whose
+# daemon harness the tests share), however pytest was started.
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from onnx_models import brightness_model  # noqa: E402
 
