@@ -21,7 +21,7 @@ from depthwatch.errors import ModelError, Superseded
 from depthwatch.imaging import RenderOptions
 from depthwatch.job import Job
 from depthwatch.pipeline import Pipeline, Settings
-from depthwatch.profiles import PROFILES, profile_for
+from depthwatch.profiles import PROFILES
 
 FAMILIES = {
     "nchw-float-fixed-1HW": dict(layout="NCHW", size=(32, 32), output="1HW"),

@@ -8,7 +8,6 @@ directory, environment and log files.
 
 from __future__ import annotations
 
-import math
 import os
 import plistlib
 import re

@@ -9,7 +9,6 @@ Environment.
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import subprocess
