@@ -22,7 +22,7 @@ from depthwatch.imaging import RenderOptions
 from depthwatch.job import Job
 from depthwatch.levels import Levels
 from depthwatch.pipeline import Pipeline, Settings
-from depthwatch.profiles import PROFILES, profile_for
+from depthwatch.profiles import PROFILES
 
 FAMILIES = {
     "nchw-float-fixed-1HW": dict(layout="NCHW", size=(32, 32), output="1HW"),
@@ -152,8 +152,18 @@ def test_provider_choice_and_coreml_options():
     chosen, skipped = providers.choose(["cpu", "cuda"], ["CUDAExecutionProvider", "CPUExecutionProvider"])
     assert chosen == ["CPUExecutionProvider", "CUDAExecutionProvider"]  # an explicit order is honoured
     assert skipped == []
-    options = providers.options_for(providers.COREML, Path("/cache/coreml/model"))
-    assert options == {"ModelFormat": "MLProgram", "MLComputeUnits": "ALL", "ModelCacheDirectory": "/cache/coreml/model"}
+    options = providers.options_for(providers.COREML, Path("/cache/coreml/model"), version="1.21.0")
+    assert options == {
+        "ModelFormat": "MLProgram",
+        "MLComputeUnits": "ALL",
+        "RequireStaticInputShapes": "1",
+        "ModelCacheDirectory": "/cache/coreml/model",
+    }
+    # 1.17 to 1.20 read only the legacy flags (1.20 refuses keys it does not know) and cache nothing.
+    for old in ("1.17.3", "1.20.1"):
+        assert providers.options_for(providers.COREML, Path("/cache"), version=old) == {
+            "flags": "COREML_FLAG_CREATE_MLPROGRAM|COREML_FLAG_ONLY_ALLOW_STATIC_INPUT_SHAPES"
+        }
 
 
 @pytest.mark.parametrize(
