@@ -12,6 +12,7 @@ from pathlib import Path
 from depthwatch import paths
 from depthwatch.contract import Contract
 from depthwatch.profiles import Profile
+from depthwatch.recognise import ProfileChoice
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,9 @@ class ModelSpec:
     intra_op_threads: int = 0
     #: Where CoreML keeps the compiled model between starts (None: the user cache dir).
     coreml_cache: Path | None = None
+    #: With `profile: auto` and a file not known by its checksum: the engine picks the
+    #: profile from the graph it reads (or refuses), and `profile` is a placeholder till then.
+    choose_profile: ProfileChoice | None = None
 
     def cache_dir(self) -> Path:
         if self.coreml_cache is not None:
