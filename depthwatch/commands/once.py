@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 from depthwatch.commands.common import add_config_arguments, config_from_args
-from depthwatch.errors import ConfigError
+from depthwatch.errors import ConfigError, InputError
 from depthwatch.formats import EXTENSIONS
 
 HELP = "write depth maps for the given frames (files or folders) and exit"
@@ -30,7 +32,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def collect_inputs(inputs: list[str]) -> list[Path]:
-    """The frames named, with folders expanded to the images directly inside them."""
+    """The frames named, with folders expanded to the images directly inside them.
+
+    A name that is not there is refused here, before the model loads: it is a
+    typing mistake, not a frame that vanished.
+    """
+    missing = [item for item in inputs if not os.path.lexists(os.path.expanduser(item))]
+    if missing:
+        raise InputError(f"no such file or folder: {', '.join(missing)}; check the path")
     files: list[Path] = []
     for item in inputs:
         path = Path(item).expanduser()
@@ -41,16 +50,19 @@ def collect_inputs(inputs: list[str]) -> list[Path]:
             )
             files.extend(found)
         else:
-            files.append(path)  # a missing file is reported as a failed frame
+            files.append(path)
     return files
 
 
 def output_for(source: Path, output: str | None, single: bool) -> Path:
+    """Where one input's map goes: a bare name template beside the input, any other path
+    relative to the current folder (as every command line tool takes paths)."""
     if output is None:
         return source.with_name(DEFAULT_TEMPLATE.format(stem=source.stem))
     if "{" in output:
-        return source.parent / output.format(stem=source.stem, name=source.name, ext=source.suffix.lstrip("."))
-    target = Path(output).expanduser()
+        named = Path(output.format(stem=source.stem, name=source.name, ext=source.suffix.lstrip("."))).expanduser()
+        return source.parent / named if len(named.parts) == 1 else Path(os.path.abspath(named))
+    target = Path(os.path.abspath(Path(output).expanduser()))
     if single and target.suffix and not target.is_dir():
         return target
     return target / DEFAULT_TEMPLATE.format(stem=source.stem)
@@ -71,6 +83,7 @@ def main(args: argparse.Namespace) -> int:
     settings = Settings.from_config(config)
     spec = catalogue.resolve(config.model, config.base)
     failures = 0
+    began = time.monotonic()
     with Engine(spec) as engine:
         engine.wait_ready()
         pipeline = Pipeline(engine, workers=config.daemon.workers, niceness=config.daemon.worker_niceness)
@@ -89,6 +102,9 @@ def main(args: argparse.Namespace) -> int:
                 progress.write(f"depthwatch: {result.describe()}", file=sys.stderr)
         pipeline.close()
         progress.close()
+    # One line a script (or a person, once the bar is gone) can read: what was done, how long.
+    done = len(jobs) - failures
+    print(f"{done} depth map{'s' if done != 1 else ''} written, {failures} failed, in {time.monotonic() - began:.1f} s")
     return 1 if failures else 0
 
 

@@ -30,12 +30,12 @@ def main(args: argparse.Namespace) -> int:
     if args.status:
         files = [expand_path(args.status, Path.cwd())]
     elif args.config:
-        files = [status.path_for(configuration.load(configuration.find(args.config)))]
+        files = [status.path_for(configuration.load(configuration.find(args.config, here=True)))]
     else:
         folder = status.status_dir()
         files = sorted(folder.glob("*.json"), key=_mtime, reverse=True) if folder.is_dir() else []
         try:  # the config `run` here would use may name a status file of its own
-            own = status.path_for(configuration.load(configuration.find()))
+            own = status.path_for(configuration.load(configuration.find(here=True)))
         except DepthwatchError:
             own = None
         if own is not None and own.parent != folder and own.is_file():
