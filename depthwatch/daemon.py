@@ -118,8 +118,8 @@ class Daemon:
 
     def startup(self) -> None:
         config = self.config
-        self._announce(config)
         spec = catalogue.resolve(config.model, config.base)
+        self._announce(config)
         self.engine = Engine(spec, session_factory=self._session_factory).start()
         try:
             info = self.engine.wait_ready()  # loaded exactly once, before the first job
