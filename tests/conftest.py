@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from pathlib import Path
@@ -10,11 +11,17 @@ import cv2
 import numpy as np
 import pytest
 
+# The test helpers beside this file, and the repository root for `benchmarks` (whose
+# daemon harness the tests share), however pytest was started.
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from onnx_models import brightness_model  # noqa: E402
 
-SHARED_MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
+#: The shared material (the real FastDepth model): $DEPTHWATCH_SHARED, else ../shared beside the checkout.
+SHARED_ENV = "DEPTHWATCH_SHARED"
+SHARED = Path(os.environ.get(SHARED_ENV) or Path(__file__).resolve().parents[2] / "shared").expanduser()
+SHARED_MODELS = SHARED / "models"
 FASTDEPTH = SHARED_MODELS / "fastdepth_224_nyu_int8.onnx"
 
 
@@ -27,7 +34,10 @@ def tiny_model(tmp_path: Path) -> Path:
 @pytest.fixture
 def fastdepth() -> Path:
     if not FASTDEPTH.is_file():
-        pytest.skip(f"the real model {FASTDEPTH} is not here")
+        pytest.skip(
+            f"the real model {FASTDEPTH} is not here; point ${SHARED_ENV} at the shared folder "
+            "(the one holding models/fastdepth_224_nyu_int8.onnx) to run the real-model tests"
+        )
     return FASTDEPTH
 
 
@@ -52,6 +62,14 @@ def write_by_rename(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".incoming-{threading.get_ident()}-{path.name}")
     tmp.write_bytes(data)
     tmp.replace(path)
+
+
+@pytest.fixture(autouse=True)
+def _user_folders_of_its_own(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test (nor any daemon it starts) reads the real user config or writes the real state or cache folders."""
+    home = tmp_path_factory.mktemp("user")
+    for name in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.setenv(name, str(home / name.lower()))
 
 
 @pytest.fixture(autouse=True)
