@@ -466,7 +466,7 @@ class Pipeline:
                     frame.source_stat,
                     model=info.spec.path.name,
                     normalise="frame",  # per-frame min-max (or clip_percent), today's only mode
-                    invert=settings.render.invert,
+                    invert=settings.render.levels.invert,
                 ),
             )
             frame.lap("encode")
