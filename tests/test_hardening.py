@@ -271,7 +271,7 @@ def test_a_config_symlink_relinked_is_reloaded(tmp_path, tiny_model):
         wait_for(lambda: (d.watch / "depth.jpg").exists(), what="a map under the new pattern")
     finally:
         assert d.stop() == 0
-    assert "reloading the config (config.yaml changed)" in d.log()
+    assert f"reloading the config ({d.config_path.name} changed)" in d.log()
 
 
 def test_files_moved_in_are_complete_at_once_whatever_their_format(tmp_path, tiny_model):
