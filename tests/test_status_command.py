@@ -142,12 +142,14 @@ def test_run_from_a_checkout_uses_its_config_yaml_and_says_so(tmp_path, tiny_mod
 def test_two_daemons_on_the_same_config_are_warned_about(tmp_path, tiny_model):
     config = tmp_path / "depthwatch.yaml"
     config.write_text(f"model:\n  path: {tiny_model}\n  profile: midas-v21-small\n", encoding="utf-8")
-    first = HandStarted(tmp_path, "-c", str(config))
+    # Different watch folders on the command line: on the same folder the second would
+    # not start at all (one daemon per watch folder, see test_hardening).
+    first = HandStarted(tmp_path, "-c", str(config), "--watch", "first")
     second = None
     try:
         first.wait_ready()
         (tmp_path / "second").mkdir()
-        second = HandStarted(tmp_path / "second", "-c", str(config))
+        second = HandStarted(tmp_path / "second", "-c", str(config), "--watch", "frames")
         second.wait_ready()
         assert f"another depthwatch (pid {first.proc.pid}) is running with this config" in second.log()
     finally:
