@@ -7,6 +7,7 @@ Threads, and what each one does:
   settle        decides when a dropped file is complete, watches the watch folders' health
   dispatch      takes jobs from the latest-wins queue, at most `workers + 2` in flight
   workers (N)   read, decode, render, encode, write
+  api           only with `api.enabled`: waitress's loop and its request threads (see `api`)
 Every one of them is joined on shutdown, which is bounded by
 `daemon.shutdown_timeout_s`; the service definitions give it 5 s more before SIGKILL.
 """
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from depthwatch import catalogue
 from depthwatch.config import Config
@@ -28,11 +30,15 @@ from depthwatch.engine import Engine, SessionFactory
 from depthwatch.model import ModelInfo
 from depthwatch.errors import ConfigError, DepthwatchError, FrameError, OutputError
 from depthwatch.jobqueue import LatestWinsQueue
-from depthwatch.pipeline import Job, Pipeline, Result, Settings, write_error_record
+from depthwatch.pipeline import Job, Pipeline, Rendered, Result, Settings, write_error_record
 from depthwatch.rules import Rules
 from depthwatch.status import Status, write_status
+from depthwatch.waiters import MapWaiters, Ticket
 from depthwatch.watcher import Watcher
 from depthwatch.writer import sweep_temp_files
+
+if TYPE_CHECKING:
+    from depthwatch.api import ApiServer
 
 log = logging.getLogger("depthwatch")
 frames_log = logging.getLogger("depthwatch.frames")
@@ -46,6 +52,15 @@ def _file_signature(path: Path) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+def _frame_signature(path: Path) -> tuple[int, int, int] | None:
+    """(size, mtime_ns, inode), as the watcher and the jobs sign a version of a frame."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ino
 
 
 class Daemon:
@@ -85,6 +100,9 @@ class Daemon:
         self._last_overflow_scan = 0.0
         self._overflow_reported = False
         self._superseded_in_flight = 0
+        #: Requests of the HTTP API waiting for a frame's map.
+        self.waiters = MapWaiters()
+        self.api: ApiServer | None = None
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -124,8 +142,30 @@ class Daemon:
         self.status.state = "running"
         self.status.config_loads = 1
         self._publish_model()
+        if config.api.enabled:
+            self._start_api()
         self._write_status()
         log.info("ready: watching %d folder(s), writing %s", len(self.rules.roots), config.output.template)
+
+    def _start_api(self) -> None:
+        """The HTTP listener, once the model is ready (imported only when enabled: an extra)."""
+        try:
+            from depthwatch.api import ApiServer
+        except ImportError as exc:
+            raise ConfigError(
+                f"api.enabled needs the api extra ({exc.name} is missing); run: pip install 'depthwatch[api]'"
+            ) from None
+        self.api = ApiServer(self, self.config.api)
+        try:
+            self.api.start()
+        except OSError as exc:
+            self.api = None
+            raise ConfigError(
+                f"cannot listen on {self.config.api.host}:{self.config.api.port}: {exc.strerror or exc}; "
+                "stop whatever uses that port (the old server?) or change api.port"
+            ) from None
+        self.status.api = self.api.url
+        log.info("HTTP API on %s", self.api.url)
 
     def main_loop(self) -> None:
         while not self._stop.wait(0.25):
@@ -204,6 +244,9 @@ class Daemon:
             self._start_watching(Rules(new.watch, new.output), new)
         if (new.daemon.workers, new.daemon.worker_niceness) != (old.daemon.workers, old.daemon.worker_niceness):
             log.warning("daemon.workers and daemon.worker_niceness take effect at the next start")
+        if new.api != old.api:
+            log.warning("the api settings take effect at the next start")
+            new = replace(new, api=old.api)
         self._settings = Settings.from_config(new)
         logging.getLogger("depthwatch").setLevel(new.daemon.log_level.upper())
         self.config = new
@@ -234,6 +277,8 @@ class Daemon:
         self._status_dirty = True
         self._write_status()
         self._stop.set()
+        if self.api is not None:
+            self.api.stop_listening()  # no new connections; requests in flight get their answers
         if self.watcher is not None:
             self.watcher.stop(left())
         dropped = self.queue.close()
@@ -244,6 +289,10 @@ class Daemon:
         if self.pipeline is not None:
             if not self.pipeline.wait_idle(left()):
                 log.warning("frames still in flight after %.0f s; stopping anyway", self.config.daemon.shutdown_timeout_s)
+        self.waiters.close()  # requests whose frames were left in the queue: 503
+        if self.api is not None:
+            self.api.close(left())
+        if self.pipeline is not None:
             self.pipeline.close(0.1)
         if self.engine is not None:
             self.engine.stop(left())
@@ -265,13 +314,60 @@ class Daemon:
             self._count_failure(f"{source}: {exc}")
             return
         job = Job(source, output, self.rules.error_record_for(source, output), signature)
-        if not self.queue.put(job) and not self._stop.is_set():
+        if self.api is None:
+            self._enqueue(job)
+            return
+        with self.waiters.hold():
+            if self.waiters.absorb(source, signature):
+                log.debug("%s: the watcher found the version a request already queued", source.name)
+                return
+            if _frame_signature(source) != signature:
+                return  # changed since: that newer version comes by its own event or request
+            self._enqueue(job)
+
+    def _enqueue(self, job: Job) -> bool:
+        queued = self.queue.put(job)
+        if not queued and not self._stop.is_set():
             if self.watcher is not None:
-                self.watcher.forget(source)  # so the rescan hands it over again
+                self.watcher.forget(job.source)  # so the rescan hands it over again
             if not self._overflow_reported:
                 self._overflow_reported = True
                 log.warning("queue full (%d frames); the frames beyond it will be picked up by a rescan", self.queue.maxsize)
         self._status_dirty = True
+        return queued
+
+    # -- what the HTTP API asks for ------------------------------------------------
+
+    def request_map(self, source: Path) -> Ticket:
+        """A ticket released once the map of `source` as on disk now (or of a newer version) is written.
+
+        The job goes through the watcher's own path; a version already queued,
+        in flight or done is attached to, never run twice. FrameError if the
+        frame's output would leave the allowed folders; FileNotFoundError if
+        there is no such frame.
+        """
+        output = self.rules.output_for(source)
+        with self.waiters.hold():
+            signature = _frame_signature(source)
+            if signature is None:
+                raise FileNotFoundError(source)
+            job = Job(source, output, self.rules.error_record_for(source, output), signature)
+            return self.waiters.attach(job, self._enqueue)
+
+    def render_image(self, data: bytes, ext: str, png_bits: int | None = None) -> Future[Rendered]:
+        """The depth map of image bytes in memory, encoded for `ext`; written nowhere."""
+        assert self.pipeline is not None
+        settings = self._settings if png_bits is None else replace(self._settings, png_bits=png_bits)
+        return self.pipeline.submit_image(data, ext, settings)
+
+    def give_up(self, ticket: Ticket) -> None:
+        """A request stopped waiting for its map."""
+        self.waiters.give_up(ticket)
+
+    def health(self) -> tuple[bool, bytes]:
+        """(serving, the status file's JSON) as of now."""
+        self._refresh_status()
+        return self.status.state == "running" and not self._stop.is_set(), self.status.to_json()
 
     def _on_unusable(self, source: Path, reason: str) -> None:
         """A file the watcher will not hand over (never completed, forbidden link): report it."""
@@ -300,6 +396,8 @@ class Daemon:
 
     def _finished(self, job: Job, done: Future[Result]) -> None:
         result = done.result()
+        retrying = not result.ok and not result.superseded and result.retryable and self._retry(job, result)
+        self.waiters.finished(job, result, final=not retrying)  # before done(): see waiters
         self.queue.done(job)
         self._slots.release()
         counts = self.status.counts
@@ -315,7 +413,7 @@ class Daemon:
             with self._lock:
                 self._superseded_in_flight += 1
             frames_log.info("%s; skipped", result.describe())
-        elif result.retryable and self._retry(job, result):
+        elif retrying:
             pass
         else:
             self._count_failure(result.describe())
@@ -333,6 +431,7 @@ class Daemon:
         delay = min(_RETRY_MAX_DELAY, 2.0 ** (attempt - 1))
         log.warning("%s; try %d of %d in %.0f s", result.describe(), attempt, self.config.daemon.retries, delay)
         self.watcher.forget(job.source)
+        self.waiters.forget(job.source)
         self.watcher.poke(job.source, delay=delay)
         return True
 
@@ -369,13 +468,7 @@ class Daemon:
 
     def _write_status(self) -> None:
         path = self.config.daemon.status_file
-        status = self.status
-        status.queue_depth = len(self.queue)
-        status.in_progress = self.queue.in_progress
-        status.counts.superseded = self.queue.superseded + self._superseded_in_flight
-        status.counts.incomplete = self.watcher.incomplete if self.watcher else 0
-        if self.engine is not None:
-            status.model_loads = self.engine.load_count
+        status = self._refresh_status()
         if path is None or not self._status_dirty:
             return
         self._status_dirty = False
@@ -383,3 +476,13 @@ class Daemon:
             write_status(path, status)
         except OutputError as exc:
             log.warning("status file: %s", exc)
+
+    def _refresh_status(self) -> Status:
+        status = self.status
+        status.queue_depth = len(self.queue)
+        status.in_progress = self.queue.in_progress
+        status.counts.superseded = self.queue.superseded + self._superseded_in_flight
+        status.counts.incomplete = self.watcher.incomplete if self.watcher else 0
+        if self.engine is not None:
+            status.model_loads = self.engine.load_count
+        return status

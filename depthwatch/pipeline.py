@@ -131,6 +131,31 @@ class _Frame:
         self.clock = now
 
 
+@dataclass(frozen=True)
+class Rendered:
+    """An in-memory job's depth map, encoded, with the image's size and the stage times."""
+
+    data: bytes
+    size: tuple[int, int]
+    ms: dict[str, float]
+
+
+@dataclass
+class _Image:
+    data: bytes
+    ext: str
+    settings: Settings
+    future: Future[Rendered]
+    decoded: imaging.Decoded | None = None
+    ms: dict[str, float] = field(default_factory=dict)
+    clock: float = field(default_factory=time.perf_counter)
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.ms[stage] = self.ms.get(stage, 0.0) + (now - self.clock) * 1000
+        self.clock = now
+
+
 def _yield_to_inference(niceness: int) -> None:
     """Make this worker thread `niceness` steps nicer than the inference thread.
 
@@ -245,6 +270,24 @@ class Pipeline:
         self._pool.submit(self._front, frame)
         return future
 
+    def submit_image(self, data: bytes, ext: str, settings: Settings) -> Future[Rendered]:
+        """A depth map for image bytes held in memory, written nowhere (the HTTP API's image bodies).
+
+        The same stages as a frame from disk: decode on a worker, inference on
+        the engine's thread, render and encode on a worker. It has no output, so
+        it takes no part in latest-wins; `wait_idle` waits for it like any job.
+        The future fails with the reason (FrameError for an unusable image).
+        """
+        image = _Image(data, ext, settings, Future())
+        with self._lock:
+            self._pending += 1
+        image.future.add_done_callback(lambda _: self._finished(None))
+        try:
+            self._pool.submit(self._front_image, image)
+        except RuntimeError:  # the pool was shut down
+            image.future.set_exception(FrameError("stopped before the depth map was made"))
+        return image.future
+
     def process(self, job: Job, settings: Settings) -> Result:
         return self.submit(job, settings).result()
 
@@ -258,9 +301,9 @@ class Pipeline:
         self.wait_idle(timeout)
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def _finished(self, frame: _Frame) -> None:
+    def _finished(self, frame: _Frame | None) -> None:
         with self._idle:
-            if self._newest.get(frame.job.output) is frame:
+            if frame is not None and self._newest.get(frame.job.output) is frame:
                 del self._newest[frame.job.output]
             self._pending -= 1
             if self._pending == 0:
@@ -330,14 +373,7 @@ class Pipeline:
             frame.result.ms["infer"] = inference.seconds * 1000
             frame.clock = time.perf_counter()
             settings, job = frame.settings, frame.job
-            ext = job.output.suffix
-            options = imaging.RenderOptions(
-                settings.render.invert, settings.render.clip_percent, imaging.bits_for(ext, settings.png_bits)
-            )
-            depth = imaging.render(inference.prediction, info.profile.output, frame.decoded.size, options)
-            encoded = imaging.encode(
-                depth, ext, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression
-            )
+            encoded = _render_encode(inference, info, frame.decoded.size, job.output.suffix, settings)
             frame.lap("encode")
             _ensure_folder(job.output.parent)
             frame.result.size = frame.decoded.size
@@ -361,6 +397,44 @@ class Pipeline:
             frame.future.set_result(frame.result)
         except Exception as exc:
             self._fail(frame, exc)
+
+    def _front_image(self, image: _Image) -> None:
+        """decode, prepare, hand to the engine (worker thread)."""
+        try:
+            info = self._model_info()
+            min_size = imaging.model_input_size(info.contract, info.profile, (4096, 4096))
+            image.decoded = imaging.decode(image.data, max_pixels=image.settings.max_pixels, min_size=min_size)
+            image.data = b""
+            self._image_to_engine(image, info)
+        except Exception as exc:
+            image.future.set_exception(exc)
+
+    def _image_to_engine(self, image: _Image, info: ModelInfo) -> None:
+        assert image.decoded is not None
+        tensor = imaging.prepare(image.decoded, info.contract, info.profile)
+        image.lap("decode")
+        inference = self.engine.infer(tensor, info.generation)
+        # On the inference thread: only queue the rest.
+        inference.add_done_callback(lambda done: self._pool.submit(self._back_image, image, done))
+
+    def _back_image(self, image: _Image, done: Future[Inference]) -> None:
+        """render, encode (worker thread)."""
+        try:
+            try:
+                inference = done.result()
+            except ModelChanged:
+                self._image_to_engine(image, self._model_info())
+                return
+            assert image.decoded is not None
+            image.ms["infer"] = inference.seconds * 1000
+            image.clock = time.perf_counter()
+            encoded = _render_encode(inference, self._model_info(), image.decoded.size, image.ext, image.settings)
+            image.lap("encode")
+            image.future.set_result(Rendered(encoded, image.decoded.size, dict(image.ms)))
+        except Exception as exc:
+            image.future.set_exception(exc)
+        finally:
+            image.decoded = None
 
     def _sidecar(self, frame: _Frame) -> bytes:
         st = frame.source_stat
@@ -390,6 +464,15 @@ class Pipeline:
             write_error_record(frame.job.error_record, frame.job.source, frame.result.error)
         if not frame.future.done():
             frame.future.set_result(frame.result)
+
+
+def _render_encode(inference: Inference, info: ModelInfo, size: tuple[int, int], ext: str, settings: Settings) -> bytes:
+    """The depth map at the frame's size, encoded for an output ending in `ext` (worker thread)."""
+    options = imaging.RenderOptions(
+        settings.render.invert, settings.render.clip_percent, imaging.bits_for(ext, settings.png_bits)
+    )
+    depth = imaging.render(inference.prediction, info.profile.output, size, options)
+    return imaging.encode(depth, ext, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression)
 
 
 def write_error_record(path: Path, source: Path, reason: str) -> None:

@@ -33,9 +33,13 @@ def wait_for(condition: Callable[[], Any], timeout: float = TIMEOUT, what: str =
 class DaemonProcess:
     """Writes a config, starts `python -m depthwatch run -c it`, reads its status and log."""
 
-    def __init__(self, root: Path, model: Path, *, restricted: bool = False, **sections: dict[str, Any]) -> None:
+    def __init__(
+        self, root: Path, model: Path, *, restricted: bool = False, wrapper: tuple[str, ...] = (), **sections: dict[str, Any]
+    ) -> None:
         self.root = root
         self.restricted = restricted
+        #: A command the daemon runs under (strace).
+        self.wrapper = wrapper
         self.watch = root / "watch"
         self.watch.mkdir(parents=True, exist_ok=True)
         self.status_path = root / "status.json"
@@ -58,7 +62,7 @@ class DaemonProcess:
             self.status_path.unlink()
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [*privileges(self.restricted), sys.executable, "-m", "depthwatch", "run", "-c", str(self.config_path)],
+            [*privileges(self.restricted), *self.wrapper, sys.executable, "-m", "depthwatch", "run", "-c", str(self.config_path)],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=self.root,
