@@ -194,6 +194,8 @@ class PredictApp:
             raise Refused(504, f"no depth map for {source.name} within api.timeout_s ({self.config.timeout_s:g} s); the daemon may be overloaded")
         if outcome.kind == FAILED:
             raise Refused(422 if outcome.frame_error else 500, f"{source.name}: {outcome.error}")
+        if self.backend.stopping:
+            raise Refused(503, "the daemon is stopping; try again once it is back")
         raise Refused(503, outcome.error or "the daemon is stopping")
 
     def _default_frame(self, rules: Rules) -> Path:
@@ -239,8 +241,7 @@ class PredictApp:
         try:
             future = self.backend.render_image(data, ext, bits)
             rendered = future.result(timeout=self.config.timeout_s)
-        except FutureTimeout:
-            future.cancel()
+        except FutureTimeout:  # the job still finishes; nobody reads it
             raise Refused(504, f"no depth map within api.timeout_s ({self.config.timeout_s:g} s); the daemon may be overloaded") from None
         except FrameError as exc:
             raise Refused(422, f"the {content_type} body cannot be used: {exc}") from None

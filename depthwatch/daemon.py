@@ -137,13 +137,18 @@ class Daemon:
             raise
         log.info("%s", info.describe())
         self.pipeline = Pipeline(self.engine, workers=config.daemon.workers, niceness=config.daemon.worker_niceness)
+        if config.api.enabled:
+            try:
+                self._start_api()  # before the watch, so a taken port stops nothing but the engine
+            except BaseException:
+                self.pipeline.close(0.1)
+                self.engine.stop()
+                raise
         self._start_watching(self.rules, config)
         self._dispatcher.start()
         self.status.state = "running"
         self.status.config_loads = 1
         self._publish_model()
-        if config.api.enabled:
-            self._start_api()
         self._write_status()
         log.info("ready: watching %d folder(s), writing %s", len(self.rules.roots), config.output.template)
 

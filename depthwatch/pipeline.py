@@ -414,8 +414,14 @@ class Pipeline:
         tensor = imaging.prepare(image.decoded, info.contract, info.profile)
         image.lap("decode")
         inference = self.engine.infer(tensor, info.generation)
-        # On the inference thread: only queue the rest.
-        inference.add_done_callback(lambda done: self._pool.submit(self._back_image, image, done))
+        inference.add_done_callback(lambda done: self._handoff_image(image, done))
+
+    def _handoff_image(self, image: _Image, done: Future[Inference]) -> None:
+        """Runs on the inference thread: only queue the rest."""
+        try:
+            self._pool.submit(self._back_image, image, done)
+        except RuntimeError:  # the pool was shut down after a shutdown timeout
+            image.future.set_exception(FrameError("stopped before the depth map was made"))
 
     def _back_image(self, image: _Image, done: Future[Inference]) -> None:
         """render, encode (worker thread)."""

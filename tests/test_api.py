@@ -326,6 +326,12 @@ def test_listens_on_loopback_only_by_default(api_daemon, tmp_path, tiny_model):
     listening = [c for c in psutil.Process(d.proc.pid).net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
     assert listening and all(c.laddr.ip in ("127.0.0.1", "::1") for c in listening), listening
     assert d.url.startswith("http://127.0.0.1:")
+    port = int(d.url.rsplit(":", 1)[1])
+    taken = DaemonProcess(tmp_path / "taken", tiny_model, api={"enabled": True, "port": port})
+    taken.start(wait=False)
+    assert taken.proc.wait(HTTP_TIMEOUT) == 78
+    assert "change api.port" in taken.log()
+    taken.close()
     assert d.stop() == 0
 
     exposed = DaemonProcess(tmp_path / "exposed", tiny_model, api={"enabled": True, "host": "0.0.0.0", "port": 0})
