@@ -450,3 +450,69 @@ def test_rules_refuse_escapes_used_by_the_api(tmp_path):
         with pytest.raises(Refused) as refused:
             app._resolve(name, rules)
         assert refused.value.status == 403, name
+
+
+# -- slow clients, reload, the extra ------------------------------------------------------------------
+
+
+def test_a_stuck_client_blocks_neither_the_watcher_nor_other_requests(api_daemon, reference):
+    import socket
+
+    d = api_daemon()
+    host, port = d.url.removeprefix("http://").rsplit(":", 1)
+    stuck = []
+    for _ in range(20):  # more than the request threads: each sent half a request and stopped
+        s = socket.create_connection((host, int(port)), timeout=HTTP_TIMEOUT)
+        s.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\nContent-Length: 100000\r\n\r\n\xff\xd8")
+        stuck.append(s)
+    try:
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(block_frame(21)))
+        wait_for(lambda: d.counts().get("done") == 1, what="the watcher's map while clients are stuck")
+        data = jpeg_bytes(block_frame(22))
+        write_by_rename(d.watch / "frame.jpg", data)
+        answer = requests.post(f"{d.url}/predict", timeout=HTTP_TIMEOUT)
+        assert (answer.status_code, answer.text) == (200, "DONE")
+        assert_same_map(decode_map((d.watch / "depth.jpg").read_bytes()), reference.depth(data))
+    finally:
+        for s in stuck:
+            s.close()
+    assert d.stop() == 0
+
+
+def test_api_settings_take_effect_at_the_next_start(api_daemon):
+    import yaml
+
+    d = api_daemon()
+    config = yaml.safe_load(d.config_path.read_text())
+    config["api"]["timeout_s"] = 5
+    d.config_path.write_text(yaml.safe_dump(config))
+    wait_for(lambda: d.status().get("config_loads") == 2, what="the reload")
+    assert "the api settings take effect at the next start" in d.log()
+    assert requests.get(f"{d.url}/health", timeout=HTTP_TIMEOUT).status_code == 200
+    assert d.stop() == 0
+
+
+def test_the_daemon_needs_waitress_only_with_the_api_on(tmp_path, tiny_model):
+    """Without the api extra: the daemon runs; turning the API on is a one-line config error."""
+    blocker = tmp_path / "no_waitress"
+    blocker.mkdir()
+    (blocker / "waitress.py").write_text("raise ImportError('blocked for this test', name='waitress')\n")
+    env = {**os.environ, "PYTHONPATH": str(blocker)}
+    plain = DaemonProcess(tmp_path / "plain", tiny_model)
+    probe = subprocess.run(
+        [os.sys.executable, "-c", "import sys, depthwatch.daemon, depthwatch.commands.run; assert 'waitress' not in sys.modules"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HTTP_TIMEOUT,
+    )
+    assert probe.returncode == 0, probe.stderr
+    refused = subprocess.run(
+        [os.sys.executable, "-m", "depthwatch", "run", "-c", str(plain.config_path), "--api", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HTTP_TIMEOUT,
+    )
+    assert refused.returncode == 78, refused.stderr
+    assert "pip install 'depthwatch[api]'" in refused.stderr
