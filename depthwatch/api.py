@@ -304,14 +304,25 @@ class _Channel(HTTPChannel):
     error_task_class = _LoggedErrorTask
 
 
+#: How often the loop thread looks at the stop flags between network events.
+_LOOP_TICK_S = 0.1
+
+
 class ApiServer:
-    """Waitress on its own loop thread ("depthwatch-api") with THREADS request threads."""
+    """Waitress on its own loop thread ("depthwatch-api") with THREADS request threads.
+
+    The loop is waitress's own (`wasyncore.loop`), run one poll at a time so
+    that closing the listener and the connections happens on the loop's thread,
+    between polls, when the daemon's shutdown asks for it.
+    """
 
     def __init__(self, backend: Backend, config: ApiConfig) -> None:
         self.config = config
         self.app = PredictApp(backend, config)
         self._server: Any = None
         self._thread: threading.Thread | None = None
+        self._deaf = threading.Event()
+        self._closing = threading.Event()
         self.url = ""
 
     def start(self) -> None:
@@ -332,14 +343,26 @@ class ApiServer:
         self._server = server
         shown = f"[{server.effective_host}]" if ":" in server.effective_host else server.effective_host
         self.url = f"http://{shown}:{server.effective_port}"
-        self._thread = threading.Thread(target=server.run, name="depthwatch-api", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="depthwatch-api", daemon=True)
         self._thread.start()
 
-    def stop_listening(self) -> None:
-        """Close the listening socket (on the loop's thread); open requests go on."""
+    def _loop(self) -> None:
         server = self._server
-        if server is not None:
-            server.trigger.pull_trigger(lambda: wasyncore.dispatcher.close(server))
+        channels = server._map
+        use_poll = server.adj.asyncore_use_poll
+        listening = True
+        while channels:
+            if self._closing.is_set():
+                wasyncore.close_all(channels, ignore_all=True)
+                return
+            if listening and self._deaf.is_set():
+                listening = False
+                wasyncore.dispatcher.close(server)  # the listener only, not the trigger
+            wasyncore.loop(timeout=_LOOP_TICK_S, use_poll=use_poll, map=channels, count=1)
+
+    def stop_listening(self) -> None:
+        """Stop accepting connections; requests already in flight go on."""
+        self._deaf.set()
 
     def close(self, timeout: float) -> None:
         """Let the request threads finish their answers, flush them, close every connection, join."""
@@ -347,10 +370,11 @@ class ApiServer:
         if server is None or self._thread is None:
             return
         deadline = time.monotonic() + timeout
+        self._deaf.set()
         server.task_dispatcher.shutdown(cancel_pending=True, timeout=max(0.1, timeout))
         channels = server._map
         while time.monotonic() < deadline and any(getattr(c, "total_outbufs_len", 0) for c in list(channels.values())):
             time.sleep(0.01)
-        server.trigger.pull_trigger(lambda: wasyncore.close_all(channels))
-        self._thread.join(max(0.1, deadline - time.monotonic()))
+        self._closing.set()
+        self._thread.join(max(0.5, deadline - time.monotonic()))
         self._server = None

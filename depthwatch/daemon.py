@@ -4,21 +4,24 @@ Threads, and what each one does:
   main          waits for a stop flag (signal handlers only set it), writes the status file
   inference     owns the ONNX Runtime session (see `engine`)
   observer      watchdog's; hands paths to the settler and returns
-  settle        decides when a dropped file is complete, watches the watch folders' health
-  dispatch      takes jobs from the latest-wins queue, at most `workers + 2` in flight
-  workers (N)   read, decode, render, encode, write
+  settle        decides when a dropped file is complete, queues its job, watches the folders' health
+  workers (N)   read, decode, render, encode, write; the pipeline pulls queued jobs as slots free
   api           only with `api.enabled`: waitress's loop and its request threads (see `api`)
 Every one of them is joined on shutdown, which is bounded by
 `daemon.shutdown_timeout_s`; the service definitions give it 5 s more before SIGKILL.
+A second SIGTERM/SIGINT cuts that wait short but still unwinds: the status file
+says "stopped", the threads that can end are joined.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
@@ -30,7 +33,8 @@ from depthwatch.engine import Engine, SessionFactory
 from depthwatch.model import ModelInfo
 from depthwatch.errors import ConfigError, DepthwatchError, FrameError, OutputError
 from depthwatch.jobqueue import LatestWinsQueue
-from depthwatch.pipeline import Job, Pipeline, Rendered, Result, Settings, write_error_record
+from depthwatch.job import Job
+from depthwatch.pipeline import Pipeline, Rendered, Result, Settings, write_error_record
 from depthwatch.rules import Rules
 from depthwatch.status import Status, write_status
 from depthwatch.waiters import MapWaiters, Ticket
@@ -85,6 +89,8 @@ class Daemon:
         self._config_settling: tuple[int, int, int] | None = None
         self._swap: Future[ModelInfo] | None = None
         self._stop = threading.Event()
+        #: A second stop request: shorten every remaining wait of the shutdown.
+        self._force = threading.Event()
         self._lock = threading.Lock()
         self.status = Status(config=str(config.source) if config.source else None)
         self._status_dirty = True
@@ -95,11 +101,11 @@ class Daemon:
         self.queue = LatestWinsQueue(config.daemon.queue_size)
         self.rules = Rules(config.watch, config.output)
         self.watcher: Watcher | None = None
-        self._dispatcher = threading.Thread(target=self._dispatch, name="depthwatch-dispatch", daemon=True)
-        self._slots = threading.Semaphore(config.daemon.workers + 2)
         self._last_overflow_scan = 0.0
         self._overflow_reported = False
         self._superseded_in_flight = 0
+        #: Set by run(): a thread was still running after the shutdown's time bound.
+        self.stuck = False
         #: Requests of the HTTP API waiting for a frame's map.
         self.waiters = MapWaiters()
         self.api: ApiServer | None = None
@@ -107,16 +113,47 @@ class Daemon:
     # -- lifecycle ----------------------------------------------------------------
 
     def run(self) -> int:
-        self.startup()
-        try:
-            self.main_loop()
-        finally:
-            self.shutdown()
+        """The whole life of the daemon; 0 after a requested stop (one signal or two).
+
+        Signals are captured only while this runs (from the main thread) and the
+        previous handlers are put back when it returns. `stuck` says afterwards
+        whether a thread could not be joined.
+        """
+        with self._capture_signals():
+            self.startup()
+            try:
+                self.main_loop()
+            finally:
+                self.stuck = not self.shutdown()
         return 0
 
+    @contextmanager
+    def _capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield  # embedded in a test or another program: its owner stops us
+            return
+        handlers = {
+            signal.SIGTERM: lambda signum, frame: self.request_stop(),
+            signal.SIGINT: lambda signum, frame: self.request_stop(),
+            signal.SIGHUP: lambda signum, frame: self.request_reload(),
+        }
+        previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
     def request_stop(self) -> None:
-        """Safe from a signal handler: only sets a flag."""
+        """Safe from a signal handler: only sets flags. A second request forces a quick exit."""
+        if self._stop.is_set():
+            self._force.set()
         self._stop.set()
+
+    @property
+    def forced(self) -> bool:
+        """Whether a second stop request cut the shutdown short."""
+        return self._force.is_set()
 
     def request_reload(self) -> None:
         """Safe from a signal handler (SIGHUP): only sets a flag."""
@@ -137,6 +174,7 @@ class Daemon:
             raise
         log.info("%s", info.describe())
         self.pipeline = Pipeline(self.engine, workers=config.daemon.workers, niceness=config.daemon.worker_niceness)
+        self.pipeline.feed(self.queue, lambda: self._settings, self._finished)
         if config.api.enabled:
             try:
                 self._start_api()  # before the watch, so a taken port stops nothing but the engine
@@ -145,7 +183,6 @@ class Daemon:
                 self.engine.stop()
                 raise
         self._start_watching(self.rules, config)
-        self._dispatcher.start()
         self.status.state = "running"
         self.status.config_loads = 1
         self._publish_model()
@@ -160,17 +197,17 @@ class Daemon:
             raise ConfigError(
                 f"api.enabled needs the api extra ({exc.name} is missing); run: pip install 'depthwatch[api]'"
             ) from None
-        self.api = ApiServer(self, self.config.api)
+        api = ApiServer(self, self.config.api)
         try:
-            self.api.start()
+            api.start()
         except OSError as exc:
-            self.api = None
             raise ConfigError(
                 f"cannot listen on {self.config.api.host}:{self.config.api.port}: {exc.strerror or exc}; "
                 "stop whatever uses that port (the old server?) or change api.port"
             ) from None
-        self.status.api = self.api.url
-        log.info("HTTP API on %s", self.api.url)
+        self.api = api
+        self.status.api = api.url
+        log.info("HTTP API on %s", api.url)
 
     def main_loop(self) -> None:
         while not self._stop.wait(0.25):
@@ -271,11 +308,19 @@ class Daemon:
             self._publish_model()
         self._status_dirty = True
 
-    def shutdown(self) -> None:
-        """Stop taking work, finish the frames in flight (time-bounded), join every thread."""
+    def shutdown(self) -> bool:
+        """Stop taking work, finish the frames in flight (time-bounded), join every thread.
+
+        Every wait is bounded by `daemon.shutdown_timeout_s` in all, and a second
+        stop request cuts the rest short. False if a thread could not be joined (a
+        write hung on a dead network volume, say): the caller must then leave
+        without waiting for it.
+        """
         deadline = time.monotonic() + self.config.daemon.shutdown_timeout_s
 
         def left() -> float:
+            if self._force.is_set():
+                return 0.1
             return max(0.1, deadline - time.monotonic())
 
         self.status.state = "stopping"
@@ -289,18 +334,19 @@ class Daemon:
         dropped = self.queue.close()
         if dropped:
             log.info("%d queued frame(s) left for the next start", len(dropped))
-        if self._dispatcher.ident is not None:
-            self._dispatcher.join(left())
+        idle = True
         if self.pipeline is not None:
-            if not self.pipeline.wait_idle(left()):
-                log.warning("frames still in flight after %.0f s; stopping anyway", self.config.daemon.shutdown_timeout_s)
+            idle = self._wait(self.pipeline.wait_idle, left)
+            if not idle:
+                why = "a second signal" if self._force.is_set() else f"{self.config.daemon.shutdown_timeout_s:g} s"
+                log.warning("frames still in flight after %s; stopping anyway (the next start picks them up)", why)
         self.waiters.close()  # requests whose frames were left in the queue: 503
         if self.api is not None:
             self.api.close(left())
+        if self.engine is not None:
+            self.engine.stop(left(), interrupt=not idle)
         if self.pipeline is not None:
             self.pipeline.close(0.1)
-        if self.engine is not None:
-            self.engine.stop(left())
         self.status.state = "stopped"
         self._status_dirty = True
         self._write_status()
@@ -308,17 +354,27 @@ class Daemon:
         if ours:
             log.warning("threads still running after shutdown: %s", ", ".join(ours))
         log.info("stopped")
+        return not ours
+
+    def _wait(self, until: Callable[[float], bool], left: Callable[[], float]) -> bool:
+        """`until(timeout)` in short slices, so a second signal shortens the wait at once."""
+        while True:
+            remaining = left()
+            if until(min(0.1, remaining)):
+                return True
+            if remaining <= 0.1:
+                return False
 
     # -- frames -------------------------------------------------------------------
 
-    def _on_complete(self, source: Path, signature: tuple[int, int, int]) -> None:
-        """A complete frame (settle thread): make its job and queue it."""
+    def _on_complete(self, source: Path, signature: tuple[int, int, int], fmt: str | None = None) -> None:
+        """A complete frame (settle thread): make its job, queue it, let the pipeline pull it."""
         try:
             output = self.rules.output_for(source)
         except FrameError as exc:
             self._count_failure(f"{source}: {exc}")
             return
-        job = Job(source, output, self.rules.error_record_for(source, output), signature)
+        job = Job(source, output, self.rules.error_record_for(source, output), signature, fmt)
         if self.api is None:
             self._enqueue(job)
             return
@@ -332,6 +388,8 @@ class Daemon:
 
     def _enqueue(self, job: Job) -> bool:
         queued = self.queue.put(job)
+        if queued and self.pipeline is not None:
+            self.pipeline.pull()
         if not queued and not self._stop.is_set():
             if self.watcher is not None:
                 self.watcher.forget(job.source)  # so the rescan hands it over again
@@ -359,15 +417,15 @@ class Daemon:
             job = Job(source, output, self.rules.error_record_for(source, output), signature)
             return self.waiters.attach(job, self._enqueue)
 
+    def give_up(self, ticket: Ticket) -> None:
+        """A request stopped waiting for its map."""
+        self.waiters.give_up(ticket)
+
     def render_image(self, data: bytes, ext: str, png_bits: int | None = None) -> Future[Rendered]:
         """The depth map of image bytes in memory, encoded for `ext`; written nowhere."""
         assert self.pipeline is not None
         settings = self._settings if png_bits is None else replace(self._settings, png_bits=png_bits)
         return self.pipeline.submit_image(data, ext, settings)
-
-    def give_up(self, ticket: Ticket) -> None:
-        """A request stopped waiting for its map."""
-        self.waiters.give_up(ticket)
 
     def health(self) -> tuple[bool, bytes]:
         """(serving, the status file's JSON) as of now."""
@@ -385,26 +443,10 @@ class Daemon:
         if record is not None:
             write_error_record(record, source, reason)
 
-    def _dispatch(self) -> None:
-        assert self.pipeline is not None
-        while True:
-            if not self._slots.acquire(timeout=0.25):
-                if self.queue.closed:
-                    return
-                continue
-            job = self.queue.get()
-            if job is None:
-                self._slots.release()
-                return
-            future = self.pipeline.submit(job, self._settings)
-            future.add_done_callback(lambda done, job=job: self._finished(job, done))
-
-    def _finished(self, job: Job, done: Future[Result]) -> None:
-        result = done.result()
+    def _finished(self, job: Job, result: Result) -> None:
+        """A job's result (worker thread): count it, log its line, retry an output error later."""
         retrying = not result.ok and not result.superseded and result.retryable and self._retry(job, result)
-        self.waiters.finished(job, result, final=not retrying)  # before done(): see waiters
-        self.queue.done(job)
-        self._slots.release()
+        self.waiters.finished(job, result, final=not retrying)  # before queue.done(job): see waiters
         counts = self.status.counts
         if result.ok:
             latency_ms = (time.monotonic() - job.queued_at) * 1000

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -40,7 +40,22 @@ from depthwatch.profiles import Profile
 
 log = logging.getLogger("depthwatch.engine")
 
-SessionFactory = Callable[..., Any]
+
+
+class Session(Protocol):
+    """What depthwatch needs of an inference session (onnxruntime's, or a test's stand-in)."""
+
+    def run(self, output_names: list[str], input_feed: dict[str, np.ndarray], run_options: Any = None) -> list[Any]: ...
+
+    def get_inputs(self) -> list[Any]: ...
+
+    def get_outputs(self) -> list[Any]: ...
+
+    def get_providers(self) -> list[str]: ...
+
+
+#: Called as onnxruntime.InferenceSession is: (path, sess_options=..., providers=[(name, options), ...]).
+SessionFactory = Callable[..., Session]
 
 
 class EngineStopped(DepthwatchError):
@@ -49,11 +64,20 @@ class EngineStopped(DepthwatchError):
 
 @dataclass(frozen=True)
 class Inference:
-    """A prediction as [H, W] floats, and the seconds `session.run` took."""
+    """A prediction as [H, W] floats, the seconds `session.run` took, and the model that made it.
+
+    The model travels with the prediction because a swap may finish before the
+    prediction is rendered: its profile (depth or inverse depth) must be the one
+    that produced it, or the map comes out inverted.
+    """
 
     prediction: np.ndarray
     seconds: float
-    generation: int
+    model: ModelInfo
+
+    @property
+    def generation(self) -> int:
+        return self.model.generation
 
 
 _STOP = object()
@@ -88,6 +112,7 @@ class Engine:
         self._error: DepthwatchError | None = None
         self._cpu_rebuilt = False
         self._running: tuple[Future[Any], Any] | None = None
+        self._interrupted = False
         #: Sessions created over the engine's life (first load, reloads, CPU rebuild).
         self.load_count = 0
         #: Frames run through the model.
@@ -151,9 +176,17 @@ class Engine:
         """
         return self._put(("load", spec))
 
-    def stop(self, timeout: float | None = None) -> bool:
-        """Finish the queued work, release the session, join the thread; True if it ended."""
+    def stop(self, timeout: float | None = None, interrupt: bool = False) -> bool:
+        """Finish the queued work, release the session, join the thread; True if it ended.
+
+        `interrupt`: the shutdown has run out of time, so the queued work is
+        dropped and a running inference is told to stop, rather than waited for.
+        """
         with self._lock:
+            if interrupt:
+                self._interrupted = True
+                if self._running is not None:
+                    self._running[1].terminate = True
             if not self._closed:
                 self._closed = True
                 self._jobs.put(_STOP)
@@ -179,7 +212,7 @@ class Engine:
     # -- the inference thread ----------------------------------------------------
 
     def _serve(self) -> None:
-        session: Any = None
+        session: Session | None = None
         try:
             try:
                 session, self._info = self._load(self._spec, generation=1)
@@ -193,6 +226,8 @@ class Engine:
                 if item is _STOP:
                     return
                 future, job = item
+                if self._interrupted:
+                    future.cancel()
                 if not future.set_running_or_notify_cancel():
                     continue
                 if job[0] == "load":
@@ -215,7 +250,7 @@ class Engine:
             if item is not _STOP and item[0].set_running_or_notify_cancel():
                 item[0].set_exception(reason)
 
-    def _swap(self, session: Any, future: Future[Any], spec: ModelSpec) -> Any:
+    def _swap(self, session: Session, future: Future[Any], spec: ModelSpec) -> Session:
         assert self._info is not None
         try:
             new_session, info = self._load(spec, generation=self._info.generation + 1)
@@ -228,7 +263,7 @@ class Engine:
         future.set_result(info)
         return new_session  # the old session is released as its last reference goes
 
-    def _run(self, session: Any, future: Future[Any], tensor: np.ndarray, generation: int) -> Any:
+    def _run(self, session: Session, future: Future[Any], tensor: np.ndarray, generation: int) -> Session:
         info = self._info
         assert info is not None
         if generation != info.generation:
@@ -261,11 +296,11 @@ class Engine:
                 with self._lock:
                     self._running = None
             self.run_count += 1
-            future.set_result(Inference(prediction, seconds, generation))
+            future.set_result(Inference(prediction, seconds, info))
             return session
         return session
 
-    def _rebuild_on_cpu(self, session: Any, info: ModelInfo, exc: Exception) -> tuple[Any, ModelInfo]:
+    def _rebuild_on_cpu(self, session: Session, info: ModelInfo, exc: Exception) -> tuple[Session, ModelInfo]:
         self._cpu_rebuilt = True
         log.warning(
             "%s failed at run time (%s); rebuilding the session on CPU",
@@ -281,7 +316,7 @@ class Engine:
         self._info = rebuilt
         return session, rebuilt
 
-    def _load(self, spec: ModelSpec, generation: int) -> tuple[Any, ModelInfo]:
+    def _load(self, spec: ModelSpec, generation: int) -> tuple[Session, ModelInfo]:
         import onnxruntime
 
         path = spec.path
@@ -308,11 +343,13 @@ class Engine:
         contract = read_contract(session)
         self._warm_up(session, contract, spec.profile)
         self.load_count += 1
-        info = ModelInfo(spec, contract, applied, generation, time.perf_counter() - start)
+        # For a square frame the model's input is as large as it gets on the frame's short side.
+        floor = model_input_size(contract, spec.profile, (1, 1))
+        info = ModelInfo(spec, contract, applied, generation, time.perf_counter() - start, floor)
         log.info("loaded %s in %.2f s; applied providers: %s", path.name, info.load_seconds, ", ".join(applied))
         return session, info
 
-    def _create(self, path: Path, options: Any, wanted: list[str], spec: ModelSpec) -> Any:
+    def _create(self, path: Path, options: Any, wanted: list[str], spec: ModelSpec) -> Session:
         chain = [(name, providers.options_for(name, spec.cache_dir())) for name in wanted]
         try:
             return self._factory(str(path), sess_options=options, providers=chain)
@@ -327,7 +364,7 @@ class Engine:
         except Exception as exc:
             raise ModelError(f"cannot load model {path}: {_first_line(exc)}{_FIX_MODEL}") from None
 
-    def _warm_up(self, session: Any, contract: Contract, profile: Profile) -> None:
+    def _warm_up(self, session: Session, contract: Contract, profile: Profile) -> None:
         side = profile.input_size or 256
         w, h = model_input_size(contract, profile, (side, side))
         shape = (1, 3, h, w) if contract.layout == "NCHW" else (1, h, w, 3)

@@ -41,6 +41,9 @@ class ModelInfo:
     providers: tuple[str, ...]
     generation: int
     load_seconds: float
+    #: The fewest pixels (width, height) a frame may be decoded at and still fill the
+    #: model's input: what lets a JPEG decode at 1/2..1/8 scale. Computed once per load.
+    min_frame_size: tuple[int, int] = (0, 0)
 
     @property
     def profile(self) -> Profile:

@@ -28,7 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from depthwatch.pipeline import Job, Result
+from depthwatch.job import Job
+from depthwatch.pipeline import Result
 
 Signature = tuple[int, int, int]
 

@@ -24,7 +24,8 @@ from depthwatch import imaging  # noqa: E402
 from depthwatch.config import ApiConfig, OutputConfig, WatchConfig  # noqa: E402
 from depthwatch.engine import Engine  # noqa: E402
 from depthwatch.model import ModelSpec  # noqa: E402
-from depthwatch.pipeline import Job, Result  # noqa: E402
+from depthwatch.job import Job  # noqa: E402
+from depthwatch.pipeline import Result  # noqa: E402
 from depthwatch.profiles import PROFILES  # noqa: E402
 from depthwatch.rules import Rules  # noqa: E402
 from depthwatch.waiters import DONE, TIMEOUT, MapWaiters  # noqa: E402
