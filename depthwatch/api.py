@@ -100,8 +100,8 @@ _REASONS = {
 
 
 def _show(text: str) -> str:
-    """A name from a request, safe for one log line (control characters escaped)."""
-    return text.encode("unicode_escape", "backslashreplace").decode("ascii")
+    """A name from a request, safe for one log line (control characters escaped, the rest as is)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ class PredictApp:
         try:
             answer = self._route(method, path, query, environ)
         except Refused as exc:
-            log.warning("api: %s: %d %s", what, exc.status, exc)
+            log.warning("api: %s: %d %s", what, exc.status, _show(str(exc)))
             answer = _Answer(exc.status, f"{exc}\n".encode())
             if exc.status == 401:
                 answer = _Answer(401, answer.body, headers=(("WWW-Authenticate", 'Bearer realm="depthwatch"'),))

@@ -274,7 +274,6 @@ def test_token_is_required_when_set(api_daemon):
 
 def test_no_map_in_time_is_504_and_a_stop_answers_the_waiting_request(api_daemon):
     """The output folder is read-only, so the map is retried (first after 1 s) and never lands."""
-    d = DaemonProcess  # for type checkers
     d = api_daemon(restricted=True, api={"timeout_s": 0.5}, output={"template": "ro/depth.jpg"})
     ro = d.watch / "ro"
     ro.mkdir()
