@@ -446,7 +446,8 @@ class Daemon:
     def _finished(self, job: Job, result: Result) -> None:
         """A job's result (worker thread): count it, log its line, retry an output error later."""
         retrying = not result.ok and not result.superseded and result.retryable and self._retry(job, result)
-        self.waiters.finished(job, result, final=not retrying)  # before queue.done(job): see waiters
+        if self.api is not None:
+            self.waiters.finished(job, result, final=not retrying)  # before queue.done(job): see waiters
         counts = self.status.counts
         if result.ok:
             latency_ms = (time.monotonic() - job.queued_at) * 1000
