@@ -23,12 +23,14 @@ from types import FrameType
 from typing import Any
 
 from benchmarks import frames as framesets
-from benchmarks import predict, report, scenarios, standin
+from benchmarks import predict
+from benchmarks import refine as refine_bench
+from benchmarks import report, scenarios, standin
 from benchmarks.daemon import Knobs
 from benchmarks.processes import BenchError
 from depthwatch.errors import DepthwatchError
 
-SCENARIOS = ("classic", "predict", "burst", "latency", "memory")
+SCENARIOS = ("classic", "predict", "burst", "latency", "memory", "refine")
 
 
 def _ints(text: str) -> list[int]:
@@ -224,6 +226,13 @@ def _bench(args: argparse.Namespace, work: Path) -> int:
             one_at_a_time = _run(results, "depthwatch latency and scrub", lambda: scenarios.latency_and_scrub(plan))
             if one_at_a_time:
                 s["latency"], s["scrub"], s["daemon"] = one_at_a_time
+        if "refine" not in args.skip:
+            s["refine_none"] = _run(results, "burst and latency with refine: none", lambda: refine_bench.compare(plan))
+            s["refine_micro"] = _run(
+                results,
+                "refine micro-benchmark (one core)",
+                lambda: refine_bench.micro(repeats=3 if args.quick else 30),
+            )
     del captured
     results["scenarios"] = {k: v for k, v in s.items() if v is not None}
     results["machine"]["load_after"] = _load()

@@ -54,9 +54,9 @@ def _done_count(daemon: Daemon, expected: int, timeout: float = 30.0) -> int | N
 def predict(plan: Plan) -> dict[str, Any]:
     daemon = Daemon(plan.work, "predict", plan.knobs, ["frame.jpg"], "depth.jpg")
     port = free_port()
-    config = yaml.safe_load(daemon.config.read_text())
+    config = yaml.safe_load(daemon.config_path.read_text())
     config["api"] = {"enabled": True, "port": port}
-    write_config(daemon.config, config)
+    write_config(daemon.config_path, config)
     daemon.start()
     try:
         frame, depth = daemon.folder / "frame.jpg", daemon.folder / "depth.jpg"

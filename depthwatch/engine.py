@@ -15,9 +15,10 @@ import dataclasses
 import logging
 import os
 import queue
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from depthwatch import providers
+from depthwatch import compile_cache, graph_inputs, measure, providers
 from depthwatch.contract import Contract, depth_map, read_contract
 from depthwatch.errors import (
     DepthwatchError,
@@ -35,6 +36,7 @@ from depthwatch.errors import (
     Superseded,
 )
 from depthwatch.imaging import model_input_size
+from depthwatch.measure import Trial
 from depthwatch.model import ModelInfo, ModelSpec
 from depthwatch.profiles import Profile
 
@@ -84,6 +86,18 @@ _STOP = object()
 _FIX_MODEL = "; the file is damaged or not an ONNX model: fetch it again or point model.path at a working .onnx file"
 
 
+def _square_side(profile: Profile) -> int | None:
+    """The side of the one square input depthwatch feeds a dynamic model, or None if it follows the frame's aspect."""
+    if profile.keep_aspect or not profile.input_size:
+        return None
+    m = profile.multiple_of
+    return max(m, int(round(profile.input_size / m)) * m)
+
+
+def _with_cpu(provider: str) -> list[str]:
+    return [provider] if provider == providers.CPU else [provider, providers.CPU]
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0][:300]
@@ -96,13 +110,26 @@ class Engine:
     `infer()` may be called before the load finishes (work waits in order).
     """
 
-    def __init__(self, spec: ModelSpec, *, session_factory: SessionFactory | None = None) -> None:
-        if session_factory is None:
-            import onnxruntime
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        session_factory: SessionFactory | None = None,
+        available_providers: Callable[[], Sequence[str]] | None = None,
+        measure_providers: str = "remembered",
+    ) -> None:
+        """`available_providers` stands for onnxruntime.get_available_providers (tests offer
+        stand-in accelerators through it). `measure_providers`: "remembered" measures
+        `auto` only when no earlier measurement is on record; "always" measures afresh,
+        with profiling, even CPU alone (`depthwatch check --providers`)."""
+        import onnxruntime
 
+        if session_factory is None:
             session_factory = onnxruntime.InferenceSession
         self._spec = spec
         self._factory = session_factory
+        self._available = available_providers or onnxruntime.get_available_providers
+        self._measure = measure_providers
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name="depthwatch-inference", daemon=True)
         self._ready = threading.Event()
@@ -117,6 +144,8 @@ class Engine:
         self.load_count = 0
         #: Frames run through the model.
         self.run_count = 0
+        #: Provider measurements made (each times every candidate once).
+        self.measurements = 0
 
     # -- the public side, called from any thread ---------------------------------
 
@@ -317,25 +346,22 @@ class Engine:
         return session, rebuilt
 
     def _load(self, spec: ModelSpec, generation: int) -> tuple[Session, ModelInfo]:
-        import onnxruntime
-
         path = spec.path
         if not path.is_file():
             raise ModelError(f"model file {path} does not exist; fetch it with `depthwatch models fetch` or set model.path")
         if not os.access(path, os.R_OK):
             raise ModelError(f"model file {path} is not readable; check its permissions")
-        wanted, skipped = providers.choose(spec.providers, onnxruntime.get_available_providers())
+        available = list(self._available())
+        wanted, skipped = providers.choose(spec.providers, available)
         for reason in skipped:
             log.warning("%s; using the next provider", reason)
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = max(0, spec.intra_op_threads)
-        options.inter_op_num_threads = 1
-        options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
-        options.log_severity_level = 4  # errors reach the log as our own one-line messages
-        # Idle operator threads spinning would steal the cores that decode and encode frames.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         start = time.perf_counter()
-        session = self._create(path, options, wanted, spec)
+        chosen_by, trials = "", ()
+        if spec.providers == "auto":
+            wanted, chosen_by, trials = self._decide(spec, available)
+            start = time.perf_counter()  # the load time is the serving session's, not the measurement's
+        chain, compiled, pins = self._chain(wanted, spec)
+        session = self._create(path, self._session_options(spec, pins=pins), chain)
         applied = tuple(session.get_providers())
         for name in wanted:
             if name != providers.CPU and name not in applied:
@@ -343,14 +369,126 @@ class Engine:
         contract = read_contract(session)
         self._warm_up(session, contract, spec.profile)
         self.load_count += 1
+        if providers.COREML not in applied:
+            compiled = None
         # For a square frame the model's input is as large as it gets on the frame's short side.
         floor = model_input_size(contract, spec.profile, (1, 1))
-        info = ModelInfo(spec, contract, applied, generation, time.perf_counter() - start, floor)
+        info = ModelInfo(
+            spec,
+            contract,
+            applied,
+            generation,
+            time.perf_counter() - start,
+            min_frame_size=floor,
+            compiled=compiled,
+            chosen_by=chosen_by,
+            trials=tuple(trials),
+        )
         log.info("loaded %s in %.2f s; applied providers: %s", path.name, info.load_seconds, ", ".join(applied))
         return session, info
 
-    def _create(self, path: Path, options: Any, wanted: list[str], spec: ModelSpec) -> Session:
-        chain = [(name, providers.options_for(name, spec.cache_dir())) for name in wanted]
+    def _session_options(self, spec: ModelSpec, profile_prefix: str | None = None, pins: dict[str, int] | None = None) -> Any:
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = max(0, spec.intra_op_threads)
+        options.inter_op_num_threads = 1
+        options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+        options.log_severity_level = 4  # errors reach the log as our own one-line messages
+        # Idle operator threads spinning would steal the cores that decode and encode frames.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        for name, value in (pins or {}).items():
+            options.add_free_dimension_override_by_name(name, value)
+        if profile_prefix is not None:
+            options.enable_profiling = True
+            options.profile_file_prefix = profile_prefix
+        return options
+
+    def _chain(self, wanted: list[str], spec: ModelSpec) -> tuple[list[tuple[str, dict[str, Any]]], compile_cache.Entry | None, dict[str, int]]:
+        """(provider, options) pairs, CoreML's cache folder, and the input dimensions to pin.
+
+        With CoreML in the chain the image input's symbolic batch (and height
+        and width, where depthwatch feeds one square size) are pinned, so that
+        CoreML, taking only nodes of static shape, can take the graph; the
+        cache folder is keyed by the model's contents, the runtime, the options
+        and those pins.
+        """
+        entry = None
+        pins: dict[str, int] = {}
+        chain = []
+        for name in wanted:
+            options = providers.options_for(name)
+            if name == providers.COREML:
+                pins = graph_inputs.fixed_dims(spec.path, _square_side(spec.profile))
+                if providers.coreml_caches(providers.runtime_version()):
+                    keyed = {**options, "depthwatch.fixed_dims": pins}
+                    try:
+                        digest = compile_cache.model_digest(spec.path, spec.state_dir())
+                        entry = compile_cache.open_entry(spec.coreml_root(), spec.path, digest, providers.runtime_version(), keyed)
+                    except OSError as exc:
+                        log.warning(
+                            "cannot use the compiled-model cache in %s (%s); CoreML compiles at every load",
+                            spec.coreml_root(),
+                            exc.strerror or exc,
+                        )
+                    else:
+                        options = providers.options_for(name, entry.path)
+            chain.append((name, options))
+        return chain, entry, pins
+
+    def _decide(self, spec: ModelSpec, available: list[str]) -> tuple[list[str], str, list[Trial]]:
+        """`auto`: the provider measured fastest for this model on this machine, measuring if nobody has.
+
+        With only CPU on offer there is nothing to measure. The measurement
+        makes one session per candidate, each released before the next, and
+        all before the serving session is made.
+        """
+        candidates = providers.auto_candidates(available)
+        if len(candidates) == 1 and self._measure != "always":
+            return candidates, "", []
+        try:
+            digest = compile_cache.model_digest(spec.path, spec.state_dir())
+        except OSError as exc:
+            raise ModelError(f"cannot read model {spec.path}: {exc.strerror or exc}; check the file and its permissions") from None
+        key = measure.decision_key(digest, providers.runtime_version(), available)
+        decisions = measure.Decisions(spec.state_dir() / "providers.json")
+        known = decisions.get(key) if self._measure != "always" else None
+        if known is not None and known["provider"] in candidates:
+            chosen = known["provider"]
+            log.info("providers: auto uses %s for %s (measured %s)", chosen, spec.path.name, known.get("measured", "before"))
+            return _with_cpu(chosen), "remembered", []
+        with tempfile.TemporaryDirectory(prefix="depthwatch-profile-") as folder:
+            profile_prefix = str(Path(folder) / "profile") if self._measure == "always" else None
+
+            def create(provider: str, profile: bool) -> Session:
+                chain, _, pins = self._chain(_with_cpu(provider), spec)
+                options = self._session_options(spec, profile_prefix if profile else None, pins)
+                return self._factory(str(spec.path), sess_options=options, providers=chain)
+
+            def run(session: Session) -> None:
+                contract = read_contract(session)
+                self._warm_up(session, contract, spec.profile)
+
+            try:
+                trials = measure.measure(candidates, create, run, profile=profile_prefix is not None)
+            except DepthwatchError:
+                raise
+            except Exception as exc:  # CPU itself failed: the model is unusable
+                raise ModelError(f"cannot load model {spec.path}: {_first_line(exc)}{_FIX_MODEL}") from None
+        self.measurements += 1
+        chosen = measure.fastest(trials) or providers.CPU
+        log.info(
+            "providers: measured %s: %s; auto uses %s",
+            spec.path.name,
+            ", ".join(t.summary() for t in trials),
+            chosen,
+        )
+        if len(candidates) > 1:
+            decisions.put(key, spec.path, chosen, trials)
+        return _with_cpu(chosen), "measured", trials
+
+    def _create(self, path: Path, options: Any, chain: list[tuple[str, dict[str, Any]]]) -> Session:
+        wanted = [name for name, _ in chain]
         try:
             return self._factory(str(path), sess_options=options, providers=chain)
         except Exception as exc:

@@ -22,12 +22,14 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import replace
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from depthwatch import formats, imaging
+from depthwatch.levels import Levels, parse_level
 from depthwatch.config import Config
 from depthwatch.engine import Engine, Inference
 from depthwatch.job import Job
@@ -70,7 +72,11 @@ class Settings:
     def from_config(cls, config: Config) -> Settings:
         out = config.output
         return cls(
-            render=imaging.RenderOptions(invert=out.invert, clip_percent=out.clip_percent),
+            render=imaging.RenderOptions(
+                clip_percent=out.clip_percent,
+                refine=out.refine,
+                levels=Levels(parse_level(out.near), parse_level(out.far), out.gamma, out.invert),
+            ),
             jpeg_quality=out.jpeg_quality,
             png_bits=out.png_bits,
             png_compression=out.png_compression,
@@ -466,7 +472,7 @@ class Pipeline:
             frame.result.ms["infer"] = inference.seconds * 1000
             frame.clock = time.perf_counter()
             settings, job = frame.settings, frame.job
-            encoded = _render_encode(inference, info, frame.decoded.size, job.output.suffix, settings)
+            encoded = _render_encode(inference, info, frame.decoded, job.output.suffix, settings)
             frame.lap("encode")
             _ensure_folder(job.output.parent)
             frame.result.size = frame.decoded.size
@@ -526,7 +532,7 @@ class Pipeline:
             assert image.decoded is not None
             image.ms["infer"] = inference.seconds * 1000
             image.clock = time.perf_counter()
-            encoded = _render_encode(inference, inference.model, image.decoded.size, image.ext, image.settings)
+            encoded = _render_encode(inference, inference.model, image.decoded, image.ext, image.settings)
             image.lap("encode")
             image.future.set_result(Rendered(encoded, image.decoded.size, dict(image.ms)))
         except Exception as exc:
@@ -564,12 +570,11 @@ class Pipeline:
             frame.future.set_result(frame.result)
 
 
-def _render_encode(inference: Inference, info: ModelInfo, size: tuple[int, int], ext: str, settings: Settings) -> bytes:
+def _render_encode(inference: Inference, info: ModelInfo, decoded: imaging.Decoded, ext: str, settings: Settings) -> bytes:
     """The depth map at the frame's size, encoded for an output ending in `ext` (worker thread)."""
-    options = imaging.RenderOptions(
-        settings.render.invert, settings.render.clip_percent, imaging.bits_for(ext, settings.png_bits)
-    )
-    depth = imaging.render(inference.prediction, info.profile.output, size, options)
+    options = replace(settings.render, bits=imaging.bits_for(ext, settings.png_bits))
+    nearness = imaging.normalise(inference.prediction, info.profile.output, options)
+    depth = imaging.render(nearness, decoded.size, options, guide=decoded.image)
     return imaging.encode(depth, ext, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression)
 
 

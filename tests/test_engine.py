@@ -20,8 +20,9 @@ from depthwatch.model import ModelSpec
 from depthwatch.errors import ModelError, Superseded
 from depthwatch.imaging import RenderOptions
 from depthwatch.job import Job
+from depthwatch.levels import Levels
 from depthwatch.pipeline import Pipeline, Settings
-from depthwatch.profiles import PROFILES, profile_for
+from depthwatch.profiles import PROFILES
 
 FAMILIES = {
     "nchw-float-fixed-1HW": dict(layout="NCHW", size=(32, 32), output="1HW"),
@@ -61,7 +62,7 @@ def test_each_io_family_gives_a_map_of_the_frame_the_right_way_up(tmp_path, fami
 
 def test_invert_makes_near_black(tmp_path):
     model = brightness_model(tmp_path / "m.onnx")
-    depth = run_frame(tmp_path, model, quadrant_frame(), "depth.jpg", Settings(render=RenderOptions(invert=True)))
+    depth = run_frame(tmp_path, model, quadrant_frame(), "depth.jpg", Settings(render=RenderOptions(levels=Levels(invert=True))))
     assert depth[10:38, 10:70].mean() < 13 and depth[58:86, 90:150].mean() > 242
 
 
@@ -151,8 +152,18 @@ def test_provider_choice_and_coreml_options():
     chosen, skipped = providers.choose(["cpu", "cuda"], ["CUDAExecutionProvider", "CPUExecutionProvider"])
     assert chosen == ["CPUExecutionProvider", "CUDAExecutionProvider"]  # an explicit order is honoured
     assert skipped == []
-    options = providers.options_for(providers.COREML, Path("/cache/coreml/model"))
-    assert options == {"ModelFormat": "MLProgram", "MLComputeUnits": "ALL", "ModelCacheDirectory": "/cache/coreml/model"}
+    options = providers.options_for(providers.COREML, Path("/cache/coreml/model"), version="1.21.0")
+    assert options == {
+        "ModelFormat": "MLProgram",
+        "MLComputeUnits": "ALL",
+        "RequireStaticInputShapes": "1",
+        "ModelCacheDirectory": "/cache/coreml/model",
+    }
+    # 1.17 to 1.20 read only the legacy flags (1.20 refuses keys it does not know) and cache nothing.
+    for old in ("1.17.3", "1.20.1"):
+        assert providers.options_for(providers.COREML, Path("/cache"), version=old) == {
+            "flags": "COREML_FLAG_CREATE_MLPROGRAM|COREML_FLAG_ONLY_ALLOW_STATIC_INPUT_SHAPES"
+        }
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="output file (one input), folder, or name template like '{stem}_depth.png' "
         f"(default: {DEFAULT_TEMPLATE} beside each input)",
     )
+    levels = parser.add_argument_group("how the map looks (override the config's output section)")
+    levels.add_argument("--refine", metavar="MODE", help="edges (depth edges follow the frame's) or none (plain upscale)")
+    levels.add_argument("--near", metavar="LEVEL", help="the level shown white: a fraction 0..1 of the range, or a percentile like 80%%")
+    levels.add_argument("--far", metavar="LEVEL", help="the level shown black: a fraction 0..1 of the range, or a percentile like 20%%")
+    levels.add_argument("--gamma", metavar="G", type=float, help="midtones: above 1 brighter, below 1 darker (0.1..10)")
     add_config_arguments(parser)
 
 
@@ -78,7 +83,7 @@ def collect_inputs(inputs: list[str], template: str) -> list[Path]:
 
 def main(args: argparse.Namespace) -> int:
     from depthwatch import catalogue
-    from depthwatch.config import override
+    from depthwatch.config import check_combinations, override
     from depthwatch.engine import Engine
     from depthwatch.job import Job
     from depthwatch.pipeline import Pipeline, Result, Settings
@@ -87,6 +92,10 @@ def main(args: argparse.Namespace) -> int:
     single = len(args.inputs) == 1 and not Path(args.inputs[0]).expanduser().is_dir()
     template = template_for(args.output, single)
     config = override(config, "-o", "output", template=template)
+    for key in ("refine", "near", "far", "gamma"):
+        if getattr(args, key) is not None:
+            config = override(config, f"--{key}", "output", **{key: getattr(args, key)})
+    check_combinations(config)
     sources = collect_inputs(args.inputs, config.output.template)
     if not sources:
         raise ConfigError("no frames found in " + ", ".join(args.inputs) + "; give image files or folders of them")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from pathlib import Path
 
 from depthwatch.commands.common import add_config_arguments, config_from_args
 from depthwatch.config import Config
