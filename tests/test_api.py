@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -21,11 +22,11 @@ requests = pytest.importorskip("requests")
 pytest.importorskip("waitress")
 
 from depthwatch import imaging  # noqa: E402
-from depthwatch.config import ApiConfig, OutputConfig, WatchConfig  # noqa: E402
+from depthwatch.config import ApiConfig, Config, OutputConfig, WatchConfig  # noqa: E402
 from depthwatch.engine import Engine  # noqa: E402
 from depthwatch.model import ModelSpec  # noqa: E402
 from depthwatch.job import Job  # noqa: E402
-from depthwatch.pipeline import Result  # noqa: E402
+from depthwatch.pipeline import Result, Settings  # noqa: E402
 from depthwatch.profiles import PROFILES  # noqa: E402
 from depthwatch.rules import Rules  # noqa: E402
 from depthwatch.waiters import DONE, TIMEOUT, MapWaiters  # noqa: E402
@@ -49,10 +50,13 @@ class Reference:
         self.info = self.engine.wait_ready()
 
     def depth(self, data: bytes, bits: int = 8) -> np.ndarray:
-        decoded = imaging.decode(data, max_pixels=10**8)
+        """The map with the daemon's default output settings (refine, levels) at `bits`."""
+        decoded = imaging.decode(data, max_pixels=10**8, min_size=self.info.min_frame_size)
         tensor = imaging.prepare(decoded, self.info.contract, self.info.profile)
         prediction = self.engine.infer(tensor, self.info.generation).result(HTTP_TIMEOUT).prediction
-        return imaging.render(prediction, self.info.profile.output, decoded.size, imaging.RenderOptions(bits=bits))
+        options = dataclasses.replace(Settings.from_config(Config()).render, bits=bits)
+        nearness = imaging.normalise(prediction, self.info.profile.output, options)
+        return imaging.render(nearness, decoded.size, options, guide=decoded.image)
 
     def close(self) -> None:
         self.engine.stop()
