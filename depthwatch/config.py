@@ -318,8 +318,18 @@ def defaults(base: Path | None = None) -> Config:
 # -- finding and loading ----------------------------------------------------------------
 
 
-def find(explicit: str | os.PathLike[str] | None = None, platform: str | None = None) -> Path | None:
-    """The config file to use: -c PATH, then $DEPTHWATCH_CONFIG, then the user's folder."""
+#: The config file `find(here=True)` takes from the current folder.
+LOCAL_FILE = "config.yaml"
+
+
+def find(explicit: str | os.PathLike[str] | None = None, platform: str | None = None, *, here: bool = False) -> Path | None:
+    """The config file to use: -c PATH, then $DEPTHWATCH_CONFIG, then the user's folder,
+    then (with `here`) `config.yaml` in the current folder; None: built-in defaults.
+
+    `here` is for commands run by hand (run, once, check, status, models): started
+    from a checkout, they use the documented config.yaml there, and the start-up
+    line says which file it was. A service always gets an absolute -c.
+    """
     if explicit:
         path = Path(os.path.expanduser(str(explicit)))
         if not path.is_file():
@@ -332,7 +342,10 @@ def find(explicit: str | os.PathLike[str] | None = None, platform: str | None = 
             raise ConfigError(f"${ENV_VAR} names {path}, which does not exist; fix or unset it")
         return path.resolve()
     user = paths.default_config_file(platform)
-    return user if user.is_file() else None
+    if user.is_file():
+        return user
+    local = Path.cwd() / LOCAL_FILE
+    return local.resolve() if here and local.is_file() else None
 
 
 def load(path: Path | None) -> Config:

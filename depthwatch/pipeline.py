@@ -94,6 +94,8 @@ class Result:
     retryable: bool = False
     #: A newer version of the frame turned up meanwhile; not a failure.
     superseded: bool = False
+    #: The model ran (or was running) for this job; false for one dropped before inference.
+    inferred: bool = False
     size: tuple[int, int] | None = None
     model: str | None = None
     providers: tuple[str, ...] = ()
@@ -561,6 +563,7 @@ class Pipeline:
             frame.result.error = str(exc)
             frame.result.retryable = isinstance(exc, OutputError) and exc.retryable
             frame.result.superseded = isinstance(exc, Superseded)
+            frame.result.inferred = frame.inference is not None and not frame.inference.cancelled()
         else:
             log.debug("unexpected error on %s", frame.job.source, exc_info=exc)
             frame.result.error = f"internal error: {type(exc).__name__}: {exc}"

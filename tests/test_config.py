@@ -116,6 +116,8 @@ def test_discovery_order(tmp_path, monkeypatch):
 
 def test_macos_config_lives_in_application_support(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)  # platformdirs honours them on macOS too
     assert paths.default_config_file("darwin") == tmp_path / "Library/Application Support/depthwatch/config.yaml"
     assert paths.models_dir("darwin") == tmp_path / "Library/Application Support/depthwatch/models"
     assert paths.log_dir("darwin") == tmp_path / "Library/Logs/depthwatch"

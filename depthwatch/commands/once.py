@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
 from depthwatch.commands.common import add_config_arguments, config_from_args
 from depthwatch.config import OutputConfig, WatchConfig
-from depthwatch.errors import ConfigError, FrameError
+from depthwatch.errors import ConfigError, FrameError, InputError
 from depthwatch.formats import EXTENSIONS
 from depthwatch.rules import Rules
 
@@ -42,7 +43,10 @@ def template_for(output: str | None, single: bool) -> str:
     if output is None:
         return DEFAULT_TEMPLATE
     if "{" in output:
-        return output
+        # A bare name goes beside each input; a path with a folder is taken from the
+        # current folder, as every command-line tool takes paths.
+        folder, name = os.path.split(os.path.expanduser(output))
+        return os.path.join(os.path.abspath(folder), name) if folder else output
     target = Path(output).expanduser()
     if single and target.suffix and not target.is_dir():
         return str(target.absolute())
@@ -63,8 +67,13 @@ def collect_inputs(inputs: list[str], template: str) -> list[Path]:
     """The frames named, with folders expanded to the images directly inside them.
 
     Inside a folder, hidden files and depthwatch's own outputs (by the output
-    rules, not by a word in the name) are left out.
+    rules, not by a word in the name) are left out. A name that is not there is
+    refused here, before the model loads: it is a typing mistake, not a frame
+    that vanished.
     """
+    missing = [item for item in inputs if not os.path.lexists(os.path.expanduser(item))]
+    if missing:
+        raise InputError(f"no such file or folder: {', '.join(missing)}; check the path")
     files: list[Path] = []
     for item in inputs:
         path = Path(os.path.abspath(Path(item).expanduser()))
@@ -109,6 +118,7 @@ def main(args: argparse.Namespace) -> int:
         except FrameError as exc:
             failures.append(f"{source}: {exc}")
     spec = catalogue.resolve(config.model, config.base)
+    began = time.monotonic()
     progress = _progress(len(sources))
     for line in failures:
         progress.write(f"depthwatch: {line}", file=sys.stderr)
@@ -123,6 +133,7 @@ def main(args: argparse.Namespace) -> int:
 
     if not jobs:  # every frame already failed: no model needed to say so
         progress.close()
+        _summary(len(sources), len(failures), began)
         return 1
     with Engine(spec) as engine:
         engine.wait_ready()
@@ -131,7 +142,14 @@ def main(args: argparse.Namespace) -> int:
             pipeline.submit(job, settings).add_done_callback(report)  # blocks while the pipeline is full
         pipeline.close()
     progress.close()
+    _summary(len(sources), len(failures), began)
     return 1 if failures else 0
+
+
+def _summary(frames: int, failed: int, began: float) -> None:
+    """One line a script (or a person, once the bar is gone) can read: what was done, how long."""
+    done = frames - failed
+    print(f"{done} depth map{'s' if done != 1 else ''} written, {failed} failed, in {time.monotonic() - began:.1f} s")
 
 
 def _progress(total: int):  # noqa: ANN202 - tqdm or its stand-in
