@@ -206,6 +206,8 @@ class OutputConfig:
     clip_percent: tuple[float, float] | None = field(default=None, metadata=_spec(_optional(_percent_pair)))
     sidecar: bool = field(default=False, metadata=_spec(_bool))
     error_sidecar: bool = field(default=False, metadata=_spec(_bool))
+    # Shot-stable maps (see depthwatch/stabilise.py) or each map on its own.
+    normalise: str = field(default="stable", metadata=_spec(_choice("stable", "frame")))
 
 
 @dataclass(frozen=True)

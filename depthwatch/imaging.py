@@ -20,10 +20,11 @@ import cv2
 import numpy as np
 
 from depthwatch import formats
+from depthwatch import normalise as normalise_step
 from depthwatch.contract import NCHW, Contract
 from depthwatch.errors import FrameError, ModelError
 from depthwatch.formats import OUTPUT_FORMATS
-from depthwatch.profiles import INVERSE_DEPTH, Profile
+from depthwatch.profiles import Profile
 
 _REDUCED = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
 
@@ -146,34 +147,24 @@ def prepare(decoded: Decoded, contract: Contract, profile: Profile) -> np.ndarra
 def normalise(prediction: np.ndarray, output_kind: str, options: RenderOptions) -> np.ndarray:
     """Map a raw prediction to [0, 1] with 1 = white: near by default, far if inverted.
 
-    (x - min) / (max - min), guarded for a flat map. The classic Flask example's
-    255 / max * (x - min) divides by the maximum instead of the range and wraps
-    in uint8 when min < 0; this does neither.
+    The per-frame map (`normalise.frame`, 1 = nearest), then the invert.
     """
-    d = np.nan_to_num(prediction.astype(np.float32, copy=False), nan=0.0, posinf=0.0, neginf=0.0)
-    if options.clip_percent:
-        lo, hi = (float(v) for v in np.percentile(d, options.clip_percent))
-    else:
-        lo, hi = float(d.min()), float(d.max())
-    span = hi - lo
-    if not span > 1e-12 * max(1.0, abs(hi)):
-        n = np.zeros_like(d)
-    else:
-        n = np.clip((d - lo) * np.float32(1 / span), 0.0, 1.0)
-    larger_is_near = output_kind == INVERSE_DEPTH
-    white_is_near = not options.invert
-    if larger_is_near != white_is_near:
-        n = 1.0 - n
-    return n
+    n = normalise_step.frame(prediction, output_kind, options.clip_percent)
+    return 1.0 - n if options.invert else n
 
 
 def render(prediction: np.ndarray, output_kind: str, size: tuple[int, int], options: RenderOptions) -> np.ndarray:
-    """The depth map at the frame's (width, height), 8- or 16-bit, ready to encode.
+    """The per-frame depth map at the frame's (width, height), 8- or 16-bit, ready to encode."""
+    return render_map(normalise_step.frame(prediction, output_kind, options.clip_percent), size, options)
+
+
+def render_map(nearness: np.ndarray, size: tuple[int, int], options: RenderOptions) -> np.ndarray:
+    """A [0, 1] nearness map (1 = nearest, at model resolution) at the frame's size, quantised.
 
     Quantising at model resolution and upscaling integers gives the same map as
     upscaling floats first (within one level) at a fraction of the cost.
     """
-    n = normalise(prediction, output_kind, options)
+    n = 1.0 - nearness if options.invert else nearness
     top, dtype = (255, np.uint8) if options.bits == 8 else (65535, np.uint16)
     q = (n * np.float32(top) + np.float32(0.5)).astype(dtype)
     if (q.shape[1], q.shape[0]) == size:

@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from depthwatch import formats, imaging
+import numpy as np
+
+from depthwatch import formats, imaging, normalise, stabilise
 from depthwatch.config import Config
 from depthwatch.engine import Engine, Inference
 from depthwatch.model import ModelInfo
@@ -53,6 +55,11 @@ class Job:
     signature: tuple[int, int, int] | None = None
     #: When the frame was found complete (monotonic clock), for latency figures.
     queued_at: float = field(default_factory=time.monotonic, compare=False)
+    #: `depthwatch once` over a sequence, pass 1: stop after inference; the Result carries the
+    #: frame's stabilise.Summary and its prediction (float16), and nothing is written.
+    collect: bool = field(default=False, compare=False)
+    #: Pass 2: the [0, 1] nearness map is already made (model resolution): no inference.
+    nearness: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,8 @@ class Settings:
     png_compression: int = 1
     max_pixels: int = 100_000_000
     sidecar: bool = False
+    #: output.normalise: stable (per-output shot state) or frame (each map on its own).
+    normalise: str = normalise.STABLE
 
     @classmethod
     def from_config(cls, config: Config) -> Settings:
@@ -76,6 +85,7 @@ class Settings:
             png_compression=out.png_compression,
             max_pixels=int(config.daemon.max_megapixels * 1_000_000),
             sidecar=out.sidecar,
+            normalise=out.normalise,
         )
 
 
@@ -92,6 +102,13 @@ class Result:
     model: str | None = None
     providers: tuple[str, ...] = ()
     ms: dict[str, float] = field(default_factory=dict)
+    #: The shot this map belongs to (stable normalisation), and why it started with this
+    #: frame: "new" (the output's first), "cut", "model" (a model swap), or "" (it did not).
+    shot: int | None = None
+    started: str = ""
+    #: Job.collect: what planning a sequence needs of this frame.
+    summary: stabilise.Summary | None = None
+    prediction: np.ndarray | None = None
 
     @property
     def ok(self) -> bool:
@@ -104,6 +121,16 @@ class Result:
         timings = " ".join(f"{stage} {self.ms.get(stage, 0.0):.1f}" for stage in STAGES)
         w, h = self.size or (0, 0)
         return f"{self.job.source.name} -> {self.job.output.name} {w}x{h} ms: {timings}"
+
+    def shot_note(self) -> str:
+        """' shot 3 (cut)' when a cut or a model swap started a shot with this map, else ''.
+
+        An output's first map starts its first shot too, but saying so on every
+        frame of a burst of stills would drown the cuts.
+        """
+        if self.started in ("cut", "model"):
+            return f" shot {self.shot} ({self.started})"
+        return ""
 
 
 @dataclass
@@ -223,6 +250,8 @@ class Pipeline:
         # (seq, time) of the last map written per output; a short memory is enough, since
         # only jobs in flight (a handful) ever compare against it.
         self._written: OrderedDict[Path, tuple[int, float]] = OrderedDict()
+        # Shot state per output for output.normalise: stable (bounded; see stabilise).
+        self.stabiliser = stabilise.Stabiliser()
         # Writes to one output are serialised (by stripe, to keep this bounded) so the
         # check "nothing newer was written" and the write happen as one.
         self._write_locks = [threading.Lock() for _ in range(64)]
@@ -284,6 +313,12 @@ class Pipeline:
             min_size = imaging.model_input_size(info.contract, info.profile, (4096, 4096))
             frame.decoded = imaging.decode(data, max_pixels=frame.settings.max_pixels, min_size=min_size)
             del data
+            if frame.job.nearness is not None:  # once, pass 2: the map is made, only write it
+                frame.lap("decode")
+                done: Future[Inference] = Future()
+                done.set_result(Inference(frame.job.nearness, 0.0, info.generation))
+                self._back(frame, done)
+                return
             self._to_engine(frame, info)
         except Exception as exc:
             self._fail(frame, exc)
@@ -334,7 +369,11 @@ class Pipeline:
             options = imaging.RenderOptions(
                 settings.render.invert, settings.render.clip_percent, imaging.bits_for(ext, settings.png_bits)
             )
-            depth = imaging.render(inference.prediction, info.profile.output, frame.decoded.size, options)
+            if job.collect:
+                self._collect(frame, inference, info)
+                return
+            nearness = self._normalise(frame, inference, info)
+            depth = imaging.render_map(nearness, frame.decoded.size, options)
             encoded = imaging.encode(
                 depth, ext, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression
             )
@@ -361,6 +400,49 @@ class Pipeline:
             frame.future.set_result(frame.result)
         except Exception as exc:
             self._fail(frame, exc)
+
+    def _normalise(self, frame: _Frame, inference: Inference, info: ModelInfo) -> np.ndarray:
+        """Step 1 of the render chain: the [0, 1] nearness map at model resolution (worker thread).
+
+        In stable mode the output's shot state moves on only with a frame that is
+        still the newest submitted for its output and newer than the last one that
+        moved it; a replaced frame that still gets written is mapped from the state
+        as it is.
+        """
+        job, settings = frame.job, frame.settings
+        if job.nearness is not None:
+            return job.nearness
+        kind, clip = info.profile.output, settings.render.clip_percent
+        if settings.normalise != normalise.STABLE:
+            return normalise.frame(inference.prediction, kind, clip)
+        assert frame.decoded is not None
+        outcome = self.stabiliser.map(
+            job.output,
+            inference.prediction,
+            kind,
+            frame.decoded.image,
+            key=(inference.generation, clip),
+            seq=frame.seq,
+            advance=not frame.abandoned,
+            clip_percent=clip,
+        )
+        frame.result.shot, frame.result.started = outcome.shot, outcome.started
+        return outcome.map
+
+    def _collect(self, frame: _Frame, inference: Inference, info: ModelInfo) -> None:
+        """Pass 1 of a sequence in `once`: keep what planning needs, write nothing."""
+        assert frame.decoded is not None
+        result = frame.result
+        result.summary = stabilise.summarise(
+            inference.prediction, info.profile.output, frame.decoded.image, frame.settings.render.clip_percent
+        )
+        result.prediction = inference.prediction.astype(np.float16)
+        result.size = frame.decoded.size
+        result.model = info.spec.path.name
+        result.providers = info.providers
+        frame.decoded = None
+        frame.lap("encode")
+        frame.future.set_result(result)
 
     def _sidecar(self, frame: _Frame) -> bytes:
         st = frame.source_stat

@@ -88,7 +88,7 @@ REFERENCE_RATE = 0.5
 #: so one odd frame does not flatten the whole shot.
 SHOT_QUANTILES = (0.1, 0.9)
 #: Daemon: outputs remembered at most, and forgotten after this long without a frame.
-MAX_OUTPUTS = 256
+MAX_OUTPUTS = 64
 IDLE_S = 600.0
 
 _EMPTY = np.zeros(0, np.float32)
@@ -392,15 +392,17 @@ class Stabiliser:
         with shot.lock:
             shot.used = now
             moves = advance and seq > shot.seq
-            step = shot.track.follow(summary) if shot.key == key else None
+            same_model = shot.key == key
+            step = shot.track.follow(summary) if same_model else None
             if step is None:
                 depth = normalise.frame(prediction, output_kind, clip_percent)
+                if not moves:
+                    return Outcome(depth, shot.track.number)
                 number = shot.track.number + 1
-                if moves:
-                    shot.key, shot.seq, shot.lo, shot.hi = key, seq, summary.lo, summary.hi
-                    shot.track = _Track.start(number, summary)
-                    shot.track.previous = n
-                return Outcome(depth, number, "cut" if shot.key == key or not moves else "model")
+                shot.key, shot.seq, shot.lo, shot.hi = key, seq, summary.lo, summary.hi
+                shot.track = _Track.start(number, summary)
+                shot.track.previous = n
+                return Outcome(depth, number, "cut" if same_model else "model")
             f = step.fit
             aligned = n * np.float32(f.scale)
             aligned += np.float32(f.shift)
