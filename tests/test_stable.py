@@ -55,12 +55,15 @@ def feed(d: DaemonProcess, frames: list[bytes], done_before: int) -> list[np.nda
 
 
 def test_daemon_pan_is_stable_and_a_cut_starts_afresh(tmp_path, fastdepth, frames):
-    d = DaemonProcess(tmp_path, fastdepth, model={"profile": "fastdepth-nyu", "providers": ["cpu"]}).start()
+    d = DaemonProcess(tmp_path, fastdepth)
+    config = yaml.safe_load(d.config_path.read_text())
+    config["model"].update(profile="fastdepth-nyu", providers=["cpu"])
+    d.config_path.write_text(yaml.safe_dump(config))
+    d.start()
     try:
         stable = feed(d, frames, 0)
         status = d.status()["counts"]
         lines = d.frame_lines()
-        config = yaml.safe_load(d.config_path.read_text())
         config["output"]["normalise"] = "frame"  # live reload: the next frame is per-frame
         write_by_rename(d.config_path, yaml.safe_dump(config).encode())
         wait_for(lambda: d.status().get("config_loads") == 2, what="the reload")
