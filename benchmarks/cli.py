@@ -23,12 +23,12 @@ from types import FrameType
 from typing import Any
 
 from benchmarks import frames as framesets
-from benchmarks import report, scenarios, standin
+from benchmarks import report, scenarios, stable, standin
 from benchmarks.daemon import Knobs
 from benchmarks.processes import BenchError
 from depthwatch.errors import DepthwatchError
 
-SCENARIOS = ("classic", "burst", "latency", "memory")
+SCENARIOS = ("classic", "burst", "latency", "memory", "stable")
 
 
 def _ints(text: str) -> list[int]:
@@ -222,6 +222,8 @@ def _bench(args: argparse.Namespace, work: Path) -> int:
             one_at_a_time = _run(results, "depthwatch latency and scrub", lambda: scenarios.latency_and_scrub(plan))
             if one_at_a_time:
                 s["latency"], s["scrub"], s["daemon"] = one_at_a_time
+        if "stable" not in args.skip:
+            s["normalise"] = _run(results, "output.normalise frame vs stable", lambda: stable.compare(plan))
     del captured
     results["scenarios"] = {k: v for k, v in s.items() if v is not None}
     results["machine"]["load_after"] = _load()

@@ -33,6 +33,8 @@ class Knobs:
     workers: int
     #: OpenCV's thread count in the daemon (OPENCV_FOR_THREADS_NUM); 0 = OpenCV's default.
     cv2_threads: int = 0
+    #: output.normalise: stable (depthwatch's default) or frame.
+    normalise: str = "stable"
 
     def env(self) -> dict[str, str]:
         return {"OPENCV_FOR_THREADS_NUM": str(self.cv2_threads)} if self.cv2_threads else {}
@@ -48,7 +50,7 @@ def config_dict(knobs: Knobs, folder: Path, patterns: list[str], template: str, 
             "intra_op_threads": knobs.intra_op_threads,
         },
         "watch": {"folders": [str(folder)], "patterns": patterns},
-        "output": {"template": template},
+        "output": {"template": template, "normalise": knobs.normalise},
         "daemon": {"workers": knobs.workers, "status_file": str(status), "log_level": "info"},
     }
 

@@ -147,6 +147,8 @@ class _Frame:
     #: A newer job for the same output was submitted: do not start inference.
     abandoned: bool = False
     inference: Future[Inference] | None = None
+    #: output.normalise: stable: the map and the shot state it leaves once written.
+    outcome: stabilise.Outcome | None = None
 
     def check(self) -> None:
         if self.abandoned:
@@ -386,6 +388,8 @@ class Pipeline:
                 if self._newer_written(frame):
                     raise Superseded("a newer version's map was written first")
                 atomic_write(job.output, encoded)
+                if frame.outcome is not None and self.stabiliser.landed(job.output, frame.outcome):
+                    frame.result.shot, frame.result.started = frame.outcome.shot, frame.outcome.started
                 if settings.sidecar:
                     atomic_write(job.output.with_name(job.output.name + ".json"), self._sidecar(frame))
                 with self._lock:
@@ -404,10 +408,8 @@ class Pipeline:
     def _normalise(self, frame: _Frame, inference: Inference, info: ModelInfo) -> np.ndarray:
         """Step 1 of the render chain: the [0, 1] nearness map at model resolution (worker thread).
 
-        In stable mode the output's shot state moves on only with a frame that is
-        still the newest submitted for its output and newer than the last one that
-        moved it; a replaced frame that still gets written is mapped from the state
-        as it is.
+        In stable mode the map comes from the output's shot state as it is; the
+        state this frame leaves is kept only once its map is written (see `_back`).
         """
         job, settings = frame.job, frame.settings
         if job.nearness is not None:
@@ -416,18 +418,16 @@ class Pipeline:
         if settings.normalise != normalise.STABLE:
             return normalise.frame(inference.prediction, kind, clip)
         assert frame.decoded is not None
-        outcome = self.stabiliser.map(
+        frame.outcome = self.stabiliser.map(
             job.output,
             inference.prediction,
             kind,
             frame.decoded.image,
             key=(inference.generation, clip),
             seq=frame.seq,
-            advance=not frame.abandoned,
             clip_percent=clip,
         )
-        frame.result.shot, frame.result.started = outcome.shot, outcome.started
-        return outcome.map
+        return frame.outcome.map
 
     def _collect(self, frame: _Frame, inference: Inference, info: ModelInfo) -> None:
         """Pass 1 of a sequence in `once`: keep what planning needs, write nothing."""

@@ -176,43 +176,49 @@ def another_place(image: np.ndarray) -> np.ndarray:
     return cv2.add(image // 4, np.full_like(image, (0, 0, 180)))
 
 
-def test_first_map_is_exactly_the_frame_map_and_a_replaced_frame_changes_nothing():
+def test_first_map_is_exactly_the_frame_map_and_only_landed_maps_move_the_state():
     s = stabilise.Stabiliser()
     depth, image = scene()
     out = Path("depth.jpg")
     first = s.map(out, depth, DEPTH, image, key=1, seq=1)
     assert first.started == "new" and np.array_equal(first.map, normalise.frame(depth, DEPTH))
     clip = (2.0, 90.0)
-    other = stabilise.Stabiliser().map(out, depth, DEPTH, image, key=1, seq=1, clip_percent=clip)
-    assert np.array_equal(other.map, normalise.frame(depth, DEPTH, clip))
+    clipped = stabilise.Stabiliser().map(out, depth, DEPTH, image, key=1, seq=1, clip_percent=clip)
+    assert np.array_equal(clipped.map, normalise.frame(depth, DEPTH, clip))
 
+    assert s.state(out) is None  # nothing until the map is written
+    assert s.landed(out, first)
     brighter = depth * 1.5  # the model's scale drifted: the map must not change
-    aligned = s.map(out, brighter, DEPTH, image, key=1, seq=2, advance=False)
-    assert aligned.started == "" and np.abs(aligned.map - first.map).max() < 0.02
-    # Neither an abandoned frame nor one older than the newest that moved the state on moves it.
-    state = s._shots[out]
-    assert state.seq == 1
-    s.map(out, depth, DEPTH, image, key=1, seq=3)
-    s.map(out, brighter, DEPTH, image, key=1, seq=2)
-    assert s._shots[out].seq == 3
+    aligned = s.map(out, brighter, DEPTH, image, key=1, seq=2)
+    assert aligned.started == "" and aligned.shot == 1
+    assert np.abs(aligned.map - first.map).max() < 0.02
+    assert s.state(out).seq == 1  # a map not (yet) written leaves no trace
+
+    newer = s.map(out, depth, DEPTH, image, key=1, seq=3)
+    assert s.landed(out, newer)
+    assert not s.landed(out, aligned)  # landing after a newer one: ignored
+    assert s.state(out).seq == 3
 
 
 def test_model_swap_and_colour_jump_start_new_shots_and_state_is_bounded():
     s = stabilise.Stabiliser(max_outputs=3, idle_s=3600)
     depth, image = scene()
     out = Path("a/depth.jpg")
-    s.map(out, depth, DEPTH, image, key=1, seq=1)
+    s.landed(out, s.map(out, depth, DEPTH, image, key=1, seq=1))
     swapped = s.map(out, depth, DEPTH, image, key=2, seq=2)
     assert (swapped.started, swapped.shot) == ("model", 2)
+    s.landed(out, swapped)
     cut = s.map(out, depth, DEPTH, another_place(image), key=2, seq=3)
     assert (cut.started, cut.shot) == ("cut", 3)
     assert np.array_equal(cut.map, normalise.frame(depth, DEPTH))
+    s.landed(out, cut)
     for i in range(5):
-        s.map(Path(f"b{i}/depth.jpg"), depth, DEPTH, image, key=2, seq=10 + i)
-    assert len(s) == 3 and out not in s._shots
+        other = Path(f"b{i}/depth.jpg")
+        s.landed(other, s.map(other, depth, DEPTH, image, key=2, seq=10 + i))
+    assert len(s) == 3 and s.state(out) is None
 
     idle = stabilise.Stabiliser(idle_s=0.0)
-    idle.map(out, depth, DEPTH, image, key=1, seq=1)
+    idle.landed(out, idle.map(out, depth, DEPTH, image, key=1, seq=1))
     again = idle.map(out, depth, DEPTH, image, key=1, seq=2)
     assert (again.started, again.shot) == ("new", 1)  # forgotten: a fresh start
 
