@@ -9,19 +9,28 @@ mapped to grey with a range that belongs to the shot, not to the frame.
 
 How, step by step (the same for both uses below):
 
-1. `summarise()` reduces a frame to a `Summary` of a few kilobytes: its
+1. `summarise()` reduces a frame to a `Summary` of a few tens of KB: its
    prediction as nearness (`normalise.nearness`) area-averaged to a 32x32 grid,
-   the frame's own range of nearness (what `frame` mode would stretch), and a
-   coarse colour histogram of the decoded image.
-2. Alignment (`fit`): a least-squares scale and shift taking the grid onto the
-   shot's reference grid, refitted twice without the worst-fitting 25% of cells
-   (the part that moved, or came into view), so a person walking through does
-   not tilt the whole map.
-3. A cut is a jump in the colour histogram (Hellinger distance), or an
+   the frame's own range of nearness (what `frame` mode would stretch), a
+   coarse colour histogram and a 64x64 grey thumbnail of the decoded image.
+2. Motion (`motion`): one global translation between consecutive thumbnails by
+   phase correlation, so a pan compares the same scene points.
+3. Alignment (`fit`): a scale and shift taking the grid onto the shot's
+   reference grid (moved with the camera), refitted twice without the
+   worst-fitting 25% of cells (the part that moved, or came into view), so a
+   person walking through does not tilt the whole map. The scale is the ratio
+   of spreads, not the least-squares slope, which noise biases towards 0 and
+   which, chained over a shot, would fade the map a little every frame.
+4. A cut is a jump in the colour histogram (Hellinger distance), or an
    alignment that fits badly (low correlation, a scale far from 1): a new shot
    starts, and its first map is exactly the `frame` map. No grey levels cross a cut.
-4. The grey range is the frame statistic (min and max, or `clip_percent`
-   percentiles) of the aligned prediction; in the daemon it follows the shot
+5. Temporal filter (`_blend`): the aligned map is pulled towards the previous
+   one, moved with the camera, where the two agree: the model's own
+   frame-to-frame noise (most of what is left after alignment, for a small
+   model like FastDepth) averages out, and something that really moved keeps
+   its new value.
+6. The grey range is the frame statistic (min and max, or `clip_percent`
+   percentiles) of the filtered map; in the daemon it follows the shot
    through an exponential moving average, offline it is the shot's own.
 
 Metric depth is aligned as negated depth, not as disparity (1 / depth): the
@@ -41,11 +50,16 @@ Offline (`depthwatch once` over a sequence, and the render farm):
 
     summaries = [summarise(prediction, kind, image, clip) for each frame in order]
     params = plan(summaries)                    # pure; cheap; one Params per frame
-    depth = apply(prediction, kind, params[i])  # the [0, 1] map of frame i
+    # then apply(), frame by frame, in order (below)
 
-`plan` needs only the summaries (about 5 KB a frame), so remote workers can
-return them and the client plans; `apply` needs that frame's prediction again
-(kept, or recomputed) and its `Params` (a few floats).
+`plan` needs only the summaries (about 25 KB a frame), so remote workers can
+return them and the client plans. `apply` needs each frame's prediction again
+(kept, or recomputed) and its `Params` (a few floats), and goes through a
+shot in frame order, each call handing the next one its filtered map:
+
+    previous = None
+    for prediction, p in zip(predictions, params):
+        depth, previous = apply(prediction, kind, p, previous, clip)
 """
 
 from __future__ import annotations
