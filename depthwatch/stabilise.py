@@ -9,7 +9,7 @@ mapped to grey with a range that belongs to the shot, not to the frame.
 
 How, step by step (the same for both uses below):
 
-1. `summarise()` reduces a frame to a `Summary` of a few tens of KB: its
+1. `summarise()` reduces a frame to a `Summary` of about 10 KB: its
    prediction as nearness (`normalise.nearness`) area-averaged to a 32x32 grid,
    the frame's own range of nearness (what `frame` mode would stretch), a
    coarse colour histogram and a 64x64 grey thumbnail of the decoded image.
@@ -52,7 +52,7 @@ Offline (`depthwatch once` over a sequence, and the render farm):
     params = plan(summaries)                    # pure; cheap; one Params per frame
     # then apply(), frame by frame, in order (below)
 
-`plan` needs only the summaries (about 25 KB a frame), so remote workers can
+`plan` needs only the summaries (about 10 KB a frame), so remote workers can
 return them and the client plans. `apply` needs each frame's prediction again
 (kept, or recomputed) and its `Params` (a few floats), and goes through a
 shot in frame order, each call handing the next one its filtered map:
@@ -105,7 +105,7 @@ REFERENCE_RATE = 0.5
 #: so one odd frame does not flatten the whole shot.
 SHOT_QUANTILES = (0.1, 0.9)
 #: Daemon: outputs remembered at most, and forgotten after this long without a frame.
-MAX_OUTPUTS = 64
+MAX_OUTPUTS = 32
 IDLE_S = 600.0
 
 _EMPTY = np.zeros(0, np.float32)
@@ -113,7 +113,7 @@ _EMPTY = np.zeros(0, np.float32)
 
 @dataclass(frozen=True)
 class Summary:
-    """What planning needs of one frame: small enough to send over a network (about 30 KB)."""
+    """What planning needs of one frame: small enough to send over a network (about 10 KB)."""
 
     #: Nearness area-averaged to GRID, float32 (raw model units, larger = nearer).
     grid: np.ndarray
@@ -122,7 +122,7 @@ class Summary:
     hi: float
     #: Colour histogram of the decoded frame, float32, sums to 1 (empty: unknown).
     colours: np.ndarray = field(default_factory=lambda: _EMPTY)
-    #: Grey thumbnail (THUMB) of the decoded frame, float32 (empty: unknown, no motion).
+    #: Grey thumbnail (THUMB) of the decoded frame, uint8 (empty: unknown, no motion).
     grey: np.ndarray = field(default_factory=lambda: _EMPTY)
 
 
@@ -176,7 +176,7 @@ def _summary(n: np.ndarray, output_kind: str, image: np.ndarray | None, clip: tu
     small = _thumbnail(image)
     hist = cv2.calcHist([small], [0, 1, 2], None, [BINS] * 3, [0, 256] * 3).ravel()
     hist = (hist / max(1.0, float(hist.sum()))).astype(np.float32)
-    grey = cv2.cvtColor(small, cv2.COLOR_BGR2GRAY).astype(np.float32)
+    grey = cv2.cvtColor(small, cv2.COLOR_BGR2GRAY)
     return Summary(grid, lo, hi, hist, grey)
 
 
@@ -205,7 +205,7 @@ def motion(before: np.ndarray, after: np.ndarray) -> tuple[float, float]:
     """
     if before.size == 0 or after.size == 0 or before.shape != after.shape:
         return 0.0, 0.0
-    (dx, dy), response = cv2.phaseCorrelate(before, after, _WINDOW)
+    (dx, dy), response = cv2.phaseCorrelate(before.astype(np.float32), after.astype(np.float32), _WINDOW)
     if response < 0.1 or abs(dx) > before.shape[1] / 4 or abs(dy) > before.shape[0] / 4:
         return 0.0, 0.0
     return float(dx), float(dy)
@@ -373,7 +373,7 @@ class Stabiliser:
     `key` is whatever must match for the state to carry over (the model's
     generation, the settings): a mismatch starts a new shot.
     Memory: at most `max_outputs` outputs (the least recently used forgotten
-    first), each about 300 KB at 256x256, and none idle longer than `idle_s`.
+    first), each about 270 KB at 256x256, and none idle longer than `idle_s`.
     """
 
     def __init__(self, max_outputs: int = MAX_OUTPUTS, idle_s: float = IDLE_S) -> None:
