@@ -23,12 +23,13 @@ from types import FrameType
 from typing import Any
 
 from benchmarks import frames as framesets
+from benchmarks import refine as refine_bench
 from benchmarks import report, scenarios, stable, standin
 from benchmarks.daemon import Knobs
 from benchmarks.processes import BenchError
 from depthwatch.errors import DepthwatchError
 
-SCENARIOS = ("classic", "burst", "latency", "memory", "stable")
+SCENARIOS = ("classic", "burst", "latency", "memory", "refine", "stable")
 
 
 def _ints(text: str) -> list[int]:
@@ -222,6 +223,13 @@ def _bench(args: argparse.Namespace, work: Path) -> int:
             one_at_a_time = _run(results, "depthwatch latency and scrub", lambda: scenarios.latency_and_scrub(plan))
             if one_at_a_time:
                 s["latency"], s["scrub"], s["daemon"] = one_at_a_time
+        if "refine" not in args.skip:
+            s["refine_none"] = _run(results, "burst and latency with refine: none", lambda: refine_bench.compare(plan))
+            s["refine_micro"] = _run(
+                results,
+                "refine micro-benchmark (one core)",
+                lambda: refine_bench.micro(repeats=3 if args.quick else 30),
+            )
         if "stable" not in args.skip:
             s["normalise"] = _run(results, "output.normalise frame vs stable", lambda: stable.compare(plan))
     del captured
