@@ -81,7 +81,7 @@ def test_daemon_pan_is_stable_and_a_cut_starts_afresh(tmp_path, fastdepth, frame
     # The cut: that frame's own map, full range; the shot before it had no cut.
     first = stable[PAN]
     assert correlation(first, per_frame[PAN]) >= 0.95
-    assert first.min() <= 2 and first.max() >= 253
+    assert first.min() <= 3 and first.max() >= 250  # full range, but for refine: edges smoothing the extremes
     assert np.abs(first.astype(int) - per_frame[PAN].astype(int)).max() <= 2  # JPEG coding, int8 threads
     assert [i for i, line in enumerate(lines) if "shot" in line.split(" ms: ")[1]] == [PAN]
     assert lines[PAN].endswith("shot 2 (cut)")
@@ -119,7 +119,7 @@ def test_once_normalises_each_shot_of_a_sequence_as_a_whole(tmp_path, fastdepth,
     # Each shot spans the full range as a whole; the cut's first map is that frame's own
     # map up to the shot's range (correlated), not a continuation of the first shot.
     for shot in (stable[:PAN], stable[PAN:]):
-        assert min(m.min() for m in shot) <= 2 and max(m.max() for m in shot) >= 253
+        assert min(m.min() for m in shot) <= 3 and max(m.max() for m in shot) >= 250  # refine: edges smooths extremes
     assert correlation(stable[PAN], per_frame[PAN]) >= 0.95
     assert np.percentile(stable[PAN], 99) - np.percentile(stable[PAN], 1) >= 0.6 * 255
 
@@ -132,6 +132,7 @@ def test_unrelated_stills_each_get_their_own_map(tmp_path, fastdepth):
     for name, photo in photos.items():
         cv2.imwrite(str(folder / name), cv2.resize(photo[:, :, ::-1], (640, 360)), [cv2.IMWRITE_JPEG_QUALITY, 90])
     model = ["--model", str(fastdepth), "--profile", "fastdepth-nyu"]
+    model += ["--refine", "none"]  # the normalised map as it is: no guided filter on its extremes
     run_once(str(folder), "-o", "{stem}_depth_stable.png", *model)
     run_once(str(folder), "-o", "{stem}_depth_frame.png", "--normalise", "frame", *model)
     for name in photos:
