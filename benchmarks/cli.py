@@ -23,13 +23,14 @@ from types import FrameType
 from typing import Any
 
 from benchmarks import frames as framesets
+from benchmarks import predict
 from benchmarks import refine as refine_bench
 from benchmarks import report, scenarios, stable, standin
 from benchmarks.daemon import Knobs
 from benchmarks.processes import BenchError
 from depthwatch.errors import DepthwatchError
 
-SCENARIOS = ("classic", "burst", "latency", "memory", "refine", "stable")
+SCENARIOS = ("classic", "predict", "burst", "latency", "memory", "refine", "stable")
 
 
 def _ints(text: str) -> list[int]:
@@ -215,6 +216,8 @@ def _bench(args: argparse.Namespace, work: Path) -> int:
         if "classic" not in args.skip:
             s["classic_flask"] = _run(results, "classic Flask", lambda: scenarios.classic(plan, "flask", captured))
             s["classic_gunicorn"] = _run(results, "classic gunicorn", lambda: scenarios.classic(plan, "gunicorn", captured))
+        if "predict" not in args.skip:
+            s["predict"] = _run(results, "depthwatch POST /predict", lambda: predict.predict(plan))
         if "memory" not in args.skip:
             s["bare"] = _run(results, "bare session process", lambda: scenarios.bare(plan, captured))
         if "burst" not in args.skip:
