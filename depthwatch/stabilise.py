@@ -152,8 +152,9 @@ def _thumbnail(image: np.ndarray) -> np.ndarray:
     last halving keeps the aliasing that would throw the motion estimate off.
     """
     w, h = THUMB
-    small = cv2.resize(image, (2 * w, 2 * h), interpolation=cv2.INTER_LINEAR)
-    small = cv2.resize(small, THUMB, interpolation=cv2.INTER_AREA)
+    if image.shape[1] > 2 * w and image.shape[0] > 2 * h:
+        image = cv2.resize(image, (2 * w, 2 * h), interpolation=cv2.INTER_LINEAR)
+    small = cv2.resize(image, THUMB, interpolation=cv2.INTER_AREA)
     return cv2.cvtColor(small, cv2.COLOR_GRAY2BGR) if small.ndim == 2 else small
 
 
@@ -169,11 +170,15 @@ def summarise(
 
 
 def _summary(n: np.ndarray, output_kind: str, image: np.ndarray | None, clip: tuple[float, float] | None) -> Summary:
+    return _summary_of(n, output_kind, None if image is None else _thumbnail(image), clip)
+
+
+def _summary_of(n: np.ndarray, output_kind: str, small: np.ndarray | None, clip: tuple[float, float] | None) -> Summary:
+    """The Summary of nearness `n` and the frame's THUMB-sized thumbnail (None: no image)."""
     grid = cv2.resize(n, GRID, interpolation=cv2.INTER_AREA)
     lo, hi = normalise.bounds(n, _nearness_clip(clip, output_kind))
-    if image is None:
+    if small is None:
         return Summary(grid, lo, hi)
-    small = _thumbnail(image)
     hist = cv2.calcHist([small], [0, 1, 2], None, [BINS] * 3, [0, 256] * 3).ravel()
     hist = (hist / max(1.0, float(hist.sum()))).astype(np.float32)
     grey = cv2.cvtColor(small, cv2.COLOR_BGR2GRAY)
@@ -311,14 +316,23 @@ class _Track:
     """
 
     number: int
-    reference: np.ndarray
-    colours: np.ndarray
-    grey: np.ndarray
+    reference: np.ndarray | None
+    colours: np.ndarray | None
+    grey: np.ndarray | None
     previous: np.ndarray | None = None
+    #: An output's first frame keeps only its thumbnail (and `previous`); the rest is
+    #: worked out if a second frame comes (`ready`), so a burst of stills pays nothing for it.
+    thumbnail: np.ndarray | None = None
 
     @classmethod
     def start(cls, number: int, summary: Summary, previous: np.ndarray | None = None) -> _Track:
         return cls(number, summary.grid, summary.colours, summary.grey, previous)
+
+    def ready(self, output_kind: str, clip: tuple[float, float] | None) -> _Track:
+        """This track with its reference, colours and grey thumbnail worked out."""
+        if self.reference is not None or self.previous is None:
+            return self
+        return _Track.start(self.number, _summary_of(self.previous, output_kind, self.thumbnail, clip), self.previous)
 
     def follow(self, summary: Summary) -> _Step | None:
         """Align a new frame to the shot, or None where it is a cut."""
@@ -402,13 +416,19 @@ class Stabiliser:
     ) -> Outcome:
         """The [0, 1] nearness map of frame `seq` of `output`, consistent with its shot so far."""
         n = normalise.nearness(prediction, output_kind)
-        summary = _summary(n, output_kind, image, clip_percent)
         with self._lock:
             self._forget_idle(time.monotonic())
             shot = self._shots.get(output)
-        step = shot.track.follow(summary) if shot is not None and shot.key == key else None
-        if shot is None or step is None:
-            number, why = (1, "new") if shot is None else (shot.track.number + 1, "cut" if shot.key == key else "model")
+        if shot is None:
+            lo, hi = normalise.bounds(n, _nearness_clip(clip_percent, output_kind))
+            thumbnail = None if image is None else _thumbnail(image)
+            state = _Shot(key, seq, _Track(1, None, None, None, n, thumbnail), lo, hi)
+            return Outcome(normalise.frame(prediction, output_kind, clip_percent), 1, "new", state)
+        summary = _summary(n, output_kind, image, clip_percent)
+        track = shot.track.ready(output_kind, clip_percent)
+        step = track.follow(summary) if shot.key == key else None
+        if step is None:
+            number, why = shot.track.number + 1, "cut" if shot.key == key else "model"
             state = _Shot(key, seq, _Track.start(number, summary, n), summary.lo, summary.hi)
             return Outcome(normalise.frame(prediction, output_kind, clip_percent), number, why, state)
         f = step.fit
@@ -418,8 +438,8 @@ class Stabiliser:
         flo, fhi = normalise.bounds(filtered, _nearness_clip(clip_percent, output_kind))
         lo = shot.lo + RANGE_RATE * (flo - shot.lo)
         hi = shot.hi + RANGE_RATE * (fhi - shot.hi)
-        state = _Shot(key, seq, shot.track.after(summary, step, filtered), lo, hi)
-        return Outcome(_stretch(filtered, lo, hi), shot.track.number, "", state)
+        state = _Shot(key, seq, track.after(summary, step, filtered), lo, hi)
+        return Outcome(_stretch(filtered, lo, hi), track.number, "", state)
 
     def landed(self, output: Path, outcome: Outcome) -> bool:
         """The map of `outcome` was written: its state becomes the output's, unless a newer one's did."""
