@@ -206,12 +206,14 @@ def motion(before: np.ndarray, after: np.ndarray) -> tuple[float, float]:
     """How far the picture moved between two grey thumbnails (THUMB pixels; 0, 0 if unknown).
 
     Phase correlation: one global translation, which is what a pan or a tilt is.
-    A weak peak (no clear single motion) counts as none.
+    A weak peak (no clear single motion) counts as none, and so does a move of
+    more than 1/8 of the picture in one frame: faster than a whip pan, and what
+    repetitive texture in two unrelated frames can fake.
     """
     if before.size == 0 or after.size == 0 or before.shape != after.shape:
         return 0.0, 0.0
     (dx, dy), response = cv2.phaseCorrelate(before.astype(np.float32), after.astype(np.float32), _WINDOW)
-    if response < 0.1 or abs(dx) > before.shape[1] / 4 or abs(dy) > before.shape[0] / 4:
+    if response < 0.1 or abs(dx) > before.shape[1] / 8 or abs(dy) > before.shape[0] / 8:
         return 0.0, 0.0
     return float(dx), float(dy)
 
@@ -234,7 +236,7 @@ def _scaled(dx: float, dy: float, shape: tuple[int, ...]) -> tuple[float, float]
 
 @dataclass(frozen=True)
 class Fit:
-    """reference ~ scale * grid + shift over the cells kept, and how well."""
+    """reference ~ scale * grid + shift over the cells kept, and how well the grids correlate."""
 
     scale: float
     shift: float
@@ -248,7 +250,7 @@ class Fit:
 def fit(grid: np.ndarray, reference: np.ndarray, valid: np.ndarray | None = None) -> Fit:
     """Scale and shift taking `grid` onto `reference`, trimming the worst-fitting cells.
 
-    The correlation is over the cells kept by the last round; a flat grid or
+    The correlation is over every (valid) cell, before trimming; a flat grid or
     reference fits nothing (a cut).
     """
     if grid.shape != reference.shape:
@@ -267,7 +269,9 @@ def fit(grid: np.ndarray, reference: np.ndarray, valid: np.ndarray | None = None
         if vx <= 1e-12 * max(1.0, xm * xm) * x.size or vr <= 1e-12 * max(1.0, rm * rm) * r.size:
             return Fit(1.0, 0.0, -1.0)
         cov = float(dx @ dr)
-        corr = cov / np.sqrt(vx * vr)
+        if round_ == 0:
+            # Judged on every cell: trimming would make two unrelated frames look alike.
+            corr = cov / np.sqrt(vx * vr)
         # The spreads' ratio (reduced major axis), not cov / var(x): noise in the grid
         # biases the least-squares slope towards 0, and chained over a shot that
         # shrinks the map a little more with every frame.
