@@ -24,7 +24,7 @@ from depthwatch import normalise, stabilise
 from depthwatch.engine import Engine
 from depthwatch.model import ModelSpec
 from depthwatch.pipeline import Job, Pipeline, Settings
-from depthwatch.profiles import DEPTH, PROFILES
+from depthwatch.profiles import DEPTH, INVERSE_DEPTH, PROFILES
 
 STEP = 8  # pixels per frame at 640x360: a slow pan (about 5 s across the frame at 24 fps)
 PAN = 20  # frames of the first shot; then a cut to CUT frames of another photograph
@@ -233,3 +233,19 @@ def test_plan_finds_the_cut_and_gives_a_one_frame_shot_its_own_map():
     assert params[4].exact and not params[0].exact
     depth = frames[4][0]
     assert np.array_equal(stabilise.apply(depth, DEPTH, params[4])[0], normalise.frame(depth, DEPTH))
+
+
+def test_unrelated_frames_of_the_same_colours_are_cuts():
+    """Random grey blocks: the same histogram every frame, nothing else in common."""
+    s = stabilise.Stabiliser()
+    out = Path("depth.jpg")
+    started = []
+    for seed in range(12):
+        blocks = np.random.default_rng(seed).integers(0, 256, (4, 6), dtype=np.uint8)
+        grey = cv2.resize(blocks, (96, 64), interpolation=cv2.INTER_NEAREST)
+        image = cv2.cvtColor(grey, cv2.COLOR_GRAY2BGR)
+        depth = cv2.resize(grey, (32, 32), interpolation=cv2.INTER_AREA).astype(np.float32)  # nearness = brightness
+        outcome = s.map(out, depth, INVERSE_DEPTH, image, key=1, seq=seed + 1)
+        assert s.landed(out, outcome)
+        started.append(outcome.started)
+    assert started == ["new"] + ["cut"] * 11
