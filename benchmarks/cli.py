@@ -25,12 +25,12 @@ from typing import Any
 from benchmarks import frames as framesets
 from benchmarks import predict
 from benchmarks import refine as refine_bench
-from benchmarks import report, scenarios, standin
+from benchmarks import report, scenarios, stable, standin
 from benchmarks.daemon import Knobs
 from benchmarks.processes import BenchError
 from depthwatch.errors import DepthwatchError
 
-SCENARIOS = ("classic", "predict", "burst", "latency", "memory", "refine")
+SCENARIOS = ("classic", "predict", "burst", "latency", "memory", "refine", "stable")
 
 
 def _ints(text: str) -> list[int]:
@@ -233,6 +233,8 @@ def _bench(args: argparse.Namespace, work: Path) -> int:
                 "refine micro-benchmark (one core)",
                 lambda: refine_bench.micro(repeats=3 if args.quick else 30),
             )
+        if "stable" not in args.skip:
+            s["normalise"] = _run(results, "output.normalise frame vs stable", lambda: stable.compare(plan))
     del captured
     results["scenarios"] = {k: v for k, v in s.items() if v is not None}
     results["machine"]["load_after"] = _load()

@@ -11,6 +11,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -34,3 +38,8 @@ class Job:
     #: The output's folder must really lie inside one of these when the map is written
     #: (empty: anywhere, for `once`). Checked at write time, not when the job is made.
     output_roots: tuple[Path, ...] = ()
+    #: `depthwatch once` over a sequence, pass 1: stop after inference; the Result carries the
+    #: frame's stabilise.Summary and its prediction (float16), and nothing is written.
+    collect: bool = field(default=False, compare=False)
+    #: Pass 2: the [0, 1] nearness map is already made (model resolution): no inference.
+    nearness: np.ndarray | None = field(default=None, compare=False, repr=False)
