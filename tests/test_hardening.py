@@ -158,7 +158,7 @@ def test_a_map_made_from_an_older_version_is_made_again_after_a_restart(tmp_path
         made = provenance.read(depth)
         st = frame.stat()
         assert (made["size"], made["mtime_ns"], made["inode"]) == (st.st_size, st.st_mtime_ns, st.st_ino)
-        assert made["model"] == tiny_model.name and made["normalise"] == "frame"
+        assert made["model"] == tiny_model.name and made["normalise"] == "stable"  # the default
     finally:
         assert d.stop() == 0
 
