@@ -21,6 +21,7 @@ import yaml
 from depthwatch import paths, providers
 from depthwatch.errors import ConfigError
 from depthwatch.formats import OUTPUT_FORMATS
+from depthwatch.pathmap import PathMap
 from depthwatch.profiles import DEPTH, INVERSE_DEPTH, PROFILES
 
 ENV_VAR = "DEPTHWATCH_CONFIG"
@@ -148,6 +149,12 @@ def _template(value: Any, base: Path) -> str:
     return text
 
 
+def _path_map(value: Any, base: Path) -> PathMap:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"must be a mapping of client prefix: worker prefix, like {{/Volumes/Shots: /mnt/shots}}, not {_show(value)}")
+    return PathMap.from_mapping(value)
+
+
 def _show(value: Any) -> str:
     if isinstance(value, str):
         return repr(value)
@@ -221,11 +228,20 @@ class DaemonConfig:
 
 
 @dataclass(frozen=True)
+class FarmConfig:
+    """`depthwatch worker` and `depthwatch once --farm` (the render farm)."""
+
+    path_map: PathMap = field(default=PathMap(), metadata=_spec(_path_map))
+    frames_per_task: int = field(default=4, metadata=_spec(_int(1, 10_000)))
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = ModelConfig()
     watch: WatchConfig = WatchConfig()
     output: OutputConfig = OutputConfig()
     daemon: DaemonConfig = DaemonConfig()
+    farm: FarmConfig = FarmConfig()
     #: The file this came from (None: built-in defaults); relative paths resolve against its folder.
     source: Path | None = field(default=None, compare=False)
 
@@ -239,7 +255,13 @@ class Config:
         return dataclasses.replace(self, **{section: dataclasses.replace(getattr(self, section), **changes)})
 
 
-SECTIONS: dict[str, type] = {"model": ModelConfig, "watch": WatchConfig, "output": OutputConfig, "daemon": DaemonConfig}
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "watch": WatchConfig,
+    "output": OutputConfig,
+    "daemon": DaemonConfig,
+    "farm": FarmConfig,
+}
 
 
 def defaults(base: Path | None = None) -> Config:
@@ -380,5 +402,7 @@ def dump_defaults() -> dict[str, dict[str, Any]]:
                 value = [str(v) if isinstance(v, Path) else v for v in value]
             elif isinstance(value, Path):
                 value = str(value)
+            elif isinstance(value, PathMap):
+                value = value.as_dict()
             out[name][f.name] = value
     return out

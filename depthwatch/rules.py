@@ -110,3 +110,14 @@ class Rules:
         except (OSError, RuntimeError):
             return False
         return root is not None and (root.resolve() in target.parents)
+
+
+def map_is_current(source: Path, output: Path) -> bool:
+    """Whether `output` exists and is no older than `source`: no new map is needed.
+
+    The daemon's start-up scan and `once --farm`'s resume use this same rule.
+    """
+    try:
+        return output.stat().st_mtime_ns >= source.stat().st_mtime_ns
+    except OSError:
+        return False

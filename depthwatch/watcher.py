@@ -31,7 +31,7 @@ from watchdog.observers.polling import PollingObserver
 
 from depthwatch import formats
 from depthwatch.config import WatchConfig
-from depthwatch.rules import Rules
+from depthwatch.rules import Rules, map_is_current
 
 log = logging.getLogger("depthwatch.watch")
 
@@ -230,11 +230,9 @@ class Watcher:
     def _needs_output(self, path: Path) -> bool:
         try:
             output = self.rules.output_for(path)
-            return output.stat().st_mtime_ns < path.stat().st_mtime_ns
-        except FileNotFoundError:
-            return True
         except Exception:  # an output outside the allowed folders is reported when processed
             return True
+        return not map_is_current(path, output)
 
     def _loop(self) -> None:
         next_health = time.monotonic() + _HEALTH_INTERVAL
