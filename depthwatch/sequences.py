@@ -1,0 +1,131 @@
+"""Numbered frames: which files form a sequence, in what order, and frame ranges.
+
+Editors and render farms name the frames of a shot with a number at the end
+of the stem: `shot_1001.jpg`, `frame_000123.png`, `A001_C002.0001.exr`. Files
+that share a folder, the text before the number and the extension belong to
+one sequence and are ordered by that number (not by name: `f_99` comes before
+`f_100`). A file with no number, or the only one of its kind, is a still.
+
+Belonging to one sequence says nothing about belonging to one shot: a folder of
+camera stills (`IMG_1234.jpg`, `IMG_1240.jpg`) is a "sequence" here too, and the
+shot-cut detection downstream is what gives each unrelated still its own map.
+
+`frame_range` reads the farm managers' range syntax (Deadline, OpenCue,
+Tractor): `1001-1100`, `1001-1100x2`, `1001`, and comma-separated lists of those.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+# The stem ends in digits; the prefix is everything before them (it may be empty).
+_NUMBERED = re.compile(r"^(?P<prefix>.*?)(?P<digits>\d+)$", re.DOTALL)
+_RANGE = re.compile(r"^\s*(?P<first>-?\d+)(?:\s*-\s*(?P<last>-?\d+)(?:\s*[xX:]\s*(?P<step>\d+))?)?\s*$")
+
+
+@dataclass(frozen=True, order=True)
+class FrameName:
+    """A file name read as `<prefix><number><suffix>`."""
+
+    prefix: str
+    number: int
+    suffix: str
+    #: The digits as written (`0001`), so padding is kept when names are rebuilt.
+    digits: str
+    path: Path
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """Files with the same key (folder, prefix, extension) are frames of one sequence."""
+        return (str(self.path.parent), self.prefix, self.suffix.lower())
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """The frames of one sequence, in frame-number order."""
+
+    frames: tuple[FrameName, ...]
+
+    @property
+    def paths(self) -> list[Path]:
+        return [f.path for f in self.frames]
+
+    @property
+    def numbers(self) -> list[int]:
+        return [f.number for f in self.frames]
+
+    def describe(self) -> str:
+        first = self.frames[0]
+        return f"{first.prefix}#{first.suffix} {self.frames[0].number}-{self.frames[-1].number} ({len(self.frames)} frames)"
+
+
+def parse(path: Path) -> FrameName | None:
+    """The frame number in `path`'s name, or None for a name without one.
+
+    The suffix is the file's extension (`.jpg`); the number is the run of digits
+    that ends the rest of the name. `A001_C002.0001.exr` -> prefix `A001_C002.`,
+    number 1.
+    """
+    suffix = path.suffix
+    stem = path.name[: len(path.name) - len(suffix)] if suffix else path.name
+    match = _NUMBERED.match(stem)
+    if match is None:
+        return None
+    digits = match.group("digits")
+    return FrameName(match.group("prefix"), int(digits), suffix, digits, path)
+
+
+def sequences(paths: Iterable[Path]) -> tuple[list[Sequence], list[Path]]:
+    """Split `paths` into numbered sequences (two frames or more) and stills.
+
+    Sequences come in the order of their first appearance in `paths`; a
+    sequence's frames in number order; stills in their given order. A number
+    that appears twice in one sequence (`f_1.jpg`, `f_01.jpg`) keeps both,
+    ordered by name.
+    """
+    groups: dict[tuple[str, str, str], list[FrameName]] = {}
+    stills: list[Path] = []
+    order: list[tuple[str, str, str] | Path] = []
+    for path in paths:
+        name = parse(path)
+        if name is None:
+            stills.append(path)
+            continue
+        if name.key not in groups:
+            groups[name.key] = []
+            order.append(name.key)
+        groups[name.key].append(name)
+    found: list[Sequence] = []
+    for key in order:
+        assert isinstance(key, tuple)
+        members = groups[key]
+        if len(members) == 1:
+            stills.append(members[0].path)
+        else:
+            found.append(Sequence(tuple(sorted(members, key=lambda f: (f.number, f.path.name)))))
+    return found, stills
+
+
+def frame_range(text: str) -> set[int]:
+    """The frame numbers in a range spec; ValueError with a readable reason if it is malformed.
+
+    `1001-1100` (both ends included), `1001-1100x2` (every second frame from
+    1001), `1001`, and comma-separated lists of those.
+    """
+    numbers: set[int] = set()
+    for part in text.split(","):
+        match = _RANGE.match(part)
+        if match is None:
+            raise ValueError(f"{part.strip()!r} is not a frame range; write FIRST-LAST, FIRST-LASTxSTEP or a number")
+        first = int(match.group("first"))
+        last = int(match.group("last")) if match.group("last") is not None else first
+        step = int(match.group("step") or 1)
+        if step < 1:
+            raise ValueError(f"{part.strip()!r}: the step must be 1 or more")
+        if last < first:
+            raise ValueError(f"{part.strip()!r}: the range ends before it starts")
+        numbers.update(range(first, last + 1, step))
+    return numbers
