@@ -51,3 +51,13 @@ class OutputError(DepthwatchError):
 
 class ModelChanged(Exception):
     """A tensor was prepared for a model that has since been swapped out."""
+
+
+#: sysexits.h EX_UNAVAILABLE: a service depthwatch needs (the farm's scheduler) cannot be reached.
+EX_UNAVAILABLE = 69
+
+
+class FarmError(DepthwatchError):
+    """The render farm cannot be used: no scheduler at the address, or the farm extra is missing."""
+
+    exit_code = EX_UNAVAILABLE

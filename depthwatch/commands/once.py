@@ -26,7 +26,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="output file (one input), folder, or name template like '{stem}_depth.png' "
         f"(default: {DEFAULT_TEMPLATE} beside each input)",
     )
+    parser.add_argument(
+        "--frames",
+        metavar="RANGE",
+        help="only the numbered frames in RANGE, as render-farm managers cut a job: 1001-1100, 1001-1100x2, 1001,1005",
+    )
+    parser.add_argument(
+        "--farm",
+        metavar="SCHEDULER_ADDRESS",
+        help="send the frames to a render farm's Dask scheduler (tcp://host:8786) instead of mapping them here; "
+        "maps already up to date are skipped, so running it again resumes an interrupted job",
+    )
+    parser.add_argument("--force", action="store_true", help="with --farm: map every frame, even those up to date")
     add_config_arguments(parser)
+
+
+def in_range(sources: list[Path], spec: str) -> list[Path]:
+    """The numbered frames among `sources` whose number is in the range `spec`."""
+    from depthwatch import sequences
+
+    try:
+        wanted = sequences.frame_range(spec)
+    except ValueError as exc:
+        raise ConfigError(f"--frames: {exc}") from None
+    kept = []
+    for source in sources:
+        name = sequences.parse(source)
+        if name is not None and name.number in wanted:
+            kept.append(source)
+    return kept
 
 
 def collect_inputs(inputs: list[str]) -> list[Path]:
@@ -65,7 +93,21 @@ def main(args: argparse.Namespace) -> int:
     sources = collect_inputs(args.inputs)
     if not sources:
         raise ConfigError("no frames found in " + ", ".join(args.inputs) + "; give image files or folders of them")
+    if args.frames:
+        sources = in_range(sources, args.frames)
+        if not sources:
+            raise ConfigError(f"no frames numbered {args.frames} in " + ", ".join(args.inputs) + "; check the range and the names")
     jobs = [Job(s, output_for(s, args.output, len(sources) == 1)) for s in sources]
+    if args.farm:
+        from depthwatch.farm import client
+
+        jobs = [Job(j.source.absolute(), j.output.absolute()) for j in jobs]  # the path map rewrites absolute paths
+        progress = _progress(len(jobs))
+        try:
+            failures = client.run(args.farm, jobs, config, force=args.force, progress=progress)
+        finally:
+            progress.close()
+        return 1 if failures else 0
     for job in jobs:
         job.output.parent.mkdir(parents=True, exist_ok=True)
     settings = Settings.from_config(config)

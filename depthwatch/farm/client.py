@@ -1,0 +1,138 @@
+"""`depthwatch once --farm`: the frames as tasks on a Dask scheduler, results as they come.
+
+The client decides what to do, in its own view of the storage: which frames
+need a map (a map no older than its frame is up to date, the daemon's start-up
+rule, so an interrupted job run again resumes where it stopped), and where each
+map goes (local `once`'s output rules). It sends only paths, rewritten to the
+workers' view by `farm.path_map`, a few frames per task; the workers write the
+maps atomically, straight onto the shared storage.
+
+A task whose worker dies is rescheduled by Dask; the frames it had already
+written are found up to date and not done twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from depthwatch.config import Config
+from depthwatch.errors import FarmError
+from depthwatch.farm import require_distributed
+from depthwatch.farm.tasks import RESOURCE, FrameTask, Outcome, render_frames
+from depthwatch.pipeline import Job, Settings
+from depthwatch.rules import map_is_current
+
+log = logging.getLogger("depthwatch")
+
+#: How long to wait for the scheduler to answer before saying it is not there.
+CONNECT_TIMEOUT = "10s"
+
+
+def plan(jobs: Sequence[Job], force: bool) -> list[int]:
+    """Indexes of the jobs whose map is missing or older than its frame (all, with `force`)."""
+    return [i for i, job in enumerate(jobs) if force or not map_is_current(job.source, job.output)]
+
+
+def tasks_for(jobs: Sequence[Job], todo: Sequence[int], config: Config) -> list[list[FrameTask]]:
+    """`frames_per_task` frames per task, in order, with paths in the workers' view."""
+    path_map = config.farm.path_map
+    frames = [FrameTask(i, path_map.to_worker(jobs[i].source), path_map.to_worker(jobs[i].output)) for i in todo]
+    size = config.farm.frames_per_task
+    return [frames[n : n + size] for n in range(0, len(frames), size)]
+
+
+def run(
+    scheduler: str,
+    jobs: Sequence[Job],
+    config: Config,
+    *,
+    force: bool = False,
+    progress: Any = None,
+    report: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
+) -> int:
+    """Map `jobs` on the farm; the number of frames that failed."""
+    require_distributed()
+    import distributed
+
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    todo = plan(jobs, force)
+    report(f"depthwatch: {len(jobs)} frame(s): {len(jobs) - len(todo)} up to date, {len(todo)} to map on {scheduler}")
+    if progress is not None:
+        progress.update(len(jobs) - len(todo))
+    if not todo:
+        return 0
+    settings = Settings.from_config(config)
+    batches = tasks_for(jobs, todo, config)
+    try:
+        client = distributed.Client(scheduler, timeout=CONNECT_TIMEOUT, set_as_default=False)
+    except (OSError, TimeoutError) as exc:
+        raise FarmError(
+            f"cannot reach the Dask scheduler at {scheduler} ({exc}); start one with `dask scheduler` and check the address"
+        ) from None
+    failures = 0
+    done_by: dict[str, int] = {}
+    try:
+        _say_if_no_workers(client, scheduler, report)
+        run_id = uuid.uuid4().hex[:8]
+        futures = [
+            client.submit(
+                render_frames, batch, settings, force,
+                key=f"depthwatch-frames-{run_id}-{n}", pure=False, resources={RESOURCE: 1},
+            )
+            for n, batch in enumerate(batches)
+        ]
+        batch_of = {future.key: batch for future, batch in zip(futures, batches)}
+        for future in distributed.as_completed(futures, loop=client.loop):
+            outcomes = _outcomes(future, batch_of[future.key])
+            future.release()
+            for outcome in outcomes:
+                job = jobs[outcome.index]
+                if outcome.ok:
+                    done_by[outcome.worker] = done_by.get(outcome.worker, 0) + 1
+                else:
+                    failures += 1
+                    line = f"depthwatch: {job.source}: {outcome.error}"
+                    if progress is not None:
+                        progress.write(line, file=sys.stderr)
+                    else:
+                        report(line)
+                if progress is not None:
+                    progress.update(1)
+        _report_workers(client, done_by, report)
+    finally:
+        client.close()
+    return failures
+
+
+def _outcomes(future: Any, batch: list[FrameTask]) -> list[Outcome]:
+    """The task's outcomes; a task that failed as a whole fails each of its frames with the reason."""
+    try:
+        return future.result()
+    except Exception as exc:
+        reason = f"the farm could not map it: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+        return [Outcome(frame.index, reason) for frame in batch]
+
+
+def _say_if_no_workers(client: Any, scheduler: str, report: Callable[[str], None]) -> None:
+    workers = client.scheduler_info(n_workers=-1).get("workers", {})
+    if not any(RESOURCE in (w.get("resources") or {}) for w in workers.values()):
+        report(f"depthwatch: no depthwatch worker on {scheduler} yet; waiting (start one with `depthwatch worker {scheduler}`)")
+
+
+def _report_workers(client: Any, done_by: dict[str, int], report: Callable[[str], None]) -> None:
+    """One line per worker that mapped frames: what it reports to the scheduler, and its share."""
+    try:
+        workers = client.scheduler_info(n_workers=-1).get("workers", {})
+    except Exception:  # the summary is a courtesy; the maps are written
+        workers = {}
+    for address, count in sorted(done_by.items()):
+        if not address:
+            continue
+        mine = (workers.get(address, {}).get("metrics") or {}).get("depthwatch") or {}
+        model = mine.get("model") or "?"
+        providers = ", ".join(mine.get("providers") or []) or "?"
+        report(f"depthwatch: worker {address}: {count} frame(s), model {model.rsplit('/', 1)[-1]} on {providers}, {mine.get('model_loads', '?')} load(s)")
