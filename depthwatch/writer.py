@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+from collections.abc import Iterable
 from pathlib import Path
 
 from depthwatch.errors import OutputError
@@ -69,6 +70,29 @@ def sweep_temp_files(folder: Path) -> int:
         if is_temp_name(entry.name) and entry.is_file(follow_symlinks=False):
             _remove_quietly(Path(entry.path))
             removed += 1
+    return removed
+
+
+def sweep_temp_files_for(targets: Iterable[Path]) -> int:
+    """Remove the temporary files of these targets that a killed writer left; returns how many.
+
+    Only for targets nothing is writing any more (the farm client, once its job
+    is over: a worker killed mid-write leaves its temporary file behind).
+    """
+    wanted: dict[Path, set[str]] = {}
+    for target in targets:
+        name = os.fsencode(target.name)[: 255 - _TEMP_EXTRA].decode(errors="ignore")
+        wanted.setdefault(target.parent, set()).add(name)
+    removed = 0
+    for folder, names in wanted.items():
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            if is_temp_name(entry.name) and entry.name[1 : -(len(TEMP_SUFFIX) + 9)] in names:
+                _remove_quietly(Path(entry.path))
+                removed += 1
     return removed
 
 

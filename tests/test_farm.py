@@ -178,12 +178,17 @@ def test_a_bad_frame_fails_alone_with_its_line(farm: Farm, frames: list[Path]) -
         shutil.copy(frame, folder / frame.name)
     (folder / "shot_2001.jpg").write_bytes(frames[6].read_bytes()[:300])  # truncated
     (folder / "shot_2002.jpg").write_text("not an image at all\n")
+    # What a worker killed mid-write leaves: the client removes its job's, and only those.
+    (folder / ".shot_1001_depth.jpg.0badf00d.dwtmp").write_bytes(b"half a map")
+    (folder / ".other.jpg.0badf00d.dwtmp").write_bytes(b"someone else's")
     done = farm.once(str(folder))
     assert done.returncode == 1
     errors = [line for line in done.stderr.splitlines() if "shot_200" in line]
     assert len(errors) == 2, done.stderr
     assert any(str(folder / "shot_2001.jpg") in line for line in errors)
     assert any(str(folder / "shot_2002.jpg") in line for line in errors)
+    assert temp_files(folder) == [".other.jpg.0badf00d.dwtmp"]
+    (folder / ".other.jpg.0badf00d.dwtmp").unlink()
     assert_whole(folder, 6)
 
 

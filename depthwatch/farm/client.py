@@ -25,6 +25,7 @@ from depthwatch.farm import require_distributed
 from depthwatch.farm.tasks import RESOURCE, FrameTask, Outcome, render_frames
 from depthwatch.pipeline import Job, Settings
 from depthwatch.rules import map_is_current
+from depthwatch.writer import sweep_temp_files_for
 
 log = logging.getLogger("depthwatch")
 
@@ -105,6 +106,8 @@ def run(
         _report_workers(client, done_by, report)
     finally:
         client.close()
+    # Every task has its answer: a temporary file of one of these maps is a killed worker's.
+    sweep_temp_files_for(jobs[i].output for i in todo)
     return failures
 
 
