@@ -22,13 +22,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from benchmarks import farm as farm_bench
 from benchmarks import frames as framesets
 from benchmarks import report, scenarios, standin
 from benchmarks.daemon import Knobs
 from benchmarks.processes import BenchError
 from depthwatch.errors import DepthwatchError
 
-SCENARIOS = ("classic", "burst", "latency", "memory")
+SCENARIOS = ("classic", "burst", "latency", "memory", "farm")
 
 
 def _ints(text: str) -> list[int]:
@@ -222,6 +223,10 @@ def _bench(args: argparse.Namespace, work: Path) -> int:
             one_at_a_time = _run(results, "depthwatch latency and scrub", lambda: scenarios.latency_and_scrub(plan))
             if one_at_a_time:
                 s["latency"], s["scrub"], s["daemon"] = one_at_a_time
+        if "farm" not in args.skip and farm_bench.available():
+            s["farm"] = _run(results, "render farm", lambda: farm_bench.farm(plan))
+        elif "farm" not in args.skip:
+            _progress("render farm skipped: it needs the farm extra (pip install -e '.[farm]')")
     del captured
     results["scenarios"] = {k: v for k, v in s.items() if v is not None}
     results["machine"]["load_after"] = _load()
