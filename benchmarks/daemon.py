@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
+import signal
+import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from typing import Any
 import yaml
 
 from benchmarks.processes import BenchError, Child, python
+from depthwatch.pipeline import STAGES, parse_frame_line
 
 
 @dataclass(frozen=True)
@@ -58,49 +61,91 @@ def write_config(path: Path, config: dict[str, Any]) -> Path:
     return path
 
 
-_FRAME_LINE = re.compile(
-    r"-> \S+ \d+x\d+ ms: read (?P<read>[\d.]+) decode (?P<decode>[\d.]+) infer (?P<infer>[\d.]+) "
-    r"encode (?P<encode>[\d.]+) write (?P<write>[\d.]+) total (?P<total>[\d.]+)"
-)
+class DaemonProcess:
+    """`python -m depthwatch run -c CONFIG` as a real process: its config, status file and log.
 
+    The one harness for every test and benchmark that drives the daemon: it
+    writes the config (`config` as a dict of sections; the status file is set
+    here), starts the process, waits for its status to say running, reads its
+    status and its per-frame log lines (through `depthwatch.pipeline.parse_frame_line`,
+    the reader that lives beside the writer), and always stops it.
+    `prefix` goes before the command (e.g. a privilege drop); the log is
+    appended to across restarts.
+    """
 
-class Daemon:
-    """One depthwatch daemon watching `root/<name>/`, with its config, status file and log."""
-
-    def __init__(self, root: Path, name: str, knobs: Knobs, patterns: list[str], template: str) -> None:
+    def __init__(
+        self,
+        root: Path,
+        config: dict[str, Any],
+        *,
+        name: str = "daemon",
+        prefix: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.root = root
         self.name = name
-        self.folder = root / name
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.status_file = root / f"{name}.status.json"
-        self.config = write_config(
-            root / f"{name}.yaml", config_dict(knobs, self.folder, patterns, template, self.status_file)
-        )
-        self.knobs = knobs
-        self.log = root / f"{name}.log"
+        self.prefix = list(prefix)
+        self.env = env
+        self.status_path = root / f"{name}.status.json"
+        self.log_path = root / f"{name}.log"
+        self.config_path = root / f"{name}.yaml"
+        config = {section: dict(values) for section, values in config.items()}
+        config.setdefault("daemon", {}).setdefault("status_file", str(self.status_path))
+        write_config(self.config_path, config)
         self.child: Child | None = None
+        #: Seconds from launch until the status said running, for the last start.
         self.startup_s: float | None = None
 
-    def start(self, timeout: float = 120.0) -> float:
-        """Start the daemon; the seconds from launch until its status says running."""
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        assert self.child is not None, "the daemon was never started"
+        return self.child.proc
+
+    def start(self, wait: bool = True, timeout: float = 120.0) -> DaemonProcess:
         with contextlib.suppress(FileNotFoundError):
-            self.status_file.unlink()
-        argv = [python(), "-m", "depthwatch", "run", "-c", str(self.config)]
-        self.child = Child(f"depthwatch ({self.name})", argv, self.log, self.knobs.env())
+            self.status_path.unlink()
+        argv = [*self.prefix, python(), "-m", "depthwatch", "run", "-c", str(self.config_path)]
+        self.child = Child(f"depthwatch ({self.name})", argv, self.log_path, self.env, cwd=self.root, append=True)
+        if not wait:
+            return self
         deadline = time.perf_counter() + timeout
         while time.perf_counter() < deadline:
-            status = self.status()
-            if status and status.get("state") == "running":
+            if self.state() == "running":
                 self.startup_s = time.perf_counter() - self.child.started
-                return self.startup_s
-            self.child.check_alive()
+                return self
+            if not self.child.alive():
+                raise BenchError(f"depthwatch exited at start with code {self.child.proc.returncode}:\n{self.log()}")
             time.sleep(0.002)
         raise BenchError(f"depthwatch did not report running within {timeout:.0f} s: {self.child.tail()}")
 
-    def status(self) -> dict[str, Any] | None:
+    def status(self) -> dict[str, Any]:
+        """The status file's contents, or {} while there is none (it is replaced atomically)."""
         try:
-            return json.loads(self.status_file.read_bytes())
+            return json.loads(self.status_path.read_bytes())
         except (FileNotFoundError, ValueError):
-            return None
+            return {}
+
+    def state(self) -> str | None:
+        return self.status().get("state")
+
+    def counts(self) -> dict[str, Any]:
+        return self.status().get("counts", {})
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def frame_lines(self) -> list[str]:
+        """The per-frame log lines, in order."""
+        return [line for line in self.log().splitlines() if parse_frame_line(line) is not None]
+
+    def frame_timings(self) -> list[dict[str, float]]:
+        """Per-frame stage timings (ms) from the log, in order."""
+        out = []
+        for line in self.log().splitlines():
+            fields = parse_frame_line(line)
+            if fields is not None and "total" in fields:
+                out.append({k: v for k, v in fields.items() if k in (*STAGES, "total")})
+        return out
 
     def wait_idle(self, since_wall: float, timeout: float = 60.0) -> dict[str, Any]:
         """The first status written after `since_wall` (time.time()) with nothing queued or in flight.
@@ -113,33 +158,50 @@ class Daemon:
         deadline = time.perf_counter() + timeout
         while time.perf_counter() < deadline:
             status = self.status()
-            if (
-                status
-                and status.get("updated", 0) >= since_wall
-                and status.get("queue_depth") == 0
-                and status.get("in_progress") == 0
-            ):
+            if status.get("updated", 0) >= since_wall and status.get("queue_depth") == 0 and status.get("in_progress") == 0:
                 return status
             self.child.check_alive()
             time.sleep(0.02)
         raise BenchError(f"depthwatch was still busy after {timeout:.0f} s: {self.child.tail()}")
 
-    def frame_timings(self) -> list[dict[str, float]]:
-        """Per-frame stage timings (ms) from the daemon's log lines, in order."""
-        try:
-            text = self.log.read_text(errors="replace")
-        except OSError:
-            return []
-        return [{k: float(v) for k, v in m.groupdict().items()} for m in _FRAME_LINE.finditer(text)]
-
     def peak_rss(self) -> int:
         return self.child.peak_rss() if self.child else 0
 
-    def stop(self) -> int | None:
-        """SIGTERM and wait (the daemon finishes its frames and exits 0)."""
+    def send(self, signum: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(signum)
+
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = 60.0) -> int | None:
+        """Signal the daemon (it finishes its frames and exits 0) and return its exit code.
+
+        Killed, with anything it started, if it is still running after `timeout`.
+        """
         if self.child is None:
             return None
-        return self.child.stop()
+        return self.child.stop(timeout, signum)
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def close(self) -> None:
+        """Make sure it is gone (after a test that may have failed half-way)."""
+        if self.child is not None:
+            self.child.stop(0.0, signal.SIGKILL)
+
+
+class Daemon(DaemonProcess):
+    """A benchmark's daemon: the shared knobs, watching `root/<name>/`."""
+
+    def __init__(self, root: Path, name: str, knobs: Knobs, patterns: list[str], template: str) -> None:
+        self.folder = root / name
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.knobs = knobs
+        super().__init__(root, config_dict(knobs, self.folder, patterns, template, root / f"{name}.status.json"), name=name, env=knobs.env())
+
+    def start(self, wait: bool = True, timeout: float = 120.0) -> float:  # type: ignore[override]
+        """Start the daemon; the seconds from launch until its status says running."""
+        super().start(wait, timeout)
+        assert self.startup_s is not None
+        return self.startup_s
 
 
 def stage(folder: Path, name: str, data: bytes) -> Path:

@@ -46,14 +46,23 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 class Child:
     """One started process: its log file, its memory, and a stop that always ends it."""
 
-    def __init__(self, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        log: Path,
+        env: dict[str, str] | None = None,
+        *,
+        cwd: Path = ROOT,
+        append: bool = False,
+    ) -> None:
         self.name = name
         self.log = log
-        self._log_file = open(log, "wb")
+        self._log_file = open(log, "ab" if append else "wb")
         self.started = time.perf_counter()
         try:
             self.proc = subprocess.Popen(
-                argv, cwd=ROOT, env=child_env(env), stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT
+                argv, cwd=cwd, env=child_env(env), stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT
             )
         except BaseException:
             self._log_file.close()
@@ -115,13 +124,13 @@ class Child:
                     peak = max(peak, int(line.split()[1]) * 1024)
         return peak
 
-    def stop(self, timeout: float = 15.0) -> int | None:
-        """SIGTERM, wait up to `timeout`, then SIGKILL it and anything it started; the exit code."""
+    def stop(self, timeout: float = 15.0, signum: int = signal.SIGTERM) -> int | None:
+        """`signum`, wait up to `timeout`, then SIGKILL it and anything it started; the exit code."""
         self._stop_sampling.set()
         kids = self._processes()[1:]
         try:
             if self.alive():
-                self.proc.send_signal(signal.SIGTERM)
+                self.proc.send_signal(signum)
                 try:
                     self.proc.wait(timeout)
                 except subprocess.TimeoutExpired:

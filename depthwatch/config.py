@@ -136,6 +136,8 @@ def _percent_pair(value: Any, base: Path) -> tuple[float, float]:
 
 
 def _template(value: Any, base: Path) -> str:
+    """The template, its folder part expanded (~, $VARS) now, once: a frame's own name
+    ($HOME.jpg) is later put into it literally, never expanded."""
     text = _text(value, base)
     try:
         rendered = text.format(stem="frame", name="frame.jpg", ext="jpg")
@@ -146,6 +148,9 @@ def _template(value: Any, base: Path) -> str:
         raise ValueError(f"{text!r} must end in .jpg, .png or .tif (or {{ext}} for the frame's own)")
     if ".." in Path(rendered).parts:
         raise ValueError(f"{text!r} climbs out of the watch folder with '..'; use an absolute folder instead")
+    folder, name = os.path.split(text)
+    if folder:
+        text = os.path.join(os.path.expandvars(os.path.expanduser(folder)), name)
     return text
 
 
@@ -389,6 +394,21 @@ def check_combinations(config: Config, where: str = "command line") -> None:
             f"{where}: output.template {config.output.template!r} is also a watch pattern; "
             "outputs would be processed as frames, so choose a different output name"
         )
+
+
+def override(config: Config, flag: str, section: str, base: Path | None = None, **raw: Any) -> Config:
+    """A copy with settings given on the command line (`--flag`), checked exactly as the file's are.
+
+    Relative paths are taken from `base` (the shell's folder), not the config file's.
+    """
+    fields = {f.name: f for f in dataclasses.fields(SECTIONS[section])}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        try:
+            values[key] = fields[key].metadata["check"](value, base or Path.cwd())
+        except ValueError as exc:
+            raise ConfigError(f"{flag}: {section}.{key} {exc}") from None
+    return config.replace(section, **values)
 
 
 def dump_defaults() -> dict[str, dict[str, Any]]:

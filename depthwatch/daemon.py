@@ -4,20 +4,23 @@ Threads, and what each one does:
   main          waits for a stop flag (signal handlers only set it), writes the status file
   inference     owns the ONNX Runtime session (see `engine`)
   observer      watchdog's; hands paths to the settler and returns
-  settle        decides when a dropped file is complete, watches the watch folders' health
-  dispatch      takes jobs from the latest-wins queue, at most `workers + 2` in flight
-  workers (N)   read, decode, render, encode, write
+  settle        decides when a dropped file is complete, queues its job, watches the folders' health
+  workers (N)   read, decode, render, encode, write; the pipeline pulls queued jobs as slots free
 Every one of them is joined on shutdown, which is bounded by
 `daemon.shutdown_timeout_s`; the service definitions give it 5 s more before SIGKILL.
+A second SIGTERM/SIGINT cuts that wait short but still unwinds: the status file
+says "stopped", the threads that can end are joined.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
@@ -28,7 +31,8 @@ from depthwatch.engine import Engine, SessionFactory
 from depthwatch.model import ModelInfo
 from depthwatch.errors import ConfigError, DepthwatchError, FrameError, OutputError
 from depthwatch.jobqueue import LatestWinsQueue
-from depthwatch.pipeline import Job, Pipeline, Result, Settings, write_error_record
+from depthwatch.job import Job
+from depthwatch.pipeline import Pipeline, Result, Settings, write_error_record
 from depthwatch.rules import Rules
 from depthwatch.status import Status, write_status
 from depthwatch.watcher import Watcher
@@ -70,6 +74,8 @@ class Daemon:
         self._config_settling: tuple[int, int, int] | None = None
         self._swap: Future[ModelInfo] | None = None
         self._stop = threading.Event()
+        #: A second stop request: shorten every remaining wait of the shutdown.
+        self._force = threading.Event()
         self._lock = threading.Lock()
         self.status = Status(config=str(config.source) if config.source else None)
         self._status_dirty = True
@@ -80,25 +86,56 @@ class Daemon:
         self.queue = LatestWinsQueue(config.daemon.queue_size)
         self.rules = Rules(config.watch, config.output)
         self.watcher: Watcher | None = None
-        self._dispatcher = threading.Thread(target=self._dispatch, name="depthwatch-dispatch", daemon=True)
-        self._slots = threading.Semaphore(config.daemon.workers + 2)
         self._last_overflow_scan = 0.0
         self._overflow_reported = False
         self._superseded_in_flight = 0
+        #: Set by run(): a thread was still running after the shutdown's time bound.
+        self.stuck = False
 
     # -- lifecycle ----------------------------------------------------------------
 
     def run(self) -> int:
-        self.startup()
-        try:
-            self.main_loop()
-        finally:
-            self.shutdown()
+        """The whole life of the daemon; 0 after a requested stop (one signal or two).
+
+        Signals are captured only while this runs (from the main thread) and the
+        previous handlers are put back when it returns. `stuck` says afterwards
+        whether a thread could not be joined.
+        """
+        with self._capture_signals():
+            self.startup()
+            try:
+                self.main_loop()
+            finally:
+                self.stuck = not self.shutdown()
         return 0
 
+    @contextmanager
+    def _capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield  # embedded in a test or another program: its owner stops us
+            return
+        handlers = {
+            signal.SIGTERM: lambda signum, frame: self.request_stop(),
+            signal.SIGINT: lambda signum, frame: self.request_stop(),
+            signal.SIGHUP: lambda signum, frame: self.request_reload(),
+        }
+        previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
     def request_stop(self) -> None:
-        """Safe from a signal handler: only sets a flag."""
+        """Safe from a signal handler: only sets flags. A second request forces a quick exit."""
+        if self._stop.is_set():
+            self._force.set()
         self._stop.set()
+
+    @property
+    def forced(self) -> bool:
+        """Whether a second stop request cut the shutdown short."""
+        return self._force.is_set()
 
     def request_reload(self) -> None:
         """Safe from a signal handler (SIGHUP): only sets a flag."""
@@ -119,8 +156,8 @@ class Daemon:
             raise
         log.info("%s", info.describe())
         self.pipeline = Pipeline(self.engine, workers=config.daemon.workers, niceness=config.daemon.worker_niceness)
+        self.pipeline.feed(self.queue, lambda: self._settings, self._finished)
         self._start_watching(self.rules, config)
-        self._dispatcher.start()
         self.status.state = "running"
         self.status.config_loads = 1
         self._publish_model()
@@ -223,11 +260,19 @@ class Daemon:
             self._publish_model()
         self._status_dirty = True
 
-    def shutdown(self) -> None:
-        """Stop taking work, finish the frames in flight (time-bounded), join every thread."""
+    def shutdown(self) -> bool:
+        """Stop taking work, finish the frames in flight (time-bounded), join every thread.
+
+        Every wait is bounded by `daemon.shutdown_timeout_s` in all, and a second
+        stop request cuts the rest short. False if a thread could not be joined (a
+        write hung on a dead network volume, say): the caller must then leave
+        without waiting for it.
+        """
         deadline = time.monotonic() + self.config.daemon.shutdown_timeout_s
 
         def left() -> float:
+            if self._force.is_set():
+                return 0.1
             return max(0.1, deadline - time.monotonic())
 
         self.status.state = "stopping"
@@ -239,14 +284,16 @@ class Daemon:
         dropped = self.queue.close()
         if dropped:
             log.info("%d queued frame(s) left for the next start", len(dropped))
-        if self._dispatcher.ident is not None:
-            self._dispatcher.join(left())
+        idle = True
         if self.pipeline is not None:
-            if not self.pipeline.wait_idle(left()):
-                log.warning("frames still in flight after %.0f s; stopping anyway", self.config.daemon.shutdown_timeout_s)
-            self.pipeline.close(0.1)
+            idle = self._wait(self.pipeline.wait_idle, left)
+            if not idle:
+                why = "a second signal" if self._force.is_set() else f"{self.config.daemon.shutdown_timeout_s:g} s"
+                log.warning("frames still in flight after %s; stopping anyway (the next start picks them up)", why)
         if self.engine is not None:
-            self.engine.stop(left())
+            self.engine.stop(left(), interrupt=not idle)
+        if self.pipeline is not None:
+            self.pipeline.close(0.1)
         self.status.state = "stopped"
         self._status_dirty = True
         self._write_status()
@@ -254,18 +301,31 @@ class Daemon:
         if ours:
             log.warning("threads still running after shutdown: %s", ", ".join(ours))
         log.info("stopped")
+        return not ours
+
+    def _wait(self, until: Callable[[float], bool], left: Callable[[], float]) -> bool:
+        """`until(timeout)` in short slices, so a second signal shortens the wait at once."""
+        while True:
+            remaining = left()
+            if until(min(0.1, remaining)):
+                return True
+            if remaining <= 0.1:
+                return False
 
     # -- frames -------------------------------------------------------------------
 
-    def _on_complete(self, source: Path, signature: tuple[int, int, int]) -> None:
-        """A complete frame (settle thread): make its job and queue it."""
+    def _on_complete(self, source: Path, signature: tuple[int, int, int], fmt: str | None = None) -> None:
+        """A complete frame (settle thread): make its job, queue it, let the pipeline pull it."""
         try:
             output = self.rules.output_for(source)
         except FrameError as exc:
             self._count_failure(f"{source}: {exc}")
             return
-        job = Job(source, output, self.rules.error_record_for(source, output), signature)
-        if not self.queue.put(job) and not self._stop.is_set():
+        job = Job(source, output, self.rules.error_record_for(source, output), signature, fmt)
+        queued = self.queue.put(job)
+        if queued and self.pipeline is not None:
+            self.pipeline.pull()
+        if not queued and not self._stop.is_set():
             if self.watcher is not None:
                 self.watcher.forget(source)  # so the rescan hands it over again
             if not self._overflow_reported:
@@ -284,24 +344,8 @@ class Daemon:
         if record is not None:
             write_error_record(record, source, reason)
 
-    def _dispatch(self) -> None:
-        assert self.pipeline is not None
-        while True:
-            if not self._slots.acquire(timeout=0.25):
-                if self.queue.closed:
-                    return
-                continue
-            job = self.queue.get()
-            if job is None:
-                self._slots.release()
-                return
-            future = self.pipeline.submit(job, self._settings)
-            future.add_done_callback(lambda done, job=job: self._finished(job, done))
-
-    def _finished(self, job: Job, done: Future[Result]) -> None:
-        result = done.result()
-        self.queue.done(job)
-        self._slots.release()
+    def _finished(self, job: Job, result: Result) -> None:
+        """A job's result (worker thread): count it, log its line, retry an output error later."""
         counts = self.status.counts
         if result.ok:
             latency_ms = (time.monotonic() - job.queued_at) * 1000

@@ -15,17 +15,18 @@ import dataclasses
 import logging
 import os
 import queue
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from depthwatch import providers
+from depthwatch import compile_cache, graph_inputs, measure, providers
 from depthwatch.contract import Contract, depth_map, read_contract
 from depthwatch.errors import (
     DepthwatchError,
@@ -35,12 +36,28 @@ from depthwatch.errors import (
     Superseded,
 )
 from depthwatch.imaging import model_input_size
+from depthwatch.measure import Trial
 from depthwatch.model import ModelInfo, ModelSpec
 from depthwatch.profiles import Profile
 
 log = logging.getLogger("depthwatch.engine")
 
-SessionFactory = Callable[..., Any]
+
+
+class Session(Protocol):
+    """What depthwatch needs of an inference session (onnxruntime's, or a test's stand-in)."""
+
+    def run(self, output_names: list[str], input_feed: dict[str, np.ndarray], run_options: Any = None) -> list[Any]: ...
+
+    def get_inputs(self) -> list[Any]: ...
+
+    def get_outputs(self) -> list[Any]: ...
+
+    def get_providers(self) -> list[str]: ...
+
+
+#: Called as onnxruntime.InferenceSession is: (path, sess_options=..., providers=[(name, options), ...]).
+SessionFactory = Callable[..., Session]
 
 
 class EngineStopped(DepthwatchError):
@@ -49,15 +66,36 @@ class EngineStopped(DepthwatchError):
 
 @dataclass(frozen=True)
 class Inference:
-    """A prediction as [H, W] floats, and the seconds `session.run` took."""
+    """A prediction as [H, W] floats, the seconds `session.run` took, and the model that made it.
+
+    The model travels with the prediction because a swap may finish before the
+    prediction is rendered: its profile (depth or inverse depth) must be the one
+    that produced it, or the map comes out inverted.
+    """
 
     prediction: np.ndarray
     seconds: float
-    generation: int
+    model: ModelInfo
+
+    @property
+    def generation(self) -> int:
+        return self.model.generation
 
 
 _STOP = object()
 _FIX_MODEL = "; the file is damaged or not an ONNX model: fetch it again or point model.path at a working .onnx file"
+
+
+def _square_side(profile: Profile) -> int | None:
+    """The side of the one square input depthwatch feeds a dynamic model, or None if it follows the frame's aspect."""
+    if profile.keep_aspect or not profile.input_size:
+        return None
+    m = profile.multiple_of
+    return max(m, int(round(profile.input_size / m)) * m)
+
+
+def _with_cpu(provider: str) -> list[str]:
+    return [provider] if provider == providers.CPU else [provider, providers.CPU]
 
 
 def _first_line(exc: BaseException) -> str:
@@ -72,13 +110,26 @@ class Engine:
     `infer()` may be called before the load finishes (work waits in order).
     """
 
-    def __init__(self, spec: ModelSpec, *, session_factory: SessionFactory | None = None) -> None:
-        if session_factory is None:
-            import onnxruntime
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        session_factory: SessionFactory | None = None,
+        available_providers: Callable[[], Sequence[str]] | None = None,
+        measure_providers: str = "remembered",
+    ) -> None:
+        """`available_providers` stands for onnxruntime.get_available_providers (tests offer
+        stand-in accelerators through it). `measure_providers`: "remembered" measures
+        `auto` only when no earlier measurement is on record; "always" measures afresh,
+        with profiling, even CPU alone (`depthwatch check --providers`)."""
+        import onnxruntime
 
+        if session_factory is None:
             session_factory = onnxruntime.InferenceSession
         self._spec = spec
         self._factory = session_factory
+        self._available = available_providers or onnxruntime.get_available_providers
+        self._measure = measure_providers
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name="depthwatch-inference", daemon=True)
         self._ready = threading.Event()
@@ -88,10 +139,13 @@ class Engine:
         self._error: DepthwatchError | None = None
         self._cpu_rebuilt = False
         self._running: tuple[Future[Any], Any] | None = None
+        self._interrupted = False
         #: Sessions created over the engine's life (first load, reloads, CPU rebuild).
         self.load_count = 0
         #: Frames run through the model.
         self.run_count = 0
+        #: Provider measurements made (each times every candidate once).
+        self.measurements = 0
 
     # -- the public side, called from any thread ---------------------------------
 
@@ -151,9 +205,17 @@ class Engine:
         """
         return self._put(("load", spec))
 
-    def stop(self, timeout: float | None = None) -> bool:
-        """Finish the queued work, release the session, join the thread; True if it ended."""
+    def stop(self, timeout: float | None = None, interrupt: bool = False) -> bool:
+        """Finish the queued work, release the session, join the thread; True if it ended.
+
+        `interrupt`: the shutdown has run out of time, so the queued work is
+        dropped and a running inference is told to stop, rather than waited for.
+        """
         with self._lock:
+            if interrupt:
+                self._interrupted = True
+                if self._running is not None:
+                    self._running[1].terminate = True
             if not self._closed:
                 self._closed = True
                 self._jobs.put(_STOP)
@@ -179,7 +241,7 @@ class Engine:
     # -- the inference thread ----------------------------------------------------
 
     def _serve(self) -> None:
-        session: Any = None
+        session: Session | None = None
         try:
             try:
                 session, self._info = self._load(self._spec, generation=1)
@@ -193,6 +255,8 @@ class Engine:
                 if item is _STOP:
                     return
                 future, job = item
+                if self._interrupted:
+                    future.cancel()
                 if not future.set_running_or_notify_cancel():
                     continue
                 if job[0] == "load":
@@ -215,7 +279,7 @@ class Engine:
             if item is not _STOP and item[0].set_running_or_notify_cancel():
                 item[0].set_exception(reason)
 
-    def _swap(self, session: Any, future: Future[Any], spec: ModelSpec) -> Any:
+    def _swap(self, session: Session, future: Future[Any], spec: ModelSpec) -> Session:
         assert self._info is not None
         try:
             new_session, info = self._load(spec, generation=self._info.generation + 1)
@@ -228,7 +292,7 @@ class Engine:
         future.set_result(info)
         return new_session  # the old session is released as its last reference goes
 
-    def _run(self, session: Any, future: Future[Any], tensor: np.ndarray, generation: int) -> Any:
+    def _run(self, session: Session, future: Future[Any], tensor: np.ndarray, generation: int) -> Session:
         info = self._info
         assert info is not None
         if generation != info.generation:
@@ -261,11 +325,11 @@ class Engine:
                 with self._lock:
                     self._running = None
             self.run_count += 1
-            future.set_result(Inference(prediction, seconds, generation))
+            future.set_result(Inference(prediction, seconds, info))
             return session
         return session
 
-    def _rebuild_on_cpu(self, session: Any, info: ModelInfo, exc: Exception) -> tuple[Any, ModelInfo]:
+    def _rebuild_on_cpu(self, session: Session, info: ModelInfo, exc: Exception) -> tuple[Session, ModelInfo]:
         self._cpu_rebuilt = True
         log.warning(
             "%s failed at run time (%s); rebuilding the session on CPU",
@@ -281,26 +345,23 @@ class Engine:
         self._info = rebuilt
         return session, rebuilt
 
-    def _load(self, spec: ModelSpec, generation: int) -> tuple[Any, ModelInfo]:
-        import onnxruntime
-
+    def _load(self, spec: ModelSpec, generation: int) -> tuple[Session, ModelInfo]:
         path = spec.path
         if not path.is_file():
             raise ModelError(f"model file {path} does not exist; fetch it with `depthwatch models fetch` or set model.path")
         if not os.access(path, os.R_OK):
             raise ModelError(f"model file {path} is not readable; check its permissions")
-        wanted, skipped = providers.choose(spec.providers, onnxruntime.get_available_providers())
+        available = list(self._available())
+        wanted, skipped = providers.choose(spec.providers, available)
         for reason in skipped:
             log.warning("%s; using the next provider", reason)
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = max(0, spec.intra_op_threads)
-        options.inter_op_num_threads = 1
-        options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
-        options.log_severity_level = 4  # errors reach the log as our own one-line messages
-        # Idle operator threads spinning would steal the cores that decode and encode frames.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         start = time.perf_counter()
-        session = self._create(path, options, wanted, spec)
+        chosen_by, trials = "", ()
+        if spec.providers == "auto":
+            wanted, chosen_by, trials = self._decide(spec, available)
+            start = time.perf_counter()  # the load time is the serving session's, not the measurement's
+        chain, compiled, pins = self._chain(wanted, spec)
+        session = self._create(path, self._session_options(spec, pins=pins), chain)
         applied = tuple(session.get_providers())
         for name in wanted:
             if name != providers.CPU and name not in applied:
@@ -308,12 +369,126 @@ class Engine:
         contract = read_contract(session)
         self._warm_up(session, contract, spec.profile)
         self.load_count += 1
-        info = ModelInfo(spec, contract, applied, generation, time.perf_counter() - start)
+        if providers.COREML not in applied:
+            compiled = None
+        # For a square frame the model's input is as large as it gets on the frame's short side.
+        floor = model_input_size(contract, spec.profile, (1, 1))
+        info = ModelInfo(
+            spec,
+            contract,
+            applied,
+            generation,
+            time.perf_counter() - start,
+            min_frame_size=floor,
+            compiled=compiled,
+            chosen_by=chosen_by,
+            trials=tuple(trials),
+        )
         log.info("loaded %s in %.2f s; applied providers: %s", path.name, info.load_seconds, ", ".join(applied))
         return session, info
 
-    def _create(self, path: Path, options: Any, wanted: list[str], spec: ModelSpec) -> Any:
-        chain = [(name, providers.options_for(name, spec.cache_dir())) for name in wanted]
+    def _session_options(self, spec: ModelSpec, profile_prefix: str | None = None, pins: dict[str, int] | None = None) -> Any:
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = max(0, spec.intra_op_threads)
+        options.inter_op_num_threads = 1
+        options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+        options.log_severity_level = 4  # errors reach the log as our own one-line messages
+        # Idle operator threads spinning would steal the cores that decode and encode frames.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        for name, value in (pins or {}).items():
+            options.add_free_dimension_override_by_name(name, value)
+        if profile_prefix is not None:
+            options.enable_profiling = True
+            options.profile_file_prefix = profile_prefix
+        return options
+
+    def _chain(self, wanted: list[str], spec: ModelSpec) -> tuple[list[tuple[str, dict[str, Any]]], compile_cache.Entry | None, dict[str, int]]:
+        """(provider, options) pairs, CoreML's cache folder, and the input dimensions to pin.
+
+        With CoreML in the chain the image input's symbolic batch (and height
+        and width, where depthwatch feeds one square size) are pinned, so that
+        CoreML, taking only nodes of static shape, can take the graph; the
+        cache folder is keyed by the model's contents, the runtime, the options
+        and those pins.
+        """
+        entry = None
+        pins: dict[str, int] = {}
+        chain = []
+        for name in wanted:
+            options = providers.options_for(name)
+            if name == providers.COREML:
+                pins = graph_inputs.fixed_dims(spec.path, _square_side(spec.profile))
+                if providers.coreml_caches(providers.runtime_version()):
+                    keyed = {**options, "depthwatch.fixed_dims": pins}
+                    try:
+                        digest = compile_cache.model_digest(spec.path, spec.state_dir())
+                        entry = compile_cache.open_entry(spec.coreml_root(), spec.path, digest, providers.runtime_version(), keyed)
+                    except OSError as exc:
+                        log.warning(
+                            "cannot use the compiled-model cache in %s (%s); CoreML compiles at every load",
+                            spec.coreml_root(),
+                            exc.strerror or exc,
+                        )
+                    else:
+                        options = providers.options_for(name, entry.path)
+            chain.append((name, options))
+        return chain, entry, pins
+
+    def _decide(self, spec: ModelSpec, available: list[str]) -> tuple[list[str], str, list[Trial]]:
+        """`auto`: the provider measured fastest for this model on this machine, measuring if nobody has.
+
+        With only CPU on offer there is nothing to measure. The measurement
+        makes one session per candidate, each released before the next, and
+        all before the serving session is made.
+        """
+        candidates = providers.auto_candidates(available)
+        if len(candidates) == 1 and self._measure != "always":
+            return candidates, "", []
+        try:
+            digest = compile_cache.model_digest(spec.path, spec.state_dir())
+        except OSError as exc:
+            raise ModelError(f"cannot read model {spec.path}: {exc.strerror or exc}; check the file and its permissions") from None
+        key = measure.decision_key(digest, providers.runtime_version(), available)
+        decisions = measure.Decisions(spec.state_dir() / "providers.json")
+        known = decisions.get(key) if self._measure != "always" else None
+        if known is not None and known["provider"] in candidates:
+            chosen = known["provider"]
+            log.info("providers: auto uses %s for %s (measured %s)", chosen, spec.path.name, known.get("measured", "before"))
+            return _with_cpu(chosen), "remembered", []
+        with tempfile.TemporaryDirectory(prefix="depthwatch-profile-") as folder:
+            profile_prefix = str(Path(folder) / "profile") if self._measure == "always" else None
+
+            def create(provider: str, profile: bool) -> Session:
+                chain, _, pins = self._chain(_with_cpu(provider), spec)
+                options = self._session_options(spec, profile_prefix if profile else None, pins)
+                return self._factory(str(spec.path), sess_options=options, providers=chain)
+
+            def run(session: Session) -> None:
+                contract = read_contract(session)
+                self._warm_up(session, contract, spec.profile)
+
+            try:
+                trials = measure.measure(candidates, create, run, profile=profile_prefix is not None)
+            except DepthwatchError:
+                raise
+            except Exception as exc:  # CPU itself failed: the model is unusable
+                raise ModelError(f"cannot load model {spec.path}: {_first_line(exc)}{_FIX_MODEL}") from None
+        self.measurements += 1
+        chosen = measure.fastest(trials) or providers.CPU
+        log.info(
+            "providers: measured %s: %s; auto uses %s",
+            spec.path.name,
+            ", ".join(t.summary() for t in trials),
+            chosen,
+        )
+        if len(candidates) > 1:
+            decisions.put(key, spec.path, chosen, trials)
+        return _with_cpu(chosen), "measured", trials
+
+    def _create(self, path: Path, options: Any, chain: list[tuple[str, dict[str, Any]]]) -> Session:
+        wanted = [name for name, _ in chain]
         try:
             return self._factory(str(path), sess_options=options, providers=chain)
         except Exception as exc:
@@ -327,7 +502,7 @@ class Engine:
         except Exception as exc:
             raise ModelError(f"cannot load model {path}: {_first_line(exc)}{_FIX_MODEL}") from None
 
-    def _warm_up(self, session: Any, contract: Contract, profile: Profile) -> None:
+    def _warm_up(self, session: Session, contract: Contract, profile: Profile) -> None:
         side = profile.input_size or 256
         w, h = model_input_size(contract, profile, (side, side))
         shape = (1, 3, h, w) if contract.layout == "NCHW" else (1, h, w, 3)

@@ -82,9 +82,12 @@ def is_complete(fmt: str, tail: bytes, size: int, head: bytes = b"") -> bool | N
     return None
 
 
-def read_header(data: bytes) -> Header | None:
-    """Parse the size (and JPEG EXIF orientation) from the header; None if unreadable."""
-    fmt = sniff(data)
+def read_header(data: bytes, fmt: str | None = None) -> Header | None:
+    """Parse the size (and JPEG EXIF orientation) from the header; None if unreadable.
+
+    `fmt`: the format already sniffed from these bytes, if known.
+    """
+    fmt = fmt or sniff(data)
     try:
         if fmt == JPEG:
             return _jpeg_header(data)

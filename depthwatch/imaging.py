@@ -81,19 +81,27 @@ def _reduction(header: formats.Header, min_size: tuple[int, int] | None) -> int:
     return 1
 
 
-def decode(data: bytes, *, max_pixels: int, min_size: tuple[int, int] | None = None) -> Decoded:
+def decode(
+    data: bytes,
+    *,
+    max_pixels: int,
+    min_size: tuple[int, int] | None = None,
+    checked_format: str | None = None,
+) -> Decoded:
     """Decode image bytes already in memory; FrameError says why a file is unusable.
 
     The size is checked from the header first so a decompression bomb is refused
     before any memory is spent on it. `min_size` lets a JPEG decode at reduced
     scale when the model needs far fewer pixels than the frame has.
+    `checked_format`: the watcher already sniffed these bytes as that format and
+    saw its end marker, so neither is looked for again.
     """
     if not data:
         raise FrameError("the file is empty (0 bytes)")
-    fmt = formats.sniff(data)
+    fmt = checked_format or formats.sniff(data)
     if fmt is None:
         raise FrameError("not a JPEG, PNG, TIFF or WebP image")
-    header = formats.read_header(data)
+    header = formats.read_header(data, fmt)
     if header is None:
         raise FrameError(f"the {fmt.upper()} header is damaged or cut short")
     if header.width == 0 or header.height == 0:
@@ -103,7 +111,7 @@ def decode(data: bytes, *, max_pixels: int, min_size: tuple[int, int] | None = N
             f"{header.width}x{header.height} is {header.pixels / 1e6:.0f} megapixels, over the "
             f"limit of {max_pixels / 1e6:.0f}; raise daemon.max_megapixels to accept it"
         )
-    if formats.is_complete(fmt, data[-16:], len(data), data[:16]) is False:
+    if checked_format is None and formats.is_complete(fmt, data[-16:], len(data), data[:16]) is False:
         raise FrameError(f"the {fmt.upper()} data is cut short (no end marker): the file is incomplete")
     factor = _reduction(header, min_size)
     try:

@@ -14,7 +14,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-from depthwatch.pipeline import Job
+from depthwatch.job import Job
 
 
 class LatestWinsQueue:

@@ -8,10 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from depthwatch import paths
 from depthwatch.contract import Contract
 from depthwatch.profiles import Profile
+
+if TYPE_CHECKING:
+    from depthwatch.compile_cache import Entry
+    from depthwatch.measure import Trial
 
 
 @dataclass(frozen=True)
@@ -23,13 +28,18 @@ class ModelSpec:
     providers: str | tuple[str, ...] = "auto"
     #: Threads for the CPU provider's operators; 0 lets onnxruntime decide.
     intra_op_threads: int = 0
-    #: Where CoreML keeps the compiled model between starts (None: the user cache dir).
+    #: The folder under which CoreML keeps compiled models between starts, one
+    #: subfolder per model contents, runtime and options (None: the user cache dir).
     coreml_cache: Path | None = None
 
-    def cache_dir(self) -> Path:
+    def coreml_root(self) -> Path:
         if self.coreml_cache is not None:
             return self.coreml_cache
-        return paths.cache_dir() / "coreml" / self.path.stem
+        return paths.cache_dir() / "coreml"
+
+    def state_dir(self) -> Path:
+        """Where the model digests and the measured provider choices are kept."""
+        return paths.cache_dir()
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,15 @@ class ModelInfo:
     providers: tuple[str, ...]
     generation: int
     load_seconds: float
+    #: The fewest pixels (width, height) a frame may be decoded at and still fill the
+    #: model's input: what lets a JPEG decode at 1/2..1/8 scale. Computed once per load.
+    min_frame_size: tuple[int, int] = (0, 0)
+    #: CoreML's compiled-model folder for this load, and whether it was there before (None: not CoreML).
+    compiled: Entry | None = None
+    #: How `auto` chose: "measured" now, "remembered" from an earlier measurement, or "" (nothing to choose).
+    chosen_by: str = ""
+    #: The figures of the measurement this load made (empty when it made none).
+    trials: tuple[Trial, ...] = ()
 
     @property
     def profile(self) -> Profile:

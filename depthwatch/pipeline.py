@@ -4,7 +4,10 @@ Reading, decoding, encoding and writing run on a small worker pool; only
 `session.run` runs on the inference thread, which hands its result back by
 queueing the second half of the job on the pool (never doing it itself), so
 the inference thread never waits on disk or image coding. `depthwatch once`
-and the daemon both send frames through here.
+and the daemon both send frames through here, and both get the same bound on
+frames in flight (each holds a decoded frame in memory): `once` by `submit`
+blocking, the daemon by `feed`, which pulls from its latest-wins queue
+whenever a slot frees.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ import itertools
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +30,8 @@ from typing import Any
 from depthwatch import formats, imaging
 from depthwatch.config import Config
 from depthwatch.engine import Engine, Inference
+from depthwatch.job import Job
+from depthwatch.jobqueue import LatestWinsQueue
 from depthwatch.model import ModelInfo
 from depthwatch.errors import (
     DepthwatchError,
@@ -39,20 +46,13 @@ log = logging.getLogger("depthwatch.frames")
 
 STAGES = ("read", "decode", "infer", "encode", "write")
 
-
-@dataclass(frozen=True)
-class Job:
-    """One frame to turn into one depth map. Jobs are keyed by `output`."""
-
-    source: Path
-    output: Path
-    #: Where an error record goes if error sidecars are on (None: not written).
-    error_record: Path | None = None
-    #: (size, mtime_ns, inode) when the frame was found complete; a different file at
-    #: read time means a newer version is on its way (None: take what is there).
-    signature: tuple[int, int, int] | None = None
-    #: When the frame was found complete (monotonic clock), for latency figures.
-    queued_at: float = field(default_factory=time.monotonic, compare=False)
+#: The per-frame log line, as `Result.describe()` writes it and the daemon's log carries it
+#: (followed by "total MS queue N"); `parse_frame_line` is the one reader of it.
+_FRAME_LINE = re.compile(
+    r"(?P<source>.+?) -> (?P<output>.+?) (?P<width>\d+)x(?P<height>\d+) ms: "
+    + " ".join(rf"{stage} (?P<{stage}>[\d.]+)" for stage in STAGES)
+    + r"(?: total (?P<total>[\d.]+) queue (?P<queue>\d+))?"
+)
 
 
 @dataclass(frozen=True)
@@ -98,12 +98,27 @@ class Result:
         return self.error is None
 
     def describe(self) -> str:
-        """The one log line for this frame."""
+        """The one log line for this frame (read back by `parse_frame_line`)."""
         if self.error:
             return f"{self.job.source}: {self.error}"
         timings = " ".join(f"{stage} {self.ms.get(stage, 0.0):.1f}" for stage in STAGES)
         w, h = self.size or (0, 0)
         return f"{self.job.source.name} -> {self.job.output.name} {w}x{h} ms: {timings}"
+
+
+def parse_frame_line(line: str) -> dict[str, Any] | None:
+    """The fields of a per-frame log line (names, size, stage times in ms), or None if it is not one."""
+    match = _FRAME_LINE.search(line)
+    if match is None:
+        return None
+    fields: dict[str, Any] = {"source": match["source"].rsplit(" ", 1)[-1], "output": match["output"]}
+    fields["size"] = (int(match["width"]), int(match["height"]))
+    for stage in STAGES:
+        fields[stage] = float(match[stage])
+    if match["total"] is not None:
+        fields["total"] = float(match["total"])
+        fields["queue"] = int(match["queue"])
+    return fields
 
 
 @dataclass
@@ -207,8 +222,12 @@ class Pipeline:
     `niceness` lowers the workers' scheduling priority below the inference thread's.
     """
 
-    def __init__(self, engine: Engine, workers: int = 2, niceness: int = 0) -> None:
+    def __init__(self, engine: Engine, workers: int = 2, niceness: int = 0, in_flight: int | None = None) -> None:
         self.engine = engine
+        #: Frames between submission and result at most: each may hold a decoded frame, so
+        #: this bounds memory; two more than the workers keeps the model fed meanwhile.
+        self.in_flight = in_flight or workers + 2
+        self._slots = threading.Semaphore(self.in_flight)
         self._pool = ThreadPoolExecutor(
             max_workers=workers,
             thread_name_prefix="depthwatch-worker",
@@ -226,10 +245,64 @@ class Pipeline:
         # Writes to one output are serialised (by stripe, to keep this bounded) so the
         # check "nothing newer was written" and the write happen as one.
         self._write_locks = [threading.Lock() for _ in range(64)]
+        self._source: tuple[LatestWinsQueue, Callable[[], Settings], Callable[[Job, Result], None]] | None = None
 
-    def submit(self, job: Job, settings: Settings) -> Future[Result]:
-        """Start a job; the future always completes with a Result (errors included)."""
+    def submit(self, job: Job, settings: Settings, timeout: float | None = None) -> Future[Result]:
+        """Start a job once fewer than `in_flight` are in progress (blocks until then).
+
+        The future always completes with a Result (errors included). TimeoutError
+        if no slot freed within `timeout`.
+        """
+        if not self._slots.acquire(timeout=-1 if timeout is None else timeout):
+            raise TimeoutError(f"{self.in_flight} frames still in flight")
+        return self._start(job, settings)
+
+    def process(self, job: Job, settings: Settings) -> Result:
+        return self.submit(job, settings).result()
+
+    def feed(
+        self,
+        queue: LatestWinsQueue,
+        settings: Callable[[], Settings],
+        on_result: Callable[[Job, Result], None],
+    ) -> None:
+        """Take jobs from `queue` whenever a slot is free, without a thread of its own.
+
+        `pull()` after each `queue.put`; the pipeline pulls again itself as each
+        frame finishes. `settings()` is read as each job starts (a reload applies
+        to the next frame); `on_result` runs on a worker thread, before the job's
+        slot frees and `queue.done(job)` is called.
+        """
+        self._source = (queue, settings, on_result)
+
+    def pull(self) -> None:
+        """Start waiting jobs while slots are free; returns at once."""
+        if self._source is None:
+            return
+        queue, settings, on_result = self._source
+        while self._slots.acquire(blocking=False):
+            job = queue.get(timeout=0)
+            if job is None:
+                self._slots.release()
+                # A job put after the get above, whose own pull found no slot free
+                # before the release, would wait for the next frame to finish: look again.
+                if len(queue) and not queue.closed:
+                    continue
+                return
+
+            def report(done: Future[Result], job: Job = job) -> None:
+                try:
+                    on_result(job, done.result())
+                finally:
+                    queue.done(job)
+
+            self._start(job, settings(), then=report)
+
+    def _start(self, job: Job, settings: Settings, then: Callable[[Future[Result]], None] | None = None) -> Future[Result]:
+        """Begin a job whose slot is already taken; `then` runs before the slot frees."""
         future: Future[Result] = Future()
+        if then is not None:
+            future.add_done_callback(then)
         frame = _Frame(job, settings, future, Result(job), seq=next(self._seq))
         with self._lock:
             self._pending += 1
@@ -242,21 +315,28 @@ class Pipeline:
                 fresh = time.monotonic() - last_map < PREVIEW_INTERVAL_S
                 self.engine.abort(older.inference, running_too=fresh)
         future.add_done_callback(lambda _: self._finished(frame))
-        self._pool.submit(self._front, frame)
+        try:
+            self._pool.submit(self._front, frame)
+        except RuntimeError:  # the pool was shut down after a shutdown timeout
+            self._fail(frame, FrameError("stopped before the frame was read"))
         return future
-
-    def process(self, job: Job, settings: Settings) -> Result:
-        return self.submit(job, settings).result()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until every submitted job has its result; False on timeout."""
         with self._idle:
             return self._idle.wait_for(lambda: self._pending == 0, timeout)
 
-    def close(self, timeout: float | None = None) -> None:
-        """Wait for the jobs in flight, then stop the workers (the engine is the caller's)."""
-        self.wait_idle(timeout)
-        self._pool.shutdown(wait=True, cancel_futures=True)
+    def close(self, timeout: float | None = None) -> bool:
+        """Wait up to `timeout` for the jobs in flight, then stop the workers; False if some are stuck.
+
+        Never waits longer than `timeout` (None: as long as it takes): a worker
+        stuck in a hung write is left behind (it is a daemon-less pool thread
+        the caller must not join), not waited on.
+        """
+        idle = self.wait_idle(timeout)
+        self._source = None
+        self._pool.shutdown(wait=idle, cancel_futures=True)
+        return idle
 
     def _finished(self, frame: _Frame) -> None:
         with self._idle:
@@ -265,6 +345,8 @@ class Pipeline:
             self._pending -= 1
             if self._pending == 0:
                 self._idle.notify_all()
+        self._slots.release()
+        self.pull()
 
     # -- worker side ----------------------------------------------------------------
 
@@ -272,17 +354,21 @@ class Pipeline:
         """read, decode, prepare, hand to the engine (worker thread)."""
         try:
             frame.check()
-            data, frame.source_stat = read_source(frame.job.source, frame.job.signature)
+            job = frame.job
+            data, frame.source_stat = read_source(job.source, job.signature)
             frame.lap("read")
-            expected = formats.EXTENSIONS.get(frame.job.source.suffix.lower())
-            found = formats.sniff(data)
+            # The watcher sniffed the format and saw its end marker; the bytes are that version.
+            found = job.format or formats.sniff(data)
+            expected = formats.EXTENSIONS.get(job.source.suffix.lower())
             if expected and found and found != expected:
-                raise FrameError(
-                    f"is a {found.upper()} image but its name says {frame.job.source.suffix}; rename it"
-                )
+                raise FrameError(f"is a {found.upper()} image but its name says {job.source.suffix}; rename it")
             info = self._model_info()
-            min_size = imaging.model_input_size(info.contract, info.profile, (4096, 4096))
-            frame.decoded = imaging.decode(data, max_pixels=frame.settings.max_pixels, min_size=min_size)
+            frame.decoded = imaging.decode(
+                data,
+                max_pixels=frame.settings.max_pixels,
+                min_size=info.min_frame_size,
+                checked_format=job.format,
+            )
             del data
             self._to_engine(frame, info)
         except Exception as exc:
@@ -325,7 +411,7 @@ class Pipeline:
                 return
             if self._newer_written(frame):
                 raise Superseded("a newer version's map was written first")
-            info = self._model_info()
+            info = inference.model  # not the engine's current one: a swap may have finished since
             assert frame.decoded is not None
             frame.result.ms["infer"] = inference.seconds * 1000
             frame.clock = time.perf_counter()

@@ -26,6 +26,11 @@ def full_name(name: str) -> str:
     return ALIASES.get(name.lower(), name)
 
 
+def auto_candidates(available: Sequence[str]) -> list[str]:
+    """What `auto` chooses between: the available accelerators it knows, then CPU."""
+    return [p for p in AUTO_ORDER if p in available and p != CPU] + [CPU]
+
+
 def choose(requested: str | Sequence[str], available: Sequence[str]) -> tuple[list[str], list[str]]:
     """The providers to try, best first, always ending with CPU; and why others were skipped.
 
@@ -54,19 +59,52 @@ def choose(requested: str | Sequence[str], available: Sequence[str]) -> tuple[li
     return chosen, skipped
 
 
-def options_for(provider: str, cache_dir: Path) -> dict[str, Any]:
+#: The first onnxruntime whose CoreML provider takes named options (ModelFormat,
+#: MLComputeUnits, RequireStaticInputShapes) and a ModelCacheDirectory. 1.20 has
+#: the named options but no cache folder and refuses keys it does not know;
+#: 1.17 to 1.20 read only the legacy "flags" string and compile at every load.
+COREML_NAMED_OPTIONS = (1, 21)
+
+
+def runtime_version() -> str:
+    """The installed onnxruntime's version (part of every compiled-model cache key)."""
+    import onnxruntime
+
+    return str(onnxruntime.__version__)
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for part in version.split(".")[:3]:
+        digits = "".join(c for c in part if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def coreml_caches(version: str) -> bool:
+    """Whether this onnxruntime's CoreML provider can keep the compiled model in a folder."""
+    return _version_tuple(version) >= COREML_NAMED_OPTIONS
+
+
+def options_for(provider: str, cache_dir: Path | None = None, version: str | None = None) -> dict[str, Any]:
     """Provider options that make each provider fast and restart-friendly.
 
     CoreML compiles the model on first load; MLProgram with all compute units
-    is the fast path on Apple Silicon, and the cache directory lets the next
-    start (after a launchd restart, say) reuse the compiled model.
+    is the fast path on Apple Silicon. Static input shapes: depthwatch feeds
+    the model one size, and a node with dynamic shapes fails at run time on
+    CoreML (where the CPU fallback cannot catch it at load), so CoreML is told
+    to take only nodes whose shapes are known. The cache folder (onnxruntime
+    1.21 and later) lets the next start reuse the compiled model; the caller
+    keys it by the model's contents (see compile_cache). Without `cache_dir`
+    these are the options that go into that key.
     """
     if provider == COREML:
-        return {
-            "ModelFormat": "MLProgram",
-            "MLComputeUnits": "ALL",
-            "ModelCacheDirectory": str(cache_dir),
-        }
+        if not coreml_caches(version or runtime_version()):
+            return {"flags": "COREML_FLAG_CREATE_MLPROGRAM|COREML_FLAG_ONLY_ALLOW_STATIC_INPUT_SHAPES"}
+        options = {"ModelFormat": "MLProgram", "MLComputeUnits": "ALL", "RequireStaticInputShapes": "1"}
+        if cache_dir is not None:
+            options["ModelCacheDirectory"] = str(cache_dir)
+        return options
     if provider == CUDA:
         return {"device_id": 0, "cudnn_conv_algo_search": "HEURISTIC"}
     return {}

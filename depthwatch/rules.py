@@ -14,7 +14,6 @@ import string
 from pathlib import Path
 
 from depthwatch.config import OutputConfig, WatchConfig
-from depthwatch.paths import expand_path
 from depthwatch.errors import FrameError
 from depthwatch.writer import is_temp_name
 
@@ -43,9 +42,10 @@ class Rules:
         self.template = output.template
         self._output_name = _template_regex(output.template)
         self.error_records = output.error_sidecar
-        # The template's folder part: none (beside the frame), fixed, or built from fields.
+        # The template's folder part (~ and $VARS already expanded when the config was read):
+        # none (beside the frame), fixed, or built from fields.
         folder = os.path.dirname(output.template)
-        self._fixed_folder = Path(os.path.expanduser(folder)) if folder and "{" not in folder else None
+        self._fixed_folder = Path(folder) if folder and "{" not in folder else None
         absolute = self._fixed_folder is not None and self._fixed_folder.is_absolute()
         # A fixed absolute folder is allowed for outputs besides the watch folders.
         self._extra_root = Path(os.path.abspath(self._fixed_folder)) if absolute else None
@@ -84,8 +84,9 @@ class Rules:
 
     def output_for(self, source: Path) -> Path:
         """Where the depth map of `source` goes; FrameError if that leaves the allowed folders."""
+        # The frame's name goes in literally: a frame called $HOME.jpg or ~x.jpg is no path to expand.
         text = self.template.format(stem=source.stem, name=source.name, ext=source.suffix.lstrip("."))
-        output = Path(os.path.abspath(expand_path(text, source.parent)))
+        output = Path(os.path.abspath(source.parent / text))
         # Real paths: a symlinked subfolder must not carry an output outside either.
         real = os.path.realpath(output.parent)
         allowed = [os.path.realpath(r) for r in (self.root_of(source), self._extra_root) if r is not None]

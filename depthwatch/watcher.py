@@ -22,6 +22,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +36,25 @@ from depthwatch.rules import Rules, map_is_current
 
 log = logging.getLogger("depthwatch.watch")
 
-#: How a file is judged complete.
-#: NOW: a close-after-write or a move said so (only a missing end marker makes it wait).
-#: CREATED: inotify saw it appear. A file moved in from another folder shows only this,
-#:   so it is taken at once if its end marker is there; otherwise it is being written
-#:   and the close event will come (WAIT), or the incomplete timeout reports it.
-#: SETTLE: no event can be trusted (FSEvents, polling): it must stop changing for settle_ms.
-NOW, CREATED, WAIT, SETTLE = "now", "created", "wait", "settle"
-_MODE_RANK = {SETTLE: 0, WAIT: 1, CREATED: 2, NOW: 3}
+
+
+class Mode(IntEnum):
+    """How a file is judged complete; of two events for one file, the higher mode wins.
+
+    SETTLE: no event can be trusted (FSEvents, polling): it must stop changing for settle_ms.
+    WAIT: being written (seen created, no end marker yet): its close event decides, or the
+      incomplete timeout reports it.
+    CREATED: inotify saw it appear. A file moved in from another folder shows only this,
+      so it is taken at once if its end marker is there; otherwise it is being written (WAIT).
+    NOW: a close-after-write or a move said so (only a missing end marker makes it wait).
+    """
+
+    SETTLE = 0
+    WAIT = 1
+    CREATED = 2
+    NOW = 3
+
+
 _HEALTH_INTERVAL = 1.0
 #: Versions already handed over, remembered to drop a second event for the same one:
 #: the "closed" that follows a "created" already taken, a repeated FSEvents event, or
@@ -57,7 +69,7 @@ Signature = tuple[int, int, int]
 
 @dataclass
 class _Pending:
-    mode: str
+    mode: Mode
     due: float
     since: float
     signature: Signature | None = None
@@ -89,7 +101,11 @@ class _Handler(FileSystemEventHandler):
 
 
 class Watcher:
-    """Watches the configured folders and calls `emit(path, signature)` once per complete frame.
+    """Watches the configured folders and calls `emit(path, signature, format)` once per complete frame.
+
+    `format` is what the file's magic bytes say (its end marker seen, where the
+    format has one), or None for a file that is no image depthwatch reads: the
+    pipeline reports why.
 
     Files that never complete, and links it will not follow, go to `report(path, reason)`.
     """
@@ -98,7 +114,7 @@ class Watcher:
         self,
         rules: Rules,
         config: WatchConfig,
-        emit: Callable[[Path, Signature], None],
+        emit: Callable[[Path, Signature, str | None], None],
         report: Callable[[Path, str], None],
     ) -> None:
         self.rules = rules
@@ -183,15 +199,15 @@ class Watcher:
             return
         if self._trust_close:
             if kind in ("closed", "moved"):
-                self.poke(path, NOW)
+                self.poke(path, Mode.NOW)
             elif kind == "created":
-                self.poke(path, CREATED)
+                self.poke(path, Mode.CREATED)
             return  # modified: the close event will follow
-        self.poke(path, SETTLE)
+        self.poke(path, Mode.SETTLE)
 
     # -- the settler -----------------------------------------------------------------
 
-    def poke(self, path: Path, mode: str = SETTLE, delay: float = 0.0, scanned: bool = False) -> None:
+    def poke(self, path: Path, mode: Mode = Mode.SETTLE, delay: float = 0.0, scanned: bool = False) -> None:
         """Check `path` soon; repeated pokes for one path collapse into one check."""
         now = time.monotonic()
         with self._cond:
@@ -199,7 +215,7 @@ class Watcher:
             if state is None:
                 state = self._pending[path] = _Pending(mode, now + delay, now, scanned=scanned)
             else:
-                state.mode = max(mode, state.mode, key=_MODE_RANK.__getitem__)
+                state.mode = max(mode, state.mode)
                 state.due = min(state.due, now + delay)
                 state.scanned = state.scanned and scanned
             heapq.heappush(self._heap, (state.due, next(self._counter), path))
@@ -211,7 +227,7 @@ class Watcher:
         for root in [folder] if folder else self.rules.roots:
             for path in self._walk(root):
                 if self._needs_output(path):
-                    self.poke(path, SETTLE, scanned=True)
+                    self.poke(path, Mode.SETTLE, scanned=True)
                     count += 1
         return count
 
@@ -287,15 +303,21 @@ class Watcher:
         signature = (st.st_size, st.st_mtime_ns, st.st_ino)
         settle = self.config.settle_ms / 1000
         now = time.monotonic()
-        if state.mode in (SETTLE, WAIT) and signature != state.signature:
+        if st.st_size == 0 and (state.mode != Mode.SETTLE or signature != state.signature):
+            # Empty: most likely truncated for an in-place rewrite whose own event follows (this
+            # event was for the version before). Only one that stays empty is a frame (a bad one).
+            state.mode, state.signature = Mode.SETTLE, signature
+            self._again(path, state, max(settle, 0.05))
+            return
+        if state.mode in (Mode.SETTLE, Mode.WAIT) and signature != state.signature:
             state.signature = signature
             state.since = now  # it changed: the incomplete clock starts again
-            self._again(path, state, settle if state.mode == SETTLE else self.config.incomplete_timeout_s)
+            self._again(path, state, settle if state.mode == Mode.SETTLE else self.config.incomplete_timeout_s)
             return
-        complete = _is_complete(path, st.st_size)
-        if state.mode == CREATED and complete is not True:
+        fmt, complete = _probe(path, st.st_size)
+        if state.mode == Mode.CREATED and complete is not True:
             # Being written: its close event decides; if none comes, report it at the timeout.
-            state.mode, state.signature, state.since = WAIT, signature, now
+            state.mode, state.signature, state.since = Mode.WAIT, signature, now
             self._again(path, state, self.config.incomplete_timeout_s)
             return
         if complete is False:
@@ -307,25 +329,25 @@ class Watcher:
                     "not processed until it is written again",
                 )
                 return
-            state.mode, state.signature = SETTLE, signature
+            state.mode, state.signature = Mode.SETTLE, signature
             self._again(path, state, max(settle, 0.05))
             return
         if state.scanned and not self._needs_output(path):
             return  # its depth map was written since the scan found it
         key = str(path)
-        if state.mode == NOW:
+        if state.mode == Mode.NOW:
             if self._taken_at_creation.pop(key, None) == signature or self._seen.get(key) == signature:
                 # The close of the very write taken when it appeared, or a late event for a
                 # version a scan already took; that one had settled, so a rewrite since
                 # would carry a later mtime.
                 return
-        elif state.mode == CREATED:
+        elif state.mode == Mode.CREATED:
             _remember(self._taken_at_creation, key, signature)
         elif self._seen.get(key) == signature:
             return  # this exact version was already handed over
         else:
             _remember(self._seen, key, signature)
-        self._emit(path, signature)
+        self._emit(path, signature, fmt)
 
     def forget(self, path: Path) -> None:
         """Let the next event for `path` through even if the file looks unchanged (retries)."""
@@ -371,16 +393,21 @@ def _mtime(path: Path) -> int:
         return 0
 
 
-def _is_complete(path: Path, size: int) -> bool | None:
-    """Whether the file carries its format's end marker (None: the format has none)."""
+def _probe(path: Path, size: int) -> tuple[str | None, bool | None]:
+    """The file's format by its magic bytes, and whether it carries the format's end marker.
+
+    (None, None): not an image depthwatch reads (the pipeline says why); (None,
+    True): unreadable, taken at once so the pipeline reports why. (fmt, None):
+    the format has no end marker (TIFF): settled is all we know.
+    """
     try:
         with open(path, "rb") as f:
             head = f.read(16)
             f.seek(max(0, size - 16))
             tail = f.read(16)
     except OSError:
-        return True  # unreadable: let the pipeline report why
+        return None, True
     fmt = formats.sniff(head)
     if fmt is None:
-        return None  # empty or not an image: settled is all we can know; the pipeline says why
-    return formats.is_complete(fmt, tail, size, head)
+        return None, None
+    return fmt, formats.is_complete(fmt, tail, size, head)

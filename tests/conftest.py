@@ -10,7 +10,10 @@ import cv2
 import numpy as np
 import pytest
 
+# The test helpers beside this file, and the repository root for `benchmarks` (whose
+# daemon harness the tests share), however pytest was started.
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from onnx_models import brightness_model  # noqa: E402
 
@@ -52,6 +55,12 @@ def write_by_rename(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".incoming-{threading.get_ident()}-{path.name}")
     tmp.write_bytes(data)
     tmp.replace(path)
+
+
+@pytest.fixture(autouse=True)
+def _cache_in_tmp(tmp_path_factory, monkeypatch):
+    """depthwatch's cache (model digests, measured providers, compiled models) never lands in the real home."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,15 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
+from depthwatch.model import ModelSpec
+from depthwatch.profiles import profile_for
+
 OPSET = 17
+
+
+def spec_for(path: Path, profile: str = "midas-v21-small", **kw: object) -> ModelSpec:
+    """A CPU ModelSpec for a tiny test model, at a 64-pixel input."""
+    return ModelSpec(path=path, profile=profile_for(profile).with_overrides(input_size=64), providers=("cpu",), **kw)  # type: ignore[arg-type]
 
 
 def _save(graph: onnx.GraphProto, path: Path) -> Path:

@@ -4,6 +4,8 @@ and starting the real daemon exactly the way its service definition says."""
 from __future__ import annotations
 
 import getpass
+import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -11,11 +13,16 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import jpeg_bytes, quadrant_frame, write_by_rename
 from daemon_process import wait_for
 
+from depthwatch import catalogue
 from depthwatch.status import read_status
+
+#: The repository's config.yaml: the documented default that `service install` writes for a new user.
+DOCUMENTED_CONFIG = Path(__file__).resolve().parents[1] / "config.yaml"
 
 
 def make_project(root: Path, model: Path, **daemon: object) -> Path:
@@ -111,3 +118,26 @@ def folder_snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
     if not folder.exists():
         return {}
     return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.iterdir())}
+
+
+def new_user(home: Path, monkeypatch: pytest.MonkeyPatch, model: Path | None = None) -> Path:
+    """A user with no config yet (and, given `model`, the default config's model fetched): where their config will be."""
+    for name in ("DEPTHWATCH_CONFIG", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    if model is not None:
+        fetched = home / ".local/share/depthwatch/models" / catalogue.entry("midas-v21-small").file
+        fetched.parent.mkdir(parents=True)
+        shutil.copyfile(model, fetched)
+    return home / ".config/depthwatch/config.yaml"
+
+
+def tree(folder: Path) -> dict[str, bytes | None]:
+    """Every file (its bytes), link (its target) and folder (None) under `folder`: to show an attempt left nothing behind."""
+    found: dict[str, bytes | None] = {}
+    for path in sorted(folder.rglob("*")):
+        name = str(path.relative_to(folder))
+        if path.is_symlink():
+            found[name] = b"-> " + os.fsencode(os.readlink(path))
+        else:
+            found[name] = None if path.is_dir() else path.read_bytes()
+    return found

@@ -12,15 +12,16 @@ import onnxruntime
 import pytest
 from conftest import jpeg_bytes, quadrant_frame
 from onnx import TensorProto
-from onnx_models import brightness_model, failing_model
+from onnx_models import brightness_model, failing_model, spec_for
 
 from depthwatch import providers
 from depthwatch.engine import Engine
 from depthwatch.model import ModelSpec
 from depthwatch.errors import ModelError, Superseded
 from depthwatch.imaging import RenderOptions
-from depthwatch.pipeline import Job, Pipeline, Settings
-from depthwatch.profiles import PROFILES, profile_for
+from depthwatch.job import Job
+from depthwatch.pipeline import Pipeline, Settings
+from depthwatch.profiles import PROFILES
 
 FAMILIES = {
     "nchw-float-fixed-1HW": dict(layout="NCHW", size=(32, 32), output="1HW"),
@@ -29,10 +30,6 @@ FAMILIES = {
     "nchw-float-dynamic-1HW": dict(layout="NCHW", size=None, output="1HW"),
     "nhwc-float-dynamic-11HW": dict(layout="NHWC", size=None, output="11HW"),
 }
-
-
-def spec_for(path: Path, profile: str = "midas-v21-small", **kw) -> ModelSpec:
-    return ModelSpec(path=path, profile=profile_for(profile).with_overrides(input_size=64), providers=("cpu",), **kw)
 
 
 def run_frame(tmp_path: Path, model: Path, frame: np.ndarray, output: str, settings: Settings = Settings()) -> np.ndarray:
@@ -104,6 +101,14 @@ def test_sixteen_threads_during_loading_make_exactly_one_session_on_the_inferenc
     assert engine.load_count == 1 and engine.run_count == 16
 
 
+def _a_non_cpu_provider() -> str:
+    """A provider this onnxruntime build lists besides CPU, to play a GPU; skip on a CPU-only build."""
+    others = [p for p in onnxruntime.get_available_providers() if p != providers.CPU]
+    if not others:
+        pytest.skip("this onnxruntime build lists no provider but CPU to stand in for an accelerator")
+    return others[0]
+
+
 def test_unavailable_provider_falls_back_to_cpu_with_a_warning(tmp_path, caplog):
     model = brightness_model(tmp_path / "m.onnx")
     spec = ModelSpec(path=model, profile=PROFILES["midas-v21-small"], providers=("cuda", "coreml"))
@@ -118,8 +123,7 @@ def test_unavailable_provider_falls_back_to_cpu_with_a_warning(tmp_path, caplog)
 def test_provider_that_fails_to_start_falls_back_to_cpu(tmp_path, caplog):
     """No GPU exists here, so a factory refusing non-CPU providers stands in for a failing one."""
     model = brightness_model(tmp_path / "m.onnx")
-    available = onnxruntime.get_available_providers()
-    gpu_like = next(p for p in available if p != providers.CPU)
+    gpu_like = _a_non_cpu_provider()
 
     def factory(path, sess_options=None, providers=None):
         names = [p[0] if isinstance(p, tuple) else p for p in providers]
@@ -147,8 +151,18 @@ def test_provider_choice_and_coreml_options():
     chosen, skipped = providers.choose(["cpu", "cuda"], ["CUDAExecutionProvider", "CPUExecutionProvider"])
     assert chosen == ["CPUExecutionProvider", "CUDAExecutionProvider"]  # an explicit order is honoured
     assert skipped == []
-    options = providers.options_for(providers.COREML, Path("/cache/coreml/model"))
-    assert options == {"ModelFormat": "MLProgram", "MLComputeUnits": "ALL", "ModelCacheDirectory": "/cache/coreml/model"}
+    options = providers.options_for(providers.COREML, Path("/cache/coreml/model"), version="1.21.0")
+    assert options == {
+        "ModelFormat": "MLProgram",
+        "MLComputeUnits": "ALL",
+        "RequireStaticInputShapes": "1",
+        "ModelCacheDirectory": "/cache/coreml/model",
+    }
+    # 1.17 to 1.20 read only the legacy flags (1.20 refuses keys it does not know) and cache nothing.
+    for old in ("1.17.3", "1.20.1"):
+        assert providers.options_for(providers.COREML, Path("/cache"), version=old) == {
+            "flags": "COREML_FLAG_CREATE_MLPROGRAM|COREML_FLAG_ONLY_ALLOW_STATIC_INPUT_SHAPES"
+        }
 
 
 @pytest.mark.parametrize(
@@ -224,7 +238,7 @@ def test_provider_failing_at_run_time_rebuilds_on_cpu_once(tmp_path, caplog):
     """A session that loads on an accelerator and then fails in run() (no GPU exists here,
     so a wrapper around a real CPU session plays the failing device)."""
     model = brightness_model(tmp_path / "m.onnx")
-    gpu_like = next(p for p in onnxruntime.get_available_providers() if p != providers.CPU)
+    gpu_like = _a_non_cpu_provider()
 
     class FailingDevice:
         def __init__(self, session):
@@ -342,3 +356,56 @@ def test_a_running_inference_is_stopped_when_its_frame_is_superseded(tmp_path):
         assert queued.cancelled()
         # The session is fine afterwards.
         assert engine.infer(tensor, info.generation).result(60).prediction.shape == (64, 64)
+
+
+def test_a_frame_that_straddles_a_model_swap_is_rendered_with_the_model_that_ran_it(tmp_path):
+    """Inferred by model A (inverse depth), rendered after B (depth: larger = farther) took over.
+
+    Its map must follow A's convention (bright quadrant near, white) and carry A's
+    name; rendering it with B's profile would invert it silently.
+    """
+    from depthwatch.profiles import DEPTH
+
+    model_a = brightness_model(tmp_path / "a.onnx")
+    model_b = brightness_model(tmp_path / "b.onnx")
+    spec_a = spec_for(model_a)
+    spec_b = ModelSpec(path=model_b, profile=spec_a.profile.with_overrides(output=DEPTH), providers=("cpu",))
+    gate, worker_free = threading.Event(), threading.Event()
+
+    def gated(path, sess_options=None, providers=None):
+        session = onnxruntime.InferenceSession(path, sess_options=sess_options, providers=providers)
+        if Path(path) != model_a:
+            return session
+
+        class Gated:  # A's frames wait at the gate (its warm-up, before the gate is used, does not)
+            def __getattr__(self, name):
+                return getattr(session, name)
+
+            def run(self, names, feed, options=None):
+                if feed[session.get_inputs()[0].name].any():
+                    assert gate.wait(30)
+                return session.run(names, feed, options)
+
+        return Gated()
+
+    source = tmp_path / "frame.png"
+    cv2.imwrite(str(source), quadrant_frame(64, 64, bright="bottom-right"))
+    with Engine(spec_a, session_factory=gated) as engine:
+        pipeline = Pipeline(engine, workers=1)
+        future = pipeline.submit(Job(source, tmp_path / "depth.png"), Settings())
+        deadline = threading.Event()
+        while not engine.busy:  # A is running the frame, held at the gate
+            assert not deadline.wait(0.01) and not future.done()
+        # Keep the only worker busy so the frame's render cannot start before the swap is done.
+        pipeline._pool.submit(worker_free.wait, 30)
+        swap = engine.reload(spec_b)
+        gate.set()
+        assert swap.result(30).spec.path == model_b  # B is in service now
+        worker_free.set()
+        result = future.result(30)
+        pipeline.close()
+    assert result.ok, result.error
+    assert result.model == "a.onnx"
+    depth = cv2.imread(str(tmp_path / "depth.png"), cv2.IMREAD_UNCHANGED)
+    assert depth[40:, 40:].mean() > 0.9 * 65535  # the bright quadrant is near: white, as A says
+    assert depth[:24, :24].mean() < 0.1 * 65535

@@ -6,7 +6,7 @@ import threading
 from pathlib import Path
 
 from depthwatch.jobqueue import LatestWinsQueue
-from depthwatch.pipeline import Job
+from depthwatch.job import Job
 
 
 def job(source: str, output: str, version: int = 0) -> Job:

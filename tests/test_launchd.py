@@ -8,7 +8,6 @@ directory, environment and log files.
 
 from __future__ import annotations
 
-import math
 import os
 import plistlib
 import re
@@ -24,13 +23,16 @@ import pytest
 import yaml
 from daemon_process import wait_for
 from service_support import (
+    DOCUMENTED_CONFIG,
     folder_snapshot,
     kill_quietly,
     make_project,
+    new_user,
     process_one_frame,
     start_like_supervisor,
     stop_with_sigterm,
     supervisor_env,
+    tree,
     wait_exit,
     wait_running,
 )
@@ -153,8 +155,10 @@ def test_plist_round_trips(config: Path, home: Path):
 def test_exit_timeout_follows_the_graceful_shutdown_with_a_margin(config: Path, home: Path):
     for shutdown in (0.5, 1, 2.5, 10, 15, 19):
         exit_timeout = built(config, home, shutdown_timeout_s=shutdown)["ExitTimeOut"]
-        assert exit_timeout == math.ceil(shutdown) + supervision.SHUTDOWN_MARGIN_S
-        assert shutdown + supervision.SHUTDOWN_MARGIN_S <= exit_timeout <= supervision.MAX_STOP_TIMEOUT_S
+        # launchd takes whole seconds; SIGKILL must never come before the graceful stop could end.
+        assert isinstance(exit_timeout, int)
+        assert shutdown + supervision.SHUTDOWN_MARGIN_S <= exit_timeout < shutdown + supervision.SHUTDOWN_MARGIN_S + 1
+        assert exit_timeout <= supervision.MAX_STOP_TIMEOUT_S
 
 
 def test_install_takes_exit_timeout_from_the_config(tmp_path: Path, tiny_model: Path, home: Path, tools):
@@ -355,12 +359,58 @@ def test_install_refuses_a_config_the_daemon_could_not_start_with(config: Path, 
     assert not launchd.plist_path(home).exists()
 
 
-def test_install_without_any_config_says_how_to_make_one(home: Path, tools, capsys, monkeypatch, tmp_path):
-    monkeypatch.delenv("DEPTHWATCH_CONFIG", raising=False)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+def test_install_without_a_config_writes_the_documented_one_and_installs_with_it(
+    home: Path, tiny_model: Path, tools, capsys, monkeypatch
+):
+    user_config = new_user(home, monkeypatch, tiny_model)
+    assert service("install") == 0
+    out = capsys.readouterr().out
+    assert user_config.read_bytes() == DOCUMENTED_CONFIG.read_bytes()
+    assert out.splitlines()[-1] == (
+        f"config: wrote the documented default to {user_config}; edit it (watch.folders, model.path) "
+        "and run `depthwatch service install` again"
+    )
+    plist = plistlib.loads(launchd.plist_path(home).read_bytes())
+    assert plist["ProgramArguments"][-2:] == ["-c", str(user_config)]
+    assert plist["WorkingDirectory"] == str(user_config.parent)
+    assert tools.calls()[-1] == ["launchctl", "bootstrap", f"gui/{UID}", str(launchd.plist_path(home))]
+
+    user_config.write_text("# mine\n" + user_config.read_text())
+    edited = user_config.read_bytes()
+    assert service("install") == 0
+    assert user_config.read_bytes() == edited
+    assert "wrote" not in capsys.readouterr().out
+
+
+def test_install_without_a_config_or_its_model_says_what_to_do_and_writes_nothing(home: Path, tools, capsys, monkeypatch):
+    new_user(home, monkeypatch)
     assert service("install") == EX_CONFIG
-    assert "no config file for the service: pass -c CONFIG" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "`depthwatch models fetch midas-v21-small`" in err and "or pass -c CONFIG" in err
+    assert tree(home) == {}
     assert tools.calls() == []
+
+
+def test_a_failed_first_install_takes_back_the_config_and_folders_it_made(home: Path, tiny_model: Path, tools, capsys, monkeypatch):
+    new_user(home, monkeypatch, tiny_model)
+    before = tree(home)
+    tools.reply("launchctl bootstrap", {"rc": 125, "err": "Bootstrap failed: 125: Domain does not support specified action\n"})
+    assert service("install") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "logged in at the Mac's screen" in err
+    assert tree(home) == before, "no plist, no log or agents folder, no config"
+
+
+def test_print_without_a_config_shows_what_install_would_write(home: Path, tiny_model: Path, tools, capsys, monkeypatch):
+    user_config = new_user(home, monkeypatch, tiny_model)
+    before = tree(home)
+    assert service("print") == 0
+    printed = capsys.readouterr()
+    assert printed.err == f"depthwatch: no config yet: install writes the documented default to {user_config}\n"
+    assert tree(home) == before
+    assert service("install") == 0
+    assert launchd.plist_path(home).read_text() == printed.out
 
 
 def install_plist(config: Path, home: Path) -> None:
@@ -456,6 +506,15 @@ def test_logs_shows_the_end_of_the_log(home: Path, tools, capsys):
 def test_logs_without_a_log_says_so(home: Path, tools, capsys):
     assert service("logs") == 1
     assert "no log yet" in capsys.readouterr().err
+
+
+def test_logs_of_an_empty_log_say_so(home: Path, tools, capsys):
+    log = launchd.log_path(home)
+    log.parent.mkdir(parents=True)
+    log.write_text("")
+    launchd.stdout_path(home).write_text("")
+    assert service("logs") == 0
+    assert capsys.readouterr() == ("", f"depthwatch: the log is empty: the daemon has written nothing to {log} yet\n")
 
 
 def test_logs_follow_prints_new_lines_until_interrupted(home: Path, tmp_path: Path):

@@ -14,7 +14,8 @@ from skimage import data
 
 from depthwatch.engine import Engine
 from depthwatch.model import ModelSpec
-from depthwatch.pipeline import Job, Pipeline, Settings
+from depthwatch.job import Job
+from depthwatch.pipeline import Pipeline, Settings
 from depthwatch.profiles import PROFILES
 
 

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from conftest import jpeg_bytes, quadrant_frame, write_by_rename
 from daemon_process import DaemonProcess, privileges, wait_for
-from onnx_models import failing_model
-from test_engine import spec_for
+from onnx_models import failing_model, spec_for
 
 from depthwatch.engine import Engine
 from depthwatch.errors import EX_CONFIG
-from depthwatch.pipeline import Job, Pipeline, Settings, read_source
+from depthwatch.job import Job
+from depthwatch.pipeline import Pipeline, Settings, read_source
 
 
 def png_bytes(image: np.ndarray) -> bytes:

@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 
+from depthwatch import providers as ep
 from depthwatch.commands.common import add_config_arguments, config_from_args
+from depthwatch.measure import Trial
+from depthwatch.model import ModelInfo
 
 HELP = "check the config and the model: load it, show its providers and I/O, run one synthetic frame"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
+    parser.add_argument(
+        "--providers",
+        action="store_true",
+        help="measure every available provider on this model (share of the graph, load time, time per frame, "
+        "peak memory) and record the one `providers: auto` picks",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -30,10 +41,21 @@ def main(args: argparse.Namespace) -> int:
         state = "ok" if folder.is_dir() else "missing (created at start if its parent exists)"
         print(f"watch:     {folder} [{state}]")
     spec = catalogue.resolve(config.model, config.base)
-    with Engine(spec) as engine:
+    measuring = bool(getattr(args, "providers", False))
+    if measuring:
+        if spec.providers != "auto":
+            print(f"config:    providers {', '.join(spec.providers)} (an explicit list is used as given; measuring anyway)")
+        spec = dataclasses.replace(spec, providers="auto")
+    with Engine(spec, measure_providers="always" if measuring else "remembered") as engine:
         info = engine.wait_ready()
         print(f"model:     {spec.path} (profile {info.profile.name}, loaded in {info.load_seconds:.2f} s)")
-        print(f"providers: {', '.join(info.providers)}")
+        how = {"measured": " (auto: measured now)", "remembered": " (auto: measured before)"}.get(info.chosen_by, "")
+        print(f"providers: {', '.join(info.providers)}{how}")
+        compiled = _compiled(info)
+        if compiled:
+            print(f"compiled:  {compiled}")
+        if measuring:
+            print(provider_table(info.trials, info.providers[0]))
         print(f"contract:  {info.contract.describe()}")
         # A synthetic 1080p frame through the same steps as a real one.
         frame = np.zeros((1080, 1920, 3), np.uint8)
@@ -47,3 +69,47 @@ def main(args: argparse.Namespace) -> int:
         print(f"frame:     1920x1080 synthetic frame -> {len(encoded)} byte depth map, inference {inference.seconds * 1000:.1f} ms")
     print("ok")
     return 0
+
+
+def _compiled(info: ModelInfo) -> str:
+    """Where CoreML's compiled model came from; empty when CoreML is not running the model."""
+    if ep.COREML not in info.providers:
+        return ""
+    if info.compiled is None:
+        return f"afresh at every load (onnxruntime {ep.runtime_version()} keeps no compiled model; 1.21 and later do)"
+    origin = "from the cache" if info.compiled.existed else "afresh, now cached"
+    return f"{origin} ({info.compiled.path})"
+
+
+def _share(trial: Trial, cpu: Trial | None) -> str:
+    """The share of the graph a provider took, from the nodes each profiled run executed.
+
+    A compiling provider runs each partition as one fused node, so its share is
+    the CPU session's node count less the nodes left to CPU, over the former
+    (approximate where the two sessions fuse nodes differently).
+    """
+    if trial.nodes is None or trial.total_nodes is None:
+        return "-"
+    if trial.provider == ep.CPU:
+        return f"100% of {trial.total_nodes}"
+    whole = cpu.total_nodes if cpu is not None and cpu.total_nodes else trial.total_nodes
+    on_cpu = trial.total_nodes - trial.nodes
+    share = max(0.0, min(1.0, (whole - on_cpu) / whole)) if whole else 0.0
+    return f"{share:.0%} ({trial.nodes} on it, {on_cpu} on CPU)"
+
+
+def provider_table(trials: Sequence[Trial], picked: str) -> str:
+    """One row per provider measured, and which one `auto` picks."""
+    cpu = next((t for t in trials if t.provider == ep.CPU), None)
+    rows = [("provider", "graph share", "load", "per frame", "peak memory", "")]
+    for t in trials:
+        name = t.provider.replace("ExecutionProvider", "")
+        if not t.ok:
+            rows.append((name, "-", "-", "-", "-", f"dropped: {t.error}"))
+            continue
+        memory = "-" if t.peak_mib is None else f"{t.peak_mib:.1f} MiB"
+        mark = "<- auto picks" if t.provider == picked else ""
+        rows.append((name, _share(t, cpu), f"{t.load_s:.2f} s", f"{t.run_ms:.2f} ms", memory, mark))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)) + ("  " + r[5] if r[5] else "") for r in rows]
+    return "\n".join(line.rstrip() for line in lines)

@@ -28,7 +28,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     config = configuration.load(configuration.find(args.config))
     if args.model:
         model = args.model if is_catalogue_name(args.model) else str(expand_path(args.model, Path.cwd()))
-        config = config.replace("model", path=model)
+        config = configuration.override(config, "--model", "model", path=model)
     if args.profile:
-        config = config.replace("model", profile=args.profile)
+        config = configuration.override(config, "--profile", "model", profile=args.profile)
     return config

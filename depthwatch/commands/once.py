@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 from depthwatch.commands.common import add_config_arguments, config_from_args
-from depthwatch.errors import ConfigError
+from depthwatch.config import OutputConfig, WatchConfig
+from depthwatch.errors import ConfigError, FrameError
 from depthwatch.formats import EXTENSIONS
+from depthwatch.rules import Rules
 
 HELP = "write depth maps for the given frames (files or folders) and exit"
 
@@ -57,80 +60,108 @@ def in_range(sources: list[Path], spec: str) -> list[Path]:
     return kept
 
 
-def collect_inputs(inputs: list[str]) -> list[Path]:
-    """The frames named, with folders expanded to the images directly inside them."""
+def template_for(output: str | None, single: bool) -> str:
+    """The output template `-o` stands for: a file (one input), a folder, or a template."""
+    if output is None:
+        return DEFAULT_TEMPLATE
+    if "{" in output:
+        return output
+    target = Path(output).expanduser()
+    if single and target.suffix and not target.is_dir():
+        return str(target.absolute())
+    return str(target.absolute() / DEFAULT_TEMPLATE)
+
+
+def rules_for(sources: list[Path], template: str) -> Rules:
+    """The daemon's own rules, with each input's folder as a watch folder.
+
+    So `once` names outputs, keeps them inside the allowed folders and tells
+    its own earlier outputs from frames exactly as the daemon does.
+    """
+    folders = tuple(dict.fromkeys(Path(os.path.abspath(s.parent)) for s in sources)) or (Path.cwd(),)
+    return Rules(WatchConfig(folders=folders, patterns=("*",)), OutputConfig(template=template))
+
+
+def collect_inputs(inputs: list[str], template: str) -> list[Path]:
+    """The frames named, with folders expanded to the images directly inside them.
+
+    Inside a folder, hidden files and depthwatch's own outputs (by the output
+    rules, not by a word in the name) are left out.
+    """
     files: list[Path] = []
     for item in inputs:
-        path = Path(item).expanduser()
+        path = Path(os.path.abspath(Path(item).expanduser()))
         if path.is_dir():
-            found = sorted(
-                p for p in path.iterdir()
-                if p.suffix.lower() in EXTENSIONS and p.is_file() and not p.name.startswith(".") and "_depth" not in p.stem
+            own = rules_for([path / "frame"], template)
+            files.extend(
+                sorted(
+                    p for p in path.iterdir()
+                    if p.suffix.lower() in EXTENSIONS and p.is_file() and not p.name.startswith(".") and not own.is_own_file(p)
+                )
             )
-            files.extend(found)
         else:
             files.append(path)  # a missing file is reported as a failed frame
     return files
 
 
-def output_for(source: Path, output: str | None, single: bool) -> Path:
-    if output is None:
-        return source.with_name(DEFAULT_TEMPLATE.format(stem=source.stem))
-    if "{" in output:
-        return source.parent / output.format(stem=source.stem, name=source.name, ext=source.suffix.lstrip("."))
-    target = Path(output).expanduser()
-    if single and target.suffix and not target.is_dir():
-        return target
-    return target / DEFAULT_TEMPLATE.format(stem=source.stem)
-
-
 def main(args: argparse.Namespace) -> int:
     from depthwatch import catalogue
+    from depthwatch.config import override
     from depthwatch.engine import Engine
-    from depthwatch.pipeline import Job, Pipeline, Settings
+    from depthwatch.job import Job
+    from depthwatch.pipeline import Pipeline, Result, Settings
 
     config = config_from_args(args)
-    sources = collect_inputs(args.inputs)
+    single = len(args.inputs) == 1 and not Path(args.inputs[0]).expanduser().is_dir()
+    template = template_for(args.output, single)
+    config = override(config, "-o", "output", template=template)
+    sources = collect_inputs(args.inputs, config.output.template)
     if not sources:
         raise ConfigError("no frames found in " + ", ".join(args.inputs) + "; give image files or folders of them")
     if args.frames:
         sources = in_range(sources, args.frames)
         if not sources:
             raise ConfigError(f"no frames numbered {args.frames} in " + ", ".join(args.inputs) + "; check the range and the names")
-    jobs = [Job(s, output_for(s, args.output, len(sources) == 1)) for s in sources]
+    rules = rules_for(sources, config.output.template)
+    settings = Settings.from_config(config)
+    failures: list[str] = []
+    jobs = []
+    for source in sources:
+        try:
+            jobs.append(Job(source, rules.output_for(source)))
+        except FrameError as exc:
+            failures.append(f"{source}: {exc}")
+    progress = _progress(len(sources))
+    for line in failures:
+        progress.write(f"depthwatch: {line}", file=sys.stderr)
+        progress.update(1)
     if args.farm:
         from depthwatch.farm import client
 
-        jobs = [Job(j.source.absolute(), j.output.absolute()) for j in jobs]  # the path map rewrites absolute paths
-        progress = _progress(len(jobs))
         try:
-            failures = client.run(args.farm, jobs, config, force=args.force, progress=progress)
+            farm_failures = client.run(args.farm, jobs, config, force=args.force, progress=progress) if jobs else 0
         finally:
             progress.close()
-        return 1 if failures else 0
-    for job in jobs:
-        job.output.parent.mkdir(parents=True, exist_ok=True)
-    settings = Settings.from_config(config)
+        return 1 if failures or farm_failures else 0
     spec = catalogue.resolve(config.model, config.base)
-    failures = 0
+
+    def report(done: Future[Result]) -> None:
+        result = done.result()
+        progress.update(1)
+        if not result.ok:
+            failures.append(result.describe())
+            progress.write(f"depthwatch: {result.describe()}", file=sys.stderr)
+
+    if not jobs:  # every frame already failed: no model needed to say so
+        progress.close()
+        return 1
     with Engine(spec) as engine:
         engine.wait_ready()
         pipeline = Pipeline(engine, workers=config.daemon.workers, niceness=config.daemon.worker_niceness)
-        window = threading.Semaphore(config.daemon.workers + 2)  # bound decoded frames in memory
-        progress = _progress(len(jobs))
-        futures = []
         for job in jobs:
-            window.acquire()
-            future = pipeline.submit(job, settings)
-            future.add_done_callback(lambda _: (window.release(), progress.update(1)))
-            futures.append(future)
-        for future in futures:
-            result = future.result()
-            if not result.ok:
-                failures += 1
-                progress.write(f"depthwatch: {result.describe()}", file=sys.stderr)
+            pipeline.submit(job, settings).add_done_callback(report)  # blocks while the pipeline is full
         pipeline.close()
-        progress.close()
+    progress.close()
     return 1 if failures else 0
 
 

@@ -5,13 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
-from pathlib import Path
-from types import FrameType
 
 from depthwatch.commands.common import add_config_arguments, config_from_args
 from depthwatch.config import Config
-from depthwatch.paths import expand_path
 
 HELP = "watch folders and write a depth map for every frame dropped in them (runs in the foreground)"
 
@@ -28,17 +24,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def apply_overrides(config: Config, args: argparse.Namespace) -> Config:
-    cwd = Path.cwd()  # paths on the command line are relative to the shell, not the config file
+    """The command line's settings over the file's, checked the same way (paths from the shell's folder)."""
+    from depthwatch.config import override
+
     if args.watch:
-        config = config.replace("watch", folders=tuple(expand_path(w, cwd) for w in args.watch))
+        config = override(config, "--watch", "watch", folders=list(args.watch))
     if args.pattern:
-        config = config.replace("watch", patterns=tuple(args.pattern))
+        config = override(config, "--pattern", "watch", patterns=list(args.pattern))
     if args.polling:
-        config = config.replace("watch", observer="polling")
+        config = override(config, "--polling", "watch", observer="polling")
     if args.output:
-        config = config.replace("output", template=args.output)
+        config = override(config, "--output", "output", template=args.output)
     if args.status:
-        config = config.replace("daemon", status_file=expand_path(args.status, cwd))
+        config = override(config, "--status", "daemon", status_file=args.status)
     return config
 
 
@@ -57,17 +55,10 @@ def main(args: argparse.Namespace) -> int:
         return fresh
 
     daemon = Daemon(config, loader=reload)
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        if daemon.stopping:
-            # A second signal: out at once. Still a stop the user asked for, so exit 0
-            # (launchd and systemd would restart a non-zero exit); frames left
-            # unfinished are picked up by the next start's scan.
-            os.write(2, b"depthwatch: second signal, exiting at once\n")
-            os._exit(0)
-        daemon.request_stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGHUP, lambda signum, frame: daemon.request_reload())
-    return daemon.run()
+    code = daemon.run()  # SIGTERM/SIGINT stop it (a second one cuts the wait short), SIGHUP reloads
+    if daemon.stuck:
+        # A worker is stuck in a system call (a hung network volume): the interpreter would
+        # wait for it at exit forever. Everything else has unwound and the status file says so.
+        logging.shutdown()
+        os._exit(code)
+    return code

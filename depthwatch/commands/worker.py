@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-from pathlib import Path
 
 from depthwatch.commands.common import add_config_arguments, config_from_args
-from depthwatch.paths import expand_path
 
 HELP = "join a render farm: a Dask worker that loads the model once and maps the frames it is sent"
 
@@ -24,15 +22,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from depthwatch import config as configuration
-    from depthwatch.errors import ConfigError
+    from depthwatch.config import override
     from depthwatch.farm import worker
 
     config = config_from_args(args)
     if args.workers is not None:
-        if not 1 <= args.workers <= 64:
-            raise ConfigError(f"--workers must be between 1 and 64, not {args.workers}")
-        config = config.replace("daemon", workers=args.workers)
+        config = override(config, "--workers", "daemon", workers=args.workers)
+    if args.status:
+        config = override(config, "--status", "daemon", status_file=args.status)
     configuration.check_combinations(config)
     logging.getLogger("depthwatch").setLevel(config.daemon.log_level.upper())
-    status = expand_path(args.status, Path.cwd()) if args.status else config.daemon.status_file
-    return worker.serve(config, args.scheduler, name=args.name, status_file=status)
+    return worker.serve(config, args.scheduler, name=args.name, status_file=config.daemon.status_file)

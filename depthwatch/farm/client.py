@@ -23,7 +23,8 @@ from depthwatch.config import Config
 from depthwatch.errors import FarmError
 from depthwatch.farm import require_distributed
 from depthwatch.farm.tasks import RESOURCE, FrameTask, Outcome, render_frames
-from depthwatch.pipeline import Job, Settings
+from depthwatch.job import Job
+from depthwatch.pipeline import Settings
 from depthwatch.rules import map_is_current
 from depthwatch.writer import sweep_temp_files_for
 

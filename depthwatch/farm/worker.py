@@ -37,7 +37,8 @@ from depthwatch.engine import Engine
 from depthwatch.errors import OutputError
 from depthwatch.farm import require_distributed
 from depthwatch.farm.tasks import PLUGIN, RESOURCE, FrameTask, Outcome
-from depthwatch.pipeline import Job, Pipeline, Settings
+from depthwatch.job import Job
+from depthwatch.pipeline import Pipeline, Settings
 from depthwatch.rules import map_is_current
 from depthwatch.writer import atomic_write
 
@@ -76,12 +77,11 @@ class WorkerStatus:
 class FrameRunner:
     """The per-worker state tasks use: the engine (loaded once), the pipeline, the counts."""
 
-    def __init__(self, engine: Engine, pipeline: Pipeline, in_flight: int, status: WorkerStatus, status_file: Path | None) -> None:
+    def __init__(self, engine: Engine, pipeline: Pipeline, status: WorkerStatus, status_file: Path | None) -> None:
         self.engine = engine
-        self.pipeline = pipeline
+        self.pipeline = pipeline  # bounds the frames in flight (decoded frames in memory) across tasks
         self.status = status
         self._status_file = status_file
-        self._window = threading.Semaphore(in_flight)  # bounds decoded frames in memory, across tasks
         self._lock = threading.Lock()
         self._status_lock = threading.Lock()
 
@@ -101,11 +101,9 @@ class FrameRunner:
                 with self._lock:
                     counts.up_to_date += 1
                 continue
-            self._window.acquire()
             with self._lock:
                 counts.in_flight += 1
-            future = self.pipeline.submit(Job(source, output), settings)
-            future.add_done_callback(lambda _: self._window.release())
+            future = self.pipeline.submit(Job(source, output), settings)  # waits while the pipeline is full
             submitted.append((frame, future, time.monotonic()))
         for frame, future, started in submitted:
             result = future.result()
@@ -172,7 +170,7 @@ def serve(config: Config, scheduler: str, *, threads: int | None = None, name: s
         model_loads=engine.load_count,
         loaded_at=loaded_at,
     )
-    runner = FrameRunner(engine, pipeline, config.daemon.workers + 2, status, status_file)
+    runner = FrameRunner(engine, pipeline, status, status_file)
     runner.write_status()
     threads = threads or max(2, config.daemon.workers)
     try:

@@ -1,4 +1,4 @@
-"""The launchd LaunchAgent: its plist, and the launchctl command lines that manage it.
+"""The launchd LaunchAgent: its plist, the launchctl command lines, and the `depthwatch service` verbs on them.
 
 A per-user agent in the `gui/<uid>` domain, not a system daemon: only a job
 in the user's login session reaches the GPU (CoreML, Metal) and the user's
@@ -16,14 +16,18 @@ from __future__ import annotations
 import os
 import plistlib
 import re
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from xml.parsers.expat import ExpatError
 
 from depthwatch import paths
-from depthwatch.service import supervision
 from depthwatch.errors import DepthwatchError
-from depthwatch.service.supervision import State
+from depthwatch.service import logfiles, supervision
+from depthwatch.service.manager import Manager
+from depthwatch.service.supervision import State, describe_exit, run
+from depthwatch.service.undo import Undo
 
 #: The job's label (reverse DNS), used for the plist's name, the Label key and every service target.
 LABEL = "com.depthwatch.agent"
@@ -184,7 +188,8 @@ def _problems(plist: Any) -> list[str]:
 
 def config_of(plist: dict[str, Any]) -> Path | None:
     """The config file an installed plist runs the daemon with."""
-    argv = plist.get("ProgramArguments") or []
+    argv = plist.get("ProgramArguments") if isinstance(plist, dict) else None
+    argv = argv if isinstance(argv, list) else []
     if "-c" in argv[:-1]:
         return Path(argv[argv.index("-c") + 1])
     return None
@@ -222,7 +227,7 @@ def kickstart(uid: int, *, kill: bool = False) -> list[str]:
     return ["launchctl", "kickstart", *(["-k"] if kill else []), service_target(uid)]
 
 
-def stop(uid: int) -> list[str]:
+def terminate(uid: int) -> list[str]:
     """SIGTERM: the daemon finishes its frames and exits 0, and KeepAlive leaves it stopped."""
     return ["launchctl", "kill", "SIGTERM", service_target(uid)]
 
@@ -273,3 +278,141 @@ def _leading_int(value: str | None) -> int | None:
 def _trailing_int(value: str | None) -> int | None:
     match = re.search(r"(\d+)\s*$", value or "")
     return int(match.group(1)) if match else None
+
+
+# -- the verbs ----------------------------------------------------------------------------
+
+
+class Launchd(Manager):
+    """The verbs for a LaunchAgent in the user's GUI session (gui/<uid>)."""
+
+    label = LABEL
+
+    def __init__(self, home: Path, uid: int) -> None:
+        self.home = home
+        self.uid = uid
+        self.definition = plist_path(home)
+
+    def render(self, config: Path, *, shutdown_timeout_s: float) -> bytes:
+        return dumps(build(config, home=self.home, shutdown_timeout_s=shutdown_timeout_s))
+
+    def config_in(self, data: bytes) -> Path | None:
+        try:
+            return config_of(plistlib.loads(data))
+        except PARSE_ERRORS as exc:
+            raise ValueError(str(exc)) from None
+
+    def display_name(self) -> str:
+        return f"{LABEL} (launchd, {domain(self.uid)})"
+
+    def log_hint(self) -> str:
+        return f"{log_path(self.home)} (`depthwatch service logs`)"
+
+    def install_definition(self, data: bytes, undo: Undo) -> None:
+        undo.folder(log_dir(self.home))  # launchd does not create the log folder
+        undo.folder(self.definition.parent)
+        validate(data)
+        was_loaded = self.state().loaded
+        if was_loaded:
+            self.unload()
+            if self.definition.exists():  # the old agent back, as it was (undone after its plist is put back)
+                undo.on_failure(lambda: run(bootstrap(self.uid, self.definition), check=False))
+        undo.write(self.definition, data)
+        run(lint(self.definition))
+        run(enable(self.uid))
+        self.load()
+        print(f"installed {self.definition} and started {LABEL}")
+        print(f"log: {log_path(self.home)} (`depthwatch service logs`); check it with `depthwatch service status`")
+
+    def uninstall(self) -> int:
+        state = self.state()
+        if state.loaded:
+            self.unload()
+        existed = self.definition.exists()
+        if existed:
+            self.definition.unlink()
+        if not state.loaded and not existed:
+            print(f"{LABEL} is not installed; nothing to do")
+            return 0
+        print(f"stopped and removed {LABEL} ({self.definition}); its logs stay in {log_dir(self.home)}")
+        return 0
+
+    def start(self) -> int:
+        self.require_installed()
+        state = self.state()
+        if state.running:
+            print(f"{LABEL} is already running (pid {state.pid})")
+            return 0
+        if state.loaded:
+            run(kickstart(self.uid))
+        else:
+            self.load()
+        print(f"started {LABEL}")
+        return 0
+
+    def stop(self) -> int:
+        self.require_installed()
+        state = self.state()
+        if not state.running:
+            print(f"{LABEL} is not running")
+            return 0
+        run(terminate(self.uid))
+        timeout = self.exit_timeout() + 5
+        state = _wait(self.state, lambda s: not s.running, timeout)
+        if state.running:
+            raise DepthwatchError(
+                f"{LABEL} is still running {timeout} s after SIGTERM; "
+                f"`launchctl kill SIGKILL {service_target(self.uid)}` stops it at once"
+            )
+        print(f"stopped {LABEL} (exit status {describe_exit(state.last_exit)})")
+        return 0
+
+    def restart(self) -> int:
+        self.require_installed()
+        if self.state().loaded:
+            run(kickstart(self.uid, kill=True))
+        else:
+            self.load()
+        print(f"restarted {LABEL}")
+        return 0
+
+    def logs(self, lines: int, *, follow: bool) -> int:
+        return logfiles.show([log_path(self.home), stdout_path(self.home)], lines, follow=follow)
+
+    # -- steps --
+
+    def state(self) -> State:
+        ran = run(describe(self.uid), check=False)
+        return parse_print(ran.stdout, loaded=ran.ok)
+
+    def exit_timeout(self) -> int:
+        try:
+            value = plistlib.loads(self.definition.read_bytes()).get("ExitTimeOut")
+        except (OSError, AttributeError, *PARSE_ERRORS):
+            value = None
+        return value if isinstance(value, int) else supervision.MAX_STOP_TIMEOUT_S
+
+    def load(self) -> None:
+        ran = run(bootstrap(self.uid, self.definition), check=False)
+        if not ran.ok:
+            raise DepthwatchError(
+                f"`launchctl bootstrap` failed: {ran.reason}; a LaunchAgent loads only while you are logged in "
+                f"at the Mac's screen ({domain(self.uid)}), and `plutil -lint {self.definition}` checks the file"
+            )
+
+    def unload(self) -> None:
+        """Boot the agent out and wait until launchd has let go of it (bootstrap fails until then)."""
+        timeout = self.exit_timeout() + 5
+        ran = run(bootout(self.uid), check=False)
+        if _wait(self.state, lambda s: not s.loaded, timeout).loaded:
+            raise DepthwatchError(f"`launchctl bootout` did not unload {LABEL} within {timeout} s: {ran.reason}")
+
+
+def _wait(probe: Callable[[], State], done: Callable[[State], bool], timeout: float) -> State:
+    """Ask launchd again until `done`, or until `timeout` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    state = probe()
+    while not done(state) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        state = probe()
+    return state

@@ -1,4 +1,4 @@
-"""The systemd user service: its unit file, and the systemctl command lines that manage it.
+"""The systemd user service: its unit file, the systemctl command lines, and the `depthwatch service` verbs on them.
 
 The Linux counterpart of `launchd`: a `systemd --user` unit, so the daemon
 runs as the user, with the user's folders and GPU, and its log goes to the
@@ -6,6 +6,11 @@ journal (`journalctl --user -u depthwatch.service`), which rotates it.
 Unlike launchd, systemd can be told not to restart after exit 78
 (RestartPreventExitStatus), so a bad config or a missing model stops it with
 the reason as the last journal line instead of retrying.
+
+The user manager is reached over the user's session bus, which exists only in
+a real login session (or with lingering enabled): over `su`, `sudo` or some
+ssh setups every systemctl call fails with "Failed to connect to bus", and the
+verbs say so in one line with what to do.
 """
 
 from __future__ import annotations
@@ -13,12 +18,15 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from depthwatch.service import supervision
 from depthwatch.errors import EX_CONFIG, DepthwatchError
-from depthwatch.service.supervision import State
+from depthwatch.service import supervision
+from depthwatch.service.manager import Manager
+from depthwatch.service.supervision import Ran, State, describe_exit, run
+from depthwatch.service.undo import Undo
 
 UNIT = "depthwatch.service"
 #: Pause before a restart after a crash (exit 78 is never restarted).
@@ -189,16 +197,16 @@ def disable() -> list[str]:
     return systemctl("disable", "--now", UNIT)
 
 
-def start() -> list[str]:
+def start_unit() -> list[str]:
     return systemctl("start", UNIT)
 
 
-def stop() -> list[str]:
+def stop_unit() -> list[str]:
     """SIGTERM, then waits for the exit (SIGKILL after TimeoutStopSec)."""
     return systemctl("stop", UNIT)
 
 
-def restart() -> list[str]:
+def restart_unit() -> list[str]:
     return systemctl("restart", UNIT)
 
 
@@ -236,3 +244,123 @@ def parse_show(text: str) -> State:
         last_signal=last_signal,
         detail=f"{active} ({sub})" if sub else active,
     )
+
+
+#: How systemctl says it cannot reach the user manager: "Failed to connect to bus: No medium found",
+#: or on newer systemd "Failed to connect to user scope bus via local transport: ...".
+_NO_BUS = re.compile(r"Failed to connect to (user scope )?bus")
+#: What journalctl prints instead of lines when there are none.
+_NO_ENTRIES = "-- No entries --"
+
+
+def unreachable(ran: Ran, environ: Mapping[str, str]) -> str | None:
+    """Why the user manager cannot be reached, and what to do, if that is why `ran` failed."""
+    if ran.ok or not _NO_BUS.search(ran.stderr + ran.stdout):
+        return None
+    why = "XDG_RUNTIME_DIR is unset: " if not environ.get("XDG_RUNTIME_DIR") else ""
+    return (
+        f"the systemd user manager is unreachable ({ran.reason}): {why}there is no user session here; "
+        "log in through a real session (not su or sudo), or run `loginctl enable-linger $USER` "
+        "and set XDG_RUNTIME_DIR=/run/user/$(id -u)"
+    )
+
+
+# -- the verbs ----------------------------------------------------------------------------
+
+
+class Systemd(Manager):
+    """The verbs for a `systemd --user` service."""
+
+    label = UNIT
+
+    def __init__(self, home: Path, environ: Mapping[str, str]) -> None:
+        self.home = home
+        self.environ = environ
+        self.definition = unit_path(home, environ)
+
+    def render(self, config: Path, *, shutdown_timeout_s: float) -> bytes:
+        return render(config, shutdown_timeout_s=shutdown_timeout_s).encode()
+
+    def config_in(self, data: bytes) -> Path | None:
+        return config_of(data.decode("utf-8"))
+
+    def display_name(self) -> str:
+        return f"{UNIT} (systemd --user)"
+
+    def log_hint(self) -> str:
+        return f"journalctl --user -u {UNIT} (`depthwatch service logs`)"
+
+    def install_definition(self, data: bytes, undo: Undo) -> None:
+        validate(data.decode("utf-8"))
+        undo.folder(self.definition.parent)
+        undo.on_failure(lambda: run(daemon_reload(), check=False))  # after the unit is put back
+        undo.write(self.definition, data)
+        self.systemctl(daemon_reload())
+        self.systemctl(enable())
+        self.systemctl(restart_unit())  # restart, not start: a reinstall must pick up the new unit
+        print(f"installed {self.definition} and started {UNIT}; it starts at every login")
+        print("to start it at boot, before anyone logs in: `loginctl enable-linger $USER`")
+        print(f"log: `depthwatch service logs` (journalctl --user -u {UNIT}); check it with `depthwatch service status`")
+
+    def uninstall(self) -> int:
+        state = self.state()
+        existed = self.definition.exists()
+        if not state.loaded and not existed:
+            print(f"{UNIT} is not installed; nothing to do")
+            return 0
+        self.systemctl(disable(), check=False)  # fails harmlessly when it was never enabled
+        if existed:
+            self.definition.unlink()
+        self.systemctl(daemon_reload())
+        print(f"stopped and removed {UNIT} ({self.definition}); its log stays in the journal")
+        return 0
+
+    def start(self) -> int:
+        self.require_installed()
+        self.systemctl(start_unit())
+        print(f"started {UNIT}")
+        return 0
+
+    def stop(self) -> int:
+        self.require_installed()
+        self.systemctl(stop_unit())  # returns once the daemon has exited
+        print(f"stopped {UNIT} (exit status {describe_exit(self.state().last_exit)})")
+        return 0
+
+    def restart(self) -> int:
+        self.require_installed()
+        self.systemctl(restart_unit())
+        print(f"restarted {UNIT}")
+        return 0
+
+    def logs(self, lines: int, *, follow: bool) -> int:
+        if follow:  # journalctl writes to the terminal itself until Ctrl-C
+            return run(journal(lines, follow=True), check=False, capture=False).returncode
+        ran = run(journal(lines), check=False)
+        text = "".join(line for line in ran.stdout.splitlines(keepends=True) if line.strip() != _NO_ENTRIES)
+        if ran.ok and lines > 0 and not text.strip():
+            said = f" (journalctl: {ran.reason})" if ran.stderr.strip() else ""
+            print(
+                f"depthwatch: the journal has no lines from {UNIT} yet{said}; `depthwatch service status` says whether it ran",
+                file=sys.stderr,
+            )
+            return 0
+        sys.stdout.write(text)
+        sys.stderr.write(ran.stderr)
+        return ran.returncode
+
+    # -- steps --
+
+    def state(self) -> State:
+        ran = self.systemctl(show(), check=False)
+        return parse_show(ran.stdout) if ran.ok else State(loaded=False)
+
+    def systemctl(self, argv: Sequence[str], *, check: bool = True) -> Ran:
+        """Run a systemctl line; an unreachable user manager is one line saying why, whatever `check` says."""
+        ran = run(argv, check=False)
+        reason = unreachable(ran, self.environ)
+        if reason is not None:
+            raise DepthwatchError(reason)
+        if check and not ran.ok:
+            raise DepthwatchError(f"`{shlex.join(argv)}` failed: {ran.reason}")
+        return ran

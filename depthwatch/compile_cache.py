@@ -1,0 +1,161 @@
+"""Where compiled models live between starts, keyed by what they were compiled from.
+
+onnxruntime's CoreML provider reuses whatever sits in its cache folder: its own
+key is a key in the model's metadata or a hash of the model's *path*, never its
+contents, and it does not notice an onnxruntime upgrade. A newer model fetched
+under the same name would keep running the old compiled graph (or fail to
+load). So depthwatch gives every (model contents, onnxruntime version, provider
+options) its own folder, named by a hash of the three, and removes the folders
+of models that are gone or have changed.
+
+The model's sha256 costs a full read of the file (seconds for a large model),
+so it is remembered in `digests.json` beside the cache, keyed by the file's
+path, size, mtime_ns and inode: a file rewritten in place or replaced by a
+rename changes at least one of them and is hashed again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("depthwatch.cache")
+
+#: Compiled entries kept at most (most recently used first); a compiled model is
+#: a few times the size of the ONNX file, so this bounds the folder's size.
+MAX_ENTRIES = 6
+#: Model digests remembered at most.
+MAX_DIGESTS = 64
+#: The marker each entry carries: what it was compiled from, and when it was last used.
+MARKER = "depthwatch-entry.json"
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """Atomically, so a reader (another depthwatch) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """The file's object, or {} if it is missing or damaged (it is only a cache)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_json(path: Path, data: Any) -> None:
+    try:
+        _write_json(path, data)
+    except OSError as exc:
+        log.warning("could not write %s (%s); it will be computed again next time", path, exc.strerror or exc)
+
+
+def _stat_key(stat: os.stat_result) -> dict[str, int]:
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "inode": stat.st_ino}
+
+
+def model_digest(path: Path, state_dir: Path) -> str:
+    """The model file's sha256, from `digests.json` when the file is unchanged since it was hashed."""
+    path = Path(os.path.abspath(path))
+    index = state_dir / "digests.json"
+    digests = read_json(index)
+    stat = path.stat()
+    known = digests.get(str(path))
+    if isinstance(known, dict) and {k: known.get(k) for k in ("size", "mtime_ns", "inode")} == _stat_key(stat):
+        return str(known["sha256"])
+    sha = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            sha.update(block)
+    digest = sha.hexdigest()
+    digests[str(path)] = {**_stat_key(stat), "sha256": digest, "used": time.time()}
+    if len(digests) > MAX_DIGESTS:
+        for old in sorted(digests, key=lambda k: digests[k].get("used", 0))[: len(digests) - MAX_DIGESTS]:
+            del digests[old]
+    write_json(index, digests)
+    return digest
+
+
+def cache_key(digest: str, runtime_version: str, options: dict[str, Any]) -> str:
+    """A folder name for this model's contents, this onnxruntime and these provider options."""
+    text = json.dumps({"model": digest, "onnxruntime": runtime_version, "options": options}, sort_keys=True)
+    return f"{digest[:12]}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One compiled model's folder, and whether it held a compiled model before this load."""
+
+    path: Path
+    existed: bool
+
+
+def open_entry(root: Path, model: Path, digest: str, runtime_version: str, options: dict[str, Any]) -> Entry:
+    """The folder to hand onnxruntime as its model cache; prunes stale entries first.
+
+    Stale: an entry for the same model path under another key (the model
+    changed, onnxruntime was upgraded, or the options differ), an entry whose
+    model file is gone, and the least recently used beyond MAX_ENTRIES.
+    """
+    model = Path(os.path.abspath(model))
+    key = cache_key(digest, runtime_version, options)
+    entry = root / key
+    existed = entry.is_dir() and any(p.name != MARKER for p in entry.iterdir())
+    entry.mkdir(parents=True, exist_ok=True)
+    write_json(
+        entry / MARKER,
+        {"model": str(model), "sha256": digest, "onnxruntime": runtime_version, "options": options, "used": time.time()},
+    )
+    prune(root, keep=key)
+    return Entry(entry, existed)
+
+
+def entries(root: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """The entries under `root` that depthwatch made (only folders carrying its marker)."""
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        marker = child / MARKER
+        if child.is_dir() and marker.is_file():
+            found.append((child, read_json(marker)))
+    return found
+
+
+def prune(root: Path, keep: str) -> list[Path]:
+    """Remove stale entries (see open_entry); `keep` is the entry in use now. Returns what went."""
+    found = entries(root)
+    current = next((info for path, info in found if path.name == keep), {})
+    doomed: list[Path] = []
+    live: list[tuple[Path, dict[str, Any]]] = []
+    for path, info in found:
+        if path.name == keep:
+            continue
+        model = info.get("model")
+        if model == current.get("model") or not model or not Path(model).is_file():
+            doomed.append(path)
+        else:
+            live.append((path, info))
+    live.sort(key=lambda item: item[1].get("used", 0), reverse=True)
+    doomed += [path for path, _ in live[MAX_ENTRIES - 1 :]]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("removed the stale compiled model %s", path.name)
+    return doomed

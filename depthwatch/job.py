@@ -1,0 +1,31 @@
+"""One frame to turn into one depth map: the unit of work from the watcher to the writer.
+
+A job carries what the watcher already learned about the file, so nothing
+downstream finds it out again: the version it judged complete (size, mtime,
+inode) and the format its magic bytes name, whose end marker the watcher has
+already seen. The worker reads the file once and decodes it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Job:
+    """Jobs are keyed by `output`: a newer job for the same output replaces an older one."""
+
+    source: Path
+    output: Path
+    #: Where an error record goes if error sidecars are on (None: not written).
+    error_record: Path | None = None
+    #: (size, mtime_ns, inode) when the frame was found complete; a different file at
+    #: read time means a newer version is on its way (None: take what is there).
+    signature: tuple[int, int, int] | None = None
+    #: The format the watcher sniffed, its end marker (if the format has one) checked;
+    #: None: not looked at yet (`once`, or a file the watcher could not place).
+    format: str | None = None
+    #: When the frame was found complete (monotonic clock), for latency figures.
+    queued_at: float = field(default_factory=time.monotonic, compare=False)

@@ -1,0 +1,60 @@
+"""The config file a service runs with: the one named, the user's, or the documented default written for it.
+
+A service needs a config file (the built-in defaults watch a folder relative to
+wherever the daemon was started). Someone who has not written one yet gets the
+repository's `config.yaml`, which documents every setting, as their user
+config: the package reads it through the `depthwatch/default_config.yaml`
+symlink, which a wheel build turns into a real file, so an installed
+depthwatch has it too. An existing user config is never replaced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from depthwatch import catalogue, paths
+from depthwatch import config as configuration
+from depthwatch.config import Config
+from depthwatch.errors import ModelError
+
+
+def documented_default() -> Path:
+    """The default config shipped with depthwatch (config.yaml in the repository)."""
+    return Path(__file__).parent.parent / "default_config.yaml"
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """The config a service will run with, loaded and checked now rather than in its log."""
+
+    path: Path
+    config: Config
+    #: The documented default's bytes, still to be written to `path` (the user has no config yet); None: it exists.
+    new: bytes | None = None
+
+
+def choose(config_arg: str | None, *, check_model: bool) -> ServiceConfig:
+    """-c CONFIG, $DEPTHWATCH_CONFIG or the user's config; failing those, the documented default for the user's.
+
+    With `check_model`, a model the daemon could not find is refused now, with
+    a hint when it is the default config that names it.
+    """
+    path = configuration.find(config_arg)
+    new = None
+    if path is not None:
+        config = configuration.load(path)
+    else:
+        # Checked where it is shipped: its paths are relative to the file, so they mean the
+        # same from the user's config folder once it is written there (which install does).
+        path = paths.default_config_file()
+        new = documented_default().read_bytes()
+        config = configuration.parse(new.decode("utf-8"), documented_default())
+    if check_model:
+        try:
+            catalogue.resolve(config.model, config.base)
+        except ModelError as exc:
+            if new is None:
+                raise
+            raise ModelError(f"{exc} (the default config install would write to {path} names it; or pass -c CONFIG)") from None
+    return ServiceConfig(path, config, new)

@@ -1,0 +1,78 @@
+"""The end of a service's log files, and what is appended to them (launchd's logs are plain files).
+
+Logs grow without bound, so they are read from the end; following polls the
+sizes, as `tail -F` does, and starts a file over when it shrank (rotated).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from depthwatch.errors import DepthwatchError
+
+
+def show(files: Sequence[Path], lines: int, *, follow: bool, interval: float = 0.25) -> int:
+    """The last `lines` of each log file that has anything in it, then (with `follow`) what is appended.
+
+    The first file is the main log; when no file exists yet, that is an error
+    (the service was never installed or never started); when they are all
+    empty, one line says so instead of nothing.
+    """
+    present = [f for f in files if f.is_file()]
+    if not present:
+        raise DepthwatchError(f"no log yet: {files[0]} does not exist; is the service installed?")
+    # Measured once: the tail ends and the follow starts at the same byte, so no line is lost or shown twice.
+    sizes = {f: f.stat().st_size for f in present}
+    shown = [f for f in present if sizes[f] > 0]
+    if not shown:
+        waiting = "; waiting for new lines (Ctrl-C to stop)" if follow else ""
+        print(f"depthwatch: the log is empty: the daemon has written nothing to {files[0]} yet{waiting}", file=sys.stderr)
+    for i, path in enumerate(shown):
+        if len(shown) > 1:
+            print(f"{'' if i == 0 else chr(10)}==> {path} <==")
+        for line in tail(path, lines, end=sizes[path]):
+            print(line)
+    sys.stdout.flush()
+    if follow:
+        _follow(sizes, interval)
+    return 0
+
+
+def tail(path: Path, lines: int, end: int | None = None) -> list[str]:
+    """The last `lines` lines of a file (of its first `end` bytes), read from the end."""
+    if lines <= 0:
+        return []
+    with open(path, "rb") as f:
+        pos = f.seek(0, os.SEEK_END) if end is None else end
+        data = b""
+        while pos > 0 and data.count(b"\n") <= lines:
+            step = min(64 * 1024, pos)
+            pos -= step
+            f.seek(pos)
+            data = f.read(step) + data
+    return data.decode("utf-8", errors="replace").splitlines()[-lines:]
+
+
+def _follow(offsets: dict[Path, int], interval: float) -> None:
+    """Print what is appended to the files after `offsets` until interrupted; starts over on a file that shrank."""
+    while True:
+        for f in offsets:
+            try:
+                size = f.stat().st_size
+            except FileNotFoundError:
+                continue
+            if size < offsets[f]:
+                offsets[f] = 0
+            if size > offsets[f]:
+                with open(f, "rb") as handle:
+                    handle.seek(offsets[f])
+                    chunk = handle.read(size - offsets[f])
+                whole = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for its end
+                offsets[f] += len(whole)
+                sys.stdout.write(whole.decode("utf-8", errors="replace"))
+                sys.stdout.flush()
+        time.sleep(interval)

@@ -1,0 +1,122 @@
+"""The watcher alone, on real files and its real threads: when a dropped file counts as complete.
+
+Each test starts a Watcher on a temporary folder and records what it hands
+over (`emit`) and what it reports as unusable (`report`); no daemon, no model.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import jpeg_bytes, quadrant_frame, write_by_rename
+from daemon_process import wait_for
+
+from depthwatch.config import OutputConfig, WatchConfig
+from depthwatch.rules import Rules
+from depthwatch.watcher import Mode, Watcher
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.emitted: list[tuple[Path, tuple[int, int, int], str | None]] = []
+        self.reported: list[tuple[Path, str]] = []
+        self.lock = threading.Lock()
+
+    def emit(self, path: Path, signature: tuple[int, int, int], fmt: str | None) -> None:
+        with self.lock:
+            self.emitted.append((path, signature, fmt))
+
+    def report(self, path: Path, reason: str) -> None:
+        with self.lock:
+            self.reported.append((path, reason))
+
+
+@pytest.fixture
+def watch(tmp_path: Path) -> Iterator:
+    started: list[Watcher] = []
+
+    def start(**settings) -> tuple[Watcher, Recorder]:
+        config = WatchConfig(folders=(tmp_path,), patterns=("*.jpg", "*.tif"), **settings)
+        recorder = Recorder()
+        watcher = Watcher(Rules(config, OutputConfig(template="{stem}_depth.png")), config, recorder.emit, recorder.report)
+        watcher.start()
+        started.append(watcher)
+        return watcher, recorder
+
+    yield start
+    for watcher in started:
+        watcher.stop(5)
+
+
+FRAME = jpeg_bytes(quadrant_frame(64, 48))
+
+
+def _signature(path: Path) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def test_a_frame_renamed_in_is_handed_over_once_with_its_format(tmp_path: Path, watch) -> None:
+    _, seen = watch()
+    write_by_rename(tmp_path / "a.jpg", FRAME)
+    wait_for(lambda: seen.emitted, what="the frame")
+    write_by_rename(tmp_path / "sentinel.jpg", FRAME)  # events are in order: once this is in, a duplicate would be too
+    wait_for(lambda: len(seen.emitted) >= 2, what="the sentinel")
+    assert seen.emitted == [
+        (tmp_path / "a.jpg", _signature(tmp_path / "a.jpg"), "jpeg"),
+        (tmp_path / "sentinel.jpg", _signature(tmp_path / "sentinel.jpg"), "jpeg"),
+    ]
+    assert seen.reported == []
+
+
+def test_a_frame_written_in_two_steps_is_handed_over_only_when_its_end_marker_is_there(tmp_path: Path, watch) -> None:
+    _, seen = watch()
+    path = tmp_path / "slow.jpg"
+    with open(path, "wb") as f:  # the first half, closed: a writer that appends later
+        f.write(FRAME[: len(FRAME) // 2])
+    write_by_rename(tmp_path / "sentinel.jpg", FRAME)
+    wait_for(lambda: any(p.name == "sentinel.jpg" for p, _, _ in seen.emitted), what="the sentinel")
+    assert [p.name for p, _, _ in seen.emitted] == ["sentinel.jpg"]  # the half file is not a frame yet
+    with open(path, "ab") as f:
+        f.write(FRAME[len(FRAME) // 2 :])
+    wait_for(lambda: any(p == path for p, _, _ in seen.emitted), what="the completed frame")
+    assert [(p, s) for p, s, _ in seen.emitted if p == path] == [(path, _signature(path))]
+
+
+def test_a_file_that_never_completes_is_reported_at_the_timeout(tmp_path: Path, watch) -> None:
+    _, seen = watch(incomplete_timeout_s=0.5)
+    (tmp_path / "cut.jpg").write_bytes(FRAME[:-200])
+    wait_for(lambda: seen.reported, what="the report")
+    [(path, reason)] = seen.reported
+    assert path == tmp_path / "cut.jpg" and reason.startswith("still incomplete after 0.5 s (no end marker)")
+    assert seen.emitted == []
+
+
+def test_an_empty_file_is_not_a_frame_until_it_stays_empty(tmp_path: Path, watch) -> None:
+    _, seen = watch()
+    path = tmp_path / "rewritten.jpg"
+    with open(path, "wb") as f:  # truncated for an in-place rewrite...
+        f.flush()
+        os.fsync(f.fileno())
+        f.write(FRAME)  # ...and then written
+    write_by_rename(tmp_path / "empty.jpg", b"")  # really empty: handed over (the pipeline says why)
+    wait_for(lambda: {p.name for p, _, _ in seen.emitted} >= {"rewritten.jpg", "empty.jpg"}, what="both files")
+    assert [s[0] for p, s, _ in seen.emitted if p == path] == [len(FRAME)]  # never seen at 0 bytes
+
+
+def test_settle_mode_waits_for_the_file_to_stop_changing(tmp_path: Path, watch) -> None:
+    """Polling (network volumes) and FSEvents carry no close event: settle_ms decides."""
+    watcher, seen = watch(observer="polling", poll_interval_ms=50, settle_ms=200)
+    path = tmp_path / "polled.tif"  # TIFF: no end marker, so only settling can tell
+    path.write_bytes(b"II*\x00" + bytes(100))
+    wait_for(lambda: seen.emitted, what="the settled file")
+    assert seen.emitted == [(path, _signature(path), "tiff")]
+    watcher.poke(path, Mode.SETTLE)  # the same version again: not handed over twice
+    write_by_rename(tmp_path / "sentinel.jpg", FRAME)
+    wait_for(lambda: len(seen.emitted) == 2, what="the sentinel")
+    assert [p.name for p, _, _ in seen.emitted] == ["polled.tif", "sentinel.jpg"]
+
