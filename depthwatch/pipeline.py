@@ -253,7 +253,7 @@ class Pipeline:
         The future always completes with a Result (errors included). TimeoutError
         if no slot freed within `timeout`.
         """
-        if not self._slots.acquire(timeout=-1 if timeout is None else timeout):
+        if not self._slots.acquire(timeout=timeout):  # None: wait (a Semaphore takes -1 as "no wait")
             raise TimeoutError(f"{self.in_flight} frames still in flight")
         return self._start(job, settings)
 
