@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -290,3 +291,21 @@ print("loaded:", loaded)
     assert done.returncode == 0, done.stderr
     assert "loaded: []" in done.stdout
     assert (frame.parent / "shot_1001_depth.jpg").is_file()
+
+
+def test_an_unreachable_scheduler_or_a_missing_model_is_one_line(tmp_path: Path, tiny_model: Path) -> None:
+    frame = make_frames(tmp_path / "f", count=1)[0]
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        nowhere = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    done = run_once("--farm", nowhere, str(frame), "--model", str(tiny_model), "--profile", "midas-v21-small", cwd=tmp_path)
+    assert done.returncode == 69
+    assert f"depthwatch: cannot reach the Dask scheduler at {nowhere}" in done.stderr and "Traceback" not in done.stderr
+    assert not (frame.parent / "shot_1001_depth.jpg").exists()
+
+    worker = subprocess.run(
+        [sys.executable, "-m", "depthwatch", "worker", nowhere, "--model", str(tmp_path / "missing.onnx")],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert worker.returncode == 78  # before it ever looks for the scheduler
+    assert worker.stderr.strip().splitlines()[-1].startswith("depthwatch: model file") and "joining" not in worker.stderr

@@ -234,6 +234,7 @@ async def _run_worker(runner: FrameRunner, scheduler: str, threads: int, name: s
         dashboard=False,
         nanny=None,
     )
+    log.info("joining the farm at %s", scheduler)
     started = asyncio.ensure_future(worker.start())
     stopped = asyncio.ensure_future(stop.wait())
     await asyncio.wait({started, stopped}, return_when=asyncio.FIRST_COMPLETED)
