@@ -5,6 +5,14 @@ every worker sees (already in the workers' view of it, see `pathmap`), and its
 result is one small `Outcome` per frame. The work itself is done by the
 worker's `FrameRunner` (see `worker`), found through the worker's plugin, so a
 task never loads a model or starts a thread of its own.
+
+Where shot-stable normalisation (issue 14's offline planner) fits: a first
+pass of these tasks returns each frame's small summary in `Outcome.summary`
+(about 10 KB, at model resolution); the client groups the outcomes by shot and
+plans each shot's parameters from the summaries alone; a second, light pass
+sends one task per shot, which applies the parameters frame by frame, in
+order, on one worker. Frames of one shot on different workers in the first
+pass then still get one shot's grey levels.
 """
 
 from __future__ import annotations
