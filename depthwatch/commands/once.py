@@ -111,6 +111,8 @@ def main(args: argparse.Namespace) -> int:
     from depthwatch.job import Job
     from depthwatch.pipeline import Pipeline, Result, Settings
 
+    if args.force and not args.farm:
+        raise ConfigError("--force goes with --farm (local once always maps every frame); drop it or add --farm ADDRESS")
     config = config_from_args(args)
     single = len(args.inputs) == 1 and not Path(args.inputs[0]).expanduser().is_dir()
     template = template_for(args.output, single)
