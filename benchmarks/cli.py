@@ -24,12 +24,13 @@ from typing import Any
 
 from benchmarks import farm as farm_bench
 from benchmarks import frames as framesets
+from benchmarks import refine as refine_bench
 from benchmarks import report, scenarios, standin
 from benchmarks.daemon import Knobs
 from benchmarks.processes import BenchError
 from depthwatch.errors import DepthwatchError
 
-SCENARIOS = ("classic", "burst", "latency", "memory", "farm")
+SCENARIOS = ("classic", "burst", "latency", "memory", "refine", "farm")
 
 
 def _ints(text: str) -> list[int]:
@@ -223,6 +224,13 @@ def _bench(args: argparse.Namespace, work: Path) -> int:
             one_at_a_time = _run(results, "depthwatch latency and scrub", lambda: scenarios.latency_and_scrub(plan))
             if one_at_a_time:
                 s["latency"], s["scrub"], s["daemon"] = one_at_a_time
+        if "refine" not in args.skip:
+            s["refine_none"] = _run(results, "burst and latency with refine: none", lambda: refine_bench.compare(plan))
+            s["refine_micro"] = _run(
+                results,
+                "refine micro-benchmark (one core)",
+                lambda: refine_bench.micro(repeats=3 if args.quick else 30),
+            )
         if "farm" not in args.skip and farm_bench.available():
             s["farm"] = _run(results, "render farm", lambda: farm_bench.farm(plan))
         elif "farm" not in args.skip:

@@ -36,6 +36,8 @@ class Knobs:
     workers: int
     #: OpenCV's thread count in the daemon (OPENCV_FOR_THREADS_NUM); 0 = OpenCV's default.
     cv2_threads: int = 0
+    #: output.refine: depthwatch's default (edges), or none for the comparison.
+    refine: str = "edges"
 
     def env(self) -> dict[str, str]:
         return {"OPENCV_FOR_THREADS_NUM": str(self.cv2_threads)} if self.cv2_threads else {}
@@ -51,7 +53,7 @@ def config_dict(knobs: Knobs, folder: Path, patterns: list[str], template: str, 
             "intra_op_threads": knobs.intra_op_threads,
         },
         "watch": {"folders": [str(folder)], "patterns": patterns},
-        "output": {"template": template},
+        "output": {"template": template, "refine": knobs.refine},
         "daemon": {"workers": knobs.workers, "status_file": str(status), "log_level": "info"},
     }
 

@@ -16,6 +16,8 @@ BURST_VS_LIMIT = 0.95
 LATENCY_OVERHEAD_MS = 10.0
 SCRUB_INFERENCE_SHARE = 0.5
 RSS_VS_BARE = 1.10
+#: refine: edges keeps at least this share of the burst without refinement (issue 15).
+REFINE_BURST_SHARE = 0.95
 
 
 def _get(results: dict[str, Any], *keys: str) -> Any:
@@ -76,6 +78,10 @@ def derive(results: dict[str, Any]) -> dict[str, Any]:
         "model_loads": max(loads) if loads else None,
         "daemon_startup_s": _median(startups),
         "bare_startup_s": _median(_get(s, "bare", "startup_s") or []),
+        "burst_edges_vs_none": _ratio(burst, _get(s, "refine_none", "burst", "fps")),
+        "latency_p50_edges_minus_none_ms": None
+        if p50 is None or _get(s, "refine_none", "latency", "p50_ms") is None
+        else p50 - _get(s, "refine_none", "latency", "p50_ms"),
     }
 
 
@@ -120,6 +126,8 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     add("peak RSS vs bare session", v, None if v is None else v <= RSS_VS_BARE, f"<= {RSS_VS_BARE}")
     v = d["model_loads"]
     add("model loads per daemon", v, None if v is None else v == 1, "== 1")
+    v = d.get("burst_edges_vs_none")
+    add("burst refine: edges vs none", v, None if v is None else v >= REFINE_BURST_SHARE, f">= {REFINE_BURST_SHARE}")
     return rows
 
 
@@ -208,6 +216,22 @@ def table(results: dict[str, Any]) -> str:
         )
         if stages:
             lines.append(f"  latency, daemon's own stage medians (ms): {stages}")
+    rn = s.get("refine_none")
+    if rn:
+        lines.append(
+            f"refine: none (plain upscale): burst {_f(_get(rn, 'burst', 'fps'))} frames/s "
+            f"(edges: {_f(_get(s, 'burst', 'fps'))}, {_f(d.get('burst_edges_vs_none'), '.2f')}x), "
+            f"latency p50 {_f(_get(rn, 'latency', 'p50_ms'))} ms (edges: {_f(_get(s, 'latency', 'p50_ms'))} ms)"
+        )
+    rm = s.get("refine_micro")
+    if rm:
+        for key, row in rm.items():
+            if isinstance(row, dict):
+                lines.append(
+                    f"  render on one core, {key} (guide {row['guide']}, prediction {rm['prediction']}): "
+                    f"guided filter {_f(row['refine_ms'], '.2f')} ms; render with edges {_f(row['render_edges_ms'], '.2f')} ms, "
+                    f"without {_f(row['render_none_ms'], '.2f')} ms"
+                )
     sc = s.get("scrub")
     if sc:
         lines.append(

@@ -129,9 +129,7 @@ def costs(plan: Plan, config: Any, single: sessions.Captured) -> dict[str, Any]:
     info = single.info
     contract, profile = info.contract, info.profile
     min_size = imaging.model_input_size(contract, profile, (4096, 4096))
-    options = imaging.RenderOptions(
-        settings.render.invert, settings.render.clip_percent, imaging.bits_for(".jpg", settings.png_bits)
-    )
+    options = dataclasses.replace(settings.render, bits=imaging.bits_for(".jpg", settings.png_bits))
     paths = _write_frames(plan, "costs", max(plan.count, WARM_UP + 1))
     samples = min(max(plan.count, 3), 40)
     order = [paths[i % len(paths)] for i in range(WARM_UP + samples)]
@@ -152,7 +150,8 @@ def costs(plan: Plan, config: Any, single: sessions.Captured) -> dict[str, Any]:
             output = single.session.run([contract.output_name], {contract.input_name: tensor})[0]
             c3 = time.process_time()
             w3 = time.perf_counter()
-            depth = imaging.render(depth_map(output), profile.output, decoded.size, options)
+            nearness = imaging.normalise(depth_map(output), profile.output, options)
+            depth = imaging.render(nearness, decoded.size, options, guide=decoded.image)
             encoded = imaging.encode(
                 depth, ".jpg", jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression
             )
@@ -469,9 +468,9 @@ def _until_changed(path: Path, before: tuple[int, int] | None, daemon: Daemon, p
         time.sleep(poll_s)
 
 
-def latency_and_scrub(plan: Plan) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def latency_and_scrub(plan: Plan, name: str = "single") -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """One daemon watching frame.jpg -> depth.jpg: latency samples, then the scrub repeats."""
-    daemon = Daemon(plan.work, "single", plan.knobs, ["frame.jpg"], "depth.jpg")
+    daemon = Daemon(plan.work, name, plan.knobs, ["frame.jpg"], "depth.jpg")
     try:
         startup = daemon.start()
         latency, idle = _latency(plan, daemon)

@@ -14,6 +14,7 @@ built-in ones: a studio's own models on its own server, or a test's local one.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -26,9 +27,13 @@ from depthwatch.config import ModelConfig
 from depthwatch.paths import expand_path
 from depthwatch.model import ModelSpec
 from depthwatch.errors import ConfigError, ModelError
-from depthwatch.profiles import PROFILES, profile_for
+from depthwatch import recognise
+from depthwatch.profiles import GENERIC, PROFILES, profile_for
+from depthwatch.recognise import ProfileChoice
 
 ENV_VAR = "DEPTHWATCH_CATALOGUE"
+
+log = logging.getLogger("depthwatch")
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -159,7 +164,12 @@ def model_file(name: str, models_dir: Path) -> Path:
 
 
 def resolve(model: ModelConfig, base: Path) -> ModelSpec:
-    """The ModelSpec for a config's model section; ModelError if the file is not there."""
+    """The ModelSpec for a config's model section; ModelError if the file is not there.
+
+    With `profile: auto` the profile comes from the file's contents (see
+    `recognise`): its checksum here, else its graph once the engine has read it.
+    """
+    hint: str | None = None
     if is_catalogue_name(model.path):
         known = entry(model.path)
         path = model.models_folder() / known.file
@@ -168,23 +178,36 @@ def resolve(model: ModelConfig, base: Path) -> ModelSpec:
                 f"model {model.path!r} is not installed ({path} is missing); "
                 f"fetch it with `depthwatch models fetch {model.path}` or set model.path to an .onnx file"
             )
-        profile_name = known.profile if model.profile == "auto" else model.profile
+        hint = known.profile
     else:
         path = expand_path(model.path, base)
         if not path.is_file():
             raise ModelError(f"model file {path} does not exist; check model.path (or --model)")
-        profile_name = model.profile
-    profile = profile_for(profile_name, path).with_overrides(
+    overrides = dict(
         input_size=model.input_size,
         multiple_of=model.multiple_of,
         mean=model.mean,
         std=model.std,
         output=model.output,
     )
+    choice: ProfileChoice | None = None
+    if model.profile != "auto":
+        profile = profile_for(model.profile, path)
+    else:
+        known_files = [(e.size, e.sha256, e.profile) for e in load().values()]
+        recognised = recognise.by_checksum(path, known_files)
+        if recognised is not None:
+            profile = PROFILES[recognised]
+            log.info("%s: profile %s, recognised by its checksum", path.name, recognised)
+        else:
+            hint = hint or profile_for("auto", path).name
+            profile = PROFILES.get(hint, GENERIC)  # for the engine until it has read the graph
+            choice = ProfileChoice(path.name, hint if hint in PROFILES else None, tuple(overrides.items()))
     return ModelSpec(
         path=path,
-        profile=profile,
+        profile=profile.with_overrides(**overrides),
         providers=model.providers,
         intra_op_threads=model.intra_op_threads,
         coreml_cache=model.coreml_cache,
+        choose_profile=choice,
     )

@@ -22,6 +22,7 @@ from depthwatch import paths, providers
 from depthwatch.errors import ConfigError
 from depthwatch.formats import OUTPUT_FORMATS
 from depthwatch.pathmap import PathMap
+from depthwatch.levels import parse_level
 from depthwatch.profiles import DEPTH, INVERSE_DEPTH, PROFILES
 
 ENV_VAR = "DEPTHWATCH_CONFIG"
@@ -135,6 +136,10 @@ def _percent_pair(value: Any, base: Path) -> tuple[float, float]:
     return lo, hi
 
 
+def _level(value: Any, base: Path) -> float | str:
+    return parse_level(value).setting
+
+
 def _template(value: Any, base: Path) -> str:
     """The template, its folder part expanded (~, $VARS) now, once: a frame's own name
     ($HOME.jpg) is later put into it literally, never expanded."""
@@ -145,7 +150,15 @@ def _template(value: Any, base: Path) -> str:
         raise ValueError(f"{text!r} uses an unknown field {exc}; use {{stem}}, {{name}} or {{ext}}") from None
     suffix = Path(rendered).suffix.lower()
     if "{ext}" not in text and suffix not in OUTPUT_FORMATS:
-        raise ValueError(f"{text!r} must end in .jpg, .png or .tif (or {{ext}} for the frame's own)")
+        raise ValueError(f"{text!r} must end in .jpg, .png, .tif or .exr (or {{ext}} for the frame's own)")
+    if suffix == ".exr":
+        from depthwatch.imaging import can_encode  # OpenCV is only loaded for this check
+
+        if not can_encode(".exr"):
+            raise ValueError(
+                f"{text!r}: this OpenCV build cannot write .exr (no OpenEXR in it); "
+                "use .tif with png_bits: 32 for 32-bit float maps"
+            )
     if ".." in Path(rendered).parts:
         raise ValueError(f"{text!r} climbs out of the watch folder with '..'; use an absolute folder instead")
     folder, name = os.path.split(text)
@@ -212,12 +225,17 @@ class WatchConfig:
 class OutputConfig:
     template: str = field(default="depth.jpg", metadata=_spec(_template))
     jpeg_quality: int = field(default=95, metadata=_spec(_int(1, 100)))
-    png_bits: int = field(default=16, metadata=_spec(_choice(8, 16)))
+    png_bits: int = field(default=16, metadata=_spec(_choice(8, 16, 32)))
     png_compression: int = field(default=1, metadata=_spec(_int(0, 9)))
     invert: bool = field(default=False, metadata=_spec(_bool))
     clip_percent: tuple[float, float] | None = field(default=None, metadata=_spec(_optional(_percent_pair)))
     sidecar: bool = field(default=False, metadata=_spec(_bool))
     error_sidecar: bool = field(default=False, metadata=_spec(_bool))
+    # Editor-grade maps (issue 15): edges from the frame, and levels as in a grading tool.
+    refine: str = field(default="edges", metadata=_spec(_choice("edges", "none")))
+    near: float | str = field(default=1.0, metadata=_spec(_level))
+    far: float | str = field(default=0.0, metadata=_spec(_level))
+    gamma: float = field(default=1.0, metadata=_spec(_number(0.1, 10)))
 
 
 @dataclass(frozen=True)
@@ -279,8 +297,18 @@ def defaults(base: Path | None = None) -> Config:
 # -- finding and loading ----------------------------------------------------------------
 
 
-def find(explicit: str | os.PathLike[str] | None = None, platform: str | None = None) -> Path | None:
-    """The config file to use: -c PATH, then $DEPTHWATCH_CONFIG, then the user's folder."""
+#: The config file `find(here=True)` takes from the current folder.
+LOCAL_FILE = "config.yaml"
+
+
+def find(explicit: str | os.PathLike[str] | None = None, platform: str | None = None, *, here: bool = False) -> Path | None:
+    """The config file to use: -c PATH, then $DEPTHWATCH_CONFIG, then the user's folder,
+    then (with `here`) `config.yaml` in the current folder; None: built-in defaults.
+
+    `here` is for commands run by hand (run, once, check, status, models): started
+    from a checkout, they use the documented config.yaml there, and the start-up
+    line says which file it was. A service always gets an absolute -c.
+    """
     if explicit:
         path = Path(os.path.expanduser(str(explicit)))
         if not path.is_file():
@@ -293,7 +321,10 @@ def find(explicit: str | os.PathLike[str] | None = None, platform: str | None = 
             raise ConfigError(f"${ENV_VAR} names {path}, which does not exist; fix or unset it")
         return path.resolve()
     user = paths.default_config_file(platform)
-    return user if user.is_file() else None
+    if user.is_file():
+        return user
+    local = Path.cwd() / LOCAL_FILE
+    return local.resolve() if here and local.is_file() else None
 
 
 def load(path: Path | None) -> Config:
@@ -389,6 +420,18 @@ def check_combinations(config: Config, where: str = "command line") -> None:
     """Settings that are fine alone but impossible together (also after command-line overrides)."""
     if (config.model.mean is None) != (config.model.std is None):
         raise ConfigError(f"{where}: model.mean and model.std go together; set both or neither")
+    out = config.output
+    near, far = str(out.near), str(out.far)
+    if near.endswith("%") == far.endswith("%") and float(near.rstrip("%")) <= float(far.rstrip("%")):
+        raise ConfigError(
+            f"{where}: output.near ({out.near}) must be above output.far ({out.far}); "
+            "to make near black, set output.invert: true instead"
+        )
+    if out.png_bits == 32 and Path(out.template).suffix.lower() == ".png":
+        raise ConfigError(
+            f"{where}: output.png_bits 32 (float) needs a .tif or .exr template, not {out.template!r}; "
+            "PNG holds at most 16 bits"
+        )
     if config.output.template in config.watch.patterns:
         raise ConfigError(
             f"{where}: output.template {config.output.template!r} is also a watch pattern; "

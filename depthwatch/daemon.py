@@ -34,7 +34,7 @@ from depthwatch.jobqueue import LatestWinsQueue
 from depthwatch.job import Job
 from depthwatch.pipeline import Pipeline, Result, Settings, write_error_record
 from depthwatch.rules import Rules
-from depthwatch.status import Status, write_status
+from depthwatch.status import Status, is_running, path_for, read_status, write_status
 from depthwatch.watcher import Watcher
 from depthwatch.writer import sweep_temp_files
 
@@ -42,6 +42,9 @@ log = logging.getLogger("depthwatch")
 frames_log = logging.getLogger("depthwatch.frames")
 
 _RETRY_MAX_DELAY = 60.0
+#: Superseded frames are summarised in one log line at most this often.
+SUPERSEDED_SUMMARY_S = 5.0
+_SUPERSEDED_STAGES = ("replaced while queued", "before inference", "after inference had started")
 
 
 def _file_signature(path: Path) -> tuple[int, int, int] | None:
@@ -89,6 +92,11 @@ class Daemon:
         self._last_overflow_scan = 0.0
         self._overflow_reported = False
         self._superseded_in_flight = 0
+        #: Superseded frames since the last summary line, by how far they got, and when
+        #: the first of them came (monotonic; None: none unreported).
+        self._superseded_unreported = dict.fromkeys(_SUPERSEDED_STAGES, 0)
+        self._superseded_since: float | None = None
+        self._queue_superseded_seen = 0
         #: Set by run(): a thread was still running after the shutdown's time bound.
         self.stuck = False
 
@@ -148,6 +156,7 @@ class Daemon:
     def startup(self) -> None:
         config = self.config
         spec = catalogue.resolve(config.model, config.base)
+        self._announce(config)
         self.engine = Engine(spec, session_factory=self._session_factory).start()
         try:
             info = self.engine.wait_ready()  # loaded exactly once, before the first job
@@ -169,7 +178,28 @@ class Daemon:
             self._poll_config()
             self._report_swap()
             self._rescan_after_overflow()
+            self._report_superseded()
             self._write_status()
+
+    def _announce(self, config: Config) -> None:
+        """Which config and which status file, first thing: the answers to "why is it doing that?"."""
+        path = path_for(config)
+        log.info("config %s; status file %s", config.source or "built-in defaults", path)
+        if config.daemon.status_file is None:  # the default one lives in a folder of ours
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                log.warning("status file: cannot create %s: %s", path.parent, exc.strerror or exc)
+        try:
+            previous = read_status(path)
+        except (OSError, ValueError):
+            return
+        if previous.get("pid") != os.getpid() and is_running(previous):
+            log.warning(
+                "another depthwatch (pid %s) is running with this config and writes %s; "
+                "both would process the same frames: stop one (see `depthwatch status`)",
+                previous.get("pid"), path,
+            )
 
     def _start_watching(self, rules: Rules, config: Config) -> None:
         for root in rules.roots:
@@ -294,6 +324,7 @@ class Daemon:
             self.engine.stop(left(), interrupt=not idle)
         if self.pipeline is not None:
             self.pipeline.close(0.1)
+        self._report_superseded(final=True)
         self.status.state = "stopped"
         self._status_dirty = True
         self._write_status()
@@ -358,7 +389,11 @@ class Daemon:
         elif result.superseded:
             with self._lock:
                 self._superseded_in_flight += 1
-            frames_log.info("%s; skipped", result.describe())
+                stage = "after inference had started" if result.inferred else "before inference"
+                self._superseded_unreported[stage] += 1
+                if self._superseded_since is None:
+                    self._superseded_since = time.monotonic()
+            frames_log.debug("%s", result.describe())  # summarised by _report_superseded
         elif result.retryable and self._retry(job, result):
             pass
         else:
@@ -398,6 +433,31 @@ class Daemon:
         self._last_overflow_scan = time.monotonic()
         self.watcher.scan()
 
+    def _report_superseded(self, final: bool = False) -> None:
+        """One info line for the frames a newer version replaced, every SUPERSEDED_SUMMARY_S at most.
+
+        While scrubbing, dozens a second are normal and not worth a line each;
+        the line says how far each got, so none reads as if it had been inferred.
+        """
+        now = time.monotonic()
+        with self._lock:
+            unreported = self._superseded_unreported
+            queued = self.queue.superseded
+            if queued > self._queue_superseded_seen:
+                unreported["replaced while queued"] += queued - self._queue_superseded_seen
+                self._queue_superseded_seen = queued
+                if self._superseded_since is None:
+                    self._superseded_since = now
+            since = self._superseded_since
+            if since is None or (now - since < SUPERSEDED_SUMMARY_S and not final):
+                return
+            self._superseded_unreported = dict.fromkeys(unreported, 0)
+            self._superseded_since = None
+        count = sum(unreported.values())
+        how = ", ".join(f"{n} {stage}" for stage, n in unreported.items() if n)
+        frames = "frame" if count == 1 else "frames"
+        log.info("%d %s superseded by newer versions in the last %.0f s (%s)", count, frames, max(1.0, now - since), how)
+
     # -- status -------------------------------------------------------------------
 
     def _publish_model(self) -> None:
@@ -412,7 +472,7 @@ class Daemon:
         self._status_dirty = True
 
     def _write_status(self) -> None:
-        path = self.config.daemon.status_file
+        path = path_for(self.config)
         status = self.status
         status.queue_depth = len(self.queue)
         status.in_progress = self.queue.in_progress
@@ -420,7 +480,7 @@ class Daemon:
         status.counts.incomplete = self.watcher.incomplete if self.watcher else 0
         if self.engine is not None:
             status.model_loads = self.engine.load_count
-        if path is None or not self._status_dirty:
+        if not self._status_dirty:
             return
         self._status_dirty = False
         try:

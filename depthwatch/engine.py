@@ -367,6 +367,8 @@ class Engine:
             if name != providers.CPU and name not in applied:
                 log.warning("%s did not take the model; running on %s", name, ", ".join(applied))
         contract = read_contract(session)
+        if spec.choose_profile is not None:  # profile auto: decided by the graph, before ready
+            spec = dataclasses.replace(spec, profile=spec.choose_profile.choose(contract), choose_profile=None)
         self._warm_up(session, contract, spec.profile)
         self.load_count += 1
         if providers.COREML not in applied:

@@ -30,6 +30,12 @@ class ModelError(DepthwatchError):
     exit_code = EX_CONFIG
 
 
+class InputError(DepthwatchError):
+    """A file or folder named on the command line is not there (sysexits EX_NOINPUT)."""
+
+    exit_code = 66
+
+
 class FrameError(DepthwatchError):
     """One input frame cannot be turned into a depth map; the others can."""
 

@@ -127,6 +127,33 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+#: A file outside this factor of the catalogue's rough size is not taken for the model without asking.
+SIZE_TOLERANCE = 2.0
+
+
+def size_doubt(entry: Entry, size: int) -> str | None:
+    """Why a file of `size` bytes is probably not `entry`'s model, or None if its size fits.
+
+    Exact where the catalogue knows the size; otherwise within SIZE_TOLERANCE of
+    `approx_mb` (a stand-in of 1 MB named like a 64 MB model is caught; exports of
+    the same weights differ by far less).
+    """
+    if entry.size is not None:
+        return None if size == entry.size else f"is {human_size(size)}, not the {entry.size} bytes the catalogue expects"
+    if not entry.approx_mb:
+        return None
+    expected = entry.approx_mb * (1 << 20)
+    if expected / SIZE_TOLERANCE <= size <= expected * SIZE_TOLERANCE:
+        return None
+    return f"is {human_size(size)}, far from the ~{entry.approx_mb:g} MB of {entry.title or entry.name}"
+
+
+def human_size(size: int) -> str:
+    if size >= 1 << 20:
+        return f"{size / (1 << 20):.1f} MB"
+    return f"{size} bytes"
+
+
 def state(entry: Entry, folder: Path) -> str:
     """missing, ok (matches its checksum), changed (does not), or unverified (nothing to compare with)."""
     model = folder / entry.file
@@ -143,6 +170,7 @@ def fetch(
     folder: Path,
     *,
     force: bool = False,
+    accept: bool = False,
     timeout: float = DEFAULT_TIMEOUT,
     progress: IO[str] | None = None,
 ) -> Fetched:
@@ -150,7 +178,8 @@ def fetch(
 
     A copy already there that matches its checksum is kept (unless `force`); a
     hand-placed one with nothing to compare against is adopted once it loads,
-    and its sha256 recorded. `progress` receives a progress bar (None: none).
+    and its sha256 recorded, unless its size says it is another model (then
+    `accept` records it anyway). `progress` receives a progress bar (None: none).
     """
     target = folder / entry.file
     try:
@@ -159,7 +188,7 @@ def fetch(
         raise FolderError(f"cannot create the model folder {folder}: {_reason(exc)}; choose another with --folder or model.folder") from None
     expected = expected_sha256(entry, target)
     if target.is_file() and not force:
-        kept = _keep_existing(entry, target, expected)
+        kept = _keep_existing(entry, target, expected, accept)
         if kept is not None:
             return kept
     part = part_file(target)
@@ -197,8 +226,12 @@ def fetch(
     return Fetched(target, sha256, download.size, download.received, download.start)
 
 
-def _keep_existing(entry: Entry, target: Path, expected: str | None) -> Fetched | None:
-    """The Fetched for a good copy already in place, or None if it must be downloaded again."""
+def _keep_existing(entry: Entry, target: Path, expected: str | None, accept: bool = False) -> Fetched | None:
+    """The Fetched for a good copy already in place, or None if it must be downloaded again.
+
+    A hand-placed copy (nothing to compare its checksum with) whose size is far
+    from the catalogue's is refused rather than recorded as the truth.
+    """
     sha256 = sha256_of(target)
     size = target.stat().st_size
     if expected is not None:
@@ -206,6 +239,12 @@ def _keep_existing(entry: Entry, target: Path, expected: str | None) -> Fetched 
             return Fetched(target, sha256, size, 0, 0)
         log.warning("%s does not match its sha256 (%s); downloading it again", target, expected)
         return None
+    doubt = size_doubt(entry, size)
+    if doubt is not None and not accept:
+        raise IntegrityError(
+            f"{target} {doubt}, so it is probably another model; nothing was recorded. Delete it and fetch "
+            f"{entry.name} online, or if it is the right file, `depthwatch models fetch {entry.name} --accept`"
+        )
     try:
         _load_check(entry, target)
     except IntegrityError as exc:

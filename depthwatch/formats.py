@@ -24,8 +24,9 @@ EXTENSIONS = {
     ".webp": WEBP,
 }
 
-#: Depth map formats by output file extension (the value is OpenCV's encoder name); JPEG is 8-bit only.
-OUTPUT_FORMATS = {".jpg": ".jpg", ".jpeg": ".jpg", ".png": ".png", ".tif": ".tiff", ".tiff": ".tiff"}
+#: Depth map formats by output file extension (the value is OpenCV's encoder name); JPEG is 8-bit
+#: only, PNG up to 16, TIFF 8, 16 or 32-bit float, EXR 32-bit float (when OpenCV has OpenEXR).
+OUTPUT_FORMATS = {".jpg": ".jpg", ".jpeg": ".jpg", ".png": ".png", ".tif": ".tiff", ".tiff": ".tiff", ".exr": ".exr"}
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_IEND = b"\x00\x00\x00\x00IEND\xaeB`\x82"

@@ -1,28 +1,35 @@
 """Pixels in, pixels out: pure functions around the model, no I/O, no state.
 
 decode (bytes -> image) and prepare (image -> tensor) come before inference;
-render (prediction -> depth map at the frame's size) and encode (map -> bytes)
-come after. They run on worker threads, never on the inference thread.
+after it, on a worker thread, the render chain: normalise (prediction ->
+nearness in [0, 1], 1 = nearest), upsample (plain, or refined along the
+frame's edges: `refine`), levels (near/far/gamma/invert: `levels`) and
+quantise, then encode (map -> bytes). None of it runs on the inference thread.
 
 Two choices here are made for speed and tested to give the same result as the
 obvious path: JPEGs are decoded at 1/2, 1/4 or 1/8 scale (libjpeg's DCT
 scaling) when the model's input is that much smaller than the frame, and the
-map is normalised and quantised at the model's resolution before it is
-upscaled, so the upscale works on 8- or 16-bit integers instead of floats.
+map is levelled and quantised at its working resolution (the model's, or the
+refine guide's) before the one upscale to the frame's size, so that upscale
+works on 8- or 16-bit integers instead of floats and is the only pass over a
+frame-sized image.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import cv2
 import numpy as np
 
-from depthwatch import formats
+from depthwatch import formats, refine
 from depthwatch.contract import NCHW, Contract
 from depthwatch.errors import FrameError, ModelError
 from depthwatch.formats import OUTPUT_FORMATS
+from depthwatch.levels import Levels
+from depthwatch.levels import apply as apply_levels
 from depthwatch.profiles import INVERSE_DEPTH, Profile
 
 _REDUCED = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
@@ -38,13 +45,21 @@ class Decoded:
     format: str
 
 
+#: `output.refine` values: today's plain bilinear upscale, or edges from the frame.
+REFINE_NONE, REFINE_EDGES = "none", "edges"
+
+
 @dataclass(frozen=True)
 class RenderOptions:
-    """How the depth map looks: white = near unless inverted, optional percentile clip."""
+    """How the depth map looks: optional percentile clip, refinement, levels, bit depth.
 
-    invert: bool = False
+    `bits` is 8 or 16 (integers) or 32 (float32, not quantised).
+    """
+
     clip_percent: tuple[float, float] | None = None
     bits: int = 8
+    refine: str = REFINE_EDGES
+    levels: Levels = Levels()
 
 
 def model_input_size(contract: Contract, profile: Profile, frame_size: tuple[int, int]) -> tuple[int, int]:
@@ -152,11 +167,12 @@ def prepare(decoded: Decoded, contract: Contract, profile: Profile) -> np.ndarra
 
 
 def normalise(prediction: np.ndarray, output_kind: str, options: RenderOptions) -> np.ndarray:
-    """Map a raw prediction to [0, 1] with 1 = white: near by default, far if inverted.
+    """Map a raw prediction to nearness in [0, 1], 1 = nearest, at the model's resolution.
 
     (x - min) / (max - min), guarded for a flat map. The classic Flask example's
     255 / max * (x - min) divides by the maximum instead of the range and wraps
-    in uint8 when min < 0; this does neither.
+    in uint8 when min < 0; this does neither. Inverting (white = far) is a
+    level, applied later (`levels`).
     """
     d = np.nan_to_num(prediction.astype(np.float32, copy=False), nan=0.0, posinf=0.0, neginf=0.0)
     if options.clip_percent:
@@ -168,37 +184,54 @@ def normalise(prediction: np.ndarray, output_kind: str, options: RenderOptions) 
         n = np.zeros_like(d)
     else:
         n = np.clip((d - lo) * np.float32(1 / span), 0.0, 1.0)
-    larger_is_near = output_kind == INVERSE_DEPTH
-    white_is_near = not options.invert
-    if larger_is_near != white_is_near:
+    if output_kind != INVERSE_DEPTH:  # metric depth: larger = farther
         n = 1.0 - n
     return n
 
 
-def render(prediction: np.ndarray, output_kind: str, size: tuple[int, int], options: RenderOptions) -> np.ndarray:
-    """The depth map at the frame's (width, height), 8- or 16-bit, ready to encode.
+def render(
+    nearness: np.ndarray, size: tuple[int, int], options: RenderOptions, guide: np.ndarray | None = None
+) -> np.ndarray:
+    """The depth map at the frame's (width, height): uint8/uint16, or float32 for bits 32.
 
-    Quantising at model resolution and upscaling integers gives the same map as
-    upscaling floats first (within one level) at a fraction of the cost.
+    `nearness` is the normalised map ([0, 1], 1 = nearest) at the model's
+    resolution; `guide` the decoded frame (maybe at reduced scale) that
+    `refine: edges` follows. Levels and quantisation happen at the working
+    resolution, before the one upscale to `size`: quantising first and
+    upscaling integers gives the same map as upscaling floats first (within
+    one level) at a fraction of the cost.
     """
-    n = normalise(prediction, output_kind, options)
-    top, dtype = (255, np.uint8) if options.bits == 8 else (65535, np.uint16)
-    q = (n * np.float32(top) + np.float32(0.5)).astype(dtype)
+    m = nearness.astype(np.float32, copy=False)
+    if options.refine == REFINE_EDGES and guide is not None:
+        m = refine.edges(m, guide)
+    m = apply_levels(m, options.levels, reference=nearness)
+    if options.bits == 32:
+        q = np.ascontiguousarray(m, dtype=np.float32)
+    else:
+        top, dtype = (255, np.uint8) if options.bits == 8 else (65535, np.uint16)
+        q = (m * np.float32(top) + np.float32(0.5)).astype(dtype)
     if (q.shape[1], q.shape[0]) == size:
         return q
     return cv2.resize(q, size, interpolation=cv2.INTER_LINEAR)
 
 
 def encode(depth: np.ndarray, ext: str, *, jpeg_quality: int = 95, png_compression: int = 1) -> bytes:
-    """Encode a depth map for an output whose name ends in `ext`."""
+    """Encode a depth map for an output whose name ends in `ext`, at the depth the format holds.
+
+    uint8, uint16 or float32 maps (float in [0, 1]); JPEG takes 8 bits, PNG up to
+    16, TIFF and EXR keep float32 as it is (no quantisation).
+    """
     kind = OUTPUT_FORMATS.get(ext.lower())
     if kind is None:
-        raise ValueError(f"cannot write depth maps as {ext!r}; use .jpg, .png or .tif")
-    if kind == ".jpg":
-        if depth.dtype != np.uint8:
-            depth = (depth >> 8).astype(np.uint8)
+        raise FrameError(f"cannot write depth maps as {ext!r}; use .jpg, .png, .tif or .exr")
+    if kind == ".exr":
+        depth = _as_float(depth)
+        params = [cv2.IMWRITE_EXR_TYPE, cv2.IMWRITE_EXR_TYPE_FLOAT]
+    elif kind == ".jpg":
+        depth = _as_integer(depth, 8)
         params = [cv2.IMWRITE_JPEG_QUALITY, int(jpeg_quality)]
     elif kind == ".png":
+        depth = _as_integer(depth, 16)
         params = [cv2.IMWRITE_PNG_COMPRESSION, int(png_compression)]
     else:
         params = []
@@ -208,6 +241,42 @@ def encode(depth: np.ndarray, ext: str, *, jpeg_quality: int = 95, png_compressi
     return buf.tobytes()
 
 
+def _as_integer(depth: np.ndarray, most_bits: int) -> np.ndarray:
+    if depth.dtype == np.uint8 or (depth.dtype == np.uint16 and most_bits == 16):
+        return depth
+    if depth.dtype == np.uint16:
+        return (depth >> 8).astype(np.uint8)
+    top, dtype = (255, np.uint8) if most_bits == 8 else (65535, np.uint16)
+    return (np.clip(depth, 0.0, 1.0) * np.float32(top) + np.float32(0.5)).astype(dtype)
+
+
+def _as_float(depth: np.ndarray) -> np.ndarray:
+    if depth.dtype == np.float32:
+        return depth
+    return depth.astype(np.float32) * np.float32(1 / np.iinfo(depth.dtype).max)
+
+
+@functools.lru_cache(maxsize=None)
+def can_encode(ext: str) -> bool:
+    """Whether this OpenCV build writes `ext` (wheels without OpenEXR cannot write .exr)."""
+    kind = OUTPUT_FORMATS.get(ext.lower())
+    if kind is None:
+        return False
+    sample = np.zeros((2, 2), np.float32 if kind == ".exr" else np.uint8)
+    try:
+        return bool(cv2.imencode(kind, sample)[0])
+    except cv2.error:
+        return False
+
+
 def bits_for(ext: str, png_bits: int) -> int:
-    """Bit depth an output file gets: 8 for JPEG, the configured depth for PNG/TIFF."""
-    return 8 if OUTPUT_FORMATS.get(ext.lower()) == ".jpg" else png_bits
+    """Bit depth an output file gets: 8 for JPEG, at most 16 for PNG, the configured
+    depth for TIFF (32 = float), 32 (float) for EXR."""
+    kind = OUTPUT_FORMATS.get(ext.lower())
+    if kind == ".jpg":
+        return 8
+    if kind == ".exr":
+        return 32
+    if kind == ".png":
+        return min(png_bits, 16)
+    return png_bits

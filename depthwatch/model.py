@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from depthwatch import paths
 from depthwatch.contract import Contract
 from depthwatch.profiles import Profile
+from depthwatch.recognise import ProfileChoice
 
 if TYPE_CHECKING:
     from depthwatch.compile_cache import Entry
@@ -31,6 +32,9 @@ class ModelSpec:
     #: The folder under which CoreML keeps compiled models between starts, one
     #: subfolder per model contents, runtime and options (None: the user cache dir).
     coreml_cache: Path | None = None
+    #: With `profile: auto` and a file not known by its checksum: the engine picks the
+    #: profile from the graph it reads (or refuses), and `profile` is a placeholder till then.
+    choose_profile: ProfileChoice | None = None
 
     def coreml_root(self) -> Path:
         if self.coreml_cache is not None:

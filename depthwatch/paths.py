@@ -46,6 +46,10 @@ def cache_dir(platform: str | None = None) -> Path:
     return Path(_dirs(platform).user_cache_dir)
 
 
+def state_dir(platform: str | None = None) -> Path:
+    return Path(_dirs(platform).user_state_dir)
+
+
 def log_dir(platform: str | None = None) -> Path:
     if (platform or sys.platform) == "darwin":
         return Path.home() / "Library" / "Logs" / APP

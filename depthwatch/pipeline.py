@@ -22,12 +22,14 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import replace
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from depthwatch import formats, imaging
+from depthwatch.levels import Levels, parse_level
 from depthwatch.config import Config
 from depthwatch.engine import Engine, Inference
 from depthwatch.job import Job
@@ -70,7 +72,11 @@ class Settings:
     def from_config(cls, config: Config) -> Settings:
         out = config.output
         return cls(
-            render=imaging.RenderOptions(invert=out.invert, clip_percent=out.clip_percent),
+            render=imaging.RenderOptions(
+                clip_percent=out.clip_percent,
+                refine=out.refine,
+                levels=Levels(parse_level(out.near), parse_level(out.far), out.gamma, out.invert),
+            ),
             jpeg_quality=out.jpeg_quality,
             png_bits=out.png_bits,
             png_compression=out.png_compression,
@@ -88,6 +94,8 @@ class Result:
     retryable: bool = False
     #: A newer version of the frame turned up meanwhile; not a failure.
     superseded: bool = False
+    #: The model ran (or was running) for this job; false for one dropped before inference.
+    inferred: bool = False
     size: tuple[int, int] | None = None
     model: str | None = None
     providers: tuple[str, ...] = ()
@@ -417,10 +425,9 @@ class Pipeline:
             frame.clock = time.perf_counter()
             settings, job = frame.settings, frame.job
             ext = job.output.suffix
-            options = imaging.RenderOptions(
-                settings.render.invert, settings.render.clip_percent, imaging.bits_for(ext, settings.png_bits)
-            )
-            depth = imaging.render(inference.prediction, info.profile.output, frame.decoded.size, options)
+            options = replace(settings.render, bits=imaging.bits_for(ext, settings.png_bits))
+            nearness = imaging.normalise(inference.prediction, info.profile.output, options)
+            depth = imaging.render(nearness, frame.decoded.size, options, guide=frame.decoded.image)
             encoded = imaging.encode(
                 depth, ext, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression
             )
@@ -469,6 +476,7 @@ class Pipeline:
             frame.result.error = str(exc)
             frame.result.retryable = isinstance(exc, OutputError) and exc.retryable
             frame.result.superseded = isinstance(exc, Superseded)
+            frame.result.inferred = frame.inference is not None and not frame.inference.cancelled()
         else:
             log.debug("unexpected error on %s", frame.job.source, exc_info=exc)
             frame.result.error = f"internal error: {type(exc).__name__}: {exc}"

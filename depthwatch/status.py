@@ -1,18 +1,27 @@
-"""The status file: a small JSON snapshot a plugin or script can poll.
+"""The status file: a small JSON snapshot a plugin, a script or `depthwatch status` can poll.
 
-Rewritten atomically (see `writer`), so a reader never sees half of it.
+Rewritten atomically (see `writer`), so a reader never sees half of it. Every
+daemon keeps one: where the config says (`daemon.status_file`), else in the
+user's state folder under a name of its own (see `default_path`), so two
+daemons started by hand never write the same file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from depthwatch import paths
 from depthwatch.writer import atomic_write
+
+if TYPE_CHECKING:
+    from depthwatch.config import Config
 
 
 @dataclass
@@ -29,10 +38,17 @@ class Counters:
     last_error: str | None = None
 
 
+def iso_time(epoch: float) -> str:
+    """Local time with its UTC offset, to the second: what people read in a status line."""
+    return datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="seconds")
+
+
 @dataclass
 class Status:
     pid: int = field(default_factory=os.getpid)
     started: float = field(default_factory=time.time)
+    #: `started` as ISO 8601, for people and scripts that do not want an epoch.
+    started_at: str = ""
     state: str = "starting"
     model: str | None = None
     profile: str | None = None
@@ -48,6 +64,10 @@ class Status:
     config_error: str | None = None
     counts: Counters = field(default_factory=Counters)
 
+    def __post_init__(self) -> None:
+        if not self.started_at:
+            self.started_at = iso_time(self.started)
+
     def to_json(self) -> bytes:
         data: dict[str, Any] = asdict(self)
         data["updated"] = time.time()
@@ -60,3 +80,46 @@ def write_status(path: Path, status: Status) -> None:
 
 def read_status(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
+
+
+def status_dir() -> Path:
+    """Where daemons without `daemon.status_file` keep theirs; `depthwatch status` looks here."""
+    return paths.state_dir() / "daemons"
+
+
+def default_path(config: Config) -> Path:
+    """A status file of this daemon's own: named for its config file, or for its watch folders.
+
+    Two daemons run with the same config file (or, without one, watching the same
+    folders) would process the same frames; they share a name, and the second
+    one warns at start.
+    """
+    if config.source is not None:
+        key, label = str(config.source.resolve()), config.source.stem
+    else:
+        key, label = "\n".join(sorted(str(f) for f in config.watch.folders)), "defaults"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
+    return status_dir() / f"{label}-{digest}.json"
+
+
+def path_for(config: Config) -> Path:
+    """The status file a daemon with this config writes."""
+    return config.daemon.status_file or default_path(config)
+
+
+def pid_alive(pid: object) -> bool:
+    """Whether a process with this pid exists (it may belong to someone else: still alive)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def is_running(data: dict[str, Any]) -> bool:
+    """A status file's daemon is running: it says so, and its process is still there."""
+    return data.get("state") in ("starting", "running", "stopping") and pid_alive(data.get("pid"))

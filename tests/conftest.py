@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from pathlib import Path
@@ -17,7 +18,10 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from onnx_models import brightness_model  # noqa: E402
 
-SHARED_MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
+#: The shared material (the real FastDepth model): $DEPTHWATCH_SHARED, else ../shared beside the checkout.
+SHARED_ENV = "DEPTHWATCH_SHARED"
+SHARED = Path(os.environ.get(SHARED_ENV) or Path(__file__).resolve().parents[2] / "shared").expanduser()
+SHARED_MODELS = SHARED / "models"
 FASTDEPTH = SHARED_MODELS / "fastdepth_224_nyu_int8.onnx"
 
 
@@ -30,7 +34,10 @@ def tiny_model(tmp_path: Path) -> Path:
 @pytest.fixture
 def fastdepth() -> Path:
     if not FASTDEPTH.is_file():
-        pytest.skip(f"the real model {FASTDEPTH} is not here")
+        pytest.skip(
+            f"the real model {FASTDEPTH} is not here; point ${SHARED_ENV} at the shared folder "
+            "(the one holding models/fastdepth_224_nyu_int8.onnx) to run the real-model tests"
+        )
     return FASTDEPTH
 
 
@@ -58,9 +65,11 @@ def write_by_rename(path: Path, data: bytes) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _cache_in_tmp(tmp_path_factory, monkeypatch):
-    """depthwatch's cache (model digests, measured providers, compiled models) never lands in the real home."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+def _user_folders_of_its_own(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test (nor any daemon it starts) reads the real user config or writes the real state or cache folders."""
+    home = tmp_path_factory.mktemp("user")
+    for name in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.setenv(name, str(home / name.lower()))
 
 
 @pytest.fixture(autouse=True)

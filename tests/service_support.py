@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from onnx_models import brightness_model
 from conftest import jpeg_bytes, quadrant_frame, write_by_rename
 from daemon_process import wait_for
 
@@ -120,14 +121,18 @@ def folder_snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
     return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.iterdir())}
 
 
-def new_user(home: Path, monkeypatch: pytest.MonkeyPatch, model: Path | None = None) -> Path:
-    """A user with no config yet (and, given `model`, the default config's model fetched): where their config will be."""
+def new_user(home: Path, monkeypatch: pytest.MonkeyPatch, fetched: bool = False) -> Path:
+    """A user with no config yet (and, if `fetched`, the default config's model in place): where their config will be.
+
+    The model is a stand-in shaped like MiDaS v2.1 small (float NCHW 256x256 in,
+    [1, 256, 256] out), so depthwatch recognises it as that model by its graph.
+    """
     for name in ("DEPTHWATCH_CONFIG", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR"):
         monkeypatch.delenv(name, raising=False)
-    if model is not None:
-        fetched = home / ".local/share/depthwatch/models" / catalogue.entry("midas-v21-small").file
-        fetched.parent.mkdir(parents=True)
-        shutil.copyfile(model, fetched)
+    if fetched:
+        path = home / ".local/share/depthwatch/models" / catalogue.entry("midas-v21-small").file
+        path.parent.mkdir(parents=True)
+        brightness_model(path, size=(256, 256))
     return home / ".config/depthwatch/config.yaml"
 
 

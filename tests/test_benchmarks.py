@@ -26,7 +26,10 @@ import psutil  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SCENARIOS = {"costs", "ceiling", "classic_flask", "classic_gunicorn", "bare", "burst", "latency", "scrub", "daemon"}
+SCENARIOS = {
+    "costs", "ceiling", "classic_flask", "classic_gunicorn", "bare", "burst", "latency", "scrub", "daemon",
+    "refine_none", "refine_micro",
+}
 
 
 def _positive(value: object) -> bool:
@@ -99,6 +102,16 @@ def test_quick_benchmark_runs_every_scenario(tmp_path: Path) -> None:
         farm = s["farm"]
         assert all(_positive(farm[k]["fps"]) for k in ("local", "workers_1", "workers_2"))
         assert math.isfinite(farm["overhead_ms_per_frame"]) and "once --farm, 2 local workers" in stdout
+
+    # refine: edges (the default, in burst and latency above) against none, in the same run.
+    plain = s["refine_none"]
+    assert plain["burst"]["outputs"] == plain["burst"]["frames"] > 0 and plain["burst"]["failed"] == 0
+    assert plain["latency"]["outputs"] == plain["latency"]["frames"] > 0
+    assert _positive(results["derived"]["burst_edges_vs_none"])
+    for key in ("1080p_jpeg", "1080p_full", "4K_jpeg", "4K_full"):
+        row = s["refine_micro"][key]
+        assert _positive(row["refine_ms"]) and _positive(row["render_edges_ms"]) and _positive(row["render_none_ms"]), key
+    assert "refine: none (plain upscale)" in stdout
 
     # Every target was measured, and the table shows each with its figure and verdict.
     assert results["targets"] and all(t["value"] is not None and t["met"] is not None for t in results["targets"])

@@ -226,9 +226,16 @@ def test_models_list_shows_what_is_in_the_configs_model_folder(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == f"model folder: {folder}"
-    assert re.match(r"NAME\s+STATE\s+SIZE\s+INPUT\s+LICENCE\s+MODEL$", lines[1])
+    assert re.match(r"NAME\s+STATE\s+FILE\s+SIZE\s+INPUT\s+LICENCE\s+MODEL$", lines[1])
     rows = {line.split()[0]: line for line in lines[2:5]}
-    assert re.match(r"midas-v21-large \*\s+unverified\s+~397 MB\s+384 px\s+MIT\s+MiDaS v2\.1 large", rows["midas-v21-large"])
-    assert re.match(r"midas-v21-small\s+missing\s+~64 MB\s+256 px\s+MIT\s+MiDaS v2\.1 small$", rows["midas-v21-small"])
-    assert re.match(r"depth-anything-v2-small\s+missing\s+~99 MB\s+518 px\s+Apache-2\.0\s", rows["depth-anything-v2-small"])
+    size = (folder / "model-f6b98070.onnx").stat().st_size
+    assert re.match(
+        rf"midas-v21-large \*\s+unverified\s+model-f6b98070\.onnx\s+{size} bytes\s+384 px\s+MIT\s+MiDaS v2\.1 large",
+        rows["midas-v21-large"],
+    )
+    assert re.match(r"midas-v21-small\s+missing\s+model-small\.onnx\s+~64 MB\s+256 px\s+MIT\s+MiDaS v2\.1 small$", rows["midas-v21-small"])
+    assert re.match(
+        r"depth-anything-v2-small\s+missing\s+depth_anything_v2_vits\.onnx\s+~99 MB\s+518 px\s+Apache-2\.0\s",
+        rows["depth-anything-v2-small"],
+    )
     assert "midas-v21-large has no checksum yet: `depthwatch models fetch midas-v21-large` checks it loads and records one" in lines

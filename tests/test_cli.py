@@ -23,7 +23,7 @@ def test_a_bad_command_line_override_is_refused_at_start_like_a_bad_config(tmp_p
     done = depthwatch(*common, "--output", "x.txt")
     assert done.returncode == EX_CONFIG
     assert done.stderr.strip().splitlines()[-1] == (
-        "depthwatch: --output: output.template 'x.txt' must end in .jpg, .png or .tif (or {ext} for the frame's own)"
+        "depthwatch: --output: output.template 'x.txt' must end in .jpg, .png, .tif or .exr (or {ext} for the frame's own)"
     )
     done = depthwatch(*common[:-2], "--profile", "midas-v21-smal")
     assert done.returncode == EX_CONFIG

@@ -32,13 +32,20 @@ BAD_CONFIGS = {
     "empty providers": ("model:\n  providers: []\n", ":2:14: model.providers must list at least one entry"),
     "unknown profile": ("model:\n  profile: midas-small\n", ":2:12: model.profile must be one of auto,"),
     "bad choice": ("watch:\n  observer: poling\n", ":2:13: watch.observer must be one of native, polling, not 'poling' (did you mean 'polling'?)"),
-    "png bits": ("output:\n  png_bits: 12\n", ":2:13: output.png_bits must be one of 8, 16, not int 12"),
+    "png bits": ("output:\n  png_bits: 12\n", ":2:13: output.png_bits must be one of 8, 16, 32, not int 12"),
     "template field": ("output:\n  template: '{frame}.jpg'\n", ":2:13: output.template '{frame}.jpg' uses an unknown field 'frame'"),
-    "template format": ("output:\n  template: depth.gif\n", ":2:13: output.template 'depth.gif' must end in .jpg, .png or .tif"),
+    "template format": ("output:\n  template: depth.gif\n", ":2:13: output.template 'depth.gif' must end in .jpg, .png, .tif or .exr"),
     "template escapes": ("output:\n  template: ../depth.jpg\n", ":2:13: output.template '../depth.jpg' climbs out of the watch folder"),
     "missing folder": ("watch:\n  folders: [/nonexistent/volume/frames]\n", ":2:12: watch.folders /nonexistent/volume/frames does not exist, nor does its parent"),
     "folder is a file": ("watch:\n  folders: [config.yaml]\n", "is a file, not a folder"),
     "clip order": ("output:\n  clip_percent: [98, 2]\n", ":2:17: output.clip_percent low (98) must be below high (2)"),
+    "refine choice": ("output:\n  refine: edge\n", ":2:11: output.refine must be one of edges, none, not 'edge' (did you mean 'edges'?)"),
+    "level range": ("output:\n  near: 1.5\n", ":2:9: output.near must be a fraction between 0 and 1 (or a percentile like '80%'), not 1.5"),
+    "level percent": ("output:\n  far: 120%\n", ":2:8: output.far must be a percentile between 0% and 100%, not '120%'"),
+    "level words": ("output:\n  far: black\n", ":2:8: output.far must be a fraction 0..1 or a percentile like '80%', not 'black'"),
+    "gamma range": ("output:\n  gamma: 0\n", ":2:10: output.gamma must be between 0.1 and 10, not 0"),
+    "near below far": ("output:\n  near: 0.2\n  far: 0.5\n", ":1:1: output.near (0.2) must be above output.far (0.5); to make near black, set output.invert: true"),
+    "float png": ("output:\n  template: depth.png\n  png_bits: 32\n", ":1:1: output.png_bits 32 (float) needs a .tif or .exr template"),
     "mean without std": ("model:\n  mean: [0.5, 0.5, 0.5]\n", ":1:1: model.mean and model.std go together"),
     "output is input": ("watch:\n  patterns: [frame.jpg]\noutput:\n  template: frame.jpg\n", "output.template 'frame.jpg' is also a watch pattern"),
 }
@@ -109,6 +116,8 @@ def test_discovery_order(tmp_path, monkeypatch):
 
 def test_macos_config_lives_in_application_support(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)  # platformdirs honours them on macOS too
     assert paths.default_config_file("darwin") == tmp_path / "Library/Application Support/depthwatch/config.yaml"
     assert paths.models_dir("darwin") == tmp_path / "Library/Application Support/depthwatch/models"
     assert paths.log_dir("darwin") == tmp_path / "Library/Logs/depthwatch"

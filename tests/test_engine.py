@@ -20,6 +20,7 @@ from depthwatch.model import ModelSpec
 from depthwatch.errors import ModelError, Superseded
 from depthwatch.imaging import RenderOptions
 from depthwatch.job import Job
+from depthwatch.levels import Levels
 from depthwatch.pipeline import Pipeline, Settings
 from depthwatch.profiles import PROFILES
 
@@ -61,7 +62,7 @@ def test_each_io_family_gives_a_map_of_the_frame_the_right_way_up(tmp_path, fami
 
 def test_invert_makes_near_black(tmp_path):
     model = brightness_model(tmp_path / "m.onnx")
-    depth = run_frame(tmp_path, model, quadrant_frame(), "depth.jpg", Settings(render=RenderOptions(invert=True)))
+    depth = run_frame(tmp_path, model, quadrant_frame(), "depth.jpg", Settings(render=RenderOptions(levels=Levels(invert=True))))
     assert depth[10:38, 10:70].mean() < 13 and depth[58:86, 90:150].mean() > 242
 
 

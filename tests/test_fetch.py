@@ -141,7 +141,7 @@ def entry_for(url: str, *, sha: str | None = None, size: int | None = None) -> E
     return Entry(name=NAME, file=FILE, url=url, profile="midas-v21-small", licence="MIT", sha256=sha, size=size)
 
 
-def write_catalogue(path: Path, url: str, *, sha: str | None = None) -> Path:
+def write_catalogue(path: Path, url: str, *, sha: str | None = None, approx_mb: float | None = None) -> Path:
     path.write_text(
         "models:\n"
         f"  {NAME}:\n"
@@ -149,7 +149,8 @@ def write_catalogue(path: Path, url: str, *, sha: str | None = None) -> Path:
         f"    url: {url}\n"
         "    profile: midas-v21-small\n"
         "    licence: MIT\n"
-        f"    sha256: {sha or 'null'}\n",
+        f"    sha256: {sha or 'null'}\n"
+        f"    approx_mb: {approx_mb if approx_mb is not None else 'null'}\n",
         encoding="utf-8",
     )
     return path
@@ -423,3 +424,41 @@ def test_a_folder_that_cannot_be_created_is_exit_73(tmp_path):
         fetch.fetch(entry_for("http://127.0.0.1:9/m.onnx"), blocker / "models")
 
     assert caught.value.exit_code == 73
+
+
+def test_an_offline_stand_in_far_from_the_catalogues_size_is_not_recorded_as_the_truth(model_bytes, tmp_path):
+    """A tiny file put in place of a ~64 MB model: refused (65), nothing recorded, until --accept."""
+    catalogue = write_catalogue(tmp_path / "catalogue.yaml", "http://127.0.0.1:9/unreachable.onnx", approx_mb=64)
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / FILE).write_bytes(model_bytes)
+
+    refused = cli(tmp_path, "models", "fetch", NAME, "--folder", str(folder), catalogue=catalogue)
+    listed = cli(tmp_path, "models", "list", "--folder", str(folder), catalogue=catalogue)
+
+    assert refused.returncode == fetch.EX_DATAERR
+    assert last_line(refused.stderr) == (
+        f"depthwatch: {folder / FILE} is {len(model_bytes)} bytes, far from the ~64 MB of {NAME}, so it is probably "
+        f"another model; nothing was recorded. Delete it and fetch {NAME} online, or if it is the right file, "
+        f"`depthwatch models fetch {NAME} --accept`"
+    )
+    assert leftovers(folder) == [FILE]  # no .sha256 recorded, the file left as it was
+    assert listed.returncode == 0, listed.stderr
+    row = next(line for line in listed.stdout.splitlines() if line.startswith(NAME))
+    assert re.match(rf"{NAME} \*\s+unverified\s+{re.escape(FILE)}\s+{len(model_bytes)} bytes\s+256 px", row), row
+    assert f"{NAME}: {FILE} is {len(model_bytes)} bytes, far from the ~64 MB of {NAME}; it is probably another model" in listed.stdout
+
+    accepted = cli(tmp_path, "models", "fetch", NAME, "--folder", str(folder), "--accept", catalogue=catalogue)
+
+    assert accepted.returncode == 0, accepted.stderr
+    assert fetch.recorded_sha256(folder / FILE) == sha256(model_bytes)
+
+
+def test_a_hand_placed_copy_near_the_catalogues_size_is_adopted(model_bytes, tmp_path):
+    entry = Entry(name=NAME, file=FILE, url="http://127.0.0.1:9/m.onnx", profile="midas-v21-small", licence="MIT",
+                  approx_mb=len(model_bytes) * 1.5 / (1 << 20))
+    (tmp_path / FILE).write_bytes(model_bytes)
+
+    kept = fetch.fetch(entry, tmp_path)
+
+    assert kept.downloaded == 0 and fetch.recorded_sha256(tmp_path / FILE) == sha256(model_bytes)

@@ -55,7 +55,9 @@ def test_mutated_images_decode_or_fail_cleanly(data):
         return
     tensor = imaging.prepare(decoded, CONTRACT, PROFILES["midas-v21-small"])
     assert tensor.shape == (1, 3, 32, 32) and np.isfinite(tensor).all()
-    depth = imaging.render(tensor[0, 0], INVERSE_DEPTH, decoded.size, imaging.RenderOptions())
+    options = imaging.RenderOptions()
+    nearness = imaging.normalise(tensor[0, 0], INVERSE_DEPTH, options)
+    depth = imaging.render(nearness, decoded.size, options, guide=decoded.image)
     assert (depth.shape[1], depth.shape[0]) == decoded.size
 
 

@@ -10,6 +10,7 @@ from conftest import jpeg_bytes, quadrant_frame
 from depthwatch import imaging
 from depthwatch.errors import FrameError
 from depthwatch.imaging import RenderOptions
+from depthwatch.levels import Levels
 from depthwatch.profiles import DEPTH, INVERSE_DEPTH
 
 LIMIT = 100_000_000
@@ -34,8 +35,9 @@ def test_depth_models_are_inverted_so_white_is_near_either_way():
     b = imaging.normalise(metres, DEPTH, RenderOptions())
     np.testing.assert_allclose(a, [[0.0, 1.0]])
     np.testing.assert_allclose(b, [[0.0, 1.0]])
-    inverted = imaging.normalise(nearness, INVERSE_DEPTH, RenderOptions(invert=True))
-    np.testing.assert_allclose(inverted, [[1.0, 0.0]])
+    # Inverting is a level now, after normalising: white = far.
+    inverted = imaging.render(a, (2, 1), RenderOptions(levels=Levels(invert=True)))
+    np.testing.assert_array_equal(inverted, [[255, 0]])
 
 
 def test_percentile_clip_saturates_outliers():
@@ -52,7 +54,8 @@ def test_quantise_then_upscale_matches_upscale_then_quantise(bits):
     rng = np.random.default_rng(1)
     prediction = cv2.GaussianBlur(rng.random((256, 256)).astype(np.float32), (0, 0), 5)
     size = (1920, 1080)
-    fast = imaging.render(prediction, INVERSE_DEPTH, size, RenderOptions(bits=bits))
+    options = RenderOptions(bits=bits, refine="none")
+    fast = imaging.render(imaging.normalise(prediction, INVERSE_DEPTH, options), size, options)
     top = 255 if bits == 8 else 65535
     big = cv2.resize(prediction, size, interpolation=cv2.INTER_LINEAR)
     lo, hi = prediction.min(), prediction.max()

@@ -362,7 +362,7 @@ def test_install_refuses_a_config_the_daemon_could_not_start_with(config: Path, 
 def test_install_without_a_config_writes_the_documented_one_and_installs_with_it(
     home: Path, tiny_model: Path, tools, capsys, monkeypatch
 ):
-    user_config = new_user(home, monkeypatch, tiny_model)
+    user_config = new_user(home, monkeypatch, fetched=True)
     assert service("install") == 0
     out = capsys.readouterr().out
     assert user_config.read_bytes() == DOCUMENTED_CONFIG.read_bytes()
@@ -393,7 +393,7 @@ def test_install_without_a_config_or_its_model_says_what_to_do_and_writes_nothin
 
 
 def test_a_failed_first_install_takes_back_the_config_and_folders_it_made(home: Path, tiny_model: Path, tools, capsys, monkeypatch):
-    new_user(home, monkeypatch, tiny_model)
+    new_user(home, monkeypatch, fetched=True)
     before = tree(home)
     tools.reply("launchctl bootstrap", {"rc": 125, "err": "Bootstrap failed: 125: Domain does not support specified action\n"})
     assert service("install") == 1
@@ -403,7 +403,7 @@ def test_a_failed_first_install_takes_back_the_config_and_folders_it_made(home: 
 
 
 def test_print_without_a_config_shows_what_install_would_write(home: Path, tiny_model: Path, tools, capsys, monkeypatch):
-    user_config = new_user(home, monkeypatch, tiny_model)
+    user_config = new_user(home, monkeypatch, fetched=True)
     before = tree(home)
     assert service("print") == 0
     printed = capsys.readouterr()

@@ -209,7 +209,7 @@ def test_a_failed_install_puts_the_folder_back(config: Path, home: Path, tools, 
 def test_install_without_a_config_writes_the_documented_one_and_the_service_runs_with_it(
     home: Path, tiny_model: Path, tools, capsys, monkeypatch, tmp_path: Path
 ):
-    user_config = new_user(home, monkeypatch, tiny_model)
+    user_config = new_user(home, monkeypatch, fetched=True)
     assert service("install") == 0
     out = capsys.readouterr().out
     assert user_config.read_bytes() == DOCUMENTED_CONFIG.read_bytes()
@@ -246,7 +246,7 @@ def test_install_without_a_config_writes_the_documented_one_and_the_service_runs
 
 
 def test_install_never_writes_over_what_is_at_the_user_config_path(home: Path, tiny_model: Path, tools, capsys, monkeypatch):
-    user_config = new_user(home, monkeypatch, tiny_model)
+    user_config = new_user(home, monkeypatch, fetched=True)
     user_config.parent.mkdir(parents=True)
     user_config.symlink_to(home / "config-on-an-unmounted-volume.yaml")
     before = tree(home)
@@ -268,7 +268,7 @@ def test_an_installed_package_writes_the_documented_config_from_its_own_files(
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
     assert "default_config.yaml" in pyproject["tool"]["setuptools"]["package-data"]["depthwatch"]
 
-    user_config = new_user(home, monkeypatch, tiny_model)
+    user_config = new_user(home, monkeypatch, fetched=True)
     site = tmp_path / "site"
     shutil.copytree(REPO / "depthwatch", site / "depthwatch", ignore=shutil.ignore_patterns("__pycache__"))
     script = (
@@ -284,7 +284,7 @@ def test_an_installed_package_writes_the_documented_config_from_its_own_files(
 
 
 def test_print_without_a_config_shows_what_install_would_write(home: Path, tiny_model: Path, tools, capsys, monkeypatch):
-    user_config = new_user(home, monkeypatch, tiny_model)
+    user_config = new_user(home, monkeypatch, fetched=True)
     before = tree(home)
     assert service("print") == 0
     printed = capsys.readouterr()
@@ -306,7 +306,7 @@ def test_print_without_a_config_shows_what_install_would_write(home: Path, tiny_
 def test_an_unreachable_user_manager_is_one_line_and_install_leaves_nothing(
     home: Path, tiny_model: Path, tools, capsys, monkeypatch, refusal: str
 ):
-    new_user(home, monkeypatch, tiny_model)
+    new_user(home, monkeypatch, fetched=True)
     before = tree(home)
     tools.reply("systemctl daemon-reload", {"rc": 1, "err": refusal + "\n"})
     tools.reply("systemctl show", {"rc": 1, "err": refusal + "\n"})
@@ -355,7 +355,7 @@ def test_the_real_systemctl_without_a_user_session_is_one_line_and_install_leave
     """No stand-in: where systemctl is installed but no user manager runs for this login (containers, su, cron)."""
     if shutil.which("systemctl") is None:
         pytest.skip("systemctl is not installed")
-    new_user(home, monkeypatch, tiny_model)
+    new_user(home, monkeypatch, fetched=True)
     monkeypatch.delenv("DBUS_SESSION_BUS_ADDRESS", raising=False)
     probe = subprocess.run(["systemctl", "--user", "show-environment"], capture_output=True, text=True, timeout=60)
     if probe.returncode == 0 or "Failed to connect to" not in probe.stderr:

@@ -13,7 +13,7 @@ from depthwatch.paths import expand_path
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "-c", "--config", metavar="CONFIG", help="config file (default: $DEPTHWATCH_CONFIG, then the user's config folder)"
+        "-c", "--config", metavar="CONFIG", help="config file (default: $DEPTHWATCH_CONFIG, then the user's config folder, then ./config.yaml)"
     )
     parser.add_argument("--model", metavar="PATH", help="model file or catalogue name (overrides model.path)")
     parser.add_argument("--profile", metavar="NAME", help="model profile (overrides model.profile)")
@@ -25,7 +25,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     Paths given on the command line are relative to the shell's folder, unlike
     paths in the config file, which are relative to the file.
     """
-    config = configuration.load(configuration.find(args.config))
+    config = configuration.load(configuration.find(args.config, here=True))
     if args.model:
         model = args.model if is_catalogue_name(args.model) else str(expand_path(args.model, Path.cwd()))
         config = configuration.override(config, "--model", "model", path=model)

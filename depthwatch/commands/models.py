@@ -30,6 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--timeout", type=_seconds, default=30.0, metavar="SECONDS",
         help="give up when the connection stays silent this long (default 30)",
     )
+    fetching.add_argument(
+        "--accept", action="store_true",
+        help="record a copy put in the model folder by hand even though its size is far from the catalogue's",
+    )
     fetching.add_argument("--no-progress", action="store_true", help="no progress bar")
     for verb in (listing, fetching):
         verb.add_argument(
@@ -53,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
     from depthwatch import config as configuration
     from depthwatch.paths import expand_path
 
-    config = configuration.load(configuration.find(args.config))
+    config = configuration.load(configuration.find(args.config, here=True))
     folder = expand_path(args.folder, Path.cwd()) if args.folder else config.model.models_folder()
     if args.verb == "fetch":
         return _fetch(args, folder)
@@ -65,13 +69,13 @@ def _fetch(args: argparse.Namespace, folder: Path) -> int:
 
     entry = catalogue.entry(args.name)
     result = fetch.fetch(
-        entry, folder, force=args.force, timeout=args.timeout, progress=None if args.no_progress else sys.stderr
+        entry, folder, force=args.force, accept=args.accept, timeout=args.timeout, progress=None if args.no_progress else sys.stderr
     )
     if result.downloaded or result.resumed_from:
         how = f"resumed at byte {result.resumed_from}, " if result.resumed_from else ""
-        print(f"{entry.name}: saved {result.path} ({how}{_size(result.size)}, sha256 {result.sha256})")
+        print(f"{entry.name}: saved {result.path} ({how}{fetch.human_size(result.size)}, sha256 {result.sha256})")
     else:
-        print(f"{entry.name}: already in {result.path} ({_size(result.size)}, sha256 {result.sha256} checked)")
+        print(f"{entry.name}: already in {result.path} ({fetch.human_size(result.size)}, sha256 {result.sha256} checked)")
     return 0
 
 
@@ -81,7 +85,7 @@ def _list(folder: Path, configured: str) -> int:
     from depthwatch.profiles import PROFILES
 
     entries = catalogue.load()
-    rows = [("NAME", "STATE", "SIZE", "INPUT", "LICENCE", "MODEL")]
+    rows = [("NAME", "STATE", "FILE", "SIZE", "INPUT", "LICENCE", "MODEL")]
     hints: list[str] = []
     for entry in entries.values():
         try:
@@ -95,8 +99,17 @@ def _list(folder: Path, configured: str) -> int:
             hints.append(f"{entry.name} has no checksum yet: `depthwatch models fetch {entry.name}` checks it loads and records one")
         profile = PROFILES[entry.profile]
         name = entry.name + (" *" if entry.name == configured else "")
-        approx = f"~{entry.approx_mb:g} MB" if entry.approx_mb else "?"
-        rows.append((name, state, approx, f"{profile.input_size or '?'} px", entry.licence, entry.title))
+        # The real size of a copy that is here; the download size of one that is not.
+        present = folder / entry.file
+        if state in ("missing", "error") or not present.is_file():
+            size = f"~{entry.approx_mb:g} MB" if entry.approx_mb else "?"
+        else:
+            real = present.stat().st_size
+            size = fetch.human_size(real)
+            doubt = fetch.size_doubt(entry, real)
+            if doubt:
+                hints.append(f"{entry.name}: {entry.file} {doubt}; it is probably another model")
+        rows.append((name, state, entry.file, size, f"{profile.input_size or '?'} px", entry.licence, entry.title))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     print(f"model folder: {folder}")
     for row in rows:
@@ -107,7 +120,3 @@ def _list(folder: Path, configured: str) -> int:
         print(hint)
     print("fetch one with: depthwatch models fetch NAME")
     return 0
-
-
-def _size(size: int) -> str:
-    return f"{size / (1 << 20):.1f} MB" if size >= 1 << 20 else f"{size} bytes"

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
 from depthwatch.commands.common import add_config_arguments, config_from_args
 from depthwatch.config import OutputConfig, WatchConfig
-from depthwatch.errors import ConfigError, FrameError
+from depthwatch.errors import ConfigError, FrameError, InputError
 from depthwatch.formats import EXTENSIONS
 from depthwatch.rules import Rules
 
@@ -41,6 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "maps already up to date are skipped, so running it again resumes an interrupted job",
     )
     parser.add_argument("--force", action="store_true", help="with --farm: map every frame, even those up to date")
+    levels = parser.add_argument_group("how the map looks (override the config's output section)")
+    levels.add_argument("--refine", metavar="MODE", help="edges (depth edges follow the frame's) or none (plain upscale)")
+    levels.add_argument("--near", metavar="LEVEL", help="the level shown white: a fraction 0..1 of the range, or a percentile like 80%%")
+    levels.add_argument("--far", metavar="LEVEL", help="the level shown black: a fraction 0..1 of the range, or a percentile like 20%%")
+    levels.add_argument("--gamma", metavar="G", type=float, help="midtones: above 1 brighter, below 1 darker (0.1..10)")
     add_config_arguments(parser)
 
 
@@ -65,7 +71,10 @@ def template_for(output: str | None, single: bool) -> str:
     if output is None:
         return DEFAULT_TEMPLATE
     if "{" in output:
-        return output
+        # A bare name goes beside each input; a path with a folder is taken from the
+        # current folder, as every command-line tool takes paths.
+        folder, name = os.path.split(os.path.expanduser(output))
+        return os.path.join(os.path.abspath(folder), name) if folder else output
     target = Path(output).expanduser()
     if single and target.suffix and not target.is_dir():
         return str(target.absolute())
@@ -86,8 +95,13 @@ def collect_inputs(inputs: list[str], template: str) -> list[Path]:
     """The frames named, with folders expanded to the images directly inside them.
 
     Inside a folder, hidden files and depthwatch's own outputs (by the output
-    rules, not by a word in the name) are left out.
+    rules, not by a word in the name) are left out. A name that is not there is
+    refused here, before the model loads: it is a typing mistake, not a frame
+    that vanished.
     """
+    missing = [item for item in inputs if not os.path.lexists(os.path.expanduser(item))]
+    if missing:
+        raise InputError(f"no such file or folder: {', '.join(missing)}; check the path")
     files: list[Path] = []
     for item in inputs:
         path = Path(os.path.abspath(Path(item).expanduser()))
@@ -106,7 +120,7 @@ def collect_inputs(inputs: list[str], template: str) -> list[Path]:
 
 def main(args: argparse.Namespace) -> int:
     from depthwatch import catalogue
-    from depthwatch.config import override
+    from depthwatch.config import check_combinations, override
     from depthwatch.engine import Engine
     from depthwatch.job import Job
     from depthwatch.pipeline import Pipeline, Result, Settings
@@ -117,6 +131,10 @@ def main(args: argparse.Namespace) -> int:
     single = len(args.inputs) == 1 and not Path(args.inputs[0]).expanduser().is_dir()
     template = template_for(args.output, single)
     config = override(config, "-o", "output", template=template)
+    for key in ("refine", "near", "far", "gamma"):
+        if getattr(args, key) is not None:
+            config = override(config, f"--{key}", "output", **{key: getattr(args, key)})
+    check_combinations(config)
     sources = collect_inputs(args.inputs, config.output.template)
     if not sources:
         raise ConfigError("no frames found in " + ", ".join(args.inputs) + "; give image files or folders of them")
@@ -133,6 +151,7 @@ def main(args: argparse.Namespace) -> int:
             jobs.append(Job(source, rules.output_for(source)))
         except FrameError as exc:
             failures.append(f"{source}: {exc}")
+    began = time.monotonic()
     progress = _progress(len(sources))
     for line in failures:
         progress.write(f"depthwatch: {line}", file=sys.stderr)
@@ -144,6 +163,7 @@ def main(args: argparse.Namespace) -> int:
             farm_failures = client.run(args.farm, jobs, config, force=args.force, progress=progress) if jobs else 0
         finally:
             progress.close()
+        _summary(len(sources), len(failures) + farm_failures, began)  # maps up to date count as written
         return 1 if failures or farm_failures else 0
     spec = catalogue.resolve(config.model, config.base)
 
@@ -156,6 +176,7 @@ def main(args: argparse.Namespace) -> int:
 
     if not jobs:  # every frame already failed: no model needed to say so
         progress.close()
+        _summary(len(sources), len(failures), began)
         return 1
     with Engine(spec) as engine:
         engine.wait_ready()
@@ -164,7 +185,14 @@ def main(args: argparse.Namespace) -> int:
             pipeline.submit(job, settings).add_done_callback(report)  # blocks while the pipeline is full
         pipeline.close()
     progress.close()
+    _summary(len(sources), len(failures), began)
     return 1 if failures else 0
+
+
+def _summary(frames: int, failed: int, began: float) -> None:
+    """One line a script (or a person, once the bar is gone) can read: what was done, how long."""
+    done = frames - failed
+    print(f"{done} depth map{'s' if done != 1 else ''} written, {failed} failed, in {time.monotonic() - began:.1f} s")
 
 
 def _progress(total: int):  # noqa: ANN202 - tqdm or its stand-in

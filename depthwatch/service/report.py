@@ -39,19 +39,17 @@ def format_rows(table: list[tuple[str, str]]) -> str:
 
 
 def status_file_rows(config_path: Path | None, state: State) -> list[tuple[str, str]]:
-    """What the daemon itself last wrote to its status file (daemon.status_file)."""
+    """What the daemon itself last wrote to its status file."""
     if config_path is None:
         return []
     from depthwatch import config as configuration
-    from depthwatch.status import read_status
+    from depthwatch.status import path_for, read_status
 
     try:
         config = configuration.load(config_path)
     except DepthwatchError as exc:
         return [("config", f"does not load: {exc}")]
-    path = config.daemon.status_file
-    if path is None:
-        return [("status file", "none (set daemon.status_file in the config to have one)")]
+    path = path_for(config)  # daemon.status_file, or the one every daemon keeps in the state folder
     try:
         data = read_status(path)
     except FileNotFoundError:

@@ -1,0 +1,108 @@
+"""`depthwatch status`: what a daemon started by hand (or by a service) is doing, from its status file."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+HELP = "show whether depthwatch is running, with its pid, model, counts and last error (from its status file)"
+
+#: Exit status when no daemon is running (as `depthwatch service status`, `systemctl status` and LSB).
+EXIT_NOT_RUNNING = 3
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-c", "--config", metavar="CONFIG",
+        help="the daemon run with this config file (default: every daemon that keeps its status in the state folder)",
+    )
+    parser.add_argument("--status", metavar="FILE", help="read this status file (what `run --status FILE` wrote)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from depthwatch import config as configuration
+    from depthwatch import status
+    from depthwatch.errors import DepthwatchError
+    from depthwatch.paths import expand_path
+
+    if args.status:
+        files = [expand_path(args.status, Path.cwd())]
+    elif args.config:
+        files = [status.path_for(configuration.load(configuration.find(args.config, here=True)))]
+    else:
+        folder = status.status_dir()
+        files = sorted(folder.glob("*.json"), key=_mtime, reverse=True) if folder.is_dir() else []
+        try:  # the config `run` here would use may name a status file of its own
+            own = status.path_for(configuration.load(configuration.find(here=True)))
+        except DepthwatchError:
+            own = None
+        if own is not None and own.parent != folder and own.is_file():
+            files.insert(0, own)
+        if not files:
+            print(f"depthwatch is not running: no status file in {folder} (a daemon writes one there as it starts)")
+            return EXIT_NOT_RUNNING
+    running = 0
+    for i, path in enumerate(files):
+        if i:
+            print()
+        running += _show(path)
+    return 0 if running else EXIT_NOT_RUNNING
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _show(path: Path) -> bool:
+    """Print one daemon's status; True if it is running."""
+    from depthwatch.status import is_running, iso_time, read_status
+
+    try:
+        data = read_status(path)
+    except FileNotFoundError:
+        print(f"depthwatch is not running: no status file at {path} (no daemon has started with it)")
+        return False
+    except (OSError, ValueError) as exc:
+        print(f"depthwatch: cannot read the status file {path}: {exc}")
+        return False
+    running = is_running(data)
+    pid, state = data.get("pid"), data.get("state")
+    updated = float(data.get("updated") or 0)
+    started = data.get("started_at") or (iso_time(float(data["started"])) if data.get("started") else "?")
+    if running:
+        head = f"{state}, pid {pid}, since {started}"
+    elif state == "stopped":
+        head = f"not running (stopped at {iso_time(updated)}; pid {pid} started {started})"
+    else:
+        head = f"not running (pid {pid} is gone without stopping cleanly; it last wrote at {iso_time(updated)}, state {state})"
+    counts: dict[str, Any] = data.get("counts") or {}
+    rows = [
+        ("depthwatch", head),
+        ("config", data.get("config") or "built-in defaults"),
+        ("status file", f"{path} (updated {max(0.0, time.time() - updated):.0f} s ago)"),
+    ]
+    if data.get("model"):
+        providers = ", ".join(data.get("providers") or []) or "?"
+        rows.append(("model", f"{data['model']} (profile {data.get('profile')}; providers {providers})"))
+    if data.get("watching"):
+        rows.append(("watching", ", ".join(data["watching"])))
+    rows.append((
+        "frames",
+        f"{counts.get('done', 0)} done, {counts.get('failed', 0)} failed, {counts.get('superseded', 0)} superseded, "
+        f"{counts.get('incomplete', 0)} incomplete, {counts.get('retried', 0)} retried; "
+        f"{data.get('queue_depth', 0)} queued, {data.get('in_progress', 0)} in progress",
+    ))
+    last = counts.get("last_frame")
+    latency = counts.get("last_latency_ms")
+    rows.append(("last frame", f"{last} ({latency} ms)" if last else "none yet"))
+    rows.append(("last error", counts.get("last_error") or "none"))
+    if data.get("config_error"):
+        rows.append(("config error", data["config_error"]))
+    for name, value in rows:
+        print(f"{name + ':':<13}{value}")
+    return running

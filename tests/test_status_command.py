@@ -1,0 +1,157 @@
+"""`depthwatch status` against a real daemon started by hand, and what its first log line says.
+
+The autouse fixture in conftest points XDG_STATE_HOME and XDG_CONFIG_HOME at a
+temporary folder, so the daemons here keep their status files there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from conftest import jpeg_bytes, quadrant_frame, write_by_rename
+from daemon_process import wait_for
+
+NOT_RUNNING = 3
+
+
+def depthwatch(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "depthwatch", *args], capture_output=True, text=True, cwd=cwd, timeout=60, check=False
+    )
+
+
+class HandStarted:
+    """`depthwatch run ARGS` typed in a terminal: no status file named, the log on stderr."""
+
+    def __init__(self, cwd: Path, *args: str) -> None:
+        self.log_path = cwd / "run.log"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "depthwatch", "run", *args], cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self) -> None:
+        wait_for(lambda: "ready:" in self.log() or self.proc.poll() is not None, what="the daemon to be ready")
+        assert self.proc.poll() is None, self.log()
+
+    def stop(self, signum: int = signal.SIGTERM) -> int:
+        self.proc.send_signal(signum)
+        try:
+            return self.proc.wait(60)
+        finally:
+            self._log.close()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(60)
+        self._log.close()
+
+
+def state_folder() -> Path:
+    return Path(os.environ["XDG_STATE_HOME"]) / "depthwatch" / "daemons"
+
+
+def rows(text: str) -> dict[str, str]:
+    return {m.group(1): m.group(2) for m in re.finditer(r"^([a-z ]+):\s+(.*)$", text, re.M)}
+
+
+def test_status_shows_a_hand_started_daemon_and_exits_3_once_it_stopped(tmp_path, tiny_model):
+    watch = tmp_path / "shots"
+    watch.mkdir()
+    assert depthwatch(tmp_path, "status").returncode == NOT_RUNNING
+    daemon = HandStarted(tmp_path, "--model", str(tiny_model), "--profile", "midas-v21-small", "--watch", str(watch))
+    try:
+        daemon.wait_ready()
+        status_files = list(state_folder().glob("defaults-*.json"))
+        assert len(status_files) == 1
+        first = daemon.log().splitlines()[0]
+        assert first.endswith(f"INFO    config built-in defaults; status file {status_files[0]}")
+        write_by_rename(watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: (watch / "depth.jpg").exists(), what="the depth map")
+        wait_for(lambda: "1 done" in depthwatch(tmp_path, "status").stdout, what="status to count the frame")
+
+        running = depthwatch(tmp_path, "status")
+
+        assert running.returncode == 0, running.stdout + running.stderr
+        shown = rows(running.stdout)
+        started = re.fullmatch(rf"running, pid {daemon.proc.pid}, since (\S+)", shown["depthwatch"])
+        assert started is not None, shown
+        assert datetime.fromisoformat(started.group(1)).tzinfo is not None
+        assert shown["config"] == "built-in defaults"
+        assert shown["status file"].startswith(str(status_files[0]))
+        assert shown["model"] == f"{tiny_model} (profile midas-v21-small; providers CPUExecutionProvider)"
+        assert shown["watching"] == str(watch)
+        assert shown["frames"].startswith("1 done, 0 failed, 0 superseded")
+        assert shown["last frame"].startswith(f"{watch / 'frame.jpg'} (")
+        assert shown["last error"] == "none"
+    finally:
+        assert daemon.stop() == 0
+        daemon.close()
+
+    stopped = depthwatch(tmp_path, "status")
+    assert stopped.returncode == NOT_RUNNING
+    assert rows(stopped.stdout)["depthwatch"].startswith("not running (stopped at ")
+
+
+def test_a_daemon_that_died_is_shown_as_not_running(tmp_path, tiny_model):
+    daemon = HandStarted(tmp_path, "--model", str(tiny_model), "--profile", "midas-v21-small", "--status", "s.json")
+    try:
+        daemon.wait_ready()
+        pid = daemon.proc.pid
+        assert depthwatch(tmp_path, "status", "--status", "s.json").returncode == 0
+        daemon.proc.send_signal(signal.SIGKILL)
+        daemon.proc.wait(60)
+
+        dead = depthwatch(tmp_path, "status", "--status", "s.json")
+
+        assert dead.returncode == NOT_RUNNING
+        assert rows(dead.stdout)["depthwatch"].startswith(f"not running (pid {pid} is gone without stopping cleanly;")
+    finally:
+        daemon.close()
+
+
+def test_run_from_a_checkout_uses_its_config_yaml_and_says_so(tmp_path, tiny_model):
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    (checkout / "config.yaml").write_text(
+        f"model:\n  path: {tiny_model}\n  profile: midas-v21-small\nwatch:\n  folders: [frames]\n", encoding="utf-8"
+    )
+    daemon = HandStarted(checkout)
+    try:
+        daemon.wait_ready()
+        assert f"config {checkout / 'config.yaml'}; status file {state_folder()}/config-" in daemon.log().splitlines()[0]
+        assert (checkout / "frames").is_dir()  # the folder the file names, not the default tmp/
+        shown = depthwatch(checkout, "status")
+        assert shown.returncode == 0
+        assert rows(shown.stdout)["config"] == str(checkout / "config.yaml")
+    finally:
+        assert daemon.stop() == 0
+        daemon.close()
+
+
+def test_two_daemons_on_the_same_config_are_warned_about(tmp_path, tiny_model):
+    config = tmp_path / "depthwatch.yaml"
+    config.write_text(f"model:\n  path: {tiny_model}\n  profile: midas-v21-small\n", encoding="utf-8")
+    first = HandStarted(tmp_path, "-c", str(config))
+    second = None
+    try:
+        first.wait_ready()
+        (tmp_path / "second").mkdir()
+        second = HandStarted(tmp_path / "second", "-c", str(config))
+        second.wait_ready()
+        assert f"another depthwatch (pid {first.proc.pid}) is running with this config" in second.log()
+    finally:
+        for daemon in (first, second):
+            if daemon is not None:
+                daemon.stop()
+                daemon.close()
