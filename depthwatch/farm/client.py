@@ -117,7 +117,9 @@ def _outcomes(future: Any, batch: list[FrameTask]) -> list[Outcome]:
     try:
         return future.result()
     except Exception as exc:
-        reason = f"the farm could not map it: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        # KilledWorker: every worker that took the task died (distributed.scheduler.allowed-failures).
+        reason = f"the farm could not map it ({type(exc).__name__}{': ' + first if first else ''}); run the command again to retry"
         return [Outcome(frame.index, reason) for frame in batch]
 
 
