@@ -24,13 +24,14 @@ from typing import Any
 
 from benchmarks import farm as farm_bench
 from benchmarks import frames as framesets
+from benchmarks import predict
 from benchmarks import refine as refine_bench
 from benchmarks import report, scenarios, standin
 from benchmarks.daemon import Knobs
 from benchmarks.processes import BenchError
 from depthwatch.errors import DepthwatchError
 
-SCENARIOS = ("classic", "burst", "latency", "memory", "refine", "farm")
+SCENARIOS = ("classic", "predict", "burst", "latency", "memory", "refine", "farm")
 
 
 def _ints(text: str) -> list[int]:
@@ -216,6 +217,8 @@ def _bench(args: argparse.Namespace, work: Path) -> int:
         if "classic" not in args.skip:
             s["classic_flask"] = _run(results, "classic Flask", lambda: scenarios.classic(plan, "flask", captured))
             s["classic_gunicorn"] = _run(results, "classic gunicorn", lambda: scenarios.classic(plan, "gunicorn", captured))
+        if "predict" not in args.skip:
+            s["predict"] = _run(results, "depthwatch POST /predict", lambda: predict.predict(plan))
         if "memory" not in args.skip:
             s["bare"] = _run(results, "bare session process", lambda: scenarios.bare(plan, captured))
         if "burst" not in args.skip:

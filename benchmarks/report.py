@@ -187,8 +187,23 @@ def table(results: dict[str, Any]) -> str:
         r = s.get(f"classic_{server}")
         if r:
             size = r.get("output_size")
-            note = f"request p50 {_f(r['p50_ms'])} ms; writes a {size[0]}x{size[1]} map" if size else ""
+            note = f"request p50 {_f(r['p50_ms'])} ms, p95 {_f(r.get('p95_ms'))} ms; writes a {size[0]}x{size[1]} map" if size else ""
             row(label, r["fps"], note)
+    p = s.get("predict")
+    if p:
+        c = p["classic"]
+        row(
+            "depthwatch POST /predict, frame.jpg",
+            c["fps"],
+            f"request p50 {_f(c['p50_ms'])} ms, p95 {_f(c['p95_ms'])} ms; map at the frame's size; "
+            f"{c['answered']}/{c['requests']} answered, {_f(c.get('inferences'), '.0f')} inferences in all",
+        )
+        b = p["body"]
+        row(
+            "depthwatch POST /predict, image body",
+            b["fps"],
+            f"request p50 {_f(b['p50_ms'])} ms, p95 {_f(b['p95_ms'])} ms; the map in the answer, nothing written",
+        )
     b = s.get("burst")
     if b:
         row(

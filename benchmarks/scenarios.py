@@ -339,6 +339,7 @@ def classic(plan: Plan, server: str, captured: sessions.Captured) -> dict[str, A
             "fps": median(runs),
             "runs_fps": runs,
             "p50_ms": median(latencies),
+            "p95_ms": percentile(latencies, 95),
             "requests": requests,
             "outputs": produced,
             "output_size": [int(out.shape[1]), int(out.shape[0])] if out is not None else None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -250,6 +251,41 @@ class DaemonConfig:
     log_level: str = field(default="info", metadata=_spec(_choice("debug", "info", "warning", "error")))
 
 
+def _host(value: Any, base: Path) -> str:
+    text = _text(value, base).strip()
+    if any(c in text for c in "/ :") and not _is_ip(text):
+        raise ValueError(f"must be an IP address or a host name, not {_show(value)}")
+    return text
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` only ever listens on this machine (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # another host name may resolve to any address
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    enabled: bool = field(default=False, metadata=_spec(_bool))
+    host: str = field(default="127.0.0.1", metadata=_spec(_host))
+    port: int = field(default=5000, metadata=_spec(_int(0, 65535)))
+    max_body_mb: float = field(default=64.0, metadata=_spec(_number(0.01, 4096)))
+    timeout_s: float = field(default=30.0, metadata=_spec(_number(0.1, 3600)))
+    token: str | None = field(default=None, metadata=_spec(_optional(_text)))
+
+
 @dataclass(frozen=True)
 class FarmConfig:
     """`depthwatch worker` and `depthwatch once --farm` (the render farm)."""
@@ -264,6 +300,7 @@ class Config:
     watch: WatchConfig = WatchConfig()
     output: OutputConfig = OutputConfig()
     daemon: DaemonConfig = DaemonConfig()
+    api: ApiConfig = ApiConfig()
     farm: FarmConfig = FarmConfig()
     #: The file this came from (None: built-in defaults); relative paths resolve against its folder.
     source: Path | None = field(default=None, compare=False)
@@ -283,6 +320,7 @@ SECTIONS: dict[str, type] = {
     "watch": WatchConfig,
     "output": OutputConfig,
     "daemon": DaemonConfig,
+    "api": ApiConfig,
     "farm": FarmConfig,
 }
 
@@ -357,7 +395,7 @@ def parse(text: str, path: Path) -> Config:
         data, node = {}, None
     base = path.parent
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{_where(path, node)}: the config must be a mapping of sections (model, watch, output, daemon)")
+        raise ConfigError(f"{_where(path, node)}: the config must be a mapping of sections ({', '.join(SECTIONS)})")
     sections: dict[str, Any] = {}
     for key, key_node, value, value_node in _items(data, node, path):
         if key not in SECTIONS:
@@ -436,6 +474,11 @@ def check_combinations(config: Config, where: str = "command line") -> None:
         raise ConfigError(
             f"{where}: output.template {config.output.template!r} is also a watch pattern; "
             "outputs would be processed as frames, so choose a different output name"
+        )
+    if config.api.enabled and not is_loopback(config.api.host) and config.api.token is None:
+        raise ConfigError(
+            f"{where}: api.host {config.api.host} is reachable from other machines, and api.token is not set; "
+            "set api.token, or listen on 127.0.0.1"
         )
 
 

@@ -6,6 +6,7 @@ Threads, and what each one does:
   observer      watchdog's; hands paths to the settler and returns
   settle        decides when a dropped file is complete, queues its job, watches the folders' health
   workers (N)   read, decode, render, encode, write; the pipeline pulls queued jobs as slots free
+  api           only with `api.enabled`: waitress's loop and its request threads (see `api`)
 Every one of them is joined on shutdown, which is bounded by
 `daemon.shutdown_timeout_s`; the service definitions give it 5 s more before SIGKILL.
 A second SIGTERM/SIGINT cuts that wait short but still unwinds: the status file
@@ -24,6 +25,7 @@ from contextlib import contextmanager
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from depthwatch import catalogue
 from depthwatch.config import Config
@@ -32,11 +34,15 @@ from depthwatch.model import ModelInfo
 from depthwatch.errors import ConfigError, DepthwatchError, FrameError, OutputError
 from depthwatch.jobqueue import LatestWinsQueue
 from depthwatch.job import Job
-from depthwatch.pipeline import Pipeline, Result, Settings, write_error_record
+from depthwatch.pipeline import Pipeline, Rendered, Result, Settings, write_error_record
 from depthwatch.rules import Rules
 from depthwatch.status import Status, is_running, path_for, read_status, write_status
+from depthwatch.waiters import MapWaiters, Ticket
 from depthwatch.watcher import Watcher
 from depthwatch.writer import sweep_temp_files
+
+if TYPE_CHECKING:
+    from depthwatch.api import ApiServer
 
 log = logging.getLogger("depthwatch")
 frames_log = logging.getLogger("depthwatch.frames")
@@ -53,6 +59,15 @@ def _file_signature(path: Path) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+def _frame_signature(path: Path) -> tuple[int, int, int] | None:
+    """(size, mtime_ns, inode), as the watcher and the jobs sign a version of a frame."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ino
 
 
 class Daemon:
@@ -99,6 +114,9 @@ class Daemon:
         self._queue_superseded_seen = 0
         #: Set by run(): a thread was still running after the shutdown's time bound.
         self.stuck = False
+        #: Requests of the HTTP API waiting for a frame's map.
+        self.waiters = MapWaiters()
+        self.api: ApiServer | None = None
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -166,12 +184,39 @@ class Daemon:
         log.info("%s", info.describe())
         self.pipeline = Pipeline(self.engine, workers=config.daemon.workers, niceness=config.daemon.worker_niceness)
         self.pipeline.feed(self.queue, lambda: self._settings, self._finished)
+        if config.api.enabled:
+            try:
+                self._start_api()  # before the watch, so a taken port stops nothing but the engine
+            except BaseException:
+                self.pipeline.close(0.1)
+                self.engine.stop()
+                raise
         self._start_watching(self.rules, config)
         self.status.state = "running"
         self.status.config_loads = 1
         self._publish_model()
         self._write_status()
         log.info("ready: watching %d folder(s), writing %s", len(self.rules.roots), config.output.template)
+
+    def _start_api(self) -> None:
+        """The HTTP listener, once the model is ready (imported only when enabled: an extra)."""
+        try:
+            from depthwatch.api import ApiServer
+        except ImportError as exc:
+            raise ConfigError(
+                f"api.enabled needs the api extra ({exc.name} is missing); run: pip install 'depthwatch[api]'"
+            ) from None
+        api = ApiServer(self, self.config.api)
+        try:
+            api.start()
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {self.config.api.host}:{self.config.api.port}: {exc.strerror or exc}; "
+                "stop whatever uses that port (the old server?) or change api.port"
+            ) from None
+        self.api = api
+        self.status.api = api.url
+        log.info("HTTP API on %s", api.url)
 
     def main_loop(self) -> None:
         while not self._stop.wait(0.25):
@@ -271,6 +316,9 @@ class Daemon:
             self._start_watching(Rules(new.watch, new.output), new)
         if (new.daemon.workers, new.daemon.worker_niceness) != (old.daemon.workers, old.daemon.worker_niceness):
             log.warning("daemon.workers and daemon.worker_niceness take effect at the next start")
+        if new.api != old.api:
+            log.warning("the api settings take effect at the next start")
+            new = replace(new, api=old.api)
         self._settings = Settings.from_config(new)
         logging.getLogger("depthwatch").setLevel(new.daemon.log_level.upper())
         self.config = new
@@ -309,6 +357,8 @@ class Daemon:
         self._status_dirty = True
         self._write_status()
         self._stop.set()
+        if self.api is not None:
+            self.api.stop_listening()  # no new connections; requests in flight get their answers
         if self.watcher is not None:
             self.watcher.stop(left())
         dropped = self.queue.close()
@@ -320,6 +370,9 @@ class Daemon:
             if not idle:
                 why = "a second signal" if self._force.is_set() else f"{self.config.daemon.shutdown_timeout_s:g} s"
                 log.warning("frames still in flight after %s; stopping anyway (the next start picks them up)", why)
+        self.waiters.close()  # requests whose frames were left in the queue: 503
+        if self.api is not None:
+            self.api.close(left())
         if self.engine is not None:
             self.engine.stop(left(), interrupt=not idle)
         if self.pipeline is not None:
@@ -353,16 +406,62 @@ class Daemon:
             self._count_failure(f"{source}: {exc}")
             return
         job = Job(source, output, self.rules.error_record_for(source, output), signature, fmt)
+        if self.api is None:
+            self._enqueue(job)
+            return
+        with self.waiters.hold():
+            if self.waiters.absorb(source, signature):
+                log.debug("%s: the watcher found the version a request already queued", source.name)
+                return
+            if _frame_signature(source) != signature:
+                return  # changed since: that newer version comes by its own event or request
+            self._enqueue(job)
+
+    def _enqueue(self, job: Job) -> bool:
         queued = self.queue.put(job)
         if queued and self.pipeline is not None:
             self.pipeline.pull()
         if not queued and not self._stop.is_set():
             if self.watcher is not None:
-                self.watcher.forget(source)  # so the rescan hands it over again
+                self.watcher.forget(job.source)  # so the rescan hands it over again
             if not self._overflow_reported:
                 self._overflow_reported = True
                 log.warning("queue full (%d frames); the frames beyond it will be picked up by a rescan", self.queue.maxsize)
         self._status_dirty = True
+        return queued
+
+    # -- what the HTTP API asks for ------------------------------------------------
+
+    def request_map(self, source: Path) -> Ticket:
+        """A ticket released once the map of `source` as on disk now (or of a newer version) is written.
+
+        The job goes through the watcher's own path; a version already queued,
+        in flight or done is attached to, never run twice. FrameError if the
+        frame's output would leave the allowed folders; FileNotFoundError if
+        there is no such frame.
+        """
+        output = self.rules.output_for(source)
+        with self.waiters.hold():
+            signature = _frame_signature(source)
+            if signature is None:
+                raise FileNotFoundError(source)
+            job = Job(source, output, self.rules.error_record_for(source, output), signature)
+            return self.waiters.attach(job, self._enqueue)
+
+    def give_up(self, ticket: Ticket) -> None:
+        """A request stopped waiting for its map."""
+        self.waiters.give_up(ticket)
+
+    def render_image(self, data: bytes, ext: str, png_bits: int | None = None) -> Future[Rendered]:
+        """The depth map of image bytes in memory, encoded for `ext`; written nowhere."""
+        assert self.pipeline is not None
+        settings = self._settings if png_bits is None else replace(self._settings, png_bits=png_bits)
+        return self.pipeline.submit_image(data, ext, settings)
+
+    def health(self) -> tuple[bool, bytes]:
+        """(serving, the status file's JSON) as of now."""
+        self._refresh_status()
+        return self.status.state == "running" and not self._stop.is_set(), self.status.to_json()
 
     def _on_unusable(self, source: Path, reason: str) -> None:
         """A file the watcher will not hand over (never completed, forbidden link): report it."""
@@ -377,6 +476,9 @@ class Daemon:
 
     def _finished(self, job: Job, result: Result) -> None:
         """A job's result (worker thread): count it, log its line, retry an output error later."""
+        retrying = not result.ok and not result.superseded and result.retryable and self._retry(job, result)
+        if self.api is not None:
+            self.waiters.finished(job, result, final=not retrying)  # before queue.done(job): see waiters
         counts = self.status.counts
         if result.ok:
             latency_ms = (time.monotonic() - job.queued_at) * 1000
@@ -394,7 +496,7 @@ class Daemon:
                 if self._superseded_since is None:
                     self._superseded_since = time.monotonic()
             frames_log.debug("%s", result.describe())  # summarised by _report_superseded
-        elif result.retryable and self._retry(job, result):
+        elif retrying:
             pass
         else:
             self._count_failure(result.describe())
@@ -412,6 +514,7 @@ class Daemon:
         delay = min(_RETRY_MAX_DELAY, 2.0 ** (attempt - 1))
         log.warning("%s; try %d of %d in %.0f s", result.describe(), attempt, self.config.daemon.retries, delay)
         self.watcher.forget(job.source)
+        self.waiters.forget(job.source)
         self.watcher.poke(job.source, delay=delay)
         return True
 
@@ -473,13 +576,7 @@ class Daemon:
 
     def _write_status(self) -> None:
         path = path_for(self.config)
-        status = self.status
-        status.queue_depth = len(self.queue)
-        status.in_progress = self.queue.in_progress
-        status.counts.superseded = self.queue.superseded + self._superseded_in_flight
-        status.counts.incomplete = self.watcher.incomplete if self.watcher else 0
-        if self.engine is not None:
-            status.model_loads = self.engine.load_count
+        status = self._refresh_status()
         if not self._status_dirty:
             return
         self._status_dirty = False
@@ -487,3 +584,13 @@ class Daemon:
             write_status(path, status)
         except OutputError as exc:
             log.warning("status file: %s", exc)
+
+    def _refresh_status(self) -> Status:
+        status = self.status
+        status.queue_depth = len(self.queue)
+        status.in_progress = self.queue.in_progress
+        status.counts.superseded = self.queue.superseded + self._superseded_in_flight
+        status.counts.incomplete = self.watcher.incomplete if self.watcher else 0
+        if self.engine is not None:
+            status.model_loads = self.engine.load_count
+        return status

@@ -154,6 +154,31 @@ class _Frame:
         self.clock = now
 
 
+@dataclass(frozen=True)
+class Rendered:
+    """An in-memory job's depth map, encoded, with the image's size and the stage times."""
+
+    data: bytes
+    size: tuple[int, int]
+    ms: dict[str, float]
+
+
+@dataclass
+class _Image:
+    data: bytes
+    ext: str
+    settings: Settings
+    future: Future[Rendered]
+    decoded: imaging.Decoded | None = None
+    ms: dict[str, float] = field(default_factory=dict)
+    clock: float = field(default_factory=time.perf_counter)
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.ms[stage] = self.ms.get(stage, 0.0) + (now - self.clock) * 1000
+        self.clock = now
+
+
 def _yield_to_inference(niceness: int) -> None:
     """Make this worker thread `niceness` steps nicer than the inference thread.
 
@@ -329,6 +354,24 @@ class Pipeline:
             self._fail(frame, FrameError("stopped before the frame was read"))
         return future
 
+    def submit_image(self, data: bytes, ext: str, settings: Settings) -> Future[Rendered]:
+        """A depth map for image bytes held in memory, written nowhere (the HTTP API's image bodies).
+
+        The same stages as a frame from disk: decode on a worker, inference on
+        the engine's thread, render and encode on a worker. It has no output, so
+        it takes no part in latest-wins; `wait_idle` waits for it like any job.
+        The future fails with the reason (FrameError for an unusable image).
+        """
+        image = _Image(data, ext, settings, Future())
+        with self._lock:
+            self._pending += 1
+        image.future.add_done_callback(lambda _: self._image_finished())
+        try:
+            self._pool.submit(self._front_image, image)
+        except RuntimeError:  # the pool was shut down
+            image.future.set_exception(FrameError("stopped before the depth map was made"))
+        return image.future
+
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until every submitted job has its result; False on timeout."""
         with self._idle:
@@ -355,6 +398,13 @@ class Pipeline:
                 self._idle.notify_all()
         self._slots.release()
         self.pull()
+
+    def _image_finished(self) -> None:
+        """An in-memory job is done (it held no slot: the request holding its bytes bounds it)."""
+        with self._idle:
+            self._pending -= 1
+            if self._pending == 0:
+                self._idle.notify_all()
 
     # -- worker side ----------------------------------------------------------------
 
@@ -424,13 +474,7 @@ class Pipeline:
             frame.result.ms["infer"] = inference.seconds * 1000
             frame.clock = time.perf_counter()
             settings, job = frame.settings, frame.job
-            ext = job.output.suffix
-            options = replace(settings.render, bits=imaging.bits_for(ext, settings.png_bits))
-            nearness = imaging.normalise(inference.prediction, info.profile.output, options)
-            depth = imaging.render(nearness, frame.decoded.size, options, guide=frame.decoded.image)
-            encoded = imaging.encode(
-                depth, ext, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression
-            )
+            encoded = _render_encode(inference, info, frame.decoded, job.output.suffix, settings)
             frame.lap("encode")
             _ensure_folder(job.output.parent)
             frame.result.size = frame.decoded.size
@@ -454,6 +498,49 @@ class Pipeline:
             frame.future.set_result(frame.result)
         except Exception as exc:
             self._fail(frame, exc)
+
+    def _front_image(self, image: _Image) -> None:
+        """decode, prepare, hand to the engine (worker thread)."""
+        try:
+            info = self._model_info()
+            image.decoded = imaging.decode(image.data, max_pixels=image.settings.max_pixels, min_size=info.min_frame_size)
+            image.data = b""
+            self._image_to_engine(image, info)
+        except Exception as exc:
+            image.future.set_exception(exc)
+
+    def _image_to_engine(self, image: _Image, info: ModelInfo) -> None:
+        assert image.decoded is not None
+        tensor = imaging.prepare(image.decoded, info.contract, info.profile)
+        image.lap("decode")
+        inference = self.engine.infer(tensor, info.generation)
+        inference.add_done_callback(lambda done: self._handoff_image(image, done))
+
+    def _handoff_image(self, image: _Image, done: Future[Inference]) -> None:
+        """Runs on the inference thread: only queue the rest."""
+        try:
+            self._pool.submit(self._back_image, image, done)
+        except RuntimeError:  # the pool was shut down after a shutdown timeout
+            image.future.set_exception(FrameError("stopped before the depth map was made"))
+
+    def _back_image(self, image: _Image, done: Future[Inference]) -> None:
+        """render, encode (worker thread)."""
+        try:
+            try:
+                inference = done.result()
+            except ModelChanged:
+                self._image_to_engine(image, self._model_info())
+                return
+            assert image.decoded is not None
+            image.ms["infer"] = inference.seconds * 1000
+            image.clock = time.perf_counter()
+            encoded = _render_encode(inference, inference.model, image.decoded, image.ext, image.settings)
+            image.lap("encode")
+            image.future.set_result(Rendered(encoded, image.decoded.size, dict(image.ms)))
+        except Exception as exc:
+            image.future.set_exception(exc)
+        finally:
+            image.decoded = None
 
     def _sidecar(self, frame: _Frame) -> bytes:
         st = frame.source_stat
@@ -484,6 +571,14 @@ class Pipeline:
             write_error_record(frame.job.error_record, frame.job.source, frame.result.error)
         if not frame.future.done():
             frame.future.set_result(frame.result)
+
+
+def _render_encode(inference: Inference, info: ModelInfo, decoded: imaging.Decoded, ext: str, settings: Settings) -> bytes:
+    """The depth map at the frame's size, encoded for an output ending in `ext` (worker thread)."""
+    options = replace(settings.render, bits=imaging.bits_for(ext, settings.png_bits))
+    nearness = imaging.normalise(inference.prediction, info.profile.output, options)
+    depth = imaging.render(nearness, decoded.size, options, guide=decoded.image)
+    return imaging.encode(depth, ext, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression)
 
 
 def write_error_record(path: Path, source: Path, reason: str) -> None:

@@ -62,6 +62,8 @@ class Status:
     #: Configs applied (1 at start, +1 per successful reload) and the last reload's error.
     config_loads: int = 0
     config_error: str | None = None
+    #: The HTTP API's address (http://HOST:PORT) when it listens.
+    api: str | None = None
     counts: Counters = field(default_factory=Counters)
 
     def __post_init__(self) -> None:

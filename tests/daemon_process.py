@@ -36,7 +36,10 @@ def wait_for(condition: Callable[[], Any], timeout: float = TIMEOUT, what: str =
 class DaemonProcess(harness.DaemonProcess):
     """A daemon watching `root/watch/` for frame.jpg with `model`; `sections` override the config."""
 
-    def __init__(self, root: Path, model: Path, *, restricted: bool = False, **sections: dict[str, Any]) -> None:
+    def __init__(
+        self, root: Path, model: Path, *, restricted: bool = False, wrapper: tuple[str, ...] = (), **sections: dict[str, Any]
+    ) -> None:
+        """`wrapper`: a command the daemon runs under (strace), after the privilege drop."""
         root.mkdir(parents=True, exist_ok=True)
         self.watch = root / "watch"
         self.watch.mkdir(parents=True, exist_ok=True)
@@ -48,7 +51,7 @@ class DaemonProcess(harness.DaemonProcess):
         }
         for name, values in sections.items():
             config.setdefault(name, {}).update(values)
-        super().__init__(root, config, prefix=privileges(restricted))
+        super().__init__(root, config, prefix=[*privileges(restricted), *wrapper])
 
     def start(self, wait: bool = True, timeout: float = TIMEOUT) -> DaemonProcess:
         try:

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SCENARIOS = {
     "costs", "ceiling", "classic_flask", "classic_gunicorn", "bare", "burst", "latency", "scrub", "daemon",
-    "refine_none", "refine_micro",
+    "refine_none", "refine_micro", "predict",
 }
 
 
@@ -78,6 +78,14 @@ def test_quick_benchmark_runs_every_scenario(tmp_path: Path) -> None:
     for server in ("classic_flask", "classic_gunicorn"):
         assert s[server]["outputs"] == s[server]["requests"] > 0, server
         assert _positive(s[server]["startup_s"])
+
+    predict = s["predict"]
+    for mode in ("classic", "body"):
+        assert predict[mode]["answered"] == predict[mode]["requests"] > 0, mode
+        assert 0 < predict[mode]["p50_ms"] <= predict[mode]["p95_ms"]
+    # One inference per classic request (warm-up included), though the watcher saw every write.
+    assert predict["classic"]["inferences"] == predict["classic"]["requests"] + 2
+    assert "depthwatch POST /predict" in stdout
 
     burst = s["burst"]
     assert burst["outputs"] == burst["frames"] > 0

@@ -21,6 +21,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", metavar="TEMPLATE", help="output name template, e.g. '{stem}_depth.jpg' (overrides output.template)")
     parser.add_argument("--status", metavar="FILE", help="status JSON file to keep up to date (overrides daemon.status_file)")
     parser.add_argument("--polling", action="store_true", help="poll instead of using filesystem events (network volumes)")
+    parser.add_argument(
+        "--api",
+        metavar="[HOST:]PORT",
+        type=api_address,
+        help="serve the HTTP API (POST /predict) on this port, 127.0.0.1 unless HOST is given (turns api.enabled on)",
+    )
+
+
+def api_address(text: str) -> tuple[str | None, int]:
+    """`PORT`, `HOST:PORT` or `[IPv6]:PORT`."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]") if sep else None
+    if not port.isdigit() or not 0 <= int(port) <= 65535 or (sep and not host):
+        raise argparse.ArgumentTypeError(f"{text!r} is not [HOST:]PORT, e.g. 5000 or 127.0.0.1:5000")
+    return host, int(port)
 
 
 def apply_overrides(config: Config, args: argparse.Namespace) -> Config:
@@ -37,6 +52,9 @@ def apply_overrides(config: Config, args: argparse.Namespace) -> Config:
         config = override(config, "--output", "output", template=args.output)
     if args.status:
         config = override(config, "--status", "daemon", status_file=args.status)
+    if args.api:
+        host, port = args.api
+        config = override(config, "--api", "api", enabled=True, port=port, **({"host": host} if host else {}))
     return config
 
 

@@ -1,0 +1,380 @@
+"""The HTTP API: the classic plugins' `POST /predict`, served from the daemon's one session.
+
+Final Cut Pro setups built on the classic local Flask example write
+`tmp/frame.jpg`, send `POST http://127.0.0.1:5000/predict` with no body and read
+`tmp/depth.jpg` once the answer comes. Served here by waitress, a threaded WSGI
+server that never forks, in the daemon's own process: the request hands the
+frame to the daemon's queue (or attaches to the job the watcher already made)
+and answers `DONE` once that version's map is on disk. An image body is
+answered with its depth map and writes nothing.
+
+Waitress reads a whole request before a request thread sees it and buffers the
+answer, so a slow or stuck client holds only its own connection, never the
+inference thread, the workers or the watcher. Request threads only wait.
+
+Only this module imports waitress, and only when `api.enabled` (the `api` extra).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import parse_qs
+
+from waitress import wasyncore
+from waitress.channel import HTTPChannel
+from waitress.server import create_server
+from waitress.task import ErrorTask
+
+from depthwatch import formats
+from depthwatch.config import ApiConfig
+from depthwatch.errors import DepthwatchError, FrameError
+from depthwatch.pipeline import Rendered
+from depthwatch.rules import Rules
+from depthwatch.waiters import DONE, FAILED, TIMEOUT, Ticket
+
+log = logging.getLogger("depthwatch.api")
+
+#: Request threads. They only wait (for a map, or an in-memory job), so more than the
+#: cores is fine; requests beyond them wait in waitress's queue.
+THREADS = 16
+#: An idle keep-alive connection is closed after this long.
+CHANNEL_TIMEOUT_S = 60
+
+#: Body content types taken as images, and the answer formats (`?format=` or Accept).
+IMAGE_TYPES = {"image/jpeg": formats.JPEG, "image/jpg": formats.JPEG, "image/png": formats.PNG}
+ANSWER_FORMATS = {"jpg": (".jpg", None), "jpeg": (".jpg", None), "png": (".png", None), "png8": (".png", 8), "png16": (".png", 16)}
+_GLOB = set("*?[")
+
+StartResponse = Callable[..., Any]
+
+
+class Backend(Protocol):
+    """What the API needs from the daemon (see `daemon.Daemon`)."""
+
+    rules: Rules
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def request_map(self, source: Path) -> Ticket: ...
+
+    def render_image(self, data: bytes, ext: str, png_bits: int | None = None) -> Future[Rendered]: ...
+
+    def give_up(self, ticket: Ticket) -> None: ...
+
+    def health(self) -> tuple[bool, bytes]: ...
+
+
+class Refused(Exception):
+    """A request answered with an error: `status` and one line saying what to do."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    413: "Content Too Large",
+    415: "Unsupported Media Type",
+    422: "Unprocessable Content",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
+
+
+def _show(text: str) -> str:
+    """A name from a request, safe for one log line (control characters escaped, the rest as is)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+class PredictApp:
+    """The WSGI application: `POST /predict` and `GET /health`."""
+
+    def __init__(self, backend: Backend, config: ApiConfig) -> None:
+        self.backend = backend
+        self.config = config
+        self.max_body = int(config.max_body_mb * 1024 * 1024)
+        self._token = config.token.encode() if config.token else None
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET")
+        path = environ.get("PATH_INFO", "")
+        query = environ.get("QUERY_STRING", "")
+        what = _show(f"{method} {path}" + (f"?{query}" if query else ""))
+        try:
+            answer = self._route(method, path, query, environ)
+        except Refused as exc:
+            log.warning("api: %s: %d %s", what, exc.status, _show(str(exc)))
+            answer = _Answer(exc.status, f"{exc}\n".encode())
+            if exc.status == 401:
+                answer = _Answer(401, answer.body, headers=(("WWW-Authenticate", 'Bearer realm="depthwatch"'),))
+        except Exception as exc:  # a bug must cost one request, not the listener
+            log.exception("api: %s: internal error", what)
+            answer = _Answer(500, f"internal error: {type(exc).__name__}: {exc}\n".encode())
+        headers = [("Content-Type", answer.content_type), ("Content-Length", str(len(answer.body))), *answer.headers]
+        start_response(f"{answer.status} {_REASONS.get(answer.status, '')}", headers)
+        return [answer.body]
+
+    def _route(self, method: str, path: str, query: str, environ: dict[str, Any]) -> _Answer:
+        self._authorise(environ)
+        if path == "/health":
+            if method not in ("GET", "HEAD"):
+                raise Refused(405, "use GET /health")
+            serving, body = self.backend.health()
+            return _Answer(200 if serving else 503, body, "application/json")
+        if path != "/predict":
+            raise Refused(404, f"no such endpoint {path}; use POST /predict or GET /health")
+        if method != "POST":
+            raise Refused(405, "use POST /predict")
+        if self.backend.stopping:
+            raise Refused(503, "the daemon is stopping; try again once it is back")
+        params = parse_qs(query, keep_blank_values=True)
+        length = _content_length(environ)
+        if length > self.max_body:
+            raise Refused(413, self._too_large())
+        if length > 0:
+            return self._predict_body(environ, length, params)
+        return self._predict_frame(params)
+
+    def _authorise(self, environ: dict[str, Any]) -> None:
+        if self._token is None:
+            return
+        given = environ.get("HTTP_AUTHORIZATION", "")
+        scheme, _, credential = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(credential.strip().encode(), self._token):
+            raise Refused(401, "missing or wrong token; send 'Authorization: Bearer <api.token>'")
+
+    def _too_large(self) -> str:
+        return f"the body is over api.max_body_mb ({self.config.max_body_mb:g} MB); send a smaller image or raise api.max_body_mb"
+
+    # -- a frame on disk -------------------------------------------------------------
+
+    def _predict_frame(self, params: dict[str, list[str]]) -> _Answer:
+        rules = self.backend.rules
+        names = params.get("frame")
+        source = self._resolve(names[-1], rules) if names else self._default_frame(rules)
+        if source.exists() and not source.is_file():
+            raise Refused(404, f"{source} is not a file")
+        try:
+            ticket = self.backend.request_map(source)
+        except FileNotFoundError:
+            raise Refused(404, f"no such frame {source}; write it first") from None
+        except FrameError as exc:
+            raise Refused(403, f"{source}: {exc}") from None
+        outcome = ticket.wait(self.config.timeout_s)
+        if outcome.kind == DONE:
+            return _Answer(200, b"DONE")
+        if outcome.kind == TIMEOUT:
+            self.backend.give_up(ticket)
+            raise Refused(504, f"no depth map for {source.name} within api.timeout_s ({self.config.timeout_s:g} s); the daemon may be overloaded")
+        if outcome.kind == FAILED:
+            raise Refused(422 if outcome.frame_error else 500, f"{source.name}: {outcome.error}")
+        if self.backend.stopping:
+            raise Refused(503, "the daemon is stopping; try again once it is back")
+        raise Refused(503, outcome.error or "the daemon is stopping")
+
+    def _default_frame(self, rules: Rules) -> Path:
+        """The classic frame: the first watch folder's first pattern, if it names one file."""
+        if not rules.roots or not rules.patterns:
+            raise Refused(404, "no watch folder is configured")
+        pattern = rules.patterns[0]
+        if _GLOB & set(pattern) or "/" in pattern:
+            raise Refused(404, f"watch.patterns starts with {pattern!r}, not a file name; name the frame: POST /predict?frame=NAME")
+        return rules.roots[0] / pattern
+
+    def _resolve(self, name: str, rules: Rules) -> Path:
+        """`frame=NAME` as a frame inside a watch folder; 403 for anything that leads outside."""
+        if not name or "\x00" in name:
+            raise Refused(403, f"frame={_show(name)!s} is not a file name")
+        if os.path.isabs(name):
+            candidates = [Path(os.path.abspath(name))]
+        else:
+            candidates = [Path(os.path.abspath(root / name)) for root in rules.roots]
+        inside = [path for path in candidates if _contained(path, rules)]
+        if not inside:
+            raise Refused(403, f"frame={_show(name)} is outside the watch folders")
+        path = next((p for p in inside if p.exists()), inside[0])
+        if not rules.link_allowed(path):
+            raise Refused(403, f"{path} is a symlink to outside its watch folder")
+        if rules.is_own_file(path):
+            raise Refused(403, f"{path.name} is one of depthwatch's own files (an output or a temporary file), not a frame")
+        if not rules.is_frame(path):
+            raise Refused(403, f"{path.name} does not match watch.patterns ({', '.join(rules.patterns)})")
+        return path
+
+    # -- an image in the body ---------------------------------------------------------
+
+    def _predict_body(self, environ: dict[str, Any], length: int, params: dict[str, list[str]]) -> _Answer:
+        content_type = environ.get("CONTENT_TYPE", "").split(";", 1)[0].strip().lower()
+        if content_type not in IMAGE_TYPES:
+            raise Refused(415, f"the body is {content_type or 'untyped'}, not an image; send Content-Type image/jpeg or image/png")
+        ext, bits, label = self._answer_format(params, environ.get("HTTP_ACCEPT", ""))
+        data = environ["wsgi.input"].read(length)
+        if len(data) > self.max_body:
+            raise Refused(413, self._too_large())
+        start = time.perf_counter()
+        try:
+            future = self.backend.render_image(data, ext, bits)
+            rendered = future.result(timeout=self.config.timeout_s)
+        except FutureTimeout:  # the job still finishes; nobody reads it
+            raise Refused(504, f"no depth map within api.timeout_s ({self.config.timeout_s:g} s); the daemon may be overloaded") from None
+        except FrameError as exc:
+            raise Refused(422, f"the {content_type} body cannot be used: {exc}") from None
+        except (DepthwatchError, RuntimeError) as exc:
+            if self.backend.stopping:
+                raise Refused(503, "the daemon is stopping; try again once it is back") from None
+            raise Refused(500, f"{exc}") from None
+        w, h = rendered.size
+        timings = " ".join(f"{stage} {ms:.1f}" for stage, ms in rendered.ms.items())
+        log.info("api: image body %dx%d -> %s ms: %s total %.1f", w, h, label, timings, (time.perf_counter() - start) * 1000)
+        mime = "image/jpeg" if ext == ".jpg" else "image/png"
+        return _Answer(200, rendered.data, mime, (("X-Depthwatch-Size", f"{w}x{h}"),))
+
+    def _answer_format(self, params: dict[str, list[str]], accept: str) -> tuple[str, int | None, str]:
+        chosen = params.get("format")
+        if chosen:
+            key = chosen[-1].lower()
+            if key not in ANSWER_FORMATS:
+                raise Refused(400, f"format={_show(key)} is not one of {', '.join(ANSWER_FORMATS)}")
+            ext, bits = ANSWER_FORMATS[key]
+            return ext, bits, key
+        for item in accept.split(","):
+            mime = item.split(";", 1)[0].strip().lower()
+            if mime == "image/png":
+                return ".png", None, "png"
+            if mime in ("image/jpeg", "image/jpg", "image/*", "*/*"):
+                break
+        return ".jpg", None, "jpg"
+
+
+def _contained(path: Path, rules: Rules) -> bool:
+    """Inside a watch folder by name and by real path (a symlinked subfolder must not lead out)."""
+    root = rules.root_of(path)
+    if root is None:
+        return False
+    real_root, real_parent = os.path.realpath(root), os.path.realpath(path.parent)
+    return real_parent == real_root or real_parent.startswith(real_root.rstrip(os.sep) + os.sep)
+
+
+def _content_length(environ: dict[str, Any]) -> int:
+    try:
+        return max(0, int(environ.get("CONTENT_LENGTH") or 0))
+    except ValueError:
+        raise Refused(400, "the Content-Length header is not a number") from None
+
+
+class _LoggedErrorTask(ErrorTask):
+    """Requests waitress refuses itself (body over the limit, malformed): one log line too."""
+
+    def execute(self) -> None:
+        error = self.request.error
+        limit = self.channel.server.adj.max_request_body_size
+        if error.code == 413:
+            error.body = f"the body is over api.max_body_mb ({limit / 1024 / 1024:.3g} MB); send a smaller image or raise api.max_body_mb"
+        log.warning("api: %s %s: %d %s", _show(self.request.command or "?"), _show(self.request.path or "?"), error.code, error.body)
+        super().execute()
+
+
+class _Channel(HTTPChannel):
+    error_task_class = _LoggedErrorTask
+
+
+#: How often the loop thread looks at the stop flags between network events.
+_LOOP_TICK_S = 0.1
+
+
+class ApiServer:
+    """Waitress on its own loop thread ("depthwatch-api") with THREADS request threads.
+
+    The loop is waitress's own (`wasyncore.loop`), run one poll at a time so
+    that closing the listener and the connections happens on the loop's thread,
+    between polls, when the daemon's shutdown asks for it.
+    """
+
+    def __init__(self, backend: Backend, config: ApiConfig) -> None:
+        self.config = config
+        self.app = PredictApp(backend, config)
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self._deaf = threading.Event()
+        self._closing = threading.Event()
+        self.url = ""
+
+    def start(self) -> None:
+        """Bind and serve (OSError if the address is taken)."""
+        host = "127.0.0.1" if self.config.host.lower() == "localhost" else self.config.host
+        server = create_server(
+            self.app,
+            host=host,
+            port=self.config.port,
+            threads=THREADS,
+            channel_timeout=CHANNEL_TIMEOUT_S,
+            max_request_body_size=self.app.max_body,
+            clear_untrusted_proxy_headers=True,
+            expose_tracebacks=False,
+            ident="depthwatch",
+        )
+        server.channel_class = _Channel
+        self._server = server
+        shown = f"[{server.effective_host}]" if ":" in server.effective_host else server.effective_host
+        self.url = f"http://{shown}:{server.effective_port}"
+        self._thread = threading.Thread(target=self._loop, name="depthwatch-api", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        server = self._server
+        channels = server._map
+        use_poll = server.adj.asyncore_use_poll
+        listening = True
+        while channels:
+            if self._closing.is_set():
+                wasyncore.close_all(channels, ignore_all=True)
+                return
+            if listening and self._deaf.is_set():
+                listening = False
+                wasyncore.dispatcher.close(server)  # the listener only, not the trigger
+            wasyncore.loop(timeout=_LOOP_TICK_S, use_poll=use_poll, map=channels, count=1)
+
+    def stop_listening(self) -> None:
+        """Stop accepting connections; requests already in flight go on."""
+        self._deaf.set()
+
+    def close(self, timeout: float) -> None:
+        """Let the request threads finish their answers, flush them, close every connection, join."""
+        server = self._server
+        if server is None or self._thread is None:
+            return
+        deadline = time.monotonic() + timeout
+        self._deaf.set()
+        server.task_dispatcher.shutdown(cancel_pending=True, timeout=max(0.1, timeout))
+        channels = server._map
+        while time.monotonic() < deadline and any(getattr(c, "total_outbufs_len", 0) for c in list(channels.values())):
+            time.sleep(0.01)
+        self._closing.set()
+        self._thread.join(max(0.5, deadline - time.monotonic()))
+        self._server = None

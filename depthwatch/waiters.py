@@ -1,0 +1,168 @@
+"""Requests waiting for a frame's depth map to be on disk (the HTTP API's `POST /predict`).
+
+A request names a frame and the version of it on disk when the request came
+(its signature: size, mtime_ns, inode). It is answered once a map of that
+version, or of a newer one, has been written. The daemon reports every
+finished job here; a waiter is released by a job for its frame that either has
+its very signature or was made after the waiter registered (a job re-checks
+the file's signature when it reads it, so such a job's map is of a version on
+disk after the request came, which is what "newer" means). A superseded job
+releases nobody: the newer job that superseded it will.
+
+Jobs are queued through the daemon's own path, under this module's lock, so a
+version the watcher already queued, started or finished is never run twice:
+the queue drops a second job for a version it holds, and a finished version
+is answered from `_last` at once (its map, or why it has none). The watcher's own event for a version a
+request queued first is dropped once (`absorb`). With two producers (the
+watcher, requests) the daemon also queues under `hold()` and looks at the file
+again there, so an older version can never be queued after a newer one and
+replace it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from depthwatch.job import Job
+from depthwatch.pipeline import Result
+
+Signature = tuple[int, int, int]
+
+_MEMORY = 1024
+
+DONE, FAILED, STOPPING, REFUSED, TIMEOUT = "done", "failed", "stopping", "refused", "timeout"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a wait ended: `kind` is one of DONE, FAILED, STOPPING, REFUSED, TIMEOUT."""
+
+    kind: str
+    error: str | None = None
+    #: For FAILED: whether the frame itself was unusable (decode) rather than the output.
+    frame_error: bool = True
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One request's wait for one frame's map."""
+
+    source: Path
+    output: Path
+    signature: Signature
+    since: float = field(default_factory=time.monotonic)
+    outcome: Outcome | None = None
+    _event: threading.Event = field(default_factory=threading.Event)
+
+    def wait(self, timeout: float) -> Outcome:
+        self._event.wait(timeout)
+        return self.outcome or Outcome(TIMEOUT)
+
+    def _release(self, outcome: Outcome) -> None:
+        if self.outcome is None:
+            self.outcome = outcome
+            self._event.set()
+
+
+def _remember(memory: OrderedDict, key: Path, value: object) -> None:
+    memory[key] = value
+    memory.move_to_end(key)
+    if len(memory) > _MEMORY:
+        memory.popitem(last=False)
+
+
+class MapWaiters:
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._waiting: dict[Path, list[Ticket]] = {}
+        #: The (source, signature, outcome) of the last job finished, per output.
+        self._last: OrderedDict[Path, tuple[Path, Signature | None, Outcome]] = OrderedDict()
+        #: Versions a request queued, per source, so the watcher's event for them is dropped once.
+        self._taken: OrderedDict[Path, Signature] = OrderedDict()
+        self._closed = False
+
+    def hold(self) -> threading.RLock:
+        """The lock, for a caller that checks the file and queues as one step."""
+        return self._lock
+
+    def attach(self, job: Job, enqueue: Callable[[Job], bool]) -> Ticket:
+        """A ticket for `job`'s map; `enqueue` queues the job unless it is already done.
+
+        `enqueue` runs under the lock, so a job finishing meanwhile cannot slip
+        between "not written yet" and "queued" and be run a second time.
+        """
+        assert job.signature is not None
+        ticket = Ticket(job.source, job.output, job.signature)
+        with self._lock:
+            if self._closed:
+                ticket._release(Outcome(STOPPING, "the daemon is stopping"))
+                return ticket
+            last = self._last.get(job.output)
+            if last is not None and last[:2] == (job.source, job.signature):
+                ticket._release(last[2])
+                return ticket
+            self._waiting.setdefault(job.output, []).append(ticket)
+            if enqueue(job):
+                _remember(self._taken, job.source, job.signature)
+            else:
+                self._drop(ticket)
+                ticket._release(Outcome(REFUSED, "the queue is full; try again shortly"))
+        return ticket
+
+    def give_up(self, ticket: Ticket) -> None:
+        """The request stopped waiting (timeout)."""
+        with self._lock:
+            self._drop(ticket)
+
+    def absorb(self, source: Path, signature: Signature) -> bool:
+        """True (once) if a request already queued this very version of `source`."""
+        with self._lock:
+            if self._taken.get(source) == signature:
+                del self._taken[source]
+                return True
+            return False
+
+    def forget(self, source: Path) -> None:
+        """A retry of `source` is on its way through the watcher: let it through."""
+        with self._lock:
+            self._taken.pop(source, None)
+
+    def finished(self, job: Job, result: Result, final: bool = True) -> None:
+        """A job has its result; `final` is False when it will be tried again."""
+        with self._lock:
+            if result.superseded or not (result.ok or final):
+                return
+            if result.ok:
+                outcome = Outcome(DONE)
+            else:
+                outcome = Outcome(FAILED, result.error, frame_error=not result.retryable)
+            _remember(self._last, job.output, (job.source, job.signature, outcome))
+            tickets = self._waiting.get(job.output, [])
+            for ticket in list(tickets):
+                if ticket.source != job.source:
+                    continue
+                if job.signature != ticket.signature and not job.queued_at > ticket.since:
+                    continue  # an older version's job
+                ticket._release(outcome)
+                self._drop(ticket)
+
+    def close(self) -> None:
+        """The daemon is stopping: release every waiter, refuse new ones."""
+        with self._lock:
+            self._closed = True
+            for tickets in self._waiting.values():
+                for ticket in tickets:
+                    ticket._release(Outcome(STOPPING, "the daemon stopped before the depth map was written"))
+            self._waiting.clear()
+
+    def _drop(self, ticket: Ticket) -> None:
+        tickets = self._waiting.get(ticket.output)
+        if tickets and ticket in tickets:
+            tickets.remove(ticket)
+            if not tickets:
+                del self._waiting[ticket.output]

@@ -1,0 +1,522 @@
+"""The HTTP API on the real daemon process, driven as the classic plugins drive it (requests)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from conftest import jpeg_bytes, write_by_rename
+from daemon_process import DaemonProcess, wait_for
+
+requests = pytest.importorskip("requests")
+pytest.importorskip("waitress")
+
+from depthwatch import imaging  # noqa: E402
+from depthwatch.config import ApiConfig, Config, OutputConfig, WatchConfig  # noqa: E402
+from depthwatch.engine import Engine  # noqa: E402
+from depthwatch.model import ModelSpec  # noqa: E402
+from depthwatch.job import Job  # noqa: E402
+from depthwatch.pipeline import Result, Settings  # noqa: E402
+from depthwatch.profiles import PROFILES  # noqa: E402
+from depthwatch.rules import Rules  # noqa: E402
+from depthwatch.waiters import DONE, TIMEOUT, MapWaiters  # noqa: E402
+
+HTTP_TIMEOUT = 60
+
+
+def block_frame(seed: int, width: int = 96, height: int = 64) -> np.ndarray:
+    """A frame of random gray blocks: every seed gives a clearly different depth map."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (4, 6), dtype=np.uint8)
+    gray = cv2.resize(blocks, (width, height), interpolation=cv2.INTER_NEAREST)
+    return cv2.cvtColor(gray, cv2.COLOR_GRAY2BGR)
+
+
+class Reference:
+    """The model run directly (its own engine, no daemon): the map a frame must get."""
+
+    def __init__(self, model: Path) -> None:
+        self.engine = Engine(ModelSpec(model, PROFILES["midas-v21-small"], providers=("cpu",))).start()
+        self.info = self.engine.wait_ready()
+
+    def depth(self, data: bytes, bits: int = 8) -> np.ndarray:
+        """The map with the daemon's default output settings (refine, levels) at `bits`."""
+        decoded = imaging.decode(data, max_pixels=10**8, min_size=self.info.min_frame_size)
+        tensor = imaging.prepare(decoded, self.info.contract, self.info.profile)
+        prediction = self.engine.infer(tensor, self.info.generation).result(HTTP_TIMEOUT).prediction
+        options = dataclasses.replace(Settings.from_config(Config()).render, bits=bits)
+        nearness = imaging.normalise(prediction, self.info.profile.output, options)
+        return imaging.render(nearness, decoded.size, options, guide=decoded.image)
+
+    def close(self) -> None:
+        self.engine.stop()
+
+
+@pytest.fixture
+def reference(tiny_model):
+    ref = Reference(tiny_model)
+    yield ref
+    ref.close()
+
+
+def assert_same_map(got: np.ndarray, want: np.ndarray, others: list[np.ndarray] = ()) -> None:
+    """Within JPEG's error of `want`, and much farther from every other frame's map."""
+    assert got.shape == want.shape
+    error = np.abs(got.astype(np.float64) - want.astype(np.float64)).mean()
+    top = 65535 if want.dtype == np.uint16 else 255
+    assert error < 0.02 * top, f"mean error {error:.1f}"
+    for other in others:
+        assert np.abs(got.astype(np.float64) - other.astype(np.float64)).mean() > 3 * error + 0.02 * top
+
+
+def decode_map(data: bytes) -> np.ndarray:
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    assert image is not None, "not an image"
+    return image
+
+
+@pytest.fixture
+def api_daemon(tmp_path, tiny_model):
+    started: list[DaemonProcess] = []
+
+    def start(restricted: bool = False, wrapper: tuple[str, ...] = (), **sections) -> DaemonProcess:
+        sections["api"] = {"enabled": True, "port": 0, **sections.get("api", {})}
+        d = DaemonProcess(tmp_path / f"d{len(started)}", tiny_model, restricted=restricted, wrapper=wrapper, **sections)
+        started.append(d)
+        d.start()
+        d.url = wait_for(lambda: d.status().get("api"), what="the API address in the status file")
+        return d
+
+    yield start
+    for d in started:
+        d.close()
+
+
+def api_lines(d: DaemonProcess) -> list[str]:
+    return [line for line in d.log().splitlines() if " api: " in line or line.startswith("api: ")]
+
+
+# -- the classic plugin's protocol ------------------------------------------------------------
+
+
+def test_classic_client_two_hundred_rounds_one_inference_each(api_daemon, reference):
+    """Write tmp/frame.jpg, POST /predict, read tmp/depth.jpg: its map, every time, never run twice."""
+    d = api_daemon()
+    rounds = 200
+    previous: np.ndarray | None = None
+    with requests.Session() as http:
+        for i in range(rounds):
+            data = jpeg_bytes(block_frame(i))
+            if i % 2:
+                write_by_rename(d.watch / "frame.jpg", data)  # a careful plugin
+            else:
+                (d.watch / "frame.jpg").write_bytes(data)  # cv2.imwrite, as the classic plugin does
+            answer = http.post(f"{d.url}/predict", timeout=HTTP_TIMEOUT)
+            assert (answer.status_code, answer.text) == (200, "DONE"), answer.text
+            got = decode_map((d.watch / "depth.jpg").read_bytes())
+            want = reference.depth(data)
+            assert_same_map(got, want, [previous] if previous is not None else [])
+            previous = want
+    wait_for(lambda: d.counts().get("done") == rounds, what=f"done == {rounds}")
+    assert d.stop() == 0
+    assert d.counts()["done"] == rounds, d.counts()
+    assert len(d.frame_lines()) == rounds, "a frame was run twice"
+    assert d.counts()["failed"] == 0
+
+
+def test_the_watcher_finding_a_requested_version_later_does_not_run_it_again(api_daemon):
+    """Polling with a long settle: the request always comes first, the watcher finds that version later."""
+    d = api_daemon(watch={"observer": "polling", "poll_interval_ms": 50, "settle_ms": 1000}, daemon={"log_level": "debug"})
+    absorbed = lambda: d.log().count("the watcher found the version a request already queued")  # noqa: E731
+    rounds = 5
+    for i in range(rounds):
+        (d.watch / "frame.jpg").write_bytes(jpeg_bytes(block_frame(300 + i)))
+        answer = requests.post(f"{d.url}/predict", timeout=HTTP_TIMEOUT)
+        assert (answer.status_code, answer.text) == (200, "DONE")
+        wait_for(lambda: absorbed() == i + 1, what="the watcher to find the requested version")
+    assert d.stop() == 0
+    assert len(d.frame_lines()) == rounds, d.log()
+    assert d.counts()["done"] == rounds
+
+
+def test_a_finished_frame_is_answered_without_running_it_again(api_daemon):
+    d = api_daemon()
+    write_by_rename(d.watch / "frame.jpg", jpeg_bytes(block_frame(1)))
+    wait_for(lambda: d.counts().get("done") == 1, what="the watcher's map")
+    for _ in range(3):
+        answer = requests.post(f"{d.url}/predict", timeout=HTTP_TIMEOUT)
+        assert (answer.status_code, answer.text) == (200, "DONE")
+    assert d.stop() == 0
+    assert len(d.frame_lines()) == 1, d.log()
+
+
+def test_frame_parameter_names_another_frame(api_daemon, reference):
+    d = api_daemon(watch={"patterns": ["frame.jpg", "shot_*.jpg"]}, output={"template": "{stem}_depth.jpg"})
+    data = jpeg_bytes(block_frame(7))
+    write_by_rename(d.watch / "shot_7.jpg", data)
+    answer = requests.post(f"{d.url}/predict", params={"frame": "shot_7.jpg"}, timeout=HTTP_TIMEOUT)
+    assert (answer.status_code, answer.text) == (200, "DONE")
+    assert_same_map(decode_map((d.watch / "shot_7_depth.jpg").read_bytes()), reference.depth(data))
+    assert d.stop() == 0
+    assert len(d.frame_lines()) == 1
+
+
+def test_eight_clients_posting_images_each_get_their_own_map(api_daemon, reference):
+    d = api_daemon()
+    images = [jpeg_bytes(block_frame(100 + i, 128, 80)) for i in range(8)]
+    wants = [reference.depth(data) for data in images]
+    png_image = cv2.imencode(".png", block_frame(200, 128, 80))[1].tobytes()
+    want16 = reference.depth(png_image, bits=16)
+    barrier = threading.Barrier(8)
+
+    def client(i: int) -> list[tuple[str, bytes, str]]:
+        barrier.wait(HTTP_TIMEOUT)
+        got = []
+        with requests.Session() as http:
+            for _ in range(3):
+                answer = http.post(
+                    f"{d.url}/predict", data=images[i], headers={"Content-Type": "image/jpeg"}, timeout=HTTP_TIMEOUT
+                )
+                assert answer.status_code == 200, answer.text
+                got.append((answer.headers["Content-Type"], answer.content, answer.headers["X-Depthwatch-Size"]))
+        return got
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(client, range(8)))
+    for i, answers in enumerate(results):
+        for content_type, body, size in answers:
+            assert (content_type, size) == ("image/jpeg", "128x80")
+            assert_same_map(decode_map(body), wants[i], [w for j, w in enumerate(wants) if j != i])
+
+    by_accept = requests.post(
+        f"{d.url}/predict", data=png_image, headers={"Content-Type": "image/png", "Accept": "image/png"}, timeout=HTTP_TIMEOUT
+    )
+    assert by_accept.headers["Content-Type"] == "image/png"
+    got16 = decode_map(by_accept.content)
+    assert got16.dtype == np.uint16  # output.png_bits, 16 by default
+    assert_same_map(got16, want16)
+    by_format = requests.post(
+        f"{d.url}/predict?format=png8", data=png_image, headers={"Content-Type": "image/png"}, timeout=HTTP_TIMEOUT
+    )
+    assert decode_map(by_format.content).dtype == np.uint8
+
+    assert sorted(p.name for p in d.watch.iterdir()) == [], "an image body must write nothing"
+    assert d.stop() == 0
+    assert d.counts()["done"] == 0
+
+
+# -- bad requests --------------------------------------------------------------------------------
+
+
+def test_bad_requests_get_their_codes_and_one_log_line_each(api_daemon, tmp_path, reference):
+    d = api_daemon(api={"max_body_mb": 0.05})
+    (d.root / "secret.jpg").write_bytes(jpeg_bytes(block_frame(3)))
+    os.symlink(d.root / "secret.jpg", d.watch / "link.jpg")
+    post = lambda path="/predict", **kw: requests.post(f"{d.url}{path}", timeout=HTTP_TIMEOUT, **kw)  # noqa: E731
+    cases = [
+        ("no frame written yet", lambda: post(), 404),
+        ("garbage body", lambda: post(data=b"\xff\xd8\xff" + b"garbage" * 100, headers={"Content-Type": "image/jpeg"}), 422),
+        ("not an image", lambda: post(data=b"hello", headers={"Content-Type": "text/plain"}), 415),
+        ("huge body", lambda: post(data=b"\xff" * 200_000, headers={"Content-Type": "image/jpeg"}), 413),
+        ("escape with ..", lambda: post(params={"frame": "../secret.jpg"}), 403),
+        ("absolute path outside", lambda: post(params={"frame": str(d.root / "secret.jpg")}), 403),
+        ("symlink leading out", lambda: post(params={"frame": "link.jpg"}), 403),
+        ("an output, not a frame", lambda: post(params={"frame": "depth.jpg"}), 403),
+        ("no such endpoint", lambda: post("/nothing"), 404),
+        ("unknown format", lambda: post(params={"format": "gif"}, data=b"x", headers={"Content-Type": "image/png"}), 400),
+    ]
+    for n, (what, send, code) in enumerate(cases, 1):
+        answer = send()
+        assert answer.status_code == code, f"{what}: {answer.status_code} {answer.text}"
+        lines = api_lines(d)
+        wait_for(lambda: len(api_lines(d)) == n, what=f"the log line for {what}")
+        assert f": {code} " in api_lines(d)[-1], f"{what}: {api_lines(d)[-1]}"
+        assert len(lines) <= n
+    assert "secret" not in "".join(p.name for p in d.watch.iterdir() if p.name != "link.jpg")
+
+    # An undecodable frame on disk: 422 (once the watcher has failed it too, still one attempt).
+    write_by_rename(d.watch / "frame.jpg", b"\xff\xd8\xff" + b"\x00" * 64 + b"\xff\xd9")
+    wait_for(lambda: d.counts().get("failed") == 1, what="the watcher to fail the frame")
+    before = d.log().count("damaged or cut short")
+    answer = post()
+    assert answer.status_code == 422, answer.text
+    wait_for(lambda: d.log().count("damaged or cut short") > before, what="the 422 line")
+    assert d.log().count("damaged or cut short") == before + 1, "the failed version was run again"
+    data = jpeg_bytes(block_frame(5))
+    write_by_rename(d.watch / "frame.jpg", data)
+    answer = post()
+    assert (answer.status_code, answer.text) == (200, "DONE")
+    assert_same_map(decode_map((d.watch / "depth.jpg").read_bytes()), reference.depth(data))
+    assert requests.get(f"{d.url}/health", timeout=HTTP_TIMEOUT).status_code == 200
+    assert d.stop() == 0
+
+
+def test_token_is_required_when_set(api_daemon):
+    d = api_daemon(api={"token": "s3cret-token"})
+    write_by_rename(d.watch / "frame.jpg", jpeg_bytes(block_frame(9)))
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret-token"}):
+        answer = requests.post(f"{d.url}/predict", headers=headers, timeout=HTTP_TIMEOUT)
+        assert answer.status_code == 401, headers
+        assert requests.get(f"{d.url}/health", headers=headers, timeout=HTTP_TIMEOUT).status_code == 401
+    wait_for(lambda: len(api_lines(d)) == 6, what="one log line per refused request")
+    assert all(": 401 " in line for line in api_lines(d))
+    good = {"Authorization": "Bearer s3cret-token"}
+    answer = requests.post(f"{d.url}/predict", headers=good, timeout=HTTP_TIMEOUT)
+    assert (answer.status_code, answer.text) == (200, "DONE")
+    assert d.stop() == 0
+
+
+def test_no_map_in_time_is_504_and_a_stop_answers_the_waiting_request(api_daemon):
+    """The output folder is read-only, so the map is retried (first after 1 s) and never lands."""
+    d = api_daemon(restricted=True, api={"timeout_s": 0.5}, output={"template": "ro/depth.jpg"})
+    ro = d.watch / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        (d.watch / "frame.jpg").write_bytes(jpeg_bytes(block_frame(11)))
+        answer = requests.post(f"{d.url}/predict", timeout=HTTP_TIMEOUT)
+        assert answer.status_code == 504, answer.text
+        wait_for(lambda: any(": 504 " in line for line in api_lines(d)), what="the 504 log line")
+    finally:
+        ro.chmod(0o755)
+    assert d.stop() == 0
+
+
+def test_stop_answers_a_waiting_request_with_503(api_daemon):
+    d = api_daemon(restricted=True, output={"template": "ro/depth.jpg"})
+    ro = d.watch / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        (d.watch / "frame.jpg").write_bytes(jpeg_bytes(block_frame(12)))
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(requests.post, f"{d.url}/predict", timeout=HTTP_TIMEOUT)
+            wait_for(lambda: d.counts().get("retried", 0) >= 1, what="the first retry")
+            d.send(signal.SIGTERM)
+            answer = pending.result(HTTP_TIMEOUT)
+        assert answer.status_code == 503, answer.text
+        assert d.proc.wait(HTTP_TIMEOUT) == 0
+    finally:
+        ro.chmod(0o755)
+    assert "threads still running" not in d.log()
+
+
+def test_health_is_the_status_json(api_daemon):
+    d = api_daemon()
+    answer = requests.get(f"{d.url}/health", timeout=HTTP_TIMEOUT)
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["state"] == "running" and body["pid"] == d.proc.pid and body["api"] == d.url
+    assert body["model"].endswith("tiny.onnx") and body["providers"] == ["CPUExecutionProvider"]
+    assert d.stop() == 0
+
+
+# -- where it listens, and that it never forks -------------------------------------------------------
+
+
+def test_listens_on_loopback_only_by_default(api_daemon, tmp_path, tiny_model):
+    psutil = pytest.importorskip("psutil")
+    d = api_daemon()
+    listening = [c for c in psutil.Process(d.proc.pid).net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    assert listening and all(c.laddr.ip in ("127.0.0.1", "::1") for c in listening), listening
+    assert d.url.startswith("http://127.0.0.1:")
+    port = int(d.url.rsplit(":", 1)[1])
+    taken = DaemonProcess(tmp_path / "taken", tiny_model, api={"enabled": True, "port": port})
+    taken.start(wait=False)
+    assert taken.proc.wait(HTTP_TIMEOUT) == 78
+    assert "change api.port" in taken.log()
+    taken.close()
+    assert d.stop() == 0
+
+    exposed = DaemonProcess(tmp_path / "exposed", tiny_model, api={"enabled": True, "host": "0.0.0.0", "port": 0})
+    exposed.start(wait=False)
+    assert exposed.proc.wait(HTTP_TIMEOUT) == 78
+    assert "api.token is not set" in exposed.log()
+    exposed.close()
+
+
+def test_run_api_flag(tmp_path, tiny_model):
+    d = DaemonProcess(tmp_path, tiny_model)
+    log = open(d.log_path, "ab")
+    proc = subprocess.Popen(
+        [os.sys.executable, "-m", "depthwatch", "run", "-c", str(d.config_path), "--api", "127.0.0.1:0"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+    )
+    try:
+        url = wait_for(lambda: d.status().get("api"), what="the API address")
+        assert requests.get(f"{url}/health", timeout=HTTP_TIMEOUT).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(HTTP_TIMEOUT) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    refused = subprocess.run(
+        [os.sys.executable, "-m", "depthwatch", "run", "-c", str(d.config_path), "--api", "0.0.0.0:0"],
+        capture_output=True,
+        text=True,
+        timeout=HTTP_TIMEOUT,
+    )
+    assert refused.returncode == 78 and "set api.token" in refused.stderr
+
+
+def test_no_process_is_ever_created(api_daemon, tmp_path):
+    strace = shutil.which("strace")
+    if strace is None:
+        pytest.skip("strace is not installed (the CI script installs it)")
+    probe = subprocess.run([strace, "-f", "-o", os.devnull, "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"strace cannot trace here: {probe.stderr.strip()[:200]}")
+    trace = tmp_path / "strace.txt"
+    d = api_daemon(wrapper=(strace, "-f", "-e", "trace=fork,vfork,clone,clone3,execve", "-o", str(trace)))
+    daemon_pid = d.status()["pid"]
+    with requests.Session() as http:
+        for i in range(5):
+            write_by_rename(d.watch / "frame.jpg", jpeg_bytes(block_frame(i)))
+            assert http.post(f"{d.url}/predict", timeout=HTTP_TIMEOUT).text == "DONE"
+            body = jpeg_bytes(block_frame(50 + i))
+            assert http.post(f"{d.url}/predict", data=body, headers={"Content-Type": "image/jpeg"}, timeout=HTTP_TIMEOUT).ok
+        assert http.get(f"{d.url}/health", timeout=HTTP_TIMEOUT).ok
+    os.kill(daemon_pid, signal.SIGTERM)
+    assert d.proc.wait(HTTP_TIMEOUT) == 0
+    lines = trace.read_text().splitlines()
+    execs = [line for line in lines if "execve(" in line]
+    assert len(execs) == 1, execs  # the start of python itself
+    threads = [line for line in lines if re.search(r"\bclone3?\(", line)]
+    assert threads, "strace saw no threads at all: the trace is not working"
+    processes = [line for line in lines if re.search(r"\b(v?fork)\(", line)]
+    processes += [line for line in threads if "CLONE_THREAD" not in line]
+    assert not processes, processes
+
+
+# -- the waiters, in-process: a superseded version still releases its request -----------------------
+
+
+def _result(job: Job, ok: bool = True, superseded: bool = False) -> Result:
+    if superseded:
+        return Result(job, error="a newer version arrived", superseded=True)
+    return Result(job) if ok else Result(job, error="cannot decode")
+
+
+def test_a_superseded_version_is_released_by_the_newer_map(tmp_path):
+    waiters = MapWaiters()
+    source, output = tmp_path / "frame.jpg", tmp_path / "depth.jpg"
+    older = Job(source, output, signature=(10, 1, 1))
+    queued: list[Job] = []
+    ticket = waiters.attach(older, lambda job: queued.append(job) or True)
+    assert queued == [older]
+    waiters.finished(older, _result(older, superseded=True))
+    assert ticket.wait(0) .kind == TIMEOUT  # superseded: still waiting
+    newer = Job(source, output, signature=(12, 2, 1))  # made after the request came
+    waiters.finished(newer, _result(newer))
+    assert ticket.wait(0).kind == DONE
+    # The very version already written: answered at once, nothing queued.
+    again = waiters.attach(newer, lambda job: queued.append(job) or True)
+    assert again.wait(0).kind == DONE and queued == [older]
+    # A request's own version taken first: the watcher's event for it is dropped once.
+    assert waiters.absorb(source, (10, 1, 1)) and not waiters.absorb(source, (10, 1, 1))
+
+
+def test_an_older_versions_map_does_not_release_a_request(tmp_path):
+    waiters = MapWaiters()
+    source, output = tmp_path / "frame.jpg", tmp_path / "depth.jpg"
+    stale = Job(source, output, signature=(10, 1, 1))  # made before the request
+    wanted = Job(source, output, signature=(11, 2, 1))
+    ticket = waiters.attach(wanted, lambda job: True)
+    waiters.finished(stale, _result(stale))
+    assert ticket.wait(0).kind == TIMEOUT
+    waiters.finished(wanted, _result(wanted))
+    assert ticket.wait(0).kind == DONE
+
+
+def test_rules_refuse_escapes_used_by_the_api(tmp_path):
+    from depthwatch.api import PredictApp, Refused
+
+    watch = tmp_path / "watch"
+    watch.mkdir()
+    rules = Rules(WatchConfig(folders=(watch,), patterns=("frame.jpg", "*.png")), OutputConfig())
+    app = PredictApp(None, ApiConfig())  # type: ignore[arg-type]
+    assert app._resolve("frame.jpg", rules) == watch / "frame.jpg"
+    for name in ("../x.png", "/etc/passwd", "sub/../../x.png", "", "a\x00.png", "depth.jpg"):
+        with pytest.raises(Refused) as refused:
+            app._resolve(name, rules)
+        assert refused.value.status == 403, name
+
+
+# -- slow clients, reload, the extra ------------------------------------------------------------------
+
+
+def test_a_stuck_client_blocks_neither_the_watcher_nor_other_requests(api_daemon, reference):
+    import socket
+
+    d = api_daemon()
+    host, port = d.url.removeprefix("http://").rsplit(":", 1)
+    stuck = []
+    for _ in range(20):  # more than the request threads: each sent half a request and stopped
+        s = socket.create_connection((host, int(port)), timeout=HTTP_TIMEOUT)
+        s.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\nContent-Length: 100000\r\n\r\n\xff\xd8")
+        stuck.append(s)
+    try:
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(block_frame(21)))
+        wait_for(lambda: d.counts().get("done") == 1, what="the watcher's map while clients are stuck")
+        data = jpeg_bytes(block_frame(22))
+        write_by_rename(d.watch / "frame.jpg", data)
+        answer = requests.post(f"{d.url}/predict", timeout=HTTP_TIMEOUT)
+        assert (answer.status_code, answer.text) == (200, "DONE")
+        assert_same_map(decode_map((d.watch / "depth.jpg").read_bytes()), reference.depth(data))
+    finally:
+        for s in stuck:
+            s.close()
+    assert d.stop() == 0
+
+
+def test_api_settings_take_effect_at_the_next_start(api_daemon):
+    import yaml
+
+    d = api_daemon()
+    config = yaml.safe_load(d.config_path.read_text())
+    config["api"]["timeout_s"] = 5
+    d.config_path.write_text(yaml.safe_dump(config))
+    wait_for(lambda: d.status().get("config_loads") == 2, what="the reload")
+    assert "the api settings take effect at the next start" in d.log()
+    assert requests.get(f"{d.url}/health", timeout=HTTP_TIMEOUT).status_code == 200
+    assert d.stop() == 0
+
+
+def test_the_daemon_needs_waitress_only_with_the_api_on(tmp_path, tiny_model):
+    """Without the api extra: the daemon runs; turning the API on is a one-line config error."""
+    blocker = tmp_path / "no_waitress"
+    blocker.mkdir()
+    (blocker / "waitress.py").write_text("raise ImportError('blocked for this test', name='waitress')\n")
+    env = {**os.environ, "PYTHONPATH": str(blocker)}
+    plain = DaemonProcess(tmp_path / "plain", tiny_model)
+    probe = subprocess.run(
+        [os.sys.executable, "-c", "import sys, depthwatch.daemon, depthwatch.commands.run; assert 'waitress' not in sys.modules"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HTTP_TIMEOUT,
+    )
+    assert probe.returncode == 0, probe.stderr
+    refused = subprocess.run(
+        [os.sys.executable, "-m", "depthwatch", "run", "-c", str(plain.config_path), "--api", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HTTP_TIMEOUT,
+    )
+    assert refused.returncode == 78, refused.stderr
+    assert "pip install 'depthwatch[api]'" in refused.stderr
