@@ -26,12 +26,12 @@ from benchmarks import farm as farm_bench
 from benchmarks import frames as framesets
 from benchmarks import predict
 from benchmarks import refine as refine_bench
-from benchmarks import report, scenarios, standin
+from benchmarks import report, scenarios, stable, standin
 from benchmarks.daemon import Knobs
 from benchmarks.processes import BenchError
 from depthwatch.errors import DepthwatchError
 
-SCENARIOS = ("classic", "predict", "burst", "latency", "memory", "refine", "farm")
+SCENARIOS = ("classic", "predict", "burst", "latency", "memory", "refine", "stable", "farm")
 
 
 def _ints(text: str) -> list[int]:
@@ -234,6 +234,8 @@ def _bench(args: argparse.Namespace, work: Path) -> int:
                 "refine micro-benchmark (one core)",
                 lambda: refine_bench.micro(repeats=3 if args.quick else 30),
             )
+        if "stable" not in args.skip:
+            s["normalise"] = _run(results, "output.normalise frame vs stable", lambda: stable.compare(plan))
         if "farm" not in args.skip and farm_bench.available():
             s["farm"] = _run(results, "render farm", lambda: farm_bench.farm(plan))
         elif "farm" not in args.skip:

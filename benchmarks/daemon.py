@@ -38,6 +38,8 @@ class Knobs:
     cv2_threads: int = 0
     #: output.refine: depthwatch's default (edges), or none for the comparison.
     refine: str = "edges"
+    #: output.normalise: stable (depthwatch's default) or frame.
+    normalise: str = "stable"
 
     def env(self) -> dict[str, str]:
         return {"OPENCV_FOR_THREADS_NUM": str(self.cv2_threads)} if self.cv2_threads else {}
@@ -53,7 +55,7 @@ def config_dict(knobs: Knobs, folder: Path, patterns: list[str], template: str, 
             "intra_op_threads": knobs.intra_op_threads,
         },
         "watch": {"folders": [str(folder)], "patterns": patterns},
-        "output": {"template": template, "refine": knobs.refine},
+        "output": {"template": template, "refine": knobs.refine, "normalise": knobs.normalise},
         "daemon": {"workers": knobs.workers, "status_file": str(status), "log_level": "info"},
     }
 

@@ -82,7 +82,17 @@ def derive(results: dict[str, Any]) -> dict[str, Any]:
         "latency_p50_edges_minus_none_ms": None
         if p50 is None or _get(s, "refine_none", "latency", "p50_ms") is None
         else p50 - _get(s, "refine_none", "latency", "p50_ms"),
+        # output.normalise: the burst (default, stable) against the same burst with frame,
+        # and the latency on a pan, stable minus frame.
+        "burst_stable_vs_frame": _ratio(burst, _get(s, "normalise", "burst_frame", "fps")),
+        "latency_stable_minus_frame_ms": _minus(
+            _get(s, "normalise", "latency_stable", "p50_ms"), _get(s, "normalise", "latency_frame", "p50_ms")
+        ),
     }
+
+
+def _minus(a: Any, b: Any) -> float | None:
+    return None if a is None or b is None else a - b
 
 
 def _median(values: list[float]) -> float | None:
@@ -128,6 +138,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     add("model loads per daemon", v, None if v is None else v == 1, "== 1")
     v = d.get("burst_edges_vs_none")
     add("burst refine: edges vs none", v, None if v is None else v >= REFINE_BURST_SHARE, f">= {REFINE_BURST_SHARE}")
+    v = d.get("burst_stable_vs_frame")
+    add("burst, normalise stable vs frame", v, None if v is None else v >= 0.95, ">= 0.95")
+    v = d.get("latency_stable_minus_frame_ms")
+    add("latency p50, normalise stable - frame (ms)", v, None if v is None else v <= 1.0, "<= 1")
     return rows
 
 
@@ -260,6 +274,15 @@ def table(results: dict[str, Any]) -> str:
         )
         lines.append(
             f"start-up to ready: daemon {_f(d['daemon_startup_s'], '.2f')} s, bare session {_f(d['bare_startup_s'], '.2f')} s"
+        )
+    n = s.get("normalise")
+    if n:
+        ls, lf = n.get("latency_stable") or {}, n.get("latency_frame") or {}
+        lines.append(
+            f"output.normalise: burst stable {_f(_get(s, 'burst', 'fps'))} vs frame {_f(_get(n, 'burst_frame', 'fps'))} frames/s "
+            f"({_f(d.get('burst_stable_vs_frame'), '.3f')}x); latency on a pan p50 stable {_f(ls.get('p50_ms'))} vs frame "
+            f"{_f(lf.get('p50_ms'))} ms ({_f(d.get('latency_stable_minus_frame_ms'), '+.2f')} ms), encode stage "
+            f"{_f(_get(ls, 'daemon_stage_ms', 'encode'), '.2f')} vs {_f(_get(lf, 'daemon_stage_ms', 'encode'), '.2f')} ms"
         )
     lines += ["", "targets (not assertions):"]
     for t in results["targets"]:

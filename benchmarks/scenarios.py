@@ -474,7 +474,7 @@ def latency_and_scrub(plan: Plan, name: str = "single") -> tuple[dict[str, Any],
     daemon = Daemon(plan.work, name, plan.knobs, ["frame.jpg"], "depth.jpg")
     try:
         startup = daemon.start()
-        latency, idle = _latency(plan, daemon)
+        latency, idle = one_at_a_time(plan, daemon)
         scrub = _scrub(plan, daemon, idle)
         status = daemon.status() or {}
         process = {
@@ -489,7 +489,7 @@ def latency_and_scrub(plan: Plan, name: str = "single") -> tuple[dict[str, Any],
     return latency, scrub, process
 
 
-def _latency(plan: Plan, daemon: Daemon) -> tuple[dict[str, Any], dict[str, Any]]:
+def one_at_a_time(plan: Plan, daemon: Daemon) -> tuple[dict[str, Any], dict[str, Any]]:
     """Drop frames one at a time; the results and the daemon's idle status after them."""
     folder, depth = daemon.folder, daemon.folder / "depth.jpg"
     samples: list[float] = []

@@ -232,6 +232,8 @@ class OutputConfig:
     clip_percent: tuple[float, float] | None = field(default=None, metadata=_spec(_optional(_percent_pair)))
     sidecar: bool = field(default=False, metadata=_spec(_bool))
     error_sidecar: bool = field(default=False, metadata=_spec(_bool))
+    # Shot-stable maps (see depthwatch/stabilise.py) or each map on its own.
+    normalise: str = field(default="stable", metadata=_spec(_choice("stable", "frame")))
     # Editor-grade maps (issue 15): edges from the frame, and levels as in a grading tool.
     refine: str = field(default="edges", metadata=_spec(_choice("edges", "none")))
     near: float | str = field(default=1.0, metadata=_spec(_level))

@@ -487,7 +487,12 @@ class Daemon:
                 counts.done += 1
                 counts.last_latency_ms = round(latency_ms, 2)
                 counts.last_frame = str(job.source)
-            frames_log.info("%s total %.1f queue %d", result.describe(), latency_ms, len(self.queue))
+                if result.started:
+                    counts.shots += 1
+                if result.started == "cut":
+                    counts.cuts += 1
+                    counts.last_cut = f"{job.source} -> {job.output}:{result.shot_note()}"
+            frames_log.info("%s total %.1f queue %d%s", result.describe(), latency_ms, len(self.queue), result.shot_note())
         elif result.superseded:
             with self._lock:
                 self._superseded_in_flight += 1

@@ -25,6 +25,7 @@ import cv2
 import numpy as np
 
 from depthwatch import formats, refine
+from depthwatch import normalise as normalise_step
 from depthwatch.contract import NCHW, Contract
 from depthwatch.errors import FrameError, ModelError
 from depthwatch.formats import OUTPUT_FORMATS
@@ -167,26 +168,12 @@ def prepare(decoded: Decoded, contract: Contract, profile: Profile) -> np.ndarra
 
 
 def normalise(prediction: np.ndarray, output_kind: str, options: RenderOptions) -> np.ndarray:
-    """Map a raw prediction to nearness in [0, 1], 1 = nearest, at the model's resolution.
+    """The per-frame map: nearness in [0, 1], 1 = nearest, at the model's resolution.
 
-    (x - min) / (max - min), guarded for a flat map. The classic Flask example's
-    255 / max * (x - min) divides by the maximum instead of the range and wraps
-    in uint8 when min < 0; this does neither. Inverting (white = far) is a
-    level, applied later (`levels`).
+    Step 1 of the render chain lives in `depthwatch.normalise` (`frame` here;
+    `stable` in `stabilise`); inverting (white = far) is a level, applied later.
     """
-    d = np.nan_to_num(prediction.astype(np.float32, copy=False), nan=0.0, posinf=0.0, neginf=0.0)
-    if options.clip_percent:
-        lo, hi = (float(v) for v in np.percentile(d, options.clip_percent))
-    else:
-        lo, hi = float(d.min()), float(d.max())
-    span = hi - lo
-    if not span > 1e-12 * max(1.0, abs(hi)):
-        n = np.zeros_like(d)
-    else:
-        n = np.clip((d - lo) * np.float32(1 / span), 0.0, 1.0)
-    if output_kind != INVERSE_DEPTH:  # metric depth: larger = farther
-        n = 1.0 - n
-    return n
+    return normalise_step.frame(prediction, output_kind, options.clip_percent)
 
 
 def render(

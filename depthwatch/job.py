@@ -11,6 +11,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -29,3 +33,8 @@ class Job:
     format: str | None = None
     #: When the frame was found complete (monotonic clock), for latency figures.
     queued_at: float = field(default_factory=time.monotonic, compare=False)
+    #: `depthwatch once` over a sequence, pass 1: stop after inference; the Result carries the
+    #: frame's stabilise.Summary and its prediction (float16), and nothing is written.
+    collect: bool = field(default=False, compare=False)
+    #: Pass 2: the [0, 1] nearness map is already made (model resolution): no inference.
+    nearness: np.ndarray | None = field(default=None, compare=False, repr=False)

@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from depthwatch import formats, imaging
+import numpy as np
+
+from depthwatch import formats, imaging, normalise, stabilise
 from depthwatch.levels import Levels, parse_level
 from depthwatch.config import Config
 from depthwatch.engine import Engine, Inference
@@ -67,6 +69,8 @@ class Settings:
     png_compression: int = 1
     max_pixels: int = 100_000_000
     sidecar: bool = False
+    #: output.normalise: stable (per-output shot state) or frame (each map on its own).
+    normalise: str = normalise.STABLE
 
     @classmethod
     def from_config(cls, config: Config) -> Settings:
@@ -82,6 +86,7 @@ class Settings:
             png_compression=out.png_compression,
             max_pixels=int(config.daemon.max_megapixels * 1_000_000),
             sidecar=out.sidecar,
+            normalise=out.normalise,
         )
 
 
@@ -100,6 +105,13 @@ class Result:
     model: str | None = None
     providers: tuple[str, ...] = ()
     ms: dict[str, float] = field(default_factory=dict)
+    #: The shot this map belongs to (stable normalisation), and why it started with this
+    #: frame: "new" (the output's first), "cut", "model" (a model swap), or "" (it did not).
+    shot: int | None = None
+    started: str = ""
+    #: Job.collect: what planning a sequence needs of this frame.
+    summary: stabilise.Summary | None = None
+    prediction: np.ndarray | None = None
 
     @property
     def ok(self) -> bool:
@@ -112,6 +124,16 @@ class Result:
         timings = " ".join(f"{stage} {self.ms.get(stage, 0.0):.1f}" for stage in STAGES)
         w, h = self.size or (0, 0)
         return f"{self.job.source.name} -> {self.job.output.name} {w}x{h} ms: {timings}"
+
+    def shot_note(self) -> str:
+        """' shot 3 (cut)' when a cut or a model swap started a shot with this map, else ''.
+
+        An output's first map starts its first shot too, but saying so on every
+        frame of a burst of stills would drown the cuts.
+        """
+        if self.started in ("cut", "model"):
+            return f" shot {self.shot} ({self.started})"
+        return ""
 
 
 def parse_frame_line(line: str) -> dict[str, Any] | None:
@@ -143,6 +165,8 @@ class _Frame:
     #: A newer job for the same output was submitted: do not start inference.
     abandoned: bool = False
     inference: Future[Inference] | None = None
+    #: output.normalise: stable: the map and the shot state it leaves once written.
+    outcome: stabilise.Outcome | None = None
 
     def check(self) -> None:
         if self.abandoned:
@@ -275,6 +299,8 @@ class Pipeline:
         # (seq, time) of the last map written per output; a short memory is enough, since
         # only jobs in flight (a handful) ever compare against it.
         self._written: OrderedDict[Path, tuple[int, float]] = OrderedDict()
+        # Shot state per output for output.normalise: stable (bounded; see stabilise).
+        self.stabiliser = stabilise.Stabiliser()
         # Writes to one output are serialised (by stripe, to keep this bounded) so the
         # check "nothing newer was written" and the write happen as one.
         self._write_locks = [threading.Lock() for _ in range(64)]
@@ -286,7 +312,7 @@ class Pipeline:
         The future always completes with a Result (errors included). TimeoutError
         if no slot freed within `timeout`.
         """
-        if not self._slots.acquire(timeout=timeout):  # None: wait (a Semaphore takes -1 as "no wait")
+        if not self._slots.acquire(timeout=timeout):  # None: wait (a Semaphore takes -1 as "not at all")
             raise TimeoutError(f"{self.in_flight} frames still in flight")
         return self._start(job, settings)
 
@@ -428,6 +454,12 @@ class Pipeline:
                 checked_format=job.format,
             )
             del data
+            if job.nearness is not None:  # once, pass 2: the map is made, only write it
+                frame.lap("decode")
+                done: Future[Inference] = Future()
+                done.set_result(Inference(job.nearness, 0.0, info))
+                self._back(frame, done)
+                return
             self._to_engine(frame, info)
         except Exception as exc:
             self._fail(frame, exc)
@@ -474,7 +506,11 @@ class Pipeline:
             frame.result.ms["infer"] = inference.seconds * 1000
             frame.clock = time.perf_counter()
             settings, job = frame.settings, frame.job
-            encoded = _render_encode(inference, info, frame.decoded, job.output.suffix, settings)
+            if job.collect:
+                self._collect(frame, inference, info)
+                return
+            nearness = self._normalise(frame, inference, info)
+            encoded = _render_encode(inference, info, frame.decoded, job.output.suffix, settings, nearness)
             frame.lap("encode")
             _ensure_folder(job.output.parent)
             frame.result.size = frame.decoded.size
@@ -484,6 +520,8 @@ class Pipeline:
                 if self._newer_written(frame):
                     raise Superseded("a newer version's map was written first")
                 atomic_write(job.output, encoded)
+                if frame.outcome is not None and self.stabiliser.landed(job.output, frame.outcome):
+                    frame.result.shot, frame.result.started = frame.outcome.shot, frame.outcome.started
                 if settings.sidecar:
                     atomic_write(job.output.with_name(job.output.name + ".json"), self._sidecar(frame))
                 with self._lock:
@@ -498,6 +536,45 @@ class Pipeline:
             frame.future.set_result(frame.result)
         except Exception as exc:
             self._fail(frame, exc)
+
+    def _normalise(self, frame: _Frame, inference: Inference, info: ModelInfo) -> np.ndarray:
+        """Step 1 of the render chain: the [0, 1] nearness map at model resolution (worker thread).
+
+        In stable mode the map comes from the output's shot state as it is; the
+        state this frame leaves is kept only once its map is written (see `_back`).
+        """
+        job, settings = frame.job, frame.settings
+        if job.nearness is not None:
+            return job.nearness
+        kind, clip = info.profile.output, settings.render.clip_percent
+        if settings.normalise != normalise.STABLE:
+            return normalise.frame(inference.prediction, kind, clip)
+        assert frame.decoded is not None
+        frame.outcome = self.stabiliser.map(
+            job.output,
+            inference.prediction,
+            kind,
+            frame.decoded.image,
+            key=(info.generation, clip),
+            seq=frame.seq,
+            clip_percent=clip,
+        )
+        return frame.outcome.map
+
+    def _collect(self, frame: _Frame, inference: Inference, info: ModelInfo) -> None:
+        """Pass 1 of a sequence in `once`: keep what planning needs, write nothing."""
+        assert frame.decoded is not None
+        result = frame.result
+        result.summary = stabilise.summarise(
+            inference.prediction, info.profile.output, frame.decoded.image, frame.settings.render.clip_percent
+        )
+        result.prediction = inference.prediction.astype(np.float16)
+        result.size = frame.decoded.size
+        result.model = info.spec.path.name
+        result.providers = info.providers
+        frame.decoded = None
+        frame.lap("encode")
+        frame.future.set_result(result)
 
     def _front_image(self, image: _Image) -> None:
         """decode, prepare, hand to the engine (worker thread)."""
@@ -573,10 +650,21 @@ class Pipeline:
             frame.future.set_result(frame.result)
 
 
-def _render_encode(inference: Inference, info: ModelInfo, decoded: imaging.Decoded, ext: str, settings: Settings) -> bytes:
-    """The depth map at the frame's size, encoded for an output ending in `ext` (worker thread)."""
+def _render_encode(
+    inference: Inference,
+    info: ModelInfo,
+    decoded: imaging.Decoded,
+    ext: str,
+    settings: Settings,
+    nearness: np.ndarray | None = None,
+) -> bytes:
+    """The depth map at the frame's size, encoded for an output ending in `ext` (worker thread).
+
+    `nearness`: step 1's map if already made (output.normalise: stable); else the per-frame one.
+    """
     options = replace(settings.render, bits=imaging.bits_for(ext, settings.png_bits))
-    nearness = imaging.normalise(inference.prediction, info.profile.output, options)
+    if nearness is None:
+        nearness = imaging.normalise(inference.prediction, info.profile.output, options)
     depth = imaging.render(nearness, decoded.size, options, guide=decoded.image)
     return imaging.encode(depth, ext, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression)
 

@@ -33,6 +33,11 @@ class Counters:
     superseded: int = 0
     incomplete: int = 0
     retried: int = 0
+    #: Shots started (output.normalise: stable): an output's first map, a cut, a model swap;
+    #: and of those, the cuts, with the last one as "<frame> -> <output>: shot N (cut)".
+    shots: int = 0
+    cuts: int = 0
+    last_cut: str | None = None
     last_latency_ms: float | None = None
     last_frame: str | None = None
     last_error: str | None = None

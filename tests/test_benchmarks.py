@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SCENARIOS = {
     "costs", "ceiling", "classic_flask", "classic_gunicorn", "bare", "burst", "latency", "scrub", "daemon",
-    "refine_none", "refine_micro", "predict",
+    "refine_none", "refine_micro", "predict", "normalise",
 }
 
 
@@ -101,6 +101,15 @@ def test_quick_benchmark_runs_every_scenario(tmp_path: Path) -> None:
     assert scrub["writes"] >= 2
     assert 1 <= scrub["inferences"] <= scrub["writes"]
     assert _positive(scrub["last_map_ms"])
+
+    normalise = s["normalise"]  # output.normalise frame against the default (stable), same run
+    assert normalise["burst_frame"]["outputs"] == normalise["burst_frame"]["frames"] > 0
+    for mode in ("stable", "frame"):
+        assert normalise[f"latency_{mode}"]["outputs"] == normalise[f"latency_{mode}"]["frames"] > 0, mode
+    assert normalise["latency_stable"]["cuts"] == 0 and normalise["latency_frame"]["cuts"] == 0  # one shot
+    assert _positive(results["derived"]["burst_stable_vs_frame"])
+    assert isinstance(results["derived"]["latency_stable_minus_frame_ms"], float)
+    assert "output.normalise: burst stable" in stdout
 
     assert _positive(s["bare"]["peak_rss_bytes"]) and _positive(s["daemon"]["peak_rss_bytes"])
     assert s["daemon"]["model_loads"] == 1 and s["daemon"]["exit_code"] == 0

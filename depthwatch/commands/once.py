@@ -1,4 +1,15 @@
-"""`depthwatch once`: run files or folders of frames through the engine and exit."""
+"""`depthwatch once`: run files or folders of frames through the engine and exit.
+
+Numbered frames (`shot_1001.jpg`, see `sequences`) are a sequence: with
+`output.normalise: stable` each sequence goes through twice. Pass 1 runs the
+model on every frame and keeps its small stabilise.Summary and its prediction
+(float16 at model resolution, up to HOLD_BYTES per sequence; beyond that the
+model runs again for those frames in pass 2). `stabilise.plan` then finds the
+shots and their ranges, and pass 2 maps the frames in frame order (each
+shot's maps are filtered over time, so pass 2 goes in order) and writes them.
+Stills, and everything in `frame` mode, get their own map each, exactly as
+the daemon's per-frame path makes it.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +18,25 @@ import os
 import sys
 import time
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from depthwatch.commands.common import add_config_arguments, config_from_args
 from depthwatch.config import OutputConfig, WatchConfig
 from depthwatch.errors import ConfigError, FrameError, InputError
 from depthwatch.formats import EXTENSIONS
+from depthwatch.normalise import FRAME, MODES, STABLE
 from depthwatch.rules import Rules
 
 HELP = "write depth maps for the given frames (files or folders) and exit"
 
 #: Beside each input unless -o says otherwise; a fixed name would collide across inputs.
 DEFAULT_TEMPLATE = "{stem}_depth.jpg"
+
+#: Predictions kept between the passes over one sequence (float16 at model resolution:
+#: about 5000 frames of a 224x224 model); frames past it are run through the model again.
+HOLD_BYTES = 512 * 1024 * 1024
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     levels.add_argument("--near", metavar="LEVEL", help="the level shown white: a fraction 0..1 of the range, or a percentile like 80%%")
     levels.add_argument("--far", metavar="LEVEL", help="the level shown black: a fraction 0..1 of the range, or a percentile like 20%%")
     levels.add_argument("--gamma", metavar="G", type=float, help="midtones: above 1 brighter, below 1 darker (0.1..10)")
+    levels.add_argument(
+        "--normalise",
+        choices=MODES,
+        help="stable: numbered frames are normalised over each shot as a whole; "
+        "frame: each map on its own (overrides output.normalise)",
+    )
     add_config_arguments(parser)
 
 
@@ -119,7 +143,7 @@ def collect_inputs(inputs: list[str], template: str) -> list[Path]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from depthwatch import catalogue
+    from depthwatch import catalogue, sequences
     from depthwatch.config import check_combinations, override
     from depthwatch.engine import Engine
     from depthwatch.job import Job
@@ -131,7 +155,7 @@ def main(args: argparse.Namespace) -> int:
     single = len(args.inputs) == 1 and not Path(args.inputs[0]).expanduser().is_dir()
     template = template_for(args.output, single)
     config = override(config, "-o", "output", template=template)
-    for key in ("refine", "near", "far", "gamma"):
+    for key in ("refine", "near", "far", "gamma", "normalise"):
         if getattr(args, key) is not None:
             config = override(config, f"--{key}", "output", **{key: getattr(args, key)})
     check_combinations(config)
@@ -178,15 +202,55 @@ def main(args: argparse.Namespace) -> int:
         progress.close()
         _summary(len(sources), len(failures), began)
         return 1
+    if settings.normalise == STABLE:
+        found, stills = sequences.sequences([job.source for job in jobs])
+    else:
+        found, stills = [], [job.source for job in jobs]
+    by_source = {job.source: job for job in jobs}
     with Engine(spec) as engine:
         engine.wait_ready()
         pipeline = Pipeline(engine, workers=config.daemon.workers, niceness=config.daemon.worker_niceness)
-        for job in jobs:
-            pipeline.submit(job, settings).add_done_callback(report)  # blocks while the pipeline is full
+        for source in stills:  # each its own map, exactly the per-frame one
+            pipeline.submit(by_source[source], replace(settings, normalise=FRAME)).add_done_callback(report)
+        for sequence in found:
+            _sequence(pipeline, [by_source[p] for p in sequence.paths], settings, report)
         pipeline.close()
     progress.close()
     _summary(len(sources), len(failures), began)
     return 1 if failures else 0
+
+
+def _sequence(pipeline: Any, jobs: list[Any], settings: Any, report: Any) -> None:
+    """Two passes: model and summary for every frame (any order), then map and write in frame order."""
+    from depthwatch import stabilise
+
+    collected = [pipeline.submit(replace(job, collect=True), settings) for job in jobs]  # blocks while full
+    kept: list[tuple[Any, Any]] = []
+    held = 0
+    for job, future in zip(jobs, collected):
+        result = future.result()
+        if not result.ok:
+            report(future)
+            continue
+        held += result.prediction.nbytes
+        if held > HOLD_BYTES:
+            result.prediction = None  # run the model again in pass 2
+        kept.append((job, result))
+    plans = stabilise.plan([result.summary for _, result in kept])
+    kind = pipeline.engine.wait_ready().profile.output
+    clip = settings.render.clip_percent
+    previous = None
+    for (job, result), params in zip(kept, plans):
+        prediction = result.prediction
+        if prediction is None:
+            again = pipeline.submit(replace(job, collect=True), settings)
+            if not again.result().ok:
+                report(again)
+                continue
+            prediction = again.result().prediction
+        result.prediction = result.summary = None
+        nearness, previous = stabilise.apply(prediction, kind, params, previous, clip)
+        pipeline.submit(replace(job, nearness=nearness), settings).add_done_callback(report)
 
 
 def _summary(frames: int, failed: int, began: float) -> None:

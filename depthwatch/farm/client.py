@@ -17,8 +17,10 @@ import logging
 import sys
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
+from depthwatch import normalise, sequences
 from depthwatch.config import Config
 from depthwatch.errors import FarmError
 from depthwatch.farm import require_distributed
@@ -68,6 +70,16 @@ def run(
     if not todo:
         return 0
     settings = Settings.from_config(config)
+    if settings.normalise != normalise.FRAME:
+        # Shot-stable maps need a shot's frames in order (see farm.tasks for where the
+        # two-pass planner fits); until then the farm maps each frame on its own.
+        found, _ = sequences.sequences([jobs[i].source for i in todo])
+        if found:
+            report(
+                "depthwatch: the farm normalises each frame on its own (output.normalise: frame); "
+                "for shot-stable maps run `depthwatch once` without --farm"
+            )
+        settings = replace(settings, normalise=normalise.FRAME)
     batches = tasks_for(jobs, todo, config)
     try:
         client = distributed.Client(scheduler, timeout=CONNECT_TIMEOUT, set_as_default=False)
