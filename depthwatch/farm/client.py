@@ -24,7 +24,7 @@ from depthwatch import normalise, sequences
 from depthwatch.config import Config
 from depthwatch.errors import FarmError
 from depthwatch.farm import require_distributed
-from depthwatch.farm.tasks import RESOURCE, FrameTask, Outcome, render_frames
+from depthwatch.farm.tasks import RESOURCE, FrameTask, Outcome, collect_frames, render_frames
 from depthwatch.job import Job
 from depthwatch.pipeline import Settings
 from depthwatch.rules import map_is_current
@@ -70,58 +70,135 @@ def run(
     if not todo:
         return 0
     settings = Settings.from_config(config)
-    if settings.normalise != normalise.FRAME:
-        # Shot-stable maps need a shot's frames in order (see farm.tasks for where the
-        # two-pass planner fits); until then the farm maps each frame on its own.
-        found, _ = sequences.sequences([jobs[i].source for i in todo])
-        if found:
-            report(
-                "depthwatch: the farm normalises each frame on its own (output.normalise: frame); "
-                "for shot-stable maps run `depthwatch once` without --farm"
-            )
-        settings = replace(settings, normalise=normalise.FRAME)
-    batches = tasks_for(jobs, todo, config)
+    plain, shots = _split(jobs, todo, settings)
     try:
         client = distributed.Client(scheduler, timeout=CONNECT_TIMEOUT, set_as_default=False)
     except (OSError, TimeoutError) as exc:
         raise FarmError(
             f"cannot reach the Dask scheduler at {scheduler} ({exc}); start one with `dask scheduler` and check the address"
         ) from None
+    run_id = uuid.uuid4().hex[:8]
+    serial = iter(range(1 << 62))
+    todo_set = set(todo)
     failures = 0
     done_by: dict[str, int] = {}
+
+    def submit(function: Any, batch: list[FrameTask], *args: Any) -> Any:
+        return client.submit(
+            function, batch, *args,
+            key=f"depthwatch-{function.__name__}-{run_id}-{next(serial)}", pure=False, resources={RESOURCE: 1},
+        )
+
+    def tally(outcome: Outcome) -> None:
+        nonlocal failures
+        job = jobs[outcome.index]
+        if outcome.ok:
+            done_by[outcome.worker] = done_by.get(outcome.worker, 0) + 1
+        else:
+            failures += 1
+            line = f"depthwatch: {job.source}: {outcome.error}"
+            if progress is not None:
+                progress.write(line, file=sys.stderr)
+            else:
+                report(line)
+        if progress is not None:
+            progress.update(1)
+
     try:
         _say_if_no_workers(client, scheduler, report)
-        run_id = uuid.uuid4().hex[:8]
-        futures = [
-            client.submit(
-                render_frames, batch, settings, force,
-                key=f"depthwatch-frames-{run_id}-{n}", pure=False, resources={RESOURCE: 1},
-            )
-            for n, batch in enumerate(batches)
-        ]
-        batch_of = {future.key: batch for future, batch in zip(futures, batches)}
-        for future in distributed.as_completed(futures, loop=client.loop):
-            outcomes = _outcomes(future, batch_of[future.key])
+        plain_settings = replace(settings, normalise=normalise.FRAME)  # stills: each its own map
+        batch_of: dict[str, list[FrameTask]] = {}
+        shot_of: dict[str, int] = {}
+        waiting: dict[int, set[str]] = {}
+        futures = []
+        for batch in tasks_for(jobs, plain, config):
+            future = submit(render_frames, batch, plain_settings, force)
+            batch_of[future.key] = batch
+            futures.append(future)
+        for n, shot in enumerate(shots):  # first pass: every frame of the sequence, for its plan
+            waiting[n] = set()
+            for batch in tasks_for(jobs, shot, config):
+                future = submit(collect_frames, batch, settings)
+                batch_of[future.key], shot_of[future.key] = batch, n
+                waiting[n].add(future.key)
+                futures.append(future)
+        collected: dict[int, list[Any]] = {n: [] for n in waiting}
+        completed = distributed.as_completed(futures, loop=client.loop)
+        for future in completed:
+            if future.key in shot_of:  # a first-pass task: held on its worker until its whole shot is in
+                n = shot_of.pop(future.key)
+                collected[n].append(future)
+                waiting[n].discard(future.key)
+                if not waiting[n]:
+                    for batch in _second_pass(jobs, shots[n], collected.pop(n), batch_of, todo_set, config, tally):
+                        second = submit(render_frames, batch, settings, force)
+                        batch_of[second.key] = batch
+                        completed.add(second)
+                continue
+            outcomes = _outcomes(future, batch_of.pop(future.key))
             future.release()
             for outcome in outcomes:
-                job = jobs[outcome.index]
-                if outcome.ok:
-                    done_by[outcome.worker] = done_by.get(outcome.worker, 0) + 1
-                else:
-                    failures += 1
-                    line = f"depthwatch: {job.source}: {outcome.error}"
-                    if progress is not None:
-                        progress.write(line, file=sys.stderr)
-                    else:
-                        report(line)
-                if progress is not None:
-                    progress.update(1)
+                tally(outcome)
         _report_workers(client, done_by, report)
     finally:
         client.close()
     # Every task has its answer: a temporary file of one of these maps is a killed worker's.
     sweep_temp_files_for(jobs[i].output for i in todo)
     return failures
+
+
+def _split(jobs: Sequence[Job], todo: Sequence[int], settings: Settings) -> tuple[list[int], list[list[int]]]:
+    """The frames mapped each on its own, and the shot-stable sequences (job indexes, in frame order).
+
+    A sequence with any frame to map is planned from all its frames, the ones
+    whose maps are up to date included, so the maps written now share the
+    grey levels of the ones written by the earlier, interrupted run (the plan
+    is a pure function of the model's output).
+    """
+    if settings.normalise == normalise.FRAME:
+        return list(todo), []
+    index_of = {job.source: i for i, job in enumerate(jobs)}
+    found, _ = sequences.sequences(job.source for job in jobs)
+    wanted = set(todo)
+    shots = [[index_of[p] for p in seq.paths] for seq in found]
+    shots = [shot for shot in shots if wanted.intersection(shot)]
+    in_shots = {i for shot in shots for i in shot}
+    return [i for i in todo if i not in in_shots], shots
+
+
+def _second_pass(
+    jobs: Sequence[Job],
+    shot: list[int],
+    collected: list[Any],
+    batch_of: dict[str, list[FrameTask]],
+    todo: set[int],
+    config: Config,
+    tally: Callable[[Outcome], None],
+) -> list[list[FrameTask]]:
+    """Plan a sequence from its first pass, make each frame's [0, 1] map in frame order, batch the writes."""
+    from depthwatch import stabilise
+
+    outcomes: dict[int, Outcome] = {}
+    for future in collected:
+        for outcome in _outcomes(future, batch_of.pop(future.key)):
+            outcomes[outcome.index] = outcome
+        future.release()
+    usable = [i for i in shot if outcomes.get(i) is not None and outcomes[i].ok and outcomes[i].summary is not None]
+    for i in shot:
+        if i not in usable and i in todo:  # it failed alone, with its line; the shot is planned without it
+            tally(outcomes.get(i) or Outcome(i, "the farm returned nothing for it; run the command again to retry"))
+    plans = stabilise.plan([outcomes[i].summary for i in usable])
+    clip = config.output.clip_percent
+    previous = None
+    path_map = config.farm.path_map
+    frames = []
+    for i, params in zip(usable, plans):
+        outcome = outcomes.pop(i)
+        nearness, previous = stabilise.apply(outcome.prediction, outcome.kind, params, previous, clip)
+        if i in todo:
+            frames.append(FrameTask(i, path_map.to_worker(jobs[i].source), path_map.to_worker(jobs[i].output), nearness))
+    size = config.farm.frames_per_task
+    return [frames[n : n + size] for n in range(0, len(frames), size)]
 
 
 def _outcomes(future: Any, batch: list[FrameTask]) -> list[Outcome]:

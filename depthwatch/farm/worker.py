@@ -85,8 +85,12 @@ class FrameRunner:
         self._lock = threading.Lock()
         self._status_lock = threading.Lock()
 
-    def render(self, frames: Sequence[FrameTask], settings: Settings, force: bool) -> list[Outcome]:
-        """Run one task's frames through the pipeline (a Dask executor thread) and wait for them."""
+    def render(self, frames: Sequence[FrameTask], settings: Settings, force: bool, collect: bool = False) -> list[Outcome]:
+        """Run one task's frames through the pipeline (a Dask executor thread) and wait for them.
+
+        `collect`: a shot-stable sequence's first pass; each frame stops after the
+        model and its outcome carries what the client plans the shot from.
+        """
         counts = self.status.counts
         address = self.status.address or ""
         outcomes: list[Outcome] = []
@@ -103,23 +107,32 @@ class FrameRunner:
                 continue
             with self._lock:
                 counts.in_flight += 1
-            future = self.pipeline.submit(Job(source, output), settings)  # waits while the pipeline is full
+            job = Job(source, output, collect=collect, nearness=frame.nearness)
+            future = self.pipeline.submit(job, settings)  # waits while the pipeline is full
             submitted.append((frame, future, time.monotonic()))
         for frame, future, started in submitted:
             result = future.result()
             line = result.describe()
             with self._lock:
                 counts.in_flight -= 1
-                if result.ok:
-                    counts.done += 1
-                else:
+                if not result.ok:
                     counts.failed += 1
                     counts.last_error = line
-            if result.ok:
-                frames_log.info("%s total %.1f", line, (time.monotonic() - started) * 1000)
-            else:
+                elif not collect:
+                    counts.done += 1
+            if not result.ok:
                 log.error("%s", line)
-            outcomes.append(Outcome(frame.index, result.error, line=line, worker=address))
+            elif collect:
+                frames_log.debug("%s (first pass of a shot-stable sequence)", line)
+            else:
+                frames_log.info("%s total %.1f", line, (time.monotonic() - started) * 1000)
+            if collect and result.ok:
+                kind = self.engine.wait_ready().profile.output
+                outcomes.append(
+                    Outcome(frame.index, line=line, worker=address, summary=result.summary, prediction=result.prediction, kind=kind)
+                )
+            else:
+                outcomes.append(Outcome(frame.index, result.error, line=line, worker=address))
         self.write_status()
         return sorted(outcomes, key=lambda o: o.index)
 
