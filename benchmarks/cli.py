@@ -22,6 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from benchmarks import farm as farm_bench
 from benchmarks import frames as framesets
 from benchmarks import predict
 from benchmarks import refine as refine_bench
@@ -30,7 +31,7 @@ from benchmarks.daemon import Knobs
 from benchmarks.processes import BenchError
 from depthwatch.errors import DepthwatchError
 
-SCENARIOS = ("classic", "predict", "burst", "latency", "memory", "refine", "stable")
+SCENARIOS = ("classic", "predict", "burst", "latency", "memory", "refine", "stable", "farm")
 
 
 def _ints(text: str) -> list[int]:
@@ -235,6 +236,10 @@ def _bench(args: argparse.Namespace, work: Path) -> int:
             )
         if "stable" not in args.skip:
             s["normalise"] = _run(results, "output.normalise frame vs stable", lambda: stable.compare(plan))
+        if "farm" not in args.skip and farm_bench.available():
+            s["farm"] = _run(results, "render farm", lambda: farm_bench.farm(plan))
+        elif "farm" not in args.skip:
+            _progress("render farm skipped: it needs the farm extra (pip install -e '.[farm]')")
     del captured
     results["scenarios"] = {k: v for k, v in s.items() if v is not None}
     results["machine"]["load_after"] = _load()

@@ -229,6 +229,10 @@ def table(results: dict[str, Any]) -> str:
     if b and b.get("daemon_stage_ms"):
         st = b["daemon_stage_ms"]
         lines.append("  burst, daemon's own stage medians (ms): " + " ".join(f"{k} {v:.1f}" for k, v in st.items()))
+    from benchmarks.farm import rows as farm_rows
+
+    for label, fps, note in farm_rows(results):
+        row(label, fps, note)
     lines.append("")
     lat = s.get("latency")
     if lat:

@@ -17,7 +17,7 @@ from depthwatch import __version__
 from depthwatch.errors import DepthwatchError
 
 #: Subcommands, each a module in depthwatch.commands with HELP, add_arguments() and main().
-COMMANDS = ("run", "once", "check", "status", "models", "service")
+COMMANDS = ("run", "once", "worker", "check", "status", "models", "service")
 
 
 def build_parser() -> argparse.ArgumentParser:

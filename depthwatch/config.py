@@ -22,6 +22,7 @@ import yaml
 from depthwatch import paths, providers
 from depthwatch.errors import ConfigError
 from depthwatch.formats import OUTPUT_FORMATS
+from depthwatch.pathmap import PathMap
 from depthwatch.levels import parse_level
 from depthwatch.profiles import DEPTH, INVERSE_DEPTH, PROFILES
 
@@ -167,6 +168,12 @@ def _template(value: Any, base: Path) -> str:
     return text
 
 
+def _path_map(value: Any, base: Path) -> PathMap:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"must be a mapping of client prefix: worker prefix, like {{/Volumes/Shots: /mnt/shots}}, not {_show(value)}")
+    return PathMap.from_mapping(value)
+
+
 def _show(value: Any) -> str:
     if isinstance(value, str):
         return repr(value)
@@ -284,12 +291,21 @@ class ApiConfig:
 
 
 @dataclass(frozen=True)
+class FarmConfig:
+    """`depthwatch worker` and `depthwatch once --farm` (the render farm)."""
+
+    path_map: PathMap = field(default=PathMap(), metadata=_spec(_path_map))
+    frames_per_task: int = field(default=4, metadata=_spec(_int(1, 10_000)))
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = ModelConfig()
     watch: WatchConfig = WatchConfig()
     output: OutputConfig = OutputConfig()
     daemon: DaemonConfig = DaemonConfig()
     api: ApiConfig = ApiConfig()
+    farm: FarmConfig = FarmConfig()
     #: The file this came from (None: built-in defaults); relative paths resolve against its folder.
     source: Path | None = field(default=None, compare=False)
 
@@ -310,6 +326,7 @@ SECTIONS: dict[str, type] = {
     "output": OutputConfig,
     "daemon": DaemonConfig,
     "api": ApiConfig,
+    "farm": FarmConfig,
 }
 
 
@@ -496,5 +513,7 @@ def dump_defaults() -> dict[str, dict[str, Any]]:
                 value = [str(v) if isinstance(v, Path) else v for v in value]
             elif isinstance(value, Path):
                 value = str(value)
+            elif isinstance(value, PathMap):
+                value = value.as_dict()
             out[name][f.name] = value
     return out

@@ -61,3 +61,13 @@ class ModelChanged(Exception):
 
 class OwnOutput(Superseded):
     """The file is a depth map depthwatch wrote (it carries its record): never taken as input."""
+
+
+#: sysexits.h EX_UNAVAILABLE: a service depthwatch needs (the farm's scheduler) cannot be reached.
+EX_UNAVAILABLE = 69
+
+
+class FarmError(DepthwatchError):
+    """The render farm cannot be used: no scheduler at the address, or the farm extra is missing."""
+
+    exit_code = EX_UNAVAILABLE

@@ -13,6 +13,7 @@ import re
 import string
 from pathlib import Path
 
+from depthwatch import provenance
 from depthwatch.config import OutputConfig, WatchConfig
 from depthwatch.errors import FrameError
 from depthwatch.writer import is_temp_name
@@ -115,3 +116,22 @@ class Rules:
         except (OSError, RuntimeError):
             return False
         return root is not None and (root.resolve() in target.parents)
+
+
+def map_is_current(source: Path, output: Path) -> bool:
+    """Whether `output` is a map of the version of `source` now on disk: no new map is needed.
+
+    The map's own record says which version it was made from (see `provenance`),
+    so a map that landed after a newer frame (a kill between the two) is still
+    stale; a map without a record (older depthwatch, EXR) counts when it is no
+    older than the frame. The daemon's start-up scan and `once --farm`'s resume
+    use this same rule.
+    """
+    try:
+        frame = source.stat()
+        record = provenance.read(output)
+        if record is not None:
+            return provenance.same_version(record, frame)
+        return output.stat().st_mtime_ns >= frame.st_mtime_ns
+    except OSError:
+        return False

@@ -30,12 +30,12 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
-from depthwatch import formats, provenance
+from depthwatch import formats
 from depthwatch.config import WatchConfig
-from depthwatch.names import shown
 from depthwatch.errors import DepthwatchError
+from depthwatch.names import shown
 from depthwatch.reading import link_problem, open_checked
-from depthwatch.rules import Rules
+from depthwatch.rules import Rules, map_is_current
 
 log = logging.getLogger("depthwatch.watch")
 
@@ -269,22 +269,12 @@ class Watcher:
         return sorted((p for p in found if self.rules.is_frame(p)), key=_mtime)
 
     def _needs_output(self, path: Path) -> bool:
-        """Whether the map is missing or was made from another version of the frame.
-
-        The map's own record says which version it shows (see `provenance`); a map
-        without one (written by depthwatch before it kept records) falls back to mtimes.
-        """
+        """Whether the map is missing or was made from another version of the frame (see `map_is_current`)."""
         try:
             output = self.rules.output_for(path)
-            frame = path.stat()
-            record = provenance.read(output)
-            if record is not None:
-                return not provenance.same_version(record, frame)
-            return output.stat().st_mtime_ns < frame.st_mtime_ns
-        except FileNotFoundError:
-            return True
         except Exception:  # an output outside the allowed folders is reported when processed
             return True
+        return not map_is_current(path, output)
 
     def _loop(self) -> None:
         next_health = time.monotonic() + _HEALTH_INTERVAL

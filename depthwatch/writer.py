@@ -12,6 +12,7 @@ import errno
 import os
 import re
 import secrets
+from collections.abc import Iterable
 from pathlib import Path
 
 from depthwatch.errors import OutputError
@@ -39,6 +40,12 @@ def temp_name_for(target: Path) -> Path:
 
 def is_temp_name(name: str) -> bool:
     return name.startswith(".") and name.endswith(TEMP_SUFFIX)
+
+
+def temp_target_name(name: str) -> str | None:
+    """The (possibly shortened) name of the file a temporary file was written for."""
+    match = re.fullmatch(r"\.(.*)\.(?:\d+-)?[0-9a-f]{8}" + re.escape(TEMP_SUFFIX), name, re.S)
+    return match.group(1) if match else None
 
 
 def temp_owner(name: str) -> int | None:
@@ -152,6 +159,29 @@ def sweep_temp_files(folder: Path) -> int:
             continue
         _remove_quietly(entry.path)
         removed += 1
+    return removed
+
+
+def sweep_temp_files_for(targets: Iterable[Path]) -> int:
+    """Remove the temporary files of these targets that a killed writer left; returns how many.
+
+    Only for targets nothing is writing any more (the farm client, once its job
+    is over: a worker killed mid-write leaves its temporary file behind).
+    """
+    wanted: dict[Path, set[str]] = {}
+    for target in targets:
+        name = os.fsencode(target.name)[: 255 - _TEMP_EXTRA].decode(errors="ignore")
+        wanted.setdefault(target.parent, set()).add(name)
+    removed = 0
+    for folder, names in wanted.items():
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            if is_temp_name(entry.name) and temp_target_name(entry.name) in names:
+                _remove_quietly(entry.path)
+                removed += 1
     return removed
 
 

@@ -8,6 +8,7 @@ cleaned up its temporary folder and that none of its processes outlived it.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -113,6 +114,11 @@ def test_quick_benchmark_runs_every_scenario(tmp_path: Path) -> None:
     assert _positive(s["bare"]["peak_rss_bytes"]) and _positive(s["daemon"]["peak_rss_bytes"])
     assert s["daemon"]["model_loads"] == 1 and s["daemon"]["exit_code"] == 0
     assert _positive(results["derived"]["daemon_startup_s"]) and _positive(results["derived"]["bare_startup_s"])
+
+    if importlib.util.find_spec("distributed") is not None:  # the farm extra
+        farm = s["farm"]
+        assert all(_positive(farm[k]["fps"]) for k in ("local", "workers_1", "workers_2"))
+        assert math.isfinite(farm["overhead_ms_per_frame"]) and "once --farm, 2 local workers" in stdout
 
     # refine: edges (the default, in burst and latency above) against none, in the same run.
     plain = s["refine_none"]

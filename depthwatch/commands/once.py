@@ -50,6 +50,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="output file (one input), folder, or name template like '{stem}_depth.png' "
         f"(default: {DEFAULT_TEMPLATE} beside each input)",
     )
+    parser.add_argument(
+        "--frames",
+        metavar="RANGE",
+        help="only the numbered frames in RANGE, as render-farm managers cut a job: 1001-1100, 1001-1100x2, 1001,1005",
+    )
+    parser.add_argument(
+        "--farm",
+        metavar="SCHEDULER_ADDRESS",
+        help="send the frames to a render farm's Dask scheduler (tcp://host:8786) instead of mapping them here; "
+        "maps already up to date are skipped, so running it again resumes an interrupted job",
+    )
+    parser.add_argument("--force", action="store_true", help="with --farm: map every frame, even those up to date")
     levels = parser.add_argument_group("how the map looks (override the config's output section)")
     levels.add_argument("--refine", metavar="MODE", help="edges (depth edges follow the frame's) or none (plain upscale)")
     levels.add_argument("--near", metavar="LEVEL", help="the level shown white: a fraction 0..1 of the range, or a percentile like 80%%")
@@ -62,6 +74,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "frame: each map on its own (overrides output.normalise)",
     )
     add_config_arguments(parser)
+
+
+def in_range(sources: list[Path], spec: str) -> list[Path]:
+    """The numbered frames among `sources` whose number is in the range `spec`."""
+    from depthwatch import sequences
+
+    try:
+        wanted = sequences.frame_range(spec)
+    except ValueError as exc:
+        raise ConfigError(f"--frames: {exc}") from None
+    kept = []
+    for source in sources:
+        name = sequences.parse(source)
+        if name is not None and name.number in wanted:
+            kept.append(source)
+    return kept
 
 
 def template_for(output: str | None, single: bool) -> str:
@@ -124,6 +152,8 @@ def main(args: argparse.Namespace) -> int:
     from depthwatch.job import Job
     from depthwatch.pipeline import Pipeline, Result, Settings
 
+    if args.force and not args.farm:
+        raise ConfigError("--force goes with --farm (local once always maps every frame); drop it or add --farm ADDRESS")
     config = config_from_args(args)
     single = len(args.inputs) == 1 and not Path(args.inputs[0]).expanduser().is_dir()
     template = template_for(args.output, single)
@@ -135,6 +165,10 @@ def main(args: argparse.Namespace) -> int:
     sources = collect_inputs(args.inputs, config.output.template)
     if not sources:
         raise ConfigError("no frames found in " + ", ".join(args.inputs) + "; give image files or folders of them")
+    if args.frames:
+        sources = in_range(sources, args.frames)
+        if not sources:
+            raise ConfigError(f"no frames numbered {args.frames} in " + ", ".join(args.inputs) + "; check the range and the names")
     rules = rules_for(sources, config.output.template)
     settings = Settings.from_config(config)
     failures: list[str] = []
@@ -148,12 +182,21 @@ def main(args: argparse.Namespace) -> int:
             jobs.append(Job(source, output))
         except FrameError as exc:
             failures.append(f"{shown(source)}: {exc}")
-    spec = catalogue.resolve(config.model, config.base)
     began = time.monotonic()
     progress = _progress(len(sources))
     for line in failures:
         progress.write(f"depthwatch: {line}", file=sys.stderr)
         progress.update(1)
+    if args.farm:
+        from depthwatch.farm import client
+
+        try:
+            farm_failures = client.run(args.farm, jobs, config, force=args.force, progress=progress) if jobs else 0
+        finally:
+            progress.close()
+        _summary(len(sources), len(failures) + farm_failures, began)  # maps up to date count as written
+        return 1 if failures or farm_failures else 0
+    spec = catalogue.resolve(config.model, config.base)
 
     def report(done: Future[Result]) -> None:
         result = done.result()

@@ -1,0 +1,233 @@
+"""`depthwatch once --farm`: the frames as tasks on a Dask scheduler, results as they come.
+
+The client decides what to do, in its own view of the storage: which frames
+need a map (a map no older than its frame is up to date, the daemon's start-up
+rule, so an interrupted job run again resumes where it stopped), and where each
+map goes (local `once`'s output rules). It sends only paths, rewritten to the
+workers' view by `farm.path_map`, a few frames per task; the workers write the
+maps atomically, straight onto the shared storage.
+
+A task whose worker dies is rescheduled by Dask; the frames it had already
+written are found up to date and not done twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from depthwatch import normalise, sequences
+from depthwatch.config import Config
+from depthwatch.errors import FarmError
+from depthwatch.farm import require_distributed
+from depthwatch.farm.tasks import RESOURCE, FrameTask, Outcome, collect_frames, render_frames
+from depthwatch.job import Job
+from depthwatch.pipeline import Settings
+from depthwatch.rules import map_is_current
+from depthwatch.writer import sweep_temp_files_for
+
+log = logging.getLogger("depthwatch")
+
+#: How long to wait for the scheduler to answer before saying it is not there.
+CONNECT_TIMEOUT = "10s"
+
+
+def plan(jobs: Sequence[Job], force: bool) -> list[int]:
+    """Indexes of the jobs whose map is missing or older than its frame (all, with `force`)."""
+    return [i for i, job in enumerate(jobs) if force or not map_is_current(job.source, job.output)]
+
+
+def tasks_for(jobs: Sequence[Job], todo: Sequence[int], config: Config) -> list[list[FrameTask]]:
+    """`frames_per_task` frames per task, in order, with paths in the workers' view."""
+    path_map = config.farm.path_map
+    frames = [FrameTask(i, path_map.to_worker(jobs[i].source), path_map.to_worker(jobs[i].output)) for i in todo]
+    size = config.farm.frames_per_task
+    return [frames[n : n + size] for n in range(0, len(frames), size)]
+
+
+def run(
+    scheduler: str,
+    jobs: Sequence[Job],
+    config: Config,
+    *,
+    force: bool = False,
+    progress: Any = None,
+    report: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
+) -> int:
+    """Map `jobs` on the farm; the number of frames that failed."""
+    require_distributed()
+    import distributed
+
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    todo = plan(jobs, force)
+    report(f"depthwatch: {len(jobs)} frame(s): {len(jobs) - len(todo)} up to date, {len(todo)} to map on {scheduler}")
+    if progress is not None:
+        progress.update(len(jobs) - len(todo))
+    if not todo:
+        return 0
+    settings = Settings.from_config(config)
+    plain, shots = _split(jobs, todo, settings)
+    try:
+        client = distributed.Client(scheduler, timeout=CONNECT_TIMEOUT, set_as_default=False)
+    except (OSError, TimeoutError) as exc:
+        raise FarmError(
+            f"cannot reach the Dask scheduler at {scheduler} ({exc}); start one with `dask scheduler` and check the address"
+        ) from None
+    run_id = uuid.uuid4().hex[:8]
+    serial = iter(range(1 << 62))
+    todo_set = set(todo)
+    failures = 0
+    done_by: dict[str, int] = {}
+
+    def submit(function: Any, batch: list[FrameTask], *args: Any) -> Any:
+        return client.submit(
+            function, batch, *args,
+            key=f"depthwatch-{function.__name__}-{run_id}-{next(serial)}", pure=False, resources={RESOURCE: 1},
+        )
+
+    def tally(outcome: Outcome) -> None:
+        nonlocal failures
+        job = jobs[outcome.index]
+        if outcome.ok:
+            done_by[outcome.worker] = done_by.get(outcome.worker, 0) + 1
+        else:
+            failures += 1
+            line = f"depthwatch: {job.source}: {outcome.error}"
+            if progress is not None:
+                progress.write(line, file=sys.stderr)
+            else:
+                report(line)
+        if progress is not None:
+            progress.update(1)
+
+    try:
+        _say_if_no_workers(client, scheduler, report)
+        plain_settings = replace(settings, normalise=normalise.FRAME)  # stills: each its own map
+        batch_of: dict[str, list[FrameTask]] = {}
+        shot_of: dict[str, int] = {}
+        waiting: dict[int, set[str]] = {}
+        futures = []
+        for batch in tasks_for(jobs, plain, config):
+            future = submit(render_frames, batch, plain_settings, force)
+            batch_of[future.key] = batch
+            futures.append(future)
+        for n, shot in enumerate(shots):  # first pass: every frame of the sequence, for its plan
+            waiting[n] = set()
+            for batch in tasks_for(jobs, shot, config):
+                future = submit(collect_frames, batch, settings)
+                batch_of[future.key], shot_of[future.key] = batch, n
+                waiting[n].add(future.key)
+                futures.append(future)
+        collected: dict[int, list[Any]] = {n: [] for n in waiting}
+        completed = distributed.as_completed(futures, loop=client.loop)
+        for future in completed:
+            if future.key in shot_of:  # a first-pass task: held on its worker until its whole shot is in
+                n = shot_of.pop(future.key)
+                collected[n].append(future)
+                waiting[n].discard(future.key)
+                if not waiting[n]:
+                    for batch in _second_pass(jobs, shots[n], collected.pop(n), batch_of, todo_set, config, tally):
+                        second = submit(render_frames, batch, settings, force)
+                        batch_of[second.key] = batch
+                        completed.add(second)
+                continue
+            outcomes = _outcomes(future, batch_of.pop(future.key))
+            future.release()
+            for outcome in outcomes:
+                tally(outcome)
+        _report_workers(client, done_by, report)
+    finally:
+        client.close()
+    # Every task has its answer: a temporary file of one of these maps is a killed worker's.
+    sweep_temp_files_for(jobs[i].output for i in todo)
+    return failures
+
+
+def _split(jobs: Sequence[Job], todo: Sequence[int], settings: Settings) -> tuple[list[int], list[list[int]]]:
+    """The frames mapped each on its own, and the shot-stable sequences (job indexes, in frame order).
+
+    A sequence with any frame to map is planned from all its frames, the ones
+    whose maps are up to date included, so the maps written now share the
+    grey levels of the ones written by the earlier, interrupted run (the plan
+    is a pure function of the model's output).
+    """
+    if settings.normalise == normalise.FRAME:
+        return list(todo), []
+    index_of = {job.source: i for i, job in enumerate(jobs)}
+    found, _ = sequences.sequences(job.source for job in jobs)
+    wanted = set(todo)
+    shots = [[index_of[p] for p in seq.paths] for seq in found]
+    shots = [shot for shot in shots if wanted.intersection(shot)]
+    in_shots = {i for shot in shots for i in shot}
+    return [i for i in todo if i not in in_shots], shots
+
+
+def _second_pass(
+    jobs: Sequence[Job],
+    shot: list[int],
+    collected: list[Any],
+    batch_of: dict[str, list[FrameTask]],
+    todo: set[int],
+    config: Config,
+    tally: Callable[[Outcome], None],
+) -> list[list[FrameTask]]:
+    """Plan a sequence from its first pass, make each frame's [0, 1] map in frame order, batch the writes."""
+    from depthwatch import stabilise
+
+    outcomes: dict[int, Outcome] = {}
+    for future in collected:
+        for outcome in _outcomes(future, batch_of.pop(future.key)):
+            outcomes[outcome.index] = outcome
+        future.release()
+    usable = [i for i in shot if outcomes.get(i) is not None and outcomes[i].ok and outcomes[i].summary is not None]
+    for i in shot:
+        if i not in usable and i in todo:  # it failed alone, with its line; the shot is planned without it
+            tally(outcomes.get(i) or Outcome(i, "the farm returned nothing for it; run the command again to retry"))
+    plans = stabilise.plan([outcomes[i].summary for i in usable])
+    clip = config.output.clip_percent
+    previous = None
+    path_map = config.farm.path_map
+    frames = []
+    for i, params in zip(usable, plans):
+        outcome = outcomes.pop(i)
+        nearness, previous = stabilise.apply(outcome.prediction, outcome.kind, params, previous, clip)
+        if i in todo:
+            frames.append(FrameTask(i, path_map.to_worker(jobs[i].source), path_map.to_worker(jobs[i].output), nearness))
+    size = config.farm.frames_per_task
+    return [frames[n : n + size] for n in range(0, len(frames), size)]
+
+
+def _outcomes(future: Any, batch: list[FrameTask]) -> list[Outcome]:
+    """The task's outcomes; a task that failed as a whole fails each of its frames with the reason."""
+    try:
+        return future.result()
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        # KilledWorker: every worker that took the task died (distributed.scheduler.allowed-failures).
+        reason = f"the farm could not map it ({type(exc).__name__}{': ' + first if first else ''}); run the command again to retry"
+        return [Outcome(frame.index, reason) for frame in batch]
+
+
+def _say_if_no_workers(client: Any, scheduler: str, report: Callable[[str], None]) -> None:
+    workers = client.scheduler_info(n_workers=-1).get("workers", {})
+    if not any(RESOURCE in (w.get("resources") or {}) for w in workers.values()):
+        report(f"depthwatch: no depthwatch worker on {scheduler} yet; waiting (start one with `depthwatch worker {scheduler}`)")
+
+
+def _report_workers(client: Any, done_by: dict[str, int], report: Callable[[str], None]) -> None:
+    """One line per worker that mapped frames: what it reports to the scheduler, and its share."""
+    try:
+        workers = client.scheduler_info(n_workers=-1).get("workers", {})
+    except Exception:  # the summary is a courtesy; the maps are written
+        workers = {}
+    for address, count in sorted(done_by.items()):
+        if not address:
+            continue
+        mine = (workers.get(address, {}).get("metrics") or {}).get("depthwatch") or {}
+        model = mine.get("model") or "?"
+        providers = ", ".join(mine.get("providers") or []) or "?"
+        report(f"depthwatch: worker {address}: {count} frame(s), model {model.rsplit('/', 1)[-1]} on {providers}, {mine.get('model_loads', '?')} load(s)")

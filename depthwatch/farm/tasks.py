@@ -1,0 +1,88 @@
+"""What the scheduler runs on a depthwatch worker: a few frames per task, as paths.
+
+Pixels never cross the network: a task names frames and outputs on storage
+every worker sees (already in the workers' view of it, see `pathmap`), and its
+result is one small `Outcome` per frame. The work itself is done by the
+worker's `FrameRunner` (see `worker`), found through the worker's plugin, so a
+task never loads a model or starts a thread of its own.
+
+Shot-stable maps (`output.normalise: stable`, see `stabilise`) take two passes
+over a numbered sequence, so a shot split over several workers still gets one
+shot's grey levels: `collect_frames` runs the model and returns each frame's
+small summary and its prediction at model resolution (float16, about 128 KB:
+the model's output, never the frame's pixels) without writing anything; the
+client plans each shot from the summaries and makes each frame's [0, 1] map in
+frame order (cheap, at model resolution); `render_frames` with those maps in
+the tasks then only decodes the frames (the edge-aware upscale needs them),
+renders and writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from depthwatch.pipeline import Settings
+
+#: The plugin's name on the worker, and the resource a depthwatch worker offers
+#: (tasks ask for it, so a plain Dask worker on the same scheduler never gets one).
+PLUGIN = "depthwatch"
+RESOURCE = "depthwatch"
+
+
+@dataclass(frozen=True)
+class FrameTask:
+    """One frame to map: its index in the client's list, and both paths in the workers' view."""
+
+    index: int
+    source: str
+    output: str
+    #: The second pass of a shot-stable sequence: the frame's [0, 1] nearness map, made
+    #: by the client from the shot's plan (model resolution); None: the usual way.
+    nearness: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one frame, as the client needs it for its line and its tally."""
+
+    index: int
+    #: None when the map was written (or already up to date).
+    error: str | None = None
+    #: The map was already up to date when the worker got to it (a task run again
+    #: after its first worker died, or frames another run finished meanwhile).
+    up_to_date: bool = False
+    #: The worker's own log line for the frame (timings), or its error line.
+    line: str = ""
+    worker: str = ""
+    #: `collect_frames` only: the frame's stabilise.Summary, its prediction (float16, model
+    #: resolution) and what the prediction means (the profile's output kind).
+    summary: Any = None
+    prediction: np.ndarray | None = field(default=None, repr=False)
+    kind: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def render_frames(frames: list[FrameTask], settings: Settings, force: bool = False) -> list[Outcome]:
+    """The task: map `frames` on this worker with the client's output `settings`."""
+    return _runner().render(frames, settings, force)
+
+
+def collect_frames(frames: list[FrameTask], settings: Settings) -> list[Outcome]:
+    """The task of a shot-stable sequence's first pass: the model's view of each frame, nothing written."""
+    return _runner().render(frames, settings, force=True, collect=True)
+
+
+def _runner() -> Any:
+    from distributed import get_worker
+
+    worker = get_worker()
+    plugin = worker.plugins.get(PLUGIN)
+    if plugin is None:  # only reachable if someone gives a plain worker the resource by hand
+        raise RuntimeError(f"{worker.address} is not a depthwatch worker; start workers with `depthwatch worker`")
+    return plugin.runner

@@ -1,0 +1,210 @@
+"""A real Dask scheduler and real `depthwatch worker` processes on 127.0.0.1, for the farm tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from daemon_process import TIMEOUT, wait_for
+from onnx import TensorProto, helper
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def busy_brightness_model(path: Path, size: int = 64, layers: int = 6, channels: int = 16) -> Path:
+    """Depth = mean(R, G, B), exactly, after some real work (a stack of convolutions times zero).
+
+    The output is as checkable as the tiny brightness model's; the convolutions
+    make each inference take a few milliseconds, so a job lasts long enough to
+    kill a worker in the middle of it.
+    """
+    rng = np.random.default_rng(0)
+    nodes, inits = [], []
+    current, in_ch = "image", 3
+    for i in range(layers):
+        weights = (rng.standard_normal((channels, in_ch, 3, 3)) * 0.1).astype(np.float32)
+        inits.append(helper.make_tensor(f"w{i}", TensorProto.FLOAT, list(weights.shape), weights.ravel().tolist()))
+        nodes.append(helper.make_node("Conv", [current, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]))
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"]))
+        current, in_ch = f"r{i}", channels
+    inits.append(helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]))
+    nodes += [
+        helper.make_node("ReduceMean", [current], ["busy"], axes=[1], keepdims=0),
+        helper.make_node("Mul", ["busy", "zero"], ["nothing"]),
+        helper.make_node("ReduceMean", ["image"], ["mean"], axes=[1], keepdims=0),
+        helper.make_node("Add", ["mean", "nothing"], ["depth"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "busy_brightness",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("depth", TensorProto.FLOAT, [1, size, size])],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def strace_works() -> str | None:
+    """None if `strace -f` can trace a child here, else why not (for a skip)."""
+    if shutil.which("strace") is None:
+        return "strace is not installed (apt-get install strace)"
+    probe = subprocess.run(["strace", "-f", "-o", os.devnull, "true"], capture_output=True, timeout=TIMEOUT)
+    if probe.returncode != 0:
+        return f"strace cannot trace here (ptrace not permitted?): {probe.stderr.decode(errors='replace').strip()[:200]}"
+    return None
+
+
+class Scheduler:
+    """`dask scheduler` on 127.0.0.1, on a port it picks, announced through its scheduler file."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.file = root / "scheduler.json"
+        self.log_path = root / "scheduler.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.address = ""
+
+    def start(self) -> Scheduler:
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0",
+             "--no-dashboard", "--scheduler-file", str(self.file)],
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=self.root,
+        )
+        info = wait_for(lambda: _json(self.file) or self.proc.poll() is not None, what="the scheduler file")
+        assert self.proc.poll() is None, self.log_path.read_text()
+        self.address = info["address"]
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(TIMEOUT)
+        self._log.close()
+
+
+class FarmWorker:
+    """`python -m depthwatch worker ADDRESS -c CONFIG --status FILE`, optionally under strace."""
+
+    def __init__(self, root: Path, name: str, scheduler: str, config: Path, *, strace: bool = False) -> None:
+        self.root = root
+        self.name = name
+        self.scheduler = scheduler
+        self.config = config
+        self.status_path = root / f"{name}.status.json"
+        self.log_path = root / f"{name}.log"
+        self.strace_path = root / f"{name}.strace" if strace else None
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> FarmWorker:
+        prefix: list[str] = []
+        if self.strace_path is not None:
+            # Only process-creating calls are traced (seccomp filter: the rest runs at full speed).
+            prefix = ["strace", "-f", "-ttt", "--seccomp-bpf", "-e", "trace=fork,vfork,clone,clone3",
+                      "-e", "signal=none", "-o", str(self.strace_path)]
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [*prefix, sys.executable, "-m", "depthwatch", "worker", self.scheduler, "-c", str(self.config),
+             "--name", self.name, "--status", str(self.status_path)],
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=self.root,
+        )
+        return self
+
+    def wait_ready(self) -> FarmWorker:
+        wait_for(lambda: self.status().get("state") == "running" or self.proc.poll() is not None, what=f"{self.name} to join")
+        assert self.proc.poll() is None, f"{self.name} exited at start:\n{self.log()}"
+        return self
+
+    def status(self) -> dict[str, Any]:
+        return _json(self.status_path) or {}
+
+    def counts(self) -> dict[str, Any]:
+        return self.status().get("counts", {})
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def frame_lines(self) -> list[str]:
+        return [line for line in self.log().splitlines() if " -> " in line and " ms: " in line]
+
+    def send(self, signum: int) -> None:
+        """Signal the worker itself: under strace, not strace (which blocks fatal signals with -o)."""
+        assert self.proc is not None
+        if self.strace_path is None:
+            self.proc.send_signal(signum)
+        else:
+            os.kill(self.status()["pid"], signum)
+
+    def stop(self, signum: int = signal.SIGTERM) -> int:
+        """Signal the worker and return its exit code (strace exits with its tracee's)."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.send(signum)
+        try:
+            return self.proc.wait(TIMEOUT)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            if self.strace_path is not None and self.status().get("pid"):
+                try:
+                    os.kill(self.status()["pid"], signal.SIGKILL)  # strace's tracee, or it would outlive strace
+                except ProcessLookupError:
+                    pass
+            self.proc.kill()
+            self.proc.wait(TIMEOUT)
+        if not self._log.closed:
+            self._log.close()
+
+    def processes_created_after(self, when: float) -> list[str]:
+        """strace lines for fork, vfork or a clone without CLONE_THREAD (a process, not a thread) after `when`."""
+        assert self.strace_path is not None
+        found = []
+        for line in self.strace_path.read_text().splitlines():
+            match = re.match(r"^\d+\s+(\d+\.\d+)\s+(fork|vfork|clone3?)\(", line)
+            if match is None:
+                continue
+            is_process = match.group(2) in ("fork", "vfork") or "CLONE_THREAD" not in line
+            if is_process and float(match.group(1)) > when:
+                found.append(line)
+        return found
+
+    def threads_created(self) -> int:
+        assert self.strace_path is not None
+        return sum(1 for line in self.strace_path.read_text().splitlines() if "CLONE_THREAD" in line)
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def run_once(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "depthwatch", "once", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout
+    )
+
+
+def start_once(*args: str, cwd: Path, log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "depthwatch", "once", *args], stdout=out, stderr=subprocess.STDOUT, cwd=cwd)

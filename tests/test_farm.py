@@ -1,0 +1,332 @@
+"""The render farm: a real `dask scheduler` and real `depthwatch worker` processes on 127.0.0.1.
+
+One scheduler and two workers serve the whole module (each worker under strace
+where it can be, to show it never starts a process after loading its model);
+the tests that kill or stop workers start fresh ones for the tests after them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import yaml
+
+pytest.importorskip("distributed", reason="the farm extra is not installed: pip install -e '.[farm]'")
+
+from daemon_process import wait_for  # noqa: E402
+from farm_process import (  # noqa: E402
+    FarmWorker,
+    Scheduler,
+    busy_brightness_model,
+    run_once,
+    start_once,
+    strace_works,
+)
+
+FRAMES = 120
+FIRST = 1001
+
+
+def make_frames(folder: Path, count: int = FRAMES, first: int = FIRST) -> list[Path]:
+    """A slow pan across a real photograph: `shot_1001.jpg`, ... (96x64 JPEGs)."""
+    from skimage import data
+
+    photo = cv2.cvtColor(data.astronaut(), cv2.COLOR_RGB2BGR)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(count):
+        crop = photo[100 + i % 40 : 100 + i % 40 + 192, 50 + 2 * i : 50 + 2 * i + 288]
+        frame = cv2.resize(crop, (96, 64), interpolation=cv2.INTER_AREA)
+        path = folder / f"shot_{first + i}.jpg"
+        assert cv2.imwrite(str(path), frame, [cv2.IMWRITE_JPEG_QUALITY, 95])
+        paths.append(path)
+    return paths
+
+
+def read_map(path: Path) -> np.ndarray | None:
+    return cv2.imdecode(np.frombuffer(path.read_bytes(), np.uint8), cv2.IMREAD_GRAYSCALE)
+
+
+def maps_in(folder: Path) -> dict[str, Path]:
+    return {p.name: p for p in folder.glob("*_depth.jpg")}
+
+
+def temp_files(*folders: Path) -> list[str]:
+    return sorted(p.name for folder in folders for p in folder.glob(".*.dwtmp"))
+
+
+def assert_whole(folder: Path, count: int) -> None:
+    """`count` maps, each a complete 96x64 image, and no temporary file left beside them."""
+    maps = maps_in(folder)
+    assert len(maps) == count, sorted(maps)
+    for path in maps.values():
+        image = read_map(path)
+        assert image is not None and image.shape == (64, 96), f"{path.name} is torn or wrong"
+    assert temp_files(folder) == []
+
+
+class Farm:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.model = busy_brightness_model(root / "busy.onnx")
+        self.config = root / "config.yaml"
+        self.write_config()
+        self.scheduler = Scheduler(root).start()
+        self.address = self.scheduler.address
+        self.strace_reason = strace_works()
+        self.workers: list[FarmWorker] = []
+        self._names = iter(f"w{i}" for i in range(1, 100))
+
+    def write_config(self, **farm: object) -> None:
+        config = {
+            "model": {"path": str(self.model), "profile": "midas-v21-small"},
+            "daemon": {"workers": 2},
+            "farm": {"frames_per_task": 4, **farm},
+        }
+        self.config.write_text(yaml.safe_dump(config))
+
+    def add_workers(self, count: int) -> list[FarmWorker]:
+        fresh = [
+            FarmWorker(self.root, next(self._names), self.address, self.config, strace=self.strace_reason is None).start()
+            for _ in range(count)
+        ]
+        for worker in fresh:
+            worker.wait_ready()
+        self.workers.extend(fresh)
+        return fresh
+
+    def live(self) -> list[FarmWorker]:
+        return [w for w in self.workers if w.proc is not None and w.proc.poll() is None]
+
+    def once(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return run_once("--farm", self.address, "-c", str(self.config), *args, cwd=self.root)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.close()
+        self.scheduler.stop()
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory: pytest.TempPathFactory):
+    farm = Farm(tmp_path_factory.mktemp("farm"))
+    try:
+        farm.add_workers(2)
+        yield farm
+    finally:
+        farm.close()
+
+
+@pytest.fixture(scope="module")
+def frames(farm: Farm) -> list[Path]:
+    return make_frames(farm.root / "frames")
+
+
+def test_farm_maps_every_frame_like_local_once_across_both_workers(farm: Farm, frames: list[Path]) -> None:
+    a, b = farm.live()
+    out = farm.root / "farm-maps"
+    done = farm.once(str(frames[0].parent), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert f"{FRAMES} frame(s): 0 up to date, {FRAMES} to map" in done.stderr
+    assert_whole(out, FRAMES)
+
+    # output.normalise: stable (the default): the shot is planned on the client from every
+    # frame's first pass, wherever each ran, so the maps are local once's, shot-stable ones.
+    local = farm.root / "local-maps"
+    here = run_once(str(frames[0].parent), "-o", str(local), "-c", str(farm.config), cwd=farm.root)
+    assert here.returncode == 0, here.stderr
+    assert_whole(local, FRAMES)
+    for name, path in maps_in(local).items():
+        mine, theirs = read_map(path).astype(int), read_map(out / name).astype(int)
+        assert np.abs(mine - theirs).max() <= 3, name  # the same computation; JPEG noise at most
+    assert np.std(read_map(out / f"shot_{FIRST}_depth.jpg")) > 10  # a real map, not a flat one
+
+    # Both workers did part of the work, each with its one model load.
+    shares = [wait_for(lambda w=w: w.counts().get("done"), what=f"{w.name}'s count") for w in (a, b)]
+    assert all(share > 0 for share in shares) and sum(shares) == FRAMES, shares
+    assert sum(len(w.frame_lines()) for w in (a, b)) == FRAMES
+    for worker in (a, b):
+        assert worker.status()["model_loads"] == 1
+        assert worker.log().count("loaded busy.onnx") == 1, worker.log()
+    # ... and reported it to the scheduler, whose view the client prints per worker.
+    reported = [line for line in done.stderr.splitlines() if line.startswith("depthwatch: worker ")]
+    assert len(reported) == 2, done.stderr
+    assert all("model busy.onnx on CPUExecutionProvider, 1 load(s)" in line for line in reported), reported
+
+
+def test_per_frame_maps_on_the_farm_are_local_onces_too(farm: Farm, frames: list[Path]) -> None:
+    out, local = farm.root / "frame-farm", farm.root / "frame-local"
+    done = farm.once(str(frames[0].parent), "--frames", "1001-1024", "--normalise", "frame", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    here = run_once(str(frames[0].parent), "--frames", "1001-1024", "--normalise", "frame", "-o", str(local),
+                    "-c", str(farm.config), cwd=farm.root)
+    assert here.returncode == 0, here.stderr
+    assert_whole(out, 24)
+    for name, path in maps_in(local).items():
+        assert np.abs(read_map(path).astype(int) - read_map(out / name).astype(int)).max() <= 3, name
+
+
+def test_a_worker_never_starts_a_process_after_its_model_is_loaded(farm: Farm, frames: list[Path]) -> None:
+    if farm.strace_reason is not None:
+        pytest.skip(farm.strace_reason)
+    worker = farm.live()[0]
+    out = farm.root / "fork-check"
+    assert farm.once(str(frames[0].parent), "--frames", "1001-1040", "-o", str(out)).returncode == 0
+    loaded_at = worker.status()["loaded_at"]
+    assert worker.processes_created_after(loaded_at) == []
+    assert worker.threads_created() > 0  # the trace does see the threads it starts
+
+
+def test_a_bad_frame_fails_alone_with_its_line(farm: Farm, frames: list[Path]) -> None:
+    folder = farm.root / "with-bad"
+    folder.mkdir()
+    for frame in frames[:6]:
+        shutil.copy(frame, folder / frame.name)
+    (folder / "shot_2001.jpg").write_bytes(frames[6].read_bytes()[:300])  # truncated
+    (folder / "shot_2002.jpg").write_text("not an image at all\n")
+    # What a worker killed mid-write leaves: the client removes its job's, and only those.
+    (folder / ".shot_1001_depth.jpg.0badf00d.dwtmp").write_bytes(b"half a map")
+    (folder / ".other.jpg.0badf00d.dwtmp").write_bytes(b"someone else's")
+    done = farm.once(str(folder))
+    assert done.returncode == 1
+    errors = [line for line in done.stderr.splitlines() if "shot_200" in line]
+    assert len(errors) == 2, done.stderr
+    assert any(str(folder / "shot_2001.jpg") in line for line in errors)
+    assert any(str(folder / "shot_2002.jpg") in line for line in errors)
+    assert temp_files(folder) == [".other.jpg.0badf00d.dwtmp"]
+    (folder / ".other.jpg.0badf00d.dwtmp").unlink()
+    assert_whole(folder, 6)
+
+
+def test_path_map_sends_the_workers_their_own_view_of_the_storage(farm: Farm, frames: list[Path]) -> None:
+    """The client sees /…/client-view/shots, the workers /…/worker-view/shots (two folders, same frames)."""
+    client_view, worker_view = farm.root / "client-view", farm.root / "worker-view"
+    for view in (client_view, worker_view):
+        (view / "shots").mkdir(parents=True)
+        for frame in frames[:8]:
+            shutil.copy2(frame, view / "shots" / frame.name)
+    farm.write_config(path_map={str(client_view): str(worker_view)})
+    try:
+        done = farm.once(str(client_view / "shots"))
+    finally:
+        farm.write_config()
+    assert done.returncode == 0, done.stderr
+    assert maps_in(client_view / "shots") == {}
+    assert_whole(worker_view / "shots", 8)
+
+
+def test_frame_ranges_pick_numbered_frames_locally_and_on_the_farm(farm: Farm, frames: list[Path]) -> None:
+    local, remote = farm.root / "range-local", farm.root / "range-farm"
+    here = run_once(str(frames[0].parent), "--frames", "1001-1010x2", "-o", str(local), "-c", str(farm.config), cwd=farm.root)
+    assert here.returncode == 0, here.stderr
+    assert sorted(maps_in(local)) == [f"shot_{n}_depth.jpg" for n in (1001, 1003, 1005, 1007, 1009)]
+    there = farm.once(str(frames[0].parent), "--frames", "1100-1102,1120", "-o", str(remote))
+    assert there.returncode == 0, there.stderr
+    assert sorted(maps_in(remote)) == [f"shot_{n}_depth.jpg" for n in (1100, 1101, 1102, 1120)]
+    bad = run_once(str(frames[0].parent), "--frames", "1010-1001", "-c", str(farm.config), cwd=farm.root)
+    assert bad.returncode == 78 and "--frames" in bad.stderr and "ends before it starts" in bad.stderr
+    none = run_once(str(frames[0].parent), "--frames", "1-10", "-c", str(farm.config), cwd=farm.root)
+    assert none.returncode == 78 and "no frames numbered 1-10" in none.stderr
+
+
+def test_the_job_completes_when_a_worker_is_killed_in_the_middle(farm: Farm, frames: list[Path]) -> None:
+    victim, survivor = farm.live()
+    before = victim.counts().get("tasks", 0)
+    out = farm.root / "killed-worker"
+    client = start_once("--farm", farm.address, "-c", str(farm.config), str(frames[0].parent), "-o", str(out),
+                        cwd=farm.root, log=farm.root / "killed-worker.log")
+    try:
+        # Killed in the first pass (the shot-stable plan needs every frame's): the results it
+        # held are lost with it, and Dask computes them again on the survivor.
+        wait_for(lambda: victim.counts().get("tasks", 0) >= before + 2, what="the victim to take a few tasks")
+        assert client.poll() is None, "the job ended before the worker could be killed"
+        victim.send(signal.SIGKILL)
+        assert client.wait(120) == 0, (farm.root / "killed-worker.log").read_text()
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+    victim.close()
+    assert_whole(out, FRAMES)
+    assert survivor.proc.poll() is None
+    farm.add_workers(1)  # two again, for the tests after this one
+
+
+def test_an_interrupted_job_resumes_with_only_the_missing_maps(farm: Farm, frames: list[Path]) -> None:
+    out = farm.root / "resumed"
+    log = farm.root / "interrupted.log"
+    client = start_once("--farm", farm.address, "-c", str(farm.config), str(frames[0].parent), "-o", str(out),
+                        cwd=farm.root, log=log)
+    wait_for(lambda: len(maps_in(out)) >= 20 if out.is_dir() else False, what="some maps")
+    client.send_signal(signal.SIGKILL)
+    client.wait()
+    # SIGTERM: each worker finishes the frames it holds and exits 0.
+    for worker in farm.live():
+        assert worker.stop(signal.SIGTERM) == 0, worker.log()
+        assert "stopping: finishing the tasks in hand" in worker.log()
+        status = worker.status()
+        assert status["state"] == "stopped" and status["counts"]["in_flight"] == 0  # every frame it took, finished
+        assert status["counts"]["done"] == len(worker.frame_lines())
+    assert temp_files(out) == []
+    kept = {name: (p.stat().st_ino, p.stat().st_mtime_ns) for name, p in maps_in(out).items()}
+    assert 20 <= len(kept) < FRAMES, f"{len(kept)} maps: the job was not interrupted"
+    for path in maps_in(out).values():
+        assert read_map(path) is not None
+
+    fresh = farm.add_workers(2)
+    done = farm.once(str(frames[0].parent), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    missing = FRAMES - len(kept)
+    assert f"{FRAMES} frame(s): {len(kept)} up to date, {missing} to map" in done.stderr
+    assert_whole(out, FRAMES)
+    assert {name: (p.stat().st_ino, p.stat().st_mtime_ns) for name, p in maps_in(out).items() if name in kept} == kept
+    computed = [wait_for(lambda w=w: w.status().get("counts"), what="counts") for w in fresh]
+    assert sum(c["done"] for c in computed) == missing, (computed, [w.log() for w in fresh])
+    assert sum(len(w.frame_lines()) for w in fresh) == missing
+
+
+def test_the_daemon_and_local_once_never_import_dask(tmp_path: Path, tiny_model: Path) -> None:
+    frame = make_frames(tmp_path / "f", count=1)[0]
+    script = f"""
+import importlib, pkgutil, sys
+import depthwatch
+for info in pkgutil.walk_packages(depthwatch.__path__, "depthwatch."):
+    if not info.name.startswith("depthwatch.farm") and info.name != "depthwatch.__main__":
+        importlib.import_module(info.name)
+from depthwatch import cli
+code = cli.main(["once", {str(frame)!r}, "--model", {str(tiny_model)!r}, "--profile", "midas-v21-small"])
+assert code == 0, code
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("dask", "distributed"))
+print("loaded:", loaded)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "loaded: []" in done.stdout
+    assert (frame.parent / "shot_1001_depth.jpg").is_file()
+
+
+def test_an_unreachable_scheduler_or_a_missing_model_is_one_line(tmp_path: Path, tiny_model: Path) -> None:
+    frame = make_frames(tmp_path / "f", count=1)[0]
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        nowhere = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    done = run_once("--farm", nowhere, str(frame), "--model", str(tiny_model), "--profile", "midas-v21-small", cwd=tmp_path)
+    assert done.returncode == 69
+    assert f"depthwatch: cannot reach the Dask scheduler at {nowhere}" in done.stderr and "Traceback" not in done.stderr
+    assert not (frame.parent / "shot_1001_depth.jpg").exists()
+
+    worker = subprocess.run(
+        [sys.executable, "-m", "depthwatch", "worker", nowhere, "--model", str(tmp_path / "missing.onnx")],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert worker.returncode == 78  # before it ever looks for the scheduler
+    assert worker.stderr.strip().splitlines()[-1].startswith("depthwatch: model file") and "joining" not in worker.stderr
