@@ -78,6 +78,11 @@ class _Pending:
     signature: Signature | None = None
     #: Found by a scan, not an event: its depth map may have been written meanwhile.
     scanned: bool = False
+    #: Wall-clock time (ns) of the latest event for it, to compare with the file's mtime.
+    event_ns: int = 0
+    #: Its event came before the file's last write (see `_check`): it only stands in for
+    #: that write's own event, in case none comes.
+    late: bool = False
 
 
 def _observer_class(kind: str) -> Callable[..., Any]:
@@ -139,6 +144,8 @@ class Watcher:
         self._pending: dict[Path, _Pending] = {}
         self._seen: OrderedDict[str, Signature] = OrderedDict()
         self._taken_at_creation: OrderedDict[str, Signature] = OrderedDict()
+        #: The version last handed over, per path, whichever way.
+        self._handed: OrderedDict[str, Signature] = OrderedDict()
         self._counter = itertools.count()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="depthwatch-settle", daemon=True)
@@ -243,6 +250,8 @@ class Watcher:
                 state.mode = max(mode, state.mode)
                 state.due = min(state.due, now + delay)
                 state.scanned = state.scanned and scanned
+                state.late = state.late and mode == Mode.SETTLE
+            state.event_ns = time.time_ns()
             heapq.heappush(self._heap, (state.due, next(self._counter), path))
             self._cond.notify()
 
@@ -343,6 +352,15 @@ class Watcher:
             state.since = now  # it changed: the incomplete clock starts again
             self._again(path, state, settle if state.mode == Mode.SETTLE else self.config.incomplete_timeout_s)
             return
+        if state.mode == Mode.NOW and st.st_mtime_ns > state.event_ns:
+            # Written again after this close or move was reported (a busy machine checks late):
+            # that write's own event follows and takes it. Taking it now as well would run one
+            # version twice; if no event comes (a clock step), settling takes it instead.
+            state.mode, state.signature, state.late = Mode.SETTLE, signature, True
+            self._again(path, state, max(settle, 0.05))
+            return
+        if state.late and state.mode == Mode.SETTLE and self._handed.get(str(path)) == signature:
+            return  # the write's own event came and took it
         fmt, complete = _probe(path, st.st_size)
         if state.mode == Mode.CREATED and complete is not True:
             # Being written: its close event decides; if none comes, report it at the timeout.
@@ -376,12 +394,14 @@ class Watcher:
             return  # this exact version was already handed over
         else:
             _remember(self._seen, key, signature)
+        _remember(self._handed, key, signature)
         self._emit(path, signature, fmt)
 
     def forget(self, path: Path) -> None:
         """Let the next event for `path` through even if the file looks unchanged (retries)."""
         self._seen.pop(str(path), None)
         self._taken_at_creation.pop(str(path), None)
+        self._handed.pop(str(path), None)
 
     def _check_health(self) -> None:
         observer = self._observer

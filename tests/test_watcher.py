@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from daemon_process import wait_for
 
 from depthwatch.config import OutputConfig, WatchConfig
 from depthwatch.rules import Rules
-from depthwatch.watcher import Mode, Watcher
+from depthwatch.watcher import Mode, Watcher, _Pending
 
 
 class Recorder:
@@ -120,3 +121,35 @@ def test_settle_mode_waits_for_the_file_to_stop_changing(tmp_path: Path, watch) 
     wait_for(lambda: len(seen.emitted) == 2, what="the sentinel")
     assert [p.name for p, _, _ in seen.emitted] == ["polled.tif", "sentinel.jpg"]
 
+
+
+def test_an_event_checked_after_the_file_was_written_again_does_not_take_that_version_twice(tmp_path: Path, watch) -> None:
+    """On a busy machine a close event can be checked after the next in-place rewrite; that
+    rewrite's own event takes the new version, and the late one must not take it as well."""
+    watcher, seen = watch()
+    path = tmp_path / "frame.jpg"
+    write_by_rename(path, FRAME)
+    wait_for(lambda: len(seen.emitted) == 1, what="the first version")
+    reported = time.time_ns()  # an event reported now...
+    time.sleep(0.05)
+    path.write_bytes(jpeg_bytes(quadrant_frame(64, 48, "bottom-right")))  # ...then a rewrite, with its own close
+    wait_for(lambda: len(seen.emitted) == 2, what="the second version")
+    # ...and only now is the earlier event checked (the settle thread was busy).
+    watcher._check(path, _Pending(Mode.NOW, due=0.0, since=time.monotonic(), event_ns=reported))
+    write_by_rename(tmp_path / "sentinel.jpg", FRAME)
+    wait_for(lambda: any(p.name == "sentinel.jpg" for p, _, _ in seen.emitted), what="the sentinel")
+    time.sleep(0.5)  # past settle_ms: the late check's stand-in has had its turn
+    assert [s for p, s, _ in seen.emitted if p == path] == [seen.emitted[0][1], _signature(path)]
+
+
+def test_a_late_event_still_takes_a_version_no_other_event_announces(tmp_path: Path, watch) -> None:
+    """A file whose mtime is ahead of its event (a clock step, a copied future timestamp): settling takes it."""
+    watcher, seen = watch()
+    path = tmp_path / "future.jpg"
+    write_by_rename(path, FRAME)
+    wait_for(lambda: seen.emitted, what="the frame")
+    ahead = time.time_ns() + 3600 * 10**9
+    os.utime(path, ns=(ahead, ahead))  # no close or move event for this
+    watcher.poke(path, Mode.NOW)
+    wait_for(lambda: len(seen.emitted) == 2, what="the version with the future mtime")
+    assert seen.emitted[1][:2] == (path, _signature(path))
