@@ -98,3 +98,37 @@ def load(folder: Path, count: int) -> FrameSet:
         raise SystemExit(f"benchmarks: cannot decode {files[0]}")
     data = [blobs[i % len(blobs)] for i in range(count)]
     return FrameSet(tuple(data), (first.shape[1], first.shape[0]), str(folder))
+
+
+def pan_frames(
+    photo_rgb: np.ndarray,
+    size: tuple[int, int],
+    count: int,
+    step: int,
+    *,
+    seed: int = 0,
+    wobble: float = 0.04,
+    quality: int = 85,
+) -> list[bytes]:
+    """A slow horizontal pan as a camera gives it: JPEG crops of one upscaled photograph.
+
+    Each frame is `step` pixels right of the one before (the motion is known
+    exactly, so the same scene point can be compared between consecutive depth
+    maps), its exposure wobbling by up to `wobble`, with JPEG noise. The one
+    pan generator of the tests, the benchmarks and the README's figure.
+    """
+    w, h = size
+    rng = np.random.default_rng(seed)
+    bgr = np.ascontiguousarray(photo_rgb[:, :, ::-1])
+    scale = max((w + step * (count - 1)) / bgr.shape[1], h / bgr.shape[0])
+    big = cv2.resize(bgr, (int(np.ceil(bgr.shape[1] * scale)), int(np.ceil(bgr.shape[0] * scale))), interpolation=cv2.INTER_CUBIC)
+    top = (big.shape[0] - h) // 2
+    out = []
+    for i in range(count):
+        crop = big[top : top + h, i * step : i * step + w].astype(np.float32)
+        crop *= 1 + rng.uniform(-wobble, wobble)
+        ok, buf = cv2.imencode(".jpg", np.clip(crop, 0, 255).astype(np.uint8), [cv2.IMWRITE_JPEG_QUALITY, quality])
+        if not ok:
+            raise RuntimeError("could not encode a pan frame")
+        out.append(buf.tobytes())
+    return out

@@ -12,33 +12,18 @@ import dataclasses
 import shutil
 from typing import Any
 
-import cv2
-import numpy as np
 
 from benchmarks import scenarios
 from benchmarks.daemon import Daemon
-from benchmarks.frames import FrameSet
+from benchmarks.frames import FrameSet, pan_frames
 
 
 def pan(size: tuple[int, int], count: int, quality: int = 90, seed: int = 0) -> FrameSet:
     """A slow pan across one photograph (1% of the width a frame), exposure wobbling by 4%."""
     from skimage import data
 
-    rng = np.random.default_rng(seed)
-    w, h = size
-    step = max(1, w // 100)
-    photo = cv2.cvtColor(data.coffee(), cv2.COLOR_RGB2BGR)
-    scale = max((w + step * count) / photo.shape[1], h / photo.shape[0])
-    big = cv2.resize(photo, (int(np.ceil(photo.shape[1] * scale)), int(np.ceil(photo.shape[0] * scale))), interpolation=cv2.INTER_CUBIC)
-    top = (big.shape[0] - h) // 2
-    out = []
-    for i in range(count):
-        crop = big[top : top + h, i * step : i * step + w].astype(np.float32) * (1 + rng.uniform(-0.04, 0.04))
-        ok, buf = cv2.imencode(".jpg", np.clip(crop, 0, 255).astype(np.uint8), [cv2.IMWRITE_JPEG_QUALITY, quality])
-        if not ok:
-            raise RuntimeError("could not encode a test frame")
-        out.append(buf.tobytes())
-    return FrameSet(tuple(out), size, "a pan across scikit-image's coffee")
+    frames = pan_frames(data.coffee(), size, count, max(1, size[0] // 100), seed=seed, quality=quality)
+    return FrameSet(tuple(frames), size, "a pan across scikit-image's coffee")
 
 
 def compare(plan: scenarios.Plan) -> dict[str, Any]:

@@ -13,6 +13,7 @@ line gives the mean change of the same scene point between consecutive maps.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import cv2
@@ -24,6 +25,9 @@ from depthwatch.engine import Engine
 from depthwatch.model import ModelSpec
 from depthwatch.profiles import PROFILES
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for `benchmarks`
+from benchmarks.frames import pan_frames  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT.parent / "shared" / "models" / "fastdepth_224_nyu_int8.onnx"
 W, H, STEP, FRAMES, SHOWN = 640, 360, 8, 24, 6
@@ -31,17 +35,7 @@ TILE = (176, 99)
 
 
 def pan() -> list[np.ndarray]:
-    rng = np.random.default_rng(0)
-    photo = cv2.cvtColor(data.coffee(), cv2.COLOR_RGB2BGR)
-    scale = max((W + STEP * FRAMES) / photo.shape[1], H / photo.shape[0])
-    big = cv2.resize(photo, (int(np.ceil(photo.shape[1] * scale)), int(np.ceil(photo.shape[0] * scale))), interpolation=cv2.INTER_CUBIC)
-    top = (big.shape[0] - H) // 2
-    frames = []
-    for i in range(FRAMES):
-        crop = big[top : top + H, i * STEP : i * STEP + W].astype(np.float32) * (1 + rng.uniform(-0.04, 0.04))
-        ok, buf = cv2.imencode(".jpg", np.clip(crop, 0, 255).astype(np.uint8), [cv2.IMWRITE_JPEG_QUALITY, 85])
-        frames.append(imaging.decode(buf.tobytes(), max_pixels=10**8).image)
-    return frames
+    return [imaging.decode(f, max_pixels=10**8).image for f in pan_frames(data.coffee(), (W, H), FRAMES, STEP)]
 
 
 def change(maps: list[np.ndarray]) -> float:
