@@ -163,11 +163,6 @@ class Daemon:
             self._force.set()
         self._stop.set()
 
-    @property
-    def forced(self) -> bool:
-        """Whether a second stop request cut the shutdown short."""
-        return self._force.is_set()
-
     def request_reload(self) -> None:
         """Safe from a signal handler (SIGHUP): only sets a flag."""
         self._reload.set()

@@ -32,7 +32,7 @@ from depthwatch.errors import FrameError, ModelError
 from depthwatch.formats import OUTPUT_FORMATS
 from depthwatch.levels import Levels
 from depthwatch.levels import apply as apply_levels
-from depthwatch.profiles import INVERSE_DEPTH, Profile
+from depthwatch.profiles import Profile
 
 _REDUCED = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
 

@@ -12,49 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import onnx
 from daemon_process import TIMEOUT, wait_for
-from onnx import TensorProto, helper
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def busy_brightness_model(path: Path, size: int = 64, layers: int = 6, channels: int = 16) -> Path:
-    """Depth = mean(R, G, B), exactly, after some real work (a stack of convolutions times zero).
-
-    The output is as checkable as the tiny brightness model's; the convolutions
-    make each inference take a few milliseconds, so a job lasts long enough to
-    kill a worker in the middle of it.
-    """
-    rng = np.random.default_rng(0)
-    nodes, inits = [], []
-    current, in_ch = "image", 3
-    for i in range(layers):
-        weights = (rng.standard_normal((channels, in_ch, 3, 3)) * 0.1).astype(np.float32)
-        inits.append(helper.make_tensor(f"w{i}", TensorProto.FLOAT, list(weights.shape), weights.ravel().tolist()))
-        nodes.append(helper.make_node("Conv", [current, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]))
-        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"]))
-        current, in_ch = f"r{i}", channels
-    inits.append(helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]))
-    nodes += [
-        helper.make_node("ReduceMean", [current], ["busy"], axes=[1], keepdims=0),
-        helper.make_node("Mul", ["busy", "zero"], ["nothing"]),
-        helper.make_node("ReduceMean", ["image"], ["mean"], axes=[1], keepdims=0),
-        helper.make_node("Add", ["mean", "nothing"], ["depth"]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "busy_brightness",
-        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, size, size])],
-        [helper.make_tensor_value_info("depth", TensorProto.FLOAT, [1, size, size])],
-        initializer=inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-    return path
 
 
 def strace_works() -> str | None:

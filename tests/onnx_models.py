@@ -95,38 +95,55 @@ def failing_model(path: Path, size: int = 16) -> Path:
         helper.make_tensor("far", TensorProto.INT64, [], [1000]),
         helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "failing",
-        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, size, size])],
-        [helper.make_tensor_value_info("depth", TensorProto.FLOAT, [1, size, size])],
-        initializer=inits,
-    )
-    return _save(graph, path)
+    return _save(_square_float_graph(nodes, "failing", size, inits), path)
 
 
-def slow_model(path: Path, layers: int = 40, size: int = 64, channels: int = 32) -> Path:
-    """A float NCHW model that takes a while (many convolutions), to catch a run in progress."""
+def _conv_stack(layers: int, channels: int, scale: float) -> tuple[list, list, str]:
+    """Nodes and weights of `layers` 3x3 convolutions with ReLU on "image"; the last output's name."""
     import numpy as np
 
     rng = np.random.default_rng(0)
     nodes, inits = [], []
     current, in_ch = "image", 3
     for i in range(layers):
-        weight = helper.make_tensor(
-            f"w{i}", TensorProto.FLOAT, [channels, in_ch, 3, 3],
-            (rng.standard_normal((channels, in_ch, 3, 3)) * 0.05).astype(np.float32).ravel().tolist(),
-        )
-        inits.append(weight)
+        weights = (rng.standard_normal((channels, in_ch, 3, 3)) * scale).astype(np.float32)
+        inits.append(helper.make_tensor(f"w{i}", TensorProto.FLOAT, list(weights.shape), weights.ravel().tolist()))
         nodes.append(helper.make_node("Conv", [current, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]))
         nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"]))
         current, in_ch = f"r{i}", channels
-    nodes.append(helper.make_node("ReduceMean", [current], ["depth"], axes=[1], keepdims=0))
-    graph = helper.make_graph(
+    return nodes, inits, current
+
+
+def _square_float_graph(nodes: list, name: str, size: int, inits: list) -> onnx.GraphProto:
+    return helper.make_graph(
         nodes,
-        "slow",
+        name,
         [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, size, size])],
         [helper.make_tensor_value_info("depth", TensorProto.FLOAT, [1, size, size])],
         initializer=inits,
     )
-    return _save(graph, path)
+
+
+def slow_model(path: Path, layers: int = 40, size: int = 64, channels: int = 32) -> Path:
+    """A float NCHW model that takes a while (many convolutions), to catch a run in progress."""
+    nodes, inits, last = _conv_stack(layers, channels, 0.05)
+    nodes.append(helper.make_node("ReduceMean", [last], ["depth"], axes=[1], keepdims=0))
+    return _save(_square_float_graph(nodes, "slow", size, inits), path)
+
+
+def busy_brightness_model(path: Path, size: int = 64, layers: int = 6, channels: int = 16) -> Path:
+    """Depth = mean(R, G, B), exactly, after some real work (a stack of convolutions times zero).
+
+    The output is as checkable as the tiny brightness model's; the convolutions
+    make each inference take a few milliseconds, so a job lasts long enough to
+    kill a worker in the middle of it.
+    """
+    nodes, inits, last = _conv_stack(layers, channels, 0.1)
+    inits.append(helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]))
+    nodes += [
+        helper.make_node("ReduceMean", [last], ["busy"], axes=[1], keepdims=0),
+        helper.make_node("Mul", ["busy", "zero"], ["nothing"]),
+        helper.make_node("ReduceMean", ["image"], ["mean"], axes=[1], keepdims=0),
+        helper.make_node("Add", ["mean", "nothing"], ["depth"]),
+    ]
+    return _save(_square_float_graph(nodes, "busy_brightness", size, inits), path)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import getpass
 import os
-import shutil
 import signal
 import subprocess
 import tempfile

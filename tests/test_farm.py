@@ -7,7 +7,6 @@ the tests that kill or stop workers start fresh ones for the tests after them.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
@@ -23,10 +22,10 @@ import yaml
 pytest.importorskip("distributed", reason="the farm extra is not installed: pip install -e '.[farm]'")
 
 from daemon_process import wait_for  # noqa: E402
+from onnx_models import busy_brightness_model  # noqa: E402
 from farm_process import (  # noqa: E402
     FarmWorker,
     Scheduler,
-    busy_brightness_model,
     run_once,
     start_once,
     strace_works,

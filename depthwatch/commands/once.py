@@ -17,6 +17,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
@@ -107,14 +108,14 @@ def template_for(output: str | None, single: bool) -> str:
     return str(target.absolute() / DEFAULT_TEMPLATE)
 
 
-def rules_for(sources: list[Path], template: str) -> Rules:
-    """The daemon's own rules, with each input's folder as a watch folder.
+def rules_for(folders: Iterable[Path], template: str) -> Rules:
+    """The daemon's own rules, with the inputs' folders as watch folders.
 
     So `once` names outputs, keeps them inside the allowed folders and tells
     its own earlier outputs from frames exactly as the daemon does.
     """
-    folders = tuple(dict.fromkeys(Path(os.path.abspath(s.parent)) for s in sources)) or (Path.cwd(),)
-    return Rules(WatchConfig(folders=folders, patterns=("*",)), OutputConfig(template=template))
+    roots = tuple(dict.fromkeys(Path(os.path.abspath(f)) for f in folders)) or (Path.cwd(),)
+    return Rules(WatchConfig(folders=roots, patterns=("*",)), OutputConfig(template=template))
 
 
 def collect_inputs(inputs: list[str], template: str) -> list[Path]:
@@ -132,7 +133,7 @@ def collect_inputs(inputs: list[str], template: str) -> list[Path]:
     for item in inputs:
         path = Path(os.path.abspath(Path(item).expanduser()))
         if path.is_dir():
-            own = rules_for([path / "frame"], template)
+            own = rules_for([path], template)
             files.extend(
                 sorted(
                     p for p in path.iterdir()
@@ -141,7 +142,7 @@ def collect_inputs(inputs: list[str], template: str) -> list[Path]:
                 )
             )
         else:
-            files.append(path)  # a missing file is reported as a failed frame
+            files.append(path)
     return files
 
 
@@ -169,7 +170,7 @@ def main(args: argparse.Namespace) -> int:
         sources = in_range(sources, args.frames)
         if not sources:
             raise ConfigError(f"no frames numbered {args.frames} in " + ", ".join(args.inputs) + "; check the range and the names")
-    rules = rules_for(sources, config.output.template)
+    rules = rules_for((s.parent for s in sources), config.output.template)
     settings = Settings.from_config(config)
     failures: list[str] = []
     jobs = []
