@@ -24,9 +24,8 @@ from typing import Any
 
 from benchmarks import farm as farm_bench
 from benchmarks import frames as framesets
-from benchmarks import predict
+from benchmarks import predict, report, scenarios, stable, standin
 from benchmarks import refine as refine_bench
-from benchmarks import report, scenarios, stable, standin
 from benchmarks.daemon import Knobs
 from benchmarks.processes import BenchError
 from depthwatch.errors import DepthwatchError

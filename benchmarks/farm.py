@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.daemon import Knobs, config_dict, write_config
-from benchmarks.processes import BenchError, Child, child_env, free_port, python, ROOT
+from benchmarks.processes import ROOT, BenchError, Child, child_env, free_port, python
 
 
 def _timed(argv: list[str], knobs: Knobs, timeout: float) -> float:

@@ -84,8 +84,8 @@ def _folder(plan: Plan, name: str) -> Path:
 
 def load_reference(plan: Plan, intra_op_threads: int | None = None) -> tuple[Any, sessions.Captured]:
     """depthwatch's Config for these knobs and the session its Engine makes from it."""
-    from depthwatch import catalogue
     from depthwatch import config as configuration
+    from depthwatch.model import catalogue
 
     knobs = plan.knobs if intra_op_threads is None else dataclasses.replace(plan.knobs, intra_op_threads=intra_op_threads)
     folder = plan.work / "reference"
@@ -119,17 +119,16 @@ def costs(plan: Plan, config: Any, single: sessions.Captured) -> dict[str, Any]:
     reduced scale), prepare the tensor, render the map at the frame's size,
     encode it and write it atomically, with OpenCV on one thread.
     """
-    from depthwatch import imaging
-    from depthwatch.contract import depth_map
-    from depthwatch.pipeline import read_source
-    from depthwatch.pipeline import Settings
-    from depthwatch.writer import atomic_write
+    from depthwatch.frames.pipeline import Settings, read_source
+    from depthwatch.frames.writer import atomic_write
+    from depthwatch.imaging import pixels
+    from depthwatch.model.contract import depth_map
 
     settings = Settings.from_config(config)
     info = single.info
     contract, profile = info.contract, info.profile
-    min_size = imaging.model_input_size(contract, profile, (4096, 4096))
-    options = dataclasses.replace(settings.render, bits=imaging.bits_for(".jpg", settings.png_bits))
+    min_size = pixels.model_input_size(contract, profile, (4096, 4096))
+    options = dataclasses.replace(settings.render, bits=pixels.bits_for(".jpg", settings.png_bits))
     paths = _write_frames(plan, "costs", max(plan.count, WARM_UP + 1))
     samples = min(max(plan.count, 3), 40)
     order = [paths[i % len(paths)] for i in range(WARM_UP + samples)]
@@ -143,16 +142,16 @@ def costs(plan: Plan, config: Any, single: sessions.Captured) -> dict[str, Any]:
             c0 = time.process_time()
             data, _ = read_source(path)
             c1 = time.process_time()
-            decoded = imaging.decode(data, max_pixels=settings.max_pixels, min_size=min_size)
-            tensor = imaging.prepare(decoded, contract, profile)
+            decoded = pixels.decode(data, max_pixels=settings.max_pixels, min_size=min_size)
+            tensor = pixels.prepare(decoded, contract, profile)
             c2 = time.process_time()
             w2 = time.perf_counter()
             output = single.session.run([contract.output_name], {contract.input_name: tensor})[0]
             c3 = time.process_time()
             w3 = time.perf_counter()
-            nearness = imaging.normalise(depth_map(output), profile.output, options)
-            depth = imaging.render(nearness, decoded.size, options, guide=decoded.image)
-            encoded = imaging.encode(
+            nearness = pixels.normalise(depth_map(output), profile.output, options)
+            depth = pixels.render(nearness, decoded.size, options, guide=decoded.image)
+            encoded = pixels.encode(
                 depth, ".jpg", jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression
             )
             c4 = time.process_time()
@@ -236,12 +235,12 @@ def parallel_ceiling(plan: Plan, single: sessions.Captured, threads: int) -> dic
 
 
 def _tensors(plan: Plan, captured: sessions.Captured) -> list[np.ndarray]:
-    from depthwatch import imaging
+    from depthwatch.imaging import pixels
 
     contract, profile = captured.info.contract, captured.info.profile
-    min_size = imaging.model_input_size(contract, profile, (4096, 4096))
+    min_size = pixels.model_input_size(contract, profile, (4096, 4096))
     return [
-        imaging.prepare(imaging.decode(d, max_pixels=10**9, min_size=min_size), contract, profile)
+        pixels.prepare(pixels.decode(d, max_pixels=10**9, min_size=min_size), contract, profile)
         for d in plan.frames.data[: max(1, min(plan.count, 16))]
     ]
 
@@ -274,10 +273,10 @@ def _wait_http(child: Child, port: int, timeout: float = 120.0) -> float:
 
 def prep_for(captured: sessions.Captured, frame_size: tuple[int, int]) -> dict[str, Any]:
     """What the classic server needs to feed the model, from depthwatch's contract and profile."""
-    from depthwatch import imaging
+    from depthwatch.imaging import pixels
 
     info = captured.info
-    w, h = imaging.model_input_size(info.contract, info.profile, frame_size)
+    w, h = pixels.model_input_size(info.contract, info.profile, frame_size)
     return {
         "width": w,
         "height": h,

@@ -29,7 +29,7 @@ class Captured:
     """A session as depthwatch's Engine made it, and what it was made with."""
 
     session: Any
-    info: Any  # depthwatch.engine.ModelInfo
+    info: Any  # depthwatch.model.engine.ModelInfo
     settings: dict[str, Any]
 
 
@@ -37,7 +37,7 @@ def capture(spec: Any, timeout: float = 300.0) -> Captured:
     """Load `spec` (a depthwatch ModelSpec) through depthwatch's Engine and keep its session."""
     import onnxruntime
 
-    from depthwatch.engine import Engine
+    from depthwatch.model.engine import Engine
 
     made: dict[str, Any] = {}
 

@@ -12,7 +12,6 @@ import dataclasses
 import shutil
 from typing import Any
 
-
 from benchmarks import scenarios
 from benchmarks.daemon import Daemon
 from benchmarks.frames import FrameSet, pan_frames

@@ -19,12 +19,13 @@ from typing import Any
 
 import yaml
 
-from depthwatch import paths, providers
+from depthwatch import paths
 from depthwatch.errors import ConfigError
-from depthwatch.formats import OUTPUT_FORMATS
+from depthwatch.imaging.formats import OUTPUT_FORMATS
+from depthwatch.imaging.levels import parse_level
+from depthwatch.model import providers
+from depthwatch.model.profiles import DEPTH, INVERSE_DEPTH, PROFILES
 from depthwatch.pathmap import PathMap
-from depthwatch.levels import parse_level
-from depthwatch.profiles import DEPTH, INVERSE_DEPTH, PROFILES
 
 ENV_VAR = "DEPTHWATCH_CONFIG"
 
@@ -153,7 +154,9 @@ def _template(value: Any, base: Path) -> str:
     if "{ext}" not in text and suffix not in OUTPUT_FORMATS:
         raise ValueError(f"{text!r} must end in .jpg, .png, .tif or .exr (or {{ext}} for the frame's own)")
     if suffix == ".exr":
-        from depthwatch.imaging import can_encode  # OpenCV is only loaded for this check
+        from depthwatch.imaging.pixels import (
+            can_encode,  # OpenCV is only loaded for this check
+        )
 
         if not can_encode(".exr"):
             raise ValueError(
@@ -232,7 +235,7 @@ class OutputConfig:
     clip_percent: tuple[float, float] | None = field(default=None, metadata=_spec(_optional(_percent_pair)))
     sidecar: bool = field(default=False, metadata=_spec(_bool))
     error_sidecar: bool = field(default=False, metadata=_spec(_bool))
-    # Shot-stable maps (see depthwatch/stabilise.py) or each map on its own.
+    # Shot-stable maps (see depthwatch/imaging/stabilise.py) or each map on its own.
     normalise: str = field(default="stable", metadata=_spec(_choice("stable", "frame")))
     # Editor-grade maps (issue 15): edges from the frame, and levels as in a grading tool.
     refine: str = field(default="edges", metadata=_spec(_choice("edges", "none")))

@@ -20,10 +20,10 @@ import cv2
 import numpy as np
 from skimage import data
 
-from depthwatch import imaging, normalise, stabilise
-from depthwatch.engine import Engine
-from depthwatch.model import ModelSpec
-from depthwatch.profiles import PROFILES
+from depthwatch.imaging import normalise, pixels, stabilise
+from depthwatch.model.engine import Engine
+from depthwatch.model.profiles import PROFILES
+from depthwatch.model.spec import ModelSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for `benchmarks`
 from benchmarks.frames import pan_frames  # noqa: E402
@@ -35,7 +35,7 @@ TILE = (176, 99)
 
 
 def pan() -> list[np.ndarray]:
-    return [imaging.decode(f, max_pixels=10**8).image for f in pan_frames(data.coffee(), (W, H), FRAMES, STEP)]
+    return [pixels.decode(f, max_pixels=10**8).image for f in pan_frames(data.coffee(), (W, H), FRAMES, STEP)]
 
 
 def change(maps: list[np.ndarray]) -> float:
@@ -55,8 +55,8 @@ def main() -> None:
         info = engine.wait_ready()
         predictions = []
         for image in frames:
-            decoded = imaging.Decoded(image, (W, H), "jpeg")
-            tensor = imaging.prepare(decoded, info.contract, profile)
+            decoded = pixels.Decoded(image, (W, H), "jpeg")
+            tensor = pixels.prepare(decoded, info.contract, profile)
             predictions.append(engine.infer(tensor, info.generation).result().prediction)
     per_frame = [normalise.frame(p, profile.output) for p in predictions]
     stabiliser, stable = stabilise.Stabiliser(), []

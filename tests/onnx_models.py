@@ -12,8 +12,8 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from depthwatch.model import ModelSpec
-from depthwatch.profiles import profile_for
+from depthwatch.model.profiles import profile_for
+from depthwatch.model.spec import ModelSpec
 
 OPSET = 17
 

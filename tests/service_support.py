@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from onnx_models import brightness_model
 from conftest import jpeg_bytes, quadrant_frame, write_by_rename
 from daemon_process import wait_for
+from onnx_models import brightness_model
 
-from depthwatch import catalogue
-from depthwatch.status import read_status
+from depthwatch.daemon.status import read_status
+from depthwatch.model import catalogue
 
 #: The repository's config.yaml: the documented default that `service install` writes for a new user.
 DOCUMENTED_CONFIG = Path(__file__).resolve().parents[1] / "config.yaml"

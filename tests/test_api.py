@@ -23,13 +23,13 @@ pytest.importorskip("waitress")
 
 from depthwatch import imaging  # noqa: E402
 from depthwatch.config import ApiConfig, Config, OutputConfig, WatchConfig  # noqa: E402
-from depthwatch.engine import Engine  # noqa: E402
-from depthwatch.model import ModelSpec  # noqa: E402
-from depthwatch.job import Job  # noqa: E402
-from depthwatch.pipeline import Result, Settings  # noqa: E402
-from depthwatch.profiles import PROFILES  # noqa: E402
-from depthwatch.rules import Rules  # noqa: E402
-from depthwatch.waiters import DONE, TIMEOUT, MapWaiters  # noqa: E402
+from depthwatch.daemon.waiters import DONE, TIMEOUT, MapWaiters  # noqa: E402
+from depthwatch.frames.job import Job  # noqa: E402
+from depthwatch.frames.pipeline import Result, Settings  # noqa: E402
+from depthwatch.frames.rules import Rules  # noqa: E402
+from depthwatch.model.engine import Engine  # noqa: E402
+from depthwatch.model.profiles import PROFILES  # noqa: E402
+from depthwatch.model.spec import ModelSpec  # noqa: E402
 
 HTTP_TIMEOUT = 60
 
@@ -443,7 +443,7 @@ def test_an_older_versions_map_does_not_release_a_request(tmp_path):
 
 
 def test_rules_refuse_escapes_used_by_the_api(tmp_path):
-    from depthwatch.api import PredictApp, Refused
+    from depthwatch.daemon.api import PredictApp, Refused
 
     watch = tmp_path / "watch"
     watch.mkdir()
@@ -504,7 +504,7 @@ def test_the_daemon_needs_waitress_only_with_the_api_on(tmp_path, tiny_model):
     env = {**os.environ, "PYTHONPATH": str(blocker)}
     plain = DaemonProcess(tmp_path / "plain", tiny_model)
     probe = subprocess.run(
-        [os.sys.executable, "-c", "import sys, depthwatch.daemon, depthwatch.commands.run; assert 'waitress' not in sys.modules"],
+        [os.sys.executable, "-c", "import sys, depthwatch.daemon.lifecycle, depthwatch.commands.run; assert 'waitress' not in sys.modules"],
         env=env,
         capture_output=True,
         text=True,

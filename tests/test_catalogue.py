@@ -13,11 +13,11 @@ import pytest
 import yaml
 from onnx_models import brightness_model
 
-from depthwatch import catalogue
-from depthwatch.catalogue import Entry
 from depthwatch.config import ModelConfig
 from depthwatch.errors import ConfigError, ModelError
-from depthwatch.profiles import PROFILES
+from depthwatch.model import catalogue
+from depthwatch.model.catalogue import Entry
+from depthwatch.model.profiles import PROFILES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,26 +76,26 @@ def test_the_default_config_names_a_catalogue_model():
 
 
 def test_the_package_reads_the_catalogue_in_models_through_package_data():
-    """depthwatch/catalogue.yaml points at models/catalogue.yaml, and is declared package data.
+    """depthwatch/model/catalogue.yaml points at models/catalogue.yaml, and is declared package data.
 
     A wheel build copies the link's target as a real file; a copy of the package
     made the same way (links followed) reads its catalogue without models/.
     """
-    link = REPO / "depthwatch" / "catalogue.yaml"
+    link = REPO / "depthwatch" / "model" / "catalogue.yaml"
     assert link.is_symlink() and link.resolve() == (REPO / "models" / "catalogue.yaml").resolve()
     tomllib = pytest.importorskip("tomllib")
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
-    assert "catalogue.yaml" in pyproject["tool"]["setuptools"]["package-data"]["depthwatch"]
+    assert "model/catalogue.yaml" in pyproject["tool"]["setuptools"]["package-data"]["depthwatch"]
 
 
 def test_a_copy_of_the_installed_package_finds_its_catalogue(tmp_path):
     site = tmp_path / "site"
     shutil.copytree(REPO / "depthwatch", site / "depthwatch", symlinks=False, ignore=shutil.ignore_patterns("__pycache__"))
-    assert not (site / "depthwatch" / "catalogue.yaml").is_symlink()
+    assert not (site / "depthwatch" / "model" / "catalogue.yaml").is_symlink()
     env = {**cli_env(tmp_path), "PYTHONPATH": str(site)}
 
     done = subprocess.run(
-        [sys.executable, "-c", "import depthwatch.catalogue as c; print(c.__file__); print(sorted(c.load()))"],
+        [sys.executable, "-c", "import depthwatch.model.catalogue as c; print(c.__file__); print(sorted(c.load()))"],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60, check=False,
     )
 

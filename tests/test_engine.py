@@ -14,15 +14,15 @@ from conftest import jpeg_bytes, quadrant_frame
 from onnx import TensorProto
 from onnx_models import brightness_model, failing_model, spec_for
 
-from depthwatch import providers
-from depthwatch.engine import Engine
-from depthwatch.model import ModelSpec
 from depthwatch.errors import ModelError, Superseded
-from depthwatch.imaging import RenderOptions
-from depthwatch.job import Job
-from depthwatch.levels import Levels
-from depthwatch.pipeline import Pipeline, Settings
-from depthwatch.profiles import PROFILES
+from depthwatch.frames.job import Job
+from depthwatch.frames.pipeline import Pipeline, Settings
+from depthwatch.imaging.levels import Levels
+from depthwatch.imaging.pixels import RenderOptions
+from depthwatch.model import providers
+from depthwatch.model.engine import Engine
+from depthwatch.model.profiles import PROFILES
+from depthwatch.model.spec import ModelSpec
 
 FAMILIES = {
     "nchw-float-fixed-1HW": dict(layout="NCHW", size=(32, 32), output="1HW"),
@@ -365,7 +365,7 @@ def test_a_frame_that_straddles_a_model_swap_is_rendered_with_the_model_that_ran
     Its map must follow A's convention (bright quadrant near, white) and carry A's
     name; rendering it with B's profile would invert it silently.
     """
-    from depthwatch.profiles import DEPTH
+    from depthwatch.model.profiles import DEPTH
 
     model_a = brightness_model(tmp_path / "a.onnx")
     model_b = brightness_model(tmp_path / "b.onnx")

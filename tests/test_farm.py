@@ -22,7 +22,6 @@ import yaml
 pytest.importorskip("distributed", reason="the farm extra is not installed: pip install -e '.[farm]'")
 
 from daemon_process import wait_for  # noqa: E402
-from onnx_models import busy_brightness_model  # noqa: E402
 from farm_process import (  # noqa: E402
     FarmWorker,
     Scheduler,
@@ -30,6 +29,7 @@ from farm_process import (  # noqa: E402
     start_once,
     strace_works,
 )
+from onnx_models import busy_brightness_model  # noqa: E402
 
 FRAMES = 120
 FIRST = 1001

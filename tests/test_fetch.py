@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from onnx_models import brightness_model
 
-from depthwatch import fetch
-from depthwatch.catalogue import Entry
+from depthwatch.model import fetch
+from depthwatch.model.catalogue import Entry
 
 NAME = "midas-v21-small"
 FILE = "model-small.onnx"

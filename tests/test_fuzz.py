@@ -8,10 +8,10 @@ from conftest import jpeg_bytes, quadrant_frame
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from depthwatch import formats, imaging
-from depthwatch.contract import Contract
 from depthwatch.errors import FrameError
-from depthwatch.profiles import INVERSE_DEPTH, PROFILES
+from depthwatch.imaging import formats, pixels
+from depthwatch.model.contract import Contract
+from depthwatch.model.profiles import INVERSE_DEPTH, PROFILES
 
 SEEDS = [
     jpeg_bytes(quadrant_frame(64, 48)),
@@ -49,15 +49,15 @@ def mutated(draw) -> bytes:
 def test_mutated_images_decode_or_fail_cleanly(data):
     formats.read_header(data)  # never raises
     try:
-        decoded = imaging.decode(data, max_pixels=4_000_000, min_size=(32, 32))
+        decoded = pixels.decode(data, max_pixels=4_000_000, min_size=(32, 32))
     except FrameError as exc:
         assert str(exc) and "\n" not in str(exc)
         return
-    tensor = imaging.prepare(decoded, CONTRACT, PROFILES["midas-v21-small"])
+    tensor = pixels.prepare(decoded, CONTRACT, PROFILES["midas-v21-small"])
     assert tensor.shape == (1, 3, 32, 32) and np.isfinite(tensor).all()
-    options = imaging.RenderOptions()
-    nearness = imaging.normalise(tensor[0, 0], INVERSE_DEPTH, options)
-    depth = imaging.render(nearness, decoded.size, options, guide=decoded.image)
+    options = pixels.RenderOptions()
+    nearness = pixels.normalise(tensor[0, 0], INVERSE_DEPTH, options)
+    depth = pixels.render(nearness, decoded.size, options, guide=decoded.image)
     assert (depth.shape[1], depth.shape[0]) == decoded.size
 
 
@@ -65,7 +65,7 @@ def test_mutated_images_decode_or_fail_cleanly(data):
 @given(st.binary(max_size=2048))
 def test_arbitrary_bytes_never_escape_as_anything_but_frame_errors(data):
     try:
-        imaging.decode(data, max_pixels=4_000_000)
+        pixels.decode(data, max_pixels=4_000_000)
     except FrameError:
         pass
 
@@ -132,8 +132,8 @@ def test_whatever_sits_at_a_frames_path_is_read_or_refused_in_one_line_never_han
     import threading
     from pathlib import Path
 
-    from depthwatch import provenance
-    from depthwatch.pipeline import read_source
+    from depthwatch.frames import provenance
+    from depthwatch.frames.pipeline import read_source
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

@@ -17,8 +17,8 @@ import yaml
 from conftest import jpeg_bytes, quadrant_frame, write_by_rename
 from daemon_process import DaemonProcess, wait_for
 
-from depthwatch import provenance
-from depthwatch.instance import EX_TEMPFAIL
+from depthwatch.daemon.locks import EX_TEMPFAIL
+from depthwatch.frames import provenance
 
 SPARSE_SIZE = 2 * 2**30  # 2 GiB, almost none of it on disk
 

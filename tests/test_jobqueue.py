@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from depthwatch.jobqueue import LatestWinsQueue
-from depthwatch.job import Job
+from depthwatch.frames.jobqueue import LatestWinsQueue
+from depthwatch.frames.job import Job
 
 
 def job(source: str, output: str, version: int = 0) -> Job:

@@ -39,9 +39,9 @@ from service_support import (
 from standin import make_standins, path_with
 
 from depthwatch import cli, paths
-from depthwatch.service import launchd, supervision
+from depthwatch.daemon.status import Status, read_status, write_status
 from depthwatch.errors import EX_CONFIG, DepthwatchError
-from depthwatch.status import Status, read_status, write_status
+from depthwatch.service import launchd, supervision
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = REPO / "launchd" / f"{launchd.LABEL}.plist.template"

@@ -25,10 +25,10 @@ import onnxruntime
 import pytest
 from onnx_models import brightness_model
 
-from depthwatch import compile_cache, measure, providers
-from depthwatch.engine import Engine
-from depthwatch.model import ModelSpec
-from depthwatch.profiles import PROFILES
+from depthwatch.model import caches, choice, providers
+from depthwatch.model.engine import Engine
+from depthwatch.model.profiles import PROFILES
+from depthwatch.model.spec import ModelSpec
 
 CPU, CUDA, COREML = providers.CPU, providers.CUDA, providers.COREML
 SLOW, FAST, CPU_DELAY = 0.3, 0.0, 0.1
@@ -82,7 +82,7 @@ class Machine:
         first, options = providers[0] if isinstance(providers[0], tuple) else (providers[0], {})
         self.sessions.append((first, threading.current_thread().name))
         cache = options.get("ModelCacheDirectory")
-        if cache and not any(p.name != compile_cache.MARKER for p in Path(cache).iterdir()):
+        if cache and not any(p.name != caches.MARKER for p in Path(cache).iterdir()):
             (Path(cache) / "compiled.mlmodelc").write_bytes(b"compiled")  # what CoreML leaves there
         session = onnxruntime.InferenceSession(path, sess_options=sess_options, providers=[CPU])
         self.last = StandIn(session, first, self.delays[first], fail=first in self.failing)
@@ -180,7 +180,7 @@ def test_a_model_changed_under_the_same_name_gets_a_new_cache_key_and_the_old_en
     assert first.compiled is not None and not first.compiled.existed
     assert first.compiled.path.parent == cache_home / "coreml"
     _, again = load(model, machine, ("coreml",))
-    assert again.compiled == compile_cache.Entry(first.compiled.path, existed=True)  # from the cache
+    assert again.compiled == caches.Entry(first.compiled.path, existed=True)  # from the cache
 
     brightness_model(model, scale=5.0)  # fetched anew under the same name
     _, changed = load(model, machine, ("coreml",))
@@ -193,35 +193,35 @@ def test_a_model_changed_under_the_same_name_gets_a_new_cache_key_and_the_old_en
 
 
 def test_the_cache_key_covers_contents_runtime_and_options():
-    base = compile_cache.cache_key("ab" * 32, "1.21.0", {"ModelFormat": "MLProgram"})
-    assert base == compile_cache.cache_key("ab" * 32, "1.21.0", {"ModelFormat": "MLProgram"})
-    assert base != compile_cache.cache_key("cd" * 32, "1.21.0", {"ModelFormat": "MLProgram"})
-    assert base != compile_cache.cache_key("ab" * 32, "1.22.0", {"ModelFormat": "MLProgram"})
-    assert base != compile_cache.cache_key("ab" * 32, "1.21.0", {"ModelFormat": "NeuralNetwork"})
+    base = caches.cache_key("ab" * 32, "1.21.0", {"ModelFormat": "MLProgram"})
+    assert base == caches.cache_key("ab" * 32, "1.21.0", {"ModelFormat": "MLProgram"})
+    assert base != caches.cache_key("cd" * 32, "1.21.0", {"ModelFormat": "MLProgram"})
+    assert base != caches.cache_key("ab" * 32, "1.22.0", {"ModelFormat": "MLProgram"})
+    assert base != caches.cache_key("ab" * 32, "1.21.0", {"ModelFormat": "NeuralNetwork"})
 
 
 def test_the_cache_stays_bounded(tmp_path):
     root = tmp_path / "coreml"
     paths = []
-    for i in range(compile_cache.MAX_ENTRIES + 3):
+    for i in range(caches.MAX_ENTRIES + 3):
         model = brightness_model(tmp_path / f"m{i}.onnx", scale=float(i + 1))
-        digest = compile_cache.model_digest(model, tmp_path)
-        paths.append(compile_cache.open_entry(root, model, digest, "1.21.0", {}).path)
-    assert len(list(root.iterdir())) == compile_cache.MAX_ENTRIES
-    assert all(p.exists() for p in paths[-compile_cache.MAX_ENTRIES :])  # the most recent stay
+        digest = caches.model_digest(model, tmp_path)
+        paths.append(caches.open_entry(root, model, digest, "1.21.0", {}).path)
+    assert len(list(root.iterdir())) == caches.MAX_ENTRIES
+    assert all(p.exists() for p in paths[-caches.MAX_ENTRIES :])  # the most recent stay
 
 
 def test_the_model_digest_is_remembered_until_the_file_changes(tmp_path):
     model = brightness_model(tmp_path / "m.onnx")
-    real = compile_cache.model_digest(model, tmp_path)
+    real = caches.model_digest(model, tmp_path)
     index = tmp_path / "digests.json"
     recorded = json.loads(index.read_text())
     recorded[str(model)]["sha256"] = "f" * 64  # if it were hashed again, this would not come back
     index.write_text(json.dumps(recorded))
-    assert compile_cache.model_digest(model, tmp_path) == "f" * 64
+    assert caches.model_digest(model, tmp_path) == "f" * 64
     stat = model.stat()
     os.utime(model, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
-    assert compile_cache.model_digest(model, tmp_path) == real
+    assert caches.model_digest(model, tmp_path) == real
 
 
 def test_node_counts_read_the_provider_of_each_node_from_a_real_profile(tmp_path):
@@ -232,7 +232,7 @@ def test_node_counts_read_the_provider_of_each_node_from_a_real_profile(tmp_path
     session = onnxruntime.InferenceSession(str(model), sess_options=options, providers=[CPU])
     for _ in range(3):  # each node counted once, however many runs the profile holds
         session.run(None, {"image": np.zeros((1, 3, 32, 32), np.float32)})
-    counts = measure.node_counts(session.end_profiling())
+    counts = choice.node_counts(session.end_profiling())
     assert counts == {CPU: len(onnx.load(str(model)).graph.node)} == {CPU: 2}  # ReduceMean, Mul
 
 
@@ -277,7 +277,7 @@ def test_coreml_gets_the_symbolic_batch_pinned_and_cpu_keeps_the_graph_as_it_is(
 
 
 def test_declared_inputs_are_read_from_the_file_without_loading_it(fastdepth, tmp_path):
-    from depthwatch import graph_inputs
+    from depthwatch.model import graph_inputs
 
     assert graph_inputs.declared_inputs(fastdepth) == [("image", [1, 224, 224, 3])]
     assert graph_inputs.fixed_dims(fastdepth, None) == {}  # nothing symbolic to pin

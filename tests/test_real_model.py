@@ -12,11 +12,11 @@ import pytest
 from scipy.stats import spearmanr
 from skimage import data
 
-from depthwatch.engine import Engine
-from depthwatch.model import ModelSpec
-from depthwatch.job import Job
-from depthwatch.pipeline import Pipeline, Settings
-from depthwatch.profiles import PROFILES
+from depthwatch.frames.job import Job
+from depthwatch.frames.pipeline import Pipeline, Settings
+from depthwatch.model.engine import Engine
+from depthwatch.model.profiles import PROFILES
+from depthwatch.model.spec import ModelSpec
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from conftest import quadrant_frame
 from onnx import TensorProto
 from onnx_models import brightness_model
 
-from depthwatch.profiles import PROFILES
+from depthwatch.model.profiles import PROFILES
 
 PROFILE_LIST = ", ".join(sorted(PROFILES))
 

@@ -17,10 +17,10 @@ from conftest import jpeg_bytes, quadrant_frame, write_by_rename
 from daemon_process import DaemonProcess, privileges, wait_for
 from onnx_models import failing_model, spec_for
 
-from depthwatch.engine import Engine
 from depthwatch.errors import EX_CONFIG
-from depthwatch.job import Job
-from depthwatch.pipeline import Pipeline, Settings, read_source
+from depthwatch.frames.job import Job
+from depthwatch.frames.pipeline import Pipeline, Settings, read_source
+from depthwatch.model.engine import Engine
 
 
 def png_bytes(image: np.ndarray) -> bytes:

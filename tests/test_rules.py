@@ -10,7 +10,7 @@ import pytest
 from depthwatch import config as configuration
 from depthwatch.config import OutputConfig, WatchConfig
 from depthwatch.errors import FrameError
-from depthwatch.rules import Rules
+from depthwatch.frames.rules import Rules
 
 
 def rules(tmp_path: Path, template: str = "{stem}_depth.jpg", patterns: tuple[str, ...] = ("*.jpg",), **watch) -> Rules:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from depthwatch.sequences import frame_range, parse, sequences
+from depthwatch.frames.sequences import frame_range, parse, sequences
 
 
 @pytest.mark.parametrize(

@@ -20,11 +20,11 @@ from daemon_process import DaemonProcess, wait_for
 from pans import flicker, pan
 from skimage import data
 
-from depthwatch import normalise, stabilise
-from depthwatch.engine import Engine
-from depthwatch.model import ModelSpec
-from depthwatch.pipeline import Job, Pipeline, Settings
-from depthwatch.profiles import DEPTH, INVERSE_DEPTH, PROFILES
+from depthwatch.frames.pipeline import Job, Pipeline, Settings
+from depthwatch.imaging import normalise, stabilise
+from depthwatch.model.engine import Engine
+from depthwatch.model.profiles import DEPTH, INVERSE_DEPTH, PROFILES
+from depthwatch.model.spec import ModelSpec
 
 STEP = 8  # pixels per frame at 640x360: a slow pan (about 5 s across the frame at 24 fps)
 PAN = 20  # frames of the first shot; then a cut to CUT frames of another photograph

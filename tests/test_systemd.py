@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from daemon_process import wait_for
 from service_support import (
     DOCUMENTED_CONFIG,
     folder_snapshot,
@@ -32,11 +33,9 @@ from service_support import (
 )
 from standin import make_standins, path_with
 
-from daemon_process import wait_for
-
 from depthwatch import cli
-from depthwatch.service import launchd, supervision, systemd
 from depthwatch.errors import EX_CONFIG
+from depthwatch.service import launchd, supervision, systemd
 
 REPO = Path(__file__).resolve().parents[1]
 ENTRY_POINT = str(Path(os.path.abspath(sys.executable)).parent / "depthwatch")

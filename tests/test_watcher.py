@@ -17,8 +17,8 @@ from conftest import jpeg_bytes, quadrant_frame, write_by_rename
 from daemon_process import wait_for
 
 from depthwatch.config import OutputConfig, WatchConfig
-from depthwatch.rules import Rules
-from depthwatch.watcher import Mode, Watcher, _Pending
+from depthwatch.daemon.watcher import Mode, Watcher, _Pending
+from depthwatch.frames.rules import Rules
 
 
 class Recorder:

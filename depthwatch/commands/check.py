@@ -8,10 +8,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from depthwatch import providers as ep
 from depthwatch.commands.common import add_config_arguments, config_from_args
-from depthwatch.measure import Trial
-from depthwatch.model import ModelInfo
+from depthwatch.model import providers as ep
+from depthwatch.model.choice import Trial
+from depthwatch.model.spec import ModelInfo
 
 HELP = "check the config and the model: load it, show its providers and I/O, run one synthetic frame"
 
@@ -29,10 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     import cv2
 
-    from depthwatch import catalogue, imaging
     from depthwatch.config import check_combinations
-    from depthwatch.engine import Engine
-    from depthwatch.pipeline import Settings
+    from depthwatch.frames.pipeline import Settings
+    from depthwatch.imaging import pixels
+    from depthwatch.model import catalogue
+    from depthwatch.model.engine import Engine
 
     config = config_from_args(args)
     check_combinations(config)
@@ -62,11 +63,11 @@ def main(args: argparse.Namespace) -> int:
         frame[:, :, :] = np.linspace(0, 255, 1920, dtype=np.uint8)[None, :, None]
         data = cv2.imencode(".jpg", frame)[1].tobytes()
         settings = Settings.from_config(config)
-        decoded = imaging.decode(data, max_pixels=settings.max_pixels, min_size=(info.contract.width or 512, info.contract.height or 512))
-        inference = engine.infer(imaging.prepare(decoded, info.contract, info.profile), info.generation).result()
-        nearness = imaging.normalise(inference.prediction, info.profile.output, settings.render)
-        depth = imaging.render(nearness, decoded.size, settings.render, guide=decoded.image)
-        encoded = imaging.encode(depth, ".jpg", jpeg_quality=settings.jpeg_quality)
+        decoded = pixels.decode(data, max_pixels=settings.max_pixels, min_size=(info.contract.width or 512, info.contract.height or 512))
+        inference = engine.infer(pixels.prepare(decoded, info.contract, info.profile), info.generation).result()
+        nearness = pixels.normalise(inference.prediction, info.profile.output, settings.render)
+        depth = pixels.render(nearness, decoded.size, settings.render, guide=decoded.image)
+        encoded = pixels.encode(depth, ".jpg", jpeg_quality=settings.jpeg_quality)
         print(f"frame:     1920x1080 synthetic frame -> {len(encoded)} byte depth map, inference {inference.seconds * 1000:.1f} ms")
     print("ok")
     return 0

@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 
 from depthwatch import config as configuration
-from depthwatch.catalogue import is_catalogue_name
 from depthwatch.config import Config
+from depthwatch.model.catalogue import is_catalogue_name
 from depthwatch.paths import expand_path
 
 

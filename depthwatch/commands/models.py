@@ -65,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _fetch(args: argparse.Namespace, folder: Path) -> int:
-    from depthwatch import catalogue, fetch
+    from depthwatch.model import catalogue, fetch
 
     entry = catalogue.entry(args.name)
     result = fetch.fetch(
@@ -80,9 +80,9 @@ def _fetch(args: argparse.Namespace, folder: Path) -> int:
 
 
 def _list(folder: Path, configured: str) -> int:
-    from depthwatch import catalogue, fetch
     from depthwatch.errors import DepthwatchError
-    from depthwatch.profiles import PROFILES
+    from depthwatch.model import catalogue, fetch
+    from depthwatch.model.profiles import PROFILES
 
     entries = catalogue.load()
     rows = [("NAME", "STATE", "FILE", "SIZE", "INPUT", "LICENCE", "MODEL")]

@@ -23,14 +23,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from depthwatch import provenance
 from depthwatch.commands.common import add_config_arguments, config_from_args
 from depthwatch.config import OutputConfig, WatchConfig
 from depthwatch.errors import ConfigError, FrameError, InputError
-from depthwatch.formats import EXTENSIONS
-from depthwatch.names import shown
-from depthwatch.normalise import FRAME, MODES, STABLE
-from depthwatch.rules import Rules
+from depthwatch.frames import provenance
+from depthwatch.frames.rules import Rules
+from depthwatch.imaging.formats import EXTENSIONS
+from depthwatch.imaging.normalise import FRAME, MODES, STABLE
+from depthwatch.logtext import shown
 
 HELP = "write depth maps for the given frames (files or folders) and exit"
 
@@ -79,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def in_range(sources: list[Path], spec: str) -> list[Path]:
     """The numbered frames among `sources` whose number is in the range `spec`."""
-    from depthwatch import sequences
+    from depthwatch.frames import sequences
 
     try:
         wanted = sequences.frame_range(spec)
@@ -147,11 +147,12 @@ def collect_inputs(inputs: list[str], template: str) -> list[Path]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from depthwatch import catalogue, sequences
     from depthwatch.config import check_combinations, override
-    from depthwatch.engine import Engine
-    from depthwatch.job import Job
-    from depthwatch.pipeline import Pipeline, Result, Settings
+    from depthwatch.frames import sequences
+    from depthwatch.frames.job import Job
+    from depthwatch.frames.pipeline import Pipeline, Result, Settings
+    from depthwatch.model import catalogue
+    from depthwatch.model.engine import Engine
 
     if args.force and not args.farm:
         raise ConfigError("--force goes with --farm (local once always maps every frame); drop it or add --farm ADDRESS")
@@ -230,7 +231,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _sequence(pipeline: Any, jobs: list[Any], settings: Any, report: Any) -> None:
     """Two passes: model and summary for every frame (any order), then map and write in frame order."""
-    from depthwatch import stabilise
+    from depthwatch.imaging import stabilise
 
     collected = [pipeline.submit(replace(job, collect=True), settings) for job in jobs]  # blocks while full
     kept: list[tuple[Any, Any]] = []

@@ -60,7 +60,7 @@ def apply_overrides(config: Config, args: argparse.Namespace) -> Config:
 
 def main(args: argparse.Namespace) -> int:
     from depthwatch import config as configuration
-    from depthwatch.daemon import Daemon
+    from depthwatch.daemon.lifecycle import Daemon
 
     config = apply_overrides(config_from_args(args), args)
     configuration.check_combinations(config)

@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from depthwatch import config as configuration
-    from depthwatch import status
+    from depthwatch.daemon import status
     from depthwatch.errors import DepthwatchError
     from depthwatch.paths import expand_path
 
@@ -60,7 +60,7 @@ def _mtime(path: Path) -> float:
 
 def _show(path: Path) -> bool:
     """Print one daemon's status; True if it is running."""
-    from depthwatch.status import is_running, iso_time, read_status
+    from depthwatch.daemon.status import is_running, iso_time, read_status
 
     try:
         data = read_status(path)

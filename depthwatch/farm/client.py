@@ -20,15 +20,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from depthwatch import normalise, sequences
 from depthwatch.config import Config
 from depthwatch.errors import FarmError
 from depthwatch.farm import require_distributed
-from depthwatch.farm.tasks import RESOURCE, FrameTask, Outcome, collect_frames, render_frames
-from depthwatch.job import Job
-from depthwatch.pipeline import Settings
-from depthwatch.rules import map_is_current
-from depthwatch.writer import sweep_temp_files_for
+from depthwatch.farm.tasks import (
+    RESOURCE,
+    FrameTask,
+    Outcome,
+    collect_frames,
+    render_frames,
+)
+from depthwatch.frames import sequences
+from depthwatch.frames.job import Job
+from depthwatch.frames.pipeline import Settings
+from depthwatch.frames.rules import map_is_current
+from depthwatch.frames.writer import sweep_temp_files_for
+from depthwatch.imaging import normalise
 
 log = logging.getLogger("depthwatch")
 
@@ -176,7 +183,7 @@ def _second_pass(
     tally: Callable[[Outcome], None],
 ) -> list[list[FrameTask]]:
     """Plan a sequence from its first pass, make each frame's [0, 1] map in frame order, batch the writes."""
-    from depthwatch import stabilise
+    from depthwatch.imaging import stabilise
 
     outcomes: dict[int, Outcome] = {}
     for future in collected:

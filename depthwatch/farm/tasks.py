@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from depthwatch.pipeline import Settings
+from depthwatch.frames.pipeline import Settings
 
 #: The plugin's name on the worker, and the resource a depthwatch worker offers
 #: (tasks ask for it, so a plain Dask worker on the same scheduler never gets one).

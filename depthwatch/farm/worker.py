@@ -31,16 +31,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from depthwatch import catalogue
 from depthwatch.config import Config
-from depthwatch.engine import Engine
 from depthwatch.errors import OutputError
 from depthwatch.farm import require_distributed
 from depthwatch.farm.tasks import PLUGIN, RESOURCE, FrameTask, Outcome
-from depthwatch.job import Job
-from depthwatch.pipeline import Pipeline, Settings
-from depthwatch.rules import map_is_current
-from depthwatch.writer import atomic_write
+from depthwatch.frames.job import Job
+from depthwatch.frames.pipeline import Pipeline, Settings
+from depthwatch.frames.rules import map_is_current
+from depthwatch.frames.writer import atomic_write
+from depthwatch.model import catalogue
+from depthwatch.model.engine import Engine
 
 log = logging.getLogger("depthwatch")
 frames_log = logging.getLogger("depthwatch.frames")

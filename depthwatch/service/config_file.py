@@ -13,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from depthwatch import catalogue, paths
 from depthwatch import config as configuration
+from depthwatch import paths
 from depthwatch.config import Config
 from depthwatch.errors import ModelError
+from depthwatch.model import catalogue
 
 
 def documented_default() -> Path:

@@ -43,7 +43,7 @@ def status_file_rows(config_path: Path | None, state: State) -> list[tuple[str, 
     if config_path is None:
         return []
     from depthwatch import config as configuration
-    from depthwatch.status import path_for, read_status
+    from depthwatch.daemon.status import path_for, read_status
 
     try:
         config = configuration.load(config_path)

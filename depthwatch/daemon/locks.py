@@ -26,7 +26,7 @@ from pathlib import Path
 import platformdirs
 
 from depthwatch.errors import DepthwatchError
-from depthwatch.names import shown
+from depthwatch.logtext import shown
 
 #: sysexits.h EX_TEMPFAIL: the condition clears by itself once the other daemon
 #: stops, so a service manager retrying later is right (78, EX_CONFIG, would tell

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from depthwatch import paths
-from depthwatch.writer import atomic_write
+from depthwatch.frames.writer import atomic_write
 
 if TYPE_CHECKING:
     from depthwatch.config import Config

@@ -13,10 +13,10 @@ import re
 import string
 from pathlib import Path
 
-from depthwatch import provenance
 from depthwatch.config import OutputConfig, WatchConfig
 from depthwatch.errors import FrameError
-from depthwatch.writer import is_temp_name
+from depthwatch.frames import provenance
+from depthwatch.frames.writer import is_temp_name
 
 _SIDECAR_SUFFIXES = (".json",)
 

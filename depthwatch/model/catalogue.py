@@ -19,18 +19,20 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from depthwatch.config import ModelConfig
-from depthwatch.paths import expand_path
-from depthwatch.model import ModelSpec
 from depthwatch.errors import ConfigError, ModelError
-from depthwatch import recognise
-from depthwatch.profiles import GENERIC, PROFILES, profile_for
-from depthwatch.reading import why_not_a_file
-from depthwatch.recognise import ProfileChoice
+from depthwatch.files import why_not_a_file
+from depthwatch.model import recognise
+from depthwatch.model.profiles import GENERIC, PROFILES, profile_for
+from depthwatch.model.recognise import ProfileChoice
+from depthwatch.model.spec import ModelSpec
+from depthwatch.paths import expand_path
+
+if TYPE_CHECKING:
+    from depthwatch.config import ModelConfig
 
 ENV_VAR = "DEPTHWATCH_CATALOGUE"
 

@@ -8,11 +8,14 @@ or [1,H,W,1]. Reading this from the session lets any of them run unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from depthwatch.errors import ModelError
+
+if TYPE_CHECKING:
+    from depthwatch.model.profiles import Profile
 
 NCHW, NHWC = "NCHW", "NHWC"
 
@@ -90,3 +93,25 @@ def depth_map(output: np.ndarray) -> np.ndarray:
     if output.ndim != 2:
         raise ModelError(f"the model returned shape {list(output.shape)}; expected one depth map")
     return output
+
+
+def model_input_size(contract: Contract, profile: Profile, frame_size: tuple[int, int]) -> tuple[int, int]:
+    """(width, height) of the tensor the model takes for a frame of `frame_size`."""
+    if contract.fixed_size:
+        return contract.fixed_size
+    side = profile.input_size
+    if not side:
+        raise ModelError(
+            f"the model's input size is dynamic; set model.input_size for profile {profile.name!r}"
+        )
+    m = profile.multiple_of
+    fixed_w, fixed_h = contract.width, contract.height
+    if not profile.keep_aspect:
+        w = h = side
+    else:
+        fw, fh = frame_size
+        scale = side / min(fw, fh)
+        w, h = fw * scale, fh * scale
+    w = fixed_w or max(m, int(round(w / m)) * m)
+    h = fixed_h or max(m, int(round(h / m)) * m)
+    return w, h

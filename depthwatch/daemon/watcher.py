@@ -30,12 +30,12 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
-from depthwatch import formats
 from depthwatch.config import WatchConfig
 from depthwatch.errors import DepthwatchError
-from depthwatch.names import shown
-from depthwatch.reading import link_problem, open_checked
-from depthwatch.rules import Rules, map_is_current
+from depthwatch.frames.reading import link_problem, open_checked
+from depthwatch.frames.rules import Rules, map_is_current
+from depthwatch.imaging import formats
+from depthwatch.logtext import shown
 
 log = logging.getLogger("depthwatch.watch")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from depthwatch.profiles import INVERSE_DEPTH
+from depthwatch.model.profiles import INVERSE_DEPTH
 
 FRAME = "frame"
 STABLE = "stable"

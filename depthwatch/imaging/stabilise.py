@@ -75,8 +75,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from depthwatch import normalise
-from depthwatch.profiles import INVERSE_DEPTH
+from depthwatch.imaging import normalise
+from depthwatch.model.profiles import INVERSE_DEPTH
 
 #: The alignment grid (cells); area-averaging to it also makes the fit tolerant of small motion.
 GRID = (32, 32)

@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 from depthwatch import __version__
-from depthwatch.catalogue import Entry
 from depthwatch.errors import DepthwatchError
+from depthwatch.model.catalogue import Entry
 
-log = logging.getLogger("depthwatch.fetch")
+log = logging.getLogger("depthwatch.model.fetch")
 
 EX_DATAERR = 65
 EX_UNAVAILABLE = 69
@@ -280,10 +280,10 @@ def _load_check(entry: Entry, path: Path) -> None:
     compile of a temporary file would only fill the cache with a copy nobody
     reuses.
     """
-    from depthwatch import providers
-    from depthwatch.engine import Engine
-    from depthwatch.model import ModelSpec
-    from depthwatch.profiles import PROFILES
+    from depthwatch.model import providers
+    from depthwatch.model.engine import Engine
+    from depthwatch.model.profiles import PROFILES
+    from depthwatch.model.spec import ModelSpec
 
     engine = Engine(ModelSpec(path=path, profile=PROFILES[entry.profile], providers=(providers.CPU,))).start()
     try:

@@ -35,14 +35,14 @@ from waitress.channel import HTTPChannel
 from waitress.server import create_server
 from waitress.task import ErrorTask
 
-from depthwatch import formats
 from depthwatch.config import ApiConfig
+from depthwatch.daemon.waiters import DONE, FAILED, TIMEOUT, Ticket
 from depthwatch.errors import DepthwatchError, FrameError
-from depthwatch.pipeline import Rendered
-from depthwatch.rules import Rules
-from depthwatch.waiters import DONE, FAILED, TIMEOUT, Ticket
+from depthwatch.frames.pipeline import Rendered
+from depthwatch.frames.rules import Rules
+from depthwatch.imaging import formats
 
-log = logging.getLogger("depthwatch.api")
+log = logging.getLogger("depthwatch.daemon.api")
 
 #: Request threads. They only wait (for a map, or an in-memory job), so more than the
 #: cores is fine; requests beyond them wait in waitress's queue.

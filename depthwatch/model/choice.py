@@ -32,9 +32,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from depthwatch import compile_cache
+from depthwatch.model import caches
 
-log = logging.getLogger("depthwatch.providers")
+log = logging.getLogger("depthwatch.model.providers")
 
 #: Seconds the whole measurement may take; each provider gets an equal share of what is left.
 BUDGET_S = 90.0
@@ -255,13 +255,13 @@ class Decisions:
         self.path = path
 
     def get(self, key: str) -> dict[str, Any] | None:
-        found = compile_cache.read_json(self.path).get(key)
+        found = caches.read_json(self.path).get(key)
         if isinstance(found, dict) and isinstance(found.get("provider"), str):
             return found
         return None
 
     def put(self, key: str, model: Path, provider: str, trials: Sequence[Trial]) -> None:
-        data = compile_cache.read_json(self.path)
+        data = caches.read_json(self.path)
         data[key] = {
             "model": str(model),
             "provider": provider,
@@ -272,4 +272,4 @@ class Decisions:
         if len(data) > MAX_DECISIONS:
             for old in sorted(data, key=lambda k: data[k].get("at", 0))[: len(data) - MAX_DECISIONS]:
                 del data[old]
-        compile_cache.write_json(self.path, data)
+        caches.write_json(self.path, data)

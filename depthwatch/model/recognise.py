@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from depthwatch.contract import NCHW, NHWC, Contract
 from depthwatch.errors import ModelError
-from depthwatch.profiles import PROFILES, Profile
+from depthwatch.model.contract import NCHW, NHWC, Contract
+from depthwatch.model.profiles import PROFILES, Profile
 
 log = logging.getLogger("depthwatch")
 

@@ -25,9 +25,10 @@ import zlib
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from depthwatch import __version__, formats
+from depthwatch import __version__
 from depthwatch.errors import FrameError
-from depthwatch.reading import open_checked
+from depthwatch.frames.reading import open_checked
+from depthwatch.imaging import formats
 
 KEYWORD = "depthwatch"
 _PREFIX = (KEYWORD + " ").encode()

@@ -17,6 +17,7 @@ import stat
 from pathlib import Path
 
 from depthwatch.errors import FrameError, Superseded
+from depthwatch.files import kind_of, link_problem, why_not_a_file  # noqa: F401 (re-exported)
 
 #: Default for `daemon.max_file_mb`: far above any frame, far below a machine's memory.
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
@@ -26,42 +27,8 @@ _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
-def kind_of(mode: int) -> str | None:
-    """What a non-regular file is, in words (None for a regular file)."""
-    if stat.S_ISREG(mode):
-        return None
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
-
-
 def _not_a_file(mode: int) -> FrameError:
     return FrameError(f"is {kind_of(mode)}, not an image file; not read")
-
-
-def link_problem(path: Path) -> str | None:
-    """Why a symlink cannot be followed at all (dangling, a loop), or None."""
-    try:
-        os.stat(path)
-    except FileNotFoundError:
-        try:
-            target = os.readlink(path)
-        except OSError:
-            return None  # not a link: it just vanished
-        return f"a symlink to {target!r}, which does not exist"
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return "a symlink loop; not followed"
-        return None
-    return None
 
 
 def open_checked(path: Path, *, follow_links: bool = True, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[int, os.stat_result]:
@@ -155,18 +122,3 @@ def read_head(path: Path, size: int = 65536) -> tuple[bytes, os.stat_result] | N
         return None
     finally:
         os.close(fd)
-
-
-def why_not_a_file(path: Path) -> str:
-    """Why `path` is not a regular file, for messages: "is a folder", "does not exist", ..."""
-    problem = link_problem(path) if os.path.islink(path) else None
-    if problem:
-        return f"is {problem}"
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return "does not exist"
-    except OSError as exc:
-        return f"cannot be read ({exc.strerror or exc})"
-    kind = kind_of(st.st_mode)
-    return f"is {kind}, not a file" if kind else "is a file"

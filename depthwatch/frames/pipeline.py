@@ -22,21 +22,14 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import replace
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from depthwatch import formats, imaging, normalise, provenance, reading, stabilise
-from depthwatch.levels import Levels, parse_level
 from depthwatch.config import Config
-from depthwatch.engine import Engine, Inference
-from depthwatch.job import Job
-from depthwatch.jobqueue import LatestWinsQueue
-from depthwatch.model import ModelInfo
 from depthwatch.errors import (
     DepthwatchError,
     FrameError,
@@ -45,8 +38,15 @@ from depthwatch.errors import (
     OwnOutput,
     Superseded,
 )
-from depthwatch.names import shown
-from depthwatch.writer import atomic_write, really_inside
+from depthwatch.frames import provenance, reading
+from depthwatch.frames.job import Job
+from depthwatch.frames.jobqueue import LatestWinsQueue
+from depthwatch.frames.writer import atomic_write, really_inside
+from depthwatch.imaging import formats, normalise, pixels, stabilise
+from depthwatch.imaging.levels import Levels, parse_level
+from depthwatch.logtext import shown
+from depthwatch.model.engine import Engine, Inference
+from depthwatch.model.spec import ModelInfo
 
 log = logging.getLogger("depthwatch.frames")
 
@@ -65,7 +65,7 @@ _FRAME_LINE = re.compile(
 class Settings:
     """The parts of the config a frame needs, frozen per job so a reload is clean."""
 
-    render: imaging.RenderOptions = imaging.RenderOptions()
+    render: pixels.RenderOptions = pixels.RenderOptions()
     jpeg_quality: int = 95
     png_bits: int = 16
     png_compression: int = 1
@@ -80,7 +80,7 @@ class Settings:
     def from_config(cls, config: Config) -> Settings:
         out = config.output
         return cls(
-            render=imaging.RenderOptions(
+            render=pixels.RenderOptions(
                 clip_percent=out.clip_percent,
                 refine=out.refine,
                 levels=Levels(parse_level(out.near), parse_level(out.far), out.gamma, out.invert),
@@ -162,7 +162,7 @@ class _Frame:
     settings: Settings
     future: Future[Result]
     result: Result
-    decoded: imaging.Decoded | None = None
+    decoded: pixels.Decoded | None = None
     source_stat: os.stat_result | None = None
     clock: float = field(default_factory=time.perf_counter)
     #: Submission order; a map never replaces one written by a later job for its output.
@@ -198,7 +198,7 @@ class _Image:
     ext: str
     settings: Settings
     future: Future[Rendered]
-    decoded: imaging.Decoded | None = None
+    decoded: pixels.Decoded | None = None
     ms: dict[str, float] = field(default_factory=dict)
     clock: float = field(default_factory=time.perf_counter)
 
@@ -474,7 +474,7 @@ class Pipeline:
             if expected and found and found != expected:
                 raise FrameError(f"is a {found.upper()} image but its name says {job.source.suffix}; rename it")
             info = self._model_info()
-            frame.decoded = imaging.decode(
+            frame.decoded = pixels.decode(
                 data,
                 max_pixels=frame.settings.max_pixels,
                 min_size=info.min_frame_size,
@@ -497,7 +497,7 @@ class Pipeline:
 
     def _to_engine(self, frame: _Frame, info: ModelInfo) -> None:
         assert frame.decoded is not None
-        tensor = imaging.prepare(frame.decoded, info.contract, info.profile)
+        tensor = pixels.prepare(frame.decoded, info.contract, info.profile)
         frame.lap("decode")
         frame.check()
         frame.inference = self.engine.infer(tensor, info.generation)
@@ -609,7 +609,7 @@ class Pipeline:
         """decode, prepare, hand to the engine (worker thread)."""
         try:
             info = self._model_info()
-            image.decoded = imaging.decode(image.data, max_pixels=image.settings.max_pixels, min_size=info.min_frame_size)
+            image.decoded = pixels.decode(image.data, max_pixels=image.settings.max_pixels, min_size=info.min_frame_size)
             image.data = b""
             self._image_to_engine(image, info)
         except Exception as exc:
@@ -617,7 +617,7 @@ class Pipeline:
 
     def _image_to_engine(self, image: _Image, info: ModelInfo) -> None:
         assert image.decoded is not None
-        tensor = imaging.prepare(image.decoded, info.contract, info.profile)
+        tensor = pixels.prepare(image.decoded, info.contract, info.profile)
         image.lap("decode")
         inference = self.engine.infer(tensor, info.generation)
         inference.add_done_callback(lambda done: self._handoff_image(image, done))
@@ -682,7 +682,7 @@ class Pipeline:
 def _render_encode(
     inference: Inference,
     info: ModelInfo,
-    decoded: imaging.Decoded,
+    decoded: pixels.Decoded,
     ext: str,
     settings: Settings,
     nearness: np.ndarray | None = None,
@@ -691,11 +691,11 @@ def _render_encode(
 
     `nearness`: step 1's map if already made (output.normalise: stable); else the per-frame one.
     """
-    options = replace(settings.render, bits=imaging.bits_for(ext, settings.png_bits))
+    options = replace(settings.render, bits=pixels.bits_for(ext, settings.png_bits))
     if nearness is None:
-        nearness = imaging.normalise(inference.prediction, info.profile.output, options)
-    depth = imaging.render(nearness, decoded.size, options, guide=decoded.image)
-    return imaging.encode(depth, ext, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression)
+        nearness = pixels.normalise(inference.prediction, info.profile.output, options)
+    depth = pixels.render(nearness, decoded.size, options, guide=decoded.image)
+    return pixels.encode(depth, ext, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression)
 
 
 def _record(job: Job, source_stat: os.stat_result, info: ModelInfo, settings: Settings) -> dict[str, Any]:

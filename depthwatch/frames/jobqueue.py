@@ -14,7 +14,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-from depthwatch.job import Job
+from depthwatch.frames.job import Job
 
 
 class LatestWinsQueue:

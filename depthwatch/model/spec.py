@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from depthwatch import paths
-from depthwatch.contract import Contract
-from depthwatch.profiles import Profile
-from depthwatch.recognise import ProfileChoice
+from depthwatch.model.contract import Contract
+from depthwatch.model.profiles import Profile
+from depthwatch.model.recognise import ProfileChoice
 
 if TYPE_CHECKING:
-    from depthwatch.compile_cache import Entry
-    from depthwatch.measure import Trial
+    from depthwatch.model.caches import Entry
+    from depthwatch.model.choice import Trial
 
 
 @dataclass(frozen=True)

@@ -24,15 +24,15 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from depthwatch import formats, refine
-from depthwatch import normalise as normalise_step
-from depthwatch.codecwarnings import codec_messages
-from depthwatch.contract import NCHW, Contract
-from depthwatch.errors import FrameError, ModelError
-from depthwatch.formats import OUTPUT_FORMATS
-from depthwatch.levels import Levels
-from depthwatch.levels import apply as apply_levels
-from depthwatch.profiles import Profile
+from depthwatch.errors import FrameError
+from depthwatch.imaging import formats, refine
+from depthwatch.imaging import normalise as normalise_step
+from depthwatch.imaging.codecwarnings import codec_messages
+from depthwatch.imaging.formats import OUTPUT_FORMATS
+from depthwatch.imaging.levels import Levels
+from depthwatch.imaging.levels import apply as apply_levels
+from depthwatch.model.contract import NCHW, Contract, model_input_size  # noqa: F401 (re-exported)
+from depthwatch.model.profiles import Profile
 
 _REDUCED = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
 
@@ -62,28 +62,6 @@ class RenderOptions:
     bits: int = 8
     refine: str = REFINE_EDGES
     levels: Levels = Levels()
-
-
-def model_input_size(contract: Contract, profile: Profile, frame_size: tuple[int, int]) -> tuple[int, int]:
-    """(width, height) of the tensor the model takes for a frame of `frame_size`."""
-    if contract.fixed_size:
-        return contract.fixed_size
-    side = profile.input_size
-    if not side:
-        raise ModelError(
-            f"the model's input size is dynamic; set model.input_size for profile {profile.name!r}"
-        )
-    m = profile.multiple_of
-    fixed_w, fixed_h = contract.width, contract.height
-    if not profile.keep_aspect:
-        w = h = side
-    else:
-        fw, fh = frame_size
-        scale = side / min(fw, fh)
-        w, h = fw * scale, fh * scale
-    w = fixed_w or max(m, int(round(w / m)) * m)
-    h = fixed_h or max(m, int(round(h / m)) * m)
-    return w, h
 
 
 def _reduction(header: formats.Header, min_size: tuple[int, int] | None) -> int:

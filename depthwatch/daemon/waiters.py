@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from depthwatch.job import Job
-from depthwatch.pipeline import Result
+from depthwatch.frames.job import Job
+from depthwatch.frames.pipeline import Result
 
 Signature = tuple[int, int, int]
 

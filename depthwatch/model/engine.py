@@ -26,8 +26,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from depthwatch import compile_cache, graph_inputs, measure, providers
-from depthwatch.contract import Contract, depth_map, read_contract
 from depthwatch.errors import (
     DepthwatchError,
     FrameError,
@@ -35,13 +33,19 @@ from depthwatch.errors import (
     ModelError,
     Superseded,
 )
-from depthwatch.imaging import model_input_size
-from depthwatch.measure import Trial
-from depthwatch.model import ModelInfo, ModelSpec
-from depthwatch.profiles import Profile
-from depthwatch.reading import why_not_a_file
+from depthwatch.files import why_not_a_file
+from depthwatch.model import caches, choice, graph_inputs, providers
+from depthwatch.model.choice import Trial
+from depthwatch.model.contract import (
+    Contract,
+    depth_map,
+    model_input_size,
+    read_contract,
+)
+from depthwatch.model.profiles import Profile
+from depthwatch.model.spec import ModelInfo, ModelSpec
 
-log = logging.getLogger("depthwatch.engine")
+log = logging.getLogger("depthwatch.model.engine")
 
 
 
@@ -407,7 +411,7 @@ class Engine:
             options.profile_file_prefix = profile_prefix
         return options
 
-    def _chain(self, wanted: list[str], spec: ModelSpec) -> tuple[list[tuple[str, dict[str, Any]]], compile_cache.Entry | None, dict[str, int]]:
+    def _chain(self, wanted: list[str], spec: ModelSpec) -> tuple[list[tuple[str, dict[str, Any]]], caches.Entry | None, dict[str, int]]:
         """(provider, options) pairs, CoreML's cache folder, and the input dimensions to pin.
 
         With CoreML in the chain the image input's symbolic batch (and height
@@ -426,8 +430,8 @@ class Engine:
                 if providers.coreml_caches(providers.runtime_version()):
                     keyed = {**options, "depthwatch.fixed_dims": pins}
                     try:
-                        digest = compile_cache.model_digest(spec.path, spec.state_dir())
-                        entry = compile_cache.open_entry(spec.coreml_root(), spec.path, digest, providers.runtime_version(), keyed)
+                        digest = caches.model_digest(spec.path, spec.state_dir())
+                        entry = caches.open_entry(spec.coreml_root(), spec.path, digest, providers.runtime_version(), keyed)
                     except OSError as exc:
                         log.warning(
                             "cannot use the compiled-model cache in %s (%s); CoreML compiles at every load",
@@ -450,11 +454,11 @@ class Engine:
         if len(candidates) == 1 and self._measure != "always":
             return candidates, "", []
         try:
-            digest = compile_cache.model_digest(spec.path, spec.state_dir())
+            digest = caches.model_digest(spec.path, spec.state_dir())
         except OSError as exc:
             raise ModelError(f"cannot read model {spec.path}: {exc.strerror or exc}; check the file and its permissions") from None
-        key = measure.decision_key(digest, providers.runtime_version(), available)
-        decisions = measure.Decisions(spec.state_dir() / "providers.json")
+        key = choice.decision_key(digest, providers.runtime_version(), available)
+        decisions = choice.Decisions(spec.state_dir() / "providers.json")
         known = decisions.get(key) if self._measure != "always" else None
         if known is not None and known["provider"] in candidates:
             chosen = known["provider"]
@@ -473,13 +477,13 @@ class Engine:
                 self._warm_up(session, contract, spec.profile)
 
             try:
-                trials = measure.measure(candidates, create, run, profile=profile_prefix is not None)
+                trials = choice.measure(candidates, create, run, profile=profile_prefix is not None)
             except DepthwatchError:
                 raise
             except Exception as exc:  # CPU itself failed: the model is unusable
                 raise ModelError(f"cannot load model {spec.path}: {_first_line(exc)}{_FIX_MODEL}") from None
         self.measurements += 1
-        chosen = measure.fastest(trials) or providers.CPU
+        chosen = choice.fastest(trials) or providers.CPU
         log.info(
             "providers: measured %s: %s; auto uses %s",
             spec.path.name,

@@ -21,30 +21,43 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from depthwatch import catalogue, provenance
 from depthwatch.config import Config
-from depthwatch.engine import Engine, SessionFactory
-from depthwatch.model import ModelInfo
+from depthwatch.daemon.locks import FolderLocks
+from depthwatch.daemon.status import (
+    Status,
+    is_running,
+    path_for,
+    read_status,
+    write_status,
+)
+from depthwatch.daemon.waiters import MapWaiters, Ticket
+from depthwatch.daemon.watcher import Watcher
 from depthwatch.errors import ConfigError, DepthwatchError, FrameError, OutputError
-from depthwatch.instance import FolderLocks
-from depthwatch.jobqueue import LatestWinsQueue
-from depthwatch.job import Job
-from depthwatch.names import shown
-from depthwatch.pipeline import Pipeline, Rendered, Result, Settings, write_error_record
-from depthwatch.rules import Rules
-from depthwatch.status import Status, is_running, path_for, read_status, write_status
-from depthwatch.waiters import MapWaiters, Ticket
-from depthwatch.watcher import Watcher
-from depthwatch.writer import sweep_temp_files
+from depthwatch.frames import provenance
+from depthwatch.frames.job import Job
+from depthwatch.frames.jobqueue import LatestWinsQueue
+from depthwatch.frames.pipeline import (
+    Pipeline,
+    Rendered,
+    Result,
+    Settings,
+    write_error_record,
+)
+from depthwatch.frames.rules import Rules
+from depthwatch.frames.writer import sweep_temp_files
+from depthwatch.logtext import shown
+from depthwatch.model import catalogue
+from depthwatch.model.engine import Engine, SessionFactory
+from depthwatch.model.spec import ModelInfo
 
 if TYPE_CHECKING:
-    from depthwatch.api import ApiServer
+    from depthwatch.daemon.api import ApiServer
 
 log = logging.getLogger("depthwatch")
 frames_log = logging.getLogger("depthwatch.frames")
@@ -202,7 +215,7 @@ class Daemon:
     def _start_api(self) -> None:
         """The HTTP listener, once the model is ready (imported only when enabled: an extra)."""
         try:
-            from depthwatch.api import ApiServer
+            from depthwatch.daemon.api import ApiServer
         except ImportError as exc:
             raise ConfigError(
                 f"api.enabled needs the api extra ({exc.name} is missing); run: pip install 'depthwatch[api]'"
