@@ -119,7 +119,7 @@ def _providers(value: Any, base: Path) -> str | tuple[str, ...]:
     for name in names:
         if name not in known and not name.endswith("ExecutionProvider"):
             choices = ["auto", *providers.ALIASES]
-            raise ValueError(f"{name!r} is not a provider; use auto or a list of coreml, cuda, cpu{_did_you_mean(name, choices)}")
+            raise ValueError(f"{name!r} is not a provider; use auto or a list of coreml, cuda, openvino, cpu{_did_you_mean(name, choices)}")
     return tuple(providers.full_name(n) for n in names)
 
 
@@ -201,6 +201,7 @@ class ModelConfig:
     profile: str = field(default="auto", metadata=_spec(_choice("auto", *PROFILES)))
     providers: str | tuple[str, ...] = field(default="auto", metadata=_spec(_providers))
     intra_op_threads: int = field(default=0, metadata=_spec(_int(0, 256)))
+    precision: str = field(default="auto", metadata=_spec(_choice("auto", "fp32", "bf16", "fp16")))
     coreml_cache: Path | None = field(default=None, metadata=_spec(_optional(_path)))
     folder: Path | None = field(default=None, metadata=_spec(_optional(_path)))
     input_size: int | None = field(default=None, metadata=_spec(_optional(_int(14, 4096))))

@@ -28,7 +28,7 @@ BAD_CONFIGS = {
     "out of range": ("output:\n  jpeg_quality: 500\n", ":2:17: output.jpeg_quality must be between 1 and 100, not 500"),
     "zero workers": ("daemon:\n  workers: 0\n", ":2:12: daemon.workers must be between 1 and 64, not 0"),
     "float for int": ("daemon:\n  retries: 2.5\n", ":2:12: daemon.retries must be a whole number, not float 2.5"),
-    "unknown provider": ("model:\n  providers: [cudaa]\n", ":2:14: model.providers 'cudaa' is not a provider; use auto or a list of coreml, cuda, cpu (did you mean 'cuda'?)"),
+    "unknown provider": ("model:\n  providers: [cudaa]\n", ":2:14: model.providers 'cudaa' is not a provider; use auto or a list of coreml, cuda, openvino, cpu (did you mean 'cuda'?)"),
     "empty providers": ("model:\n  providers: []\n", ":2:14: model.providers must list at least one entry"),
     "unknown profile": ("model:\n  profile: midas-small\n", ":2:12: model.profile must be one of auto,"),
     "bad choice": ("watch:\n  observer: poling\n", ":2:13: watch.observer must be one of native, polling, not 'poling' (did you mean 'polling'?)"),

@@ -10,6 +10,7 @@ onnxruntime's own list.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -236,7 +237,7 @@ def test_node_counts_read_the_provider_of_each_node_from_a_real_profile(tmp_path
     assert counts == {CPU: len(onnx.load(str(model)).graph.node)} == {CPU: 2}  # ReduceMean, Mul
 
 
-def test_check_providers_prints_the_table_for_cpu_with_the_real_model(tmp_path, fastdepth):
+def test_check_providers_prints_the_table_with_the_real_model(tmp_path, fastdepth):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "DEPTHWATCH_"))}
     env.update(HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache"), XDG_CONFIG_HOME=str(tmp_path / "config"))
     done = subprocess.run(
@@ -246,15 +247,23 @@ def test_check_providers_prints_the_table_for_cpu_with_the_real_model(tmp_path, 
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("provider "))
-    assert lines[header].split() == ["provider", "graph", "share", "load", "per", "frame", "peak", "memory"]
+    assert lines[header].split() == ["provider", "precision", "graph", "share", "load", "per", "frame", "peak", "memory", "maps"]
     row = lines[header + 1].split()
-    assert row[0] == "CPU" and row[1] == "100%" and row[2] == "of" and int(row[3]) > 10  # every node on CPU
-    assert float(row[4]) > 0 and row[5] == "s"
-    assert float(row[6]) > 0 and row[7] == "ms"
-    assert float(row[8]) > 0 and row[9] == "MiB"
-    assert row[-3:] == ["<-", "auto", "picks"]
-    assert "providers: CPUExecutionProvider (auto: measured now)" in lines
-    assert "providers: measured fastdepth_224_nyu_int8.onnx: CPU " in done.stderr
+    assert row[:5] == ["CPU", "fp32", "100%", "of", row[4]] and int(row[4]) > 10  # every node on CPU
+    assert float(row[5]) > 0 and row[6] == "s"
+    assert float(row[7]) > 0 and row[8] == "ms"
+    assert float(row[9]) > 0 and row[10] == "MiB"
+    assert row[11] == "reference"
+    rows = lines[header + 1 : next(i for i, line in enumerate(lines) if line.startswith("contract:"))]
+    picked = [r for r in rows if r.endswith("<- auto picks")]
+    assert len(picked) == 1
+    served = next(line for line in lines if line.startswith("providers: ")).split()[1].rstrip(",")
+    assert picked[0].split()[0] == providers.short(served)
+    if importlib.util.find_spec("openvino") is not None:  # the openvino extra: measured beside CPU
+        assert any(r.split()[:2] == ["OpenVINO", "fp32"] for r in rows), rows
+    assert "(auto: measured now)" in next(line for line in lines if line.startswith("providers: "))
+    assert next(line for line in lines if line.startswith("precision: ")).startswith(f"precision: {picked[0].split()[1]} (auto)")
+    assert "providers: measured fastdepth_224_nyu_int8.onnx: CPU fp32 " in done.stderr
     assert lines[-1] == "ok"
 
 

@@ -52,11 +52,12 @@ def main(args: argparse.Namespace) -> int:
         print(f"model:     {spec.path} (profile {info.profile.name}, loaded in {info.load_seconds:.2f} s)")
         how = {"measured": " (auto: measured now)", "remembered": " (auto: measured before)"}.get(info.chosen_by, "")
         print(f"providers: {', '.join(info.providers)}{how}")
+        print(f"precision: {precision_line(spec.precision, info)}")
         compiled = _compiled(info)
         if compiled:
             print(f"compiled:  {compiled}")
         if measuring:
-            print(provider_table(info.trials, info.providers[0]))
+            print(provider_table(info.trials, (info.providers[0], info.precision)))
         print(f"contract:  {info.contract.describe()}")
         # A synthetic 1080p frame through the same steps as a real one.
         frame = np.zeros((1080, 1920, 3), np.uint8)
@@ -83,6 +84,16 @@ def _compiled(info: ModelInfo) -> str:
     return f"{origin} ({info.compiled.path})"
 
 
+def precision_line(setting: str, info: ModelInfo) -> str:
+    """The precision the model runs at, and why, when `auto` refused a reduced one."""
+    line = info.precision if setting == "auto" else f"{info.precision} (as configured: {setting})"
+    if setting == "auto":
+        line += " (auto)"
+    for refused in info.refused:
+        line += f"; refused {refused}"
+    return line
+
+
 def _share(trial: Trial, cpu: Trial | None) -> str:
     """The share of the graph a provider took, from the nodes each profiled run executed.
 
@@ -90,6 +101,8 @@ def _share(trial: Trial, cpu: Trial | None) -> str:
     the CPU session's node count less the nodes left to CPU, over the former
     (approximate where the two sessions fuse nodes differently).
     """
+    if trial.provider == ep.OPENVINO:
+        return "100% (one compiled graph)"
     if trial.nodes is None or trial.total_nodes is None:
         return "-"
     if trial.provider == ep.CPU:
@@ -100,18 +113,28 @@ def _share(trial: Trial, cpu: Trial | None) -> str:
     return f"{share:.0%} ({trial.nodes} on it, {on_cpu} on CPU)"
 
 
-def provider_table(trials: Sequence[Trial], picked: str) -> str:
-    """One row per provider measured, and which one `auto` picks."""
+def provider_table(trials: Sequence[Trial], picked: tuple[str, str]) -> str:
+    """One row per variant measured (provider and precision), and which one `auto` picks.
+
+    "maps" is the lowest correlation of the variant's probe maps with the
+    reference's (the CPU provider at fp32); below the threshold a variant is
+    never picked, however fast.
+    """
+    from depthwatch.model.precision import FAITHFUL
+
     cpu = next((t for t in trials if t.provider == ep.CPU), None)
-    rows = [("provider", "graph share", "load", "per frame", "peak memory", "")]
+    rows = [("provider", "precision", "graph share", "load", "per frame", "peak memory", "maps", "")]
     for t in trials:
-        name = t.provider.replace("ExecutionProvider", "")
+        name = ep.short(t.provider)
         if not t.ok:
-            rows.append((name, "-", "-", "-", "-", f"dropped: {t.error}"))
+            rows.append((name, t.precision, "-", "-", "-", "-", "-", f"dropped: {t.error}"))
             continue
         memory = "-" if t.peak_mib is None else f"{t.peak_mib:.1f} MiB"
-        mark = "<- auto picks" if t.provider == picked else ""
-        rows.append((name, _share(t, cpu), f"{t.load_s:.2f} s", f"{t.run_ms:.2f} ms", memory, mark))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)) + ("  " + r[5] if r[5] else "") for r in rows]
+        maps = "reference" if t.agreement is None else f"r {t.agreement:.4f}"
+        mark = "<- auto picks" if t.variant == tuple(picked) else ""
+        if not t.faithful:
+            mark = f"not faithful (r < {FAITHFUL})"
+        rows.append((name, t.precision, _share(t, cpu), f"{t.load_s:.2f} s", f"{t.run_ms:.2f} ms", memory, maps, mark))
+    widths = [max(len(r[i]) for r in rows) for i in range(7)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)) + ("  " + r[7] if r[7] else "") for r in rows]
     return "\n".join(line.rstrip() for line in lines)

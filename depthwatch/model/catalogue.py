@@ -213,4 +213,5 @@ def resolve(model: ModelConfig, base: Path) -> ModelSpec:
         intra_op_threads=model.intra_op_threads,
         coreml_cache=model.coreml_cache,
         choose_profile=choice,
+        precision=model.precision,
     )

@@ -1,6 +1,8 @@
 """Measure, then choose: which provider runs this model fastest on this machine.
 
-An accelerator is not always faster. CoreML takes only part of a transformer
+An accelerator is not always faster, nor is every runtime on the same CPU:
+OpenVINO runs some models twice as fast as onnxruntime's CPU provider, and
+bf16 halves the time again where the CPU has it. CoreML takes only part of a transformer
 (Depth Anything's DINOv2 encoder) in dozens of partitions and runs it several
 times slower than the CPU provider, with far more memory. So with `providers:
 auto` the first load of a model on a machine times a few warm runs on each
@@ -8,7 +10,14 @@ available accelerator and on CPU, keeps the fastest, and remembers the choice
 in `providers.json` in the cache folder, keyed by the model's sha256, the
 onnxruntime version and the machine (platform, architecture, CPU model, host
 name and the set of providers onnxruntime offers). Later starts read it and
-measure nothing. An explicit provider list is never measured.
+measure nothing. An explicit provider list is never measured, except for the
+precisions `precision: auto` may take on it.
+
+Each candidate is a variant: a provider and a precision. Besides its speed,
+each one's maps on the probe images (see `precision`) are compared with the
+reference's, the CPU provider's fp32 maps (or, on an explicit provider, its
+own fp32 maps): a variant whose maps correlate less than
+`precision.FAITHFUL` is measured but never chosen.
 
 The sessions measured are made and released one at a time by the caller (the
 engine, on its inference thread), before the serving session is made, so at
@@ -28,11 +37,14 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from depthwatch.model import caches
+from depthwatch.model import precision as precisions
 
 log = logging.getLogger("depthwatch.model.providers")
 
@@ -44,11 +56,16 @@ RUNS = 5
 MAX_DECISIONS = 64
 
 
+#: A candidate: (provider, precision).
+Variant = tuple[str, str]
+
+
 @dataclass(frozen=True)
 class Trial:
-    """One provider's figures; `error` says why it was dropped."""
+    """One variant's figures; `error` says why it was dropped."""
 
     provider: str
+    precision: str = precisions.FP32
     load_s: float | None = None
     run_ms: float | None = None
     runs: int = 0
@@ -57,22 +74,55 @@ class Trial:
     nodes: int | None = None
     total_nodes: int | None = None
     error: str | None = None
+    #: The lowest correlation of its probe maps with the reference's (None: it is the reference).
+    agreement: float | None = None
 
     @property
     def ok(self) -> bool:
         return self.error is None and self.run_ms is not None
 
+    @property
+    def variant(self) -> Variant:
+        return (self.provider, self.precision)
+
+    @property
+    def faithful(self) -> bool:
+        return self.agreement is None or self.agreement >= precisions.FAITHFUL
+
+    @property
+    def eligible(self) -> bool:
+        """Fast enough to have figures, and its maps those of the reference."""
+        return self.ok and self.faithful
+
+    @property
+    def name(self) -> str:
+        return f"{self.provider.replace('ExecutionProvider', '')} {self.precision}"
+
+    def refusal(self) -> str:
+        """Why this variant was not taken for its maps, in one line."""
+        return (
+            f"{self.precision} on {self.provider.replace('ExecutionProvider', '')}: its maps correlate "
+            f"{self.agreement:.4f} with the reference's (at least {precisions.FAITHFUL} needed)"
+        )
+
     def summary(self) -> str:
-        name = self.provider.replace("ExecutionProvider", "")
         if not self.ok:
-            return f"{name} dropped ({self.error})"
-        return f"{name} {self.run_ms:.1f} ms (load {self.load_s:.2f} s)"
+            return f"{self.name} dropped ({self.error})"
+        text = f"{self.name} {self.run_ms:.1f} ms (load {self.load_s:.2f} s)"
+        if not self.faithful:
+            text += f" not faithful (correlation {self.agreement:.4f} < {precisions.FAITHFUL})"
+        return text
 
 
-def fastest(trials: Sequence[Trial]) -> str | None:
-    """The provider with the lowest median time per frame; earlier wins a tie."""
-    good = [t for t in trials if t.ok]
-    return min(good, key=lambda t: t.run_ms).provider if good else None  # type: ignore[arg-type,return-value]
+def fastest(trials: Sequence[Trial]) -> Variant | None:
+    """The faithful variant with the lowest median time per frame; earlier wins a tie."""
+    good = [t for t in trials if t.eligible]
+    return min(good, key=lambda t: t.run_ms).variant if good else None  # type: ignore[arg-type,return-value]
+
+
+def unfaithful(trials: Sequence[Trial], provider: str) -> list[Trial]:
+    """The reduced precisions of `provider` that were measured and refused for their maps."""
+    return [t for t in trials if t.provider == provider and t.ok and not t.faithful]
 
 
 # -- memory ---------------------------------------------------------------------------
@@ -155,46 +205,63 @@ def node_counts(profile_file: str | Path) -> Counter[str]:
 
 # -- the measurement -----------------------------------------------------------------
 
-Create = Callable[[str, bool], Any]
+Create = Callable[[Variant, bool], Any]
 Run = Callable[[Any], None]
+Probe = Callable[[Any], list[np.ndarray]]
 
 
 def measure(
-    candidates: Sequence[str],
+    candidates: Sequence[Variant],
     create: Create,
     run: Run,
     *,
+    probe: Probe | None = None,
     budget_s: float = BUDGET_S,
     runs: int = RUNS,
     profile: bool = False,
 ) -> list[Trial]:
     """Time each candidate: load, one warm-up run, then up to `runs` timed runs.
 
-    `create(provider, profile)` makes a session whose first provider is
-    `provider` (raising if it cannot), `run(session)` runs one frame. Each
-    session is released before the next is made. A provider that fails, or
-    whose load and warm-up overrun its share of the budget, is dropped; CPU is
-    measured first and never dropped for time, so there is always an answer.
+    `create(variant, profile)` makes a session whose first provider is the
+    variant's provider at its precision (raising if it cannot), `run(session)`
+    runs one frame, `probe(session)` returns its maps of the probe images. Each
+    session is released before the next is made. A variant that fails, or
+    whose load and warm-up overrun its share of the budget, is dropped. The
+    reference is measured first and never dropped for time, so there is always
+    an answer: the CPU provider at fp32 if it is a candidate, else the first
+    fp32 variant. The others' probe maps are compared with its maps.
     """
-    order = sorted(candidates, key=lambda p: p != "CPUExecutionProvider")
+    def rank(v: Variant) -> tuple[bool, bool]:
+        return (v[0] != "CPUExecutionProvider", v[1] != precisions.FP32)
+
+    order = sorted(candidates, key=rank)
     deadline = time.perf_counter() + budget_s
-    trials = []
-    for index, provider in enumerate(order):
+    trials: list[Trial] = []
+    reference: list[np.ndarray] | None = None
+    for index, variant in enumerate(order):
         share = max(0.0, deadline - time.perf_counter()) / (len(order) - index)
-        trials.append(_trial(provider, create, run, share, runs, profile, must_finish=provider == "CPUExecutionProvider"))
+        trial, maps = _trial(variant, create, run, probe, share, runs, profile, must_finish=index == 0)
+        if index == 0:
+            reference = maps
+        elif trial.ok and reference is not None and maps is not None:
+            trial = replace(trial, agreement=round(precisions.agreement(reference, maps), 6))
+        trials.append(trial)
     return trials
 
 
-def _trial(provider: str, create: Create, run: Run, share: float, runs: int, profile: bool, must_finish: bool) -> Trial:
+def _trial(
+    variant: Variant, create: Create, run: Run, probe: Probe | None, share: float, runs: int, profile: bool, must_finish: bool
+) -> tuple[Trial, list[np.ndarray] | None]:
+    provider, precision = variant
     session = None
     try:
         with PeakMemory() as memory:
             start = time.perf_counter()
-            session = create(provider, profile)
+            session = create(variant, profile)
             load_s = time.perf_counter() - start
             applied = list(session.get_providers())
             if not applied or applied[0] != provider:
-                return Trial(provider, load_s, error=f"it did not take the model (ran on {', '.join(applied)})")
+                return Trial(provider, precision, load_s, error=f"it did not take the model (ran on {', '.join(applied)})"), None
             run(session)  # warm-up: first-run allocations and any lazy compilation
             counts = node_counts(session.end_profiling()) if profile else Counter()
             end = start + share
@@ -205,10 +272,13 @@ def _trial(provider: str, create: Create, run: Run, share: float, runs: int, pro
                 t0 = time.perf_counter()
                 run(session)
                 times.append((time.perf_counter() - t0) * 1000)
+            maps = probe(session) if probe is not None and times else None
         if not times:
-            return Trial(provider, load_s, peak_mib=memory.mib, error=f"its load and first run took more than its {share:.0f} s")
-        return Trial(
+            error = f"its load and first run took more than its {share:.0f} s"
+            return Trial(provider, precision, load_s, peak_mib=memory.mib, error=error), None
+        trial = Trial(
             provider,
+            precision,
             load_s,
             statistics.median(times),
             len(times),
@@ -216,11 +286,12 @@ def _trial(provider: str, create: Create, run: Run, share: float, runs: int, pro
             counts.get(provider) if profile else None,
             sum(counts.values()) if profile else None,
         )
+        return trial, maps
     except Exception as exc:  # onnxruntime raises its own types; a failing provider is dropped, not fatal
         if must_finish:
             raise
         text = (str(exc).strip() or type(exc).__name__).splitlines()[0][:200]
-        return Trial(provider, error=text)
+        return Trial(provider, precision, error=text), None
     finally:
         session = None  # released before the next provider's session is made
 
@@ -244,12 +315,15 @@ def machine() -> str:
     return f"{platform.system()} {platform.machine()} {cpu or '-'} {socket.gethostname()}"
 
 
-def decision_key(digest: str, runtime_version: str, available: Sequence[str]) -> str:
-    return " | ".join([digest, f"onnxruntime {runtime_version}", machine(), ",".join(sorted(available))])
+def decision_key(digest: str, runtime_version: str, available: Sequence[str], precision: str = precisions.AUTO) -> str:
+    """`runtime_version`: every runtime's version, e.g. "onnxruntime 1.32.0, openvino 2026.4.1"."""
+    if not runtime_version.startswith("onnxruntime"):
+        runtime_version = f"onnxruntime {runtime_version}"
+    return " | ".join([digest, runtime_version, machine(), ",".join(sorted(available)), f"precision {precision}"])
 
 
 class Decisions:
-    """`providers.json`: the provider measured fastest, per model, runtime, machine and providers on offer."""
+    """`providers.json`: the variant measured fastest, per model, runtimes, machine, providers on offer and precision setting."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -260,14 +334,17 @@ class Decisions:
             return found
         return None
 
-    def put(self, key: str, model: Path, provider: str, trials: Sequence[Trial]) -> None:
+    def put(self, key: str, model: Path, chosen: Variant, trials: Sequence[Trial]) -> None:
         data = caches.read_json(self.path)
         data[key] = {
             "model": str(model),
-            "provider": provider,
+            "provider": chosen[0],
+            "precision": chosen[1],
             "measured": time.strftime("%Y-%m-%d %H:%M"),
             "at": time.time(),
             "trials": [asdict(t) for t in trials],
+            # Why a reduced precision was not taken, for `depthwatch check` on a later start.
+            "refused": [t.refusal() for t in trials if t.provider == chosen[0] and t.ok and not t.faithful],
         }
         if len(data) > MAX_DECISIONS:
             for old in sorted(data, key=lambda k: data[k].get("at", 0))[: len(data) - MAX_DECISIONS]:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +35,8 @@ from depthwatch.errors import (
 )
 from depthwatch.files import why_not_a_file
 from depthwatch.model import caches, choice, graph_inputs, providers
-from depthwatch.model.choice import Trial
+from depthwatch.model import precision as precisions
+from depthwatch.model.choice import Trial, Variant
 from depthwatch.model.contract import (
     Contract,
     depth_map,
@@ -43,23 +44,10 @@ from depthwatch.model.contract import (
     read_contract,
 )
 from depthwatch.model.profiles import Profile
+from depthwatch.model.sessions import Session
 from depthwatch.model.spec import ModelInfo, ModelSpec
 
 log = logging.getLogger("depthwatch.model.engine")
-
-
-
-class Session(Protocol):
-    """What depthwatch needs of an inference session (onnxruntime's, or a test's stand-in)."""
-
-    def run(self, output_names: list[str], input_feed: dict[str, np.ndarray], run_options: Any = None) -> list[Any]: ...
-
-    def get_inputs(self) -> list[Any]: ...
-
-    def get_outputs(self) -> list[Any]: ...
-
-    def get_providers(self) -> list[str]: ...
-
 
 #: Called as onnxruntime.InferenceSession is: (path, sess_options=..., providers=[(name, options), ...]).
 SessionFactory = Callable[..., Session]
@@ -103,6 +91,17 @@ def _with_cpu(provider: str) -> list[str]:
     return [provider] if provider == providers.CPU else [provider, providers.CPU]
 
 
+def _at(precision: str, variants: list[Variant]) -> str:
+    """" at bf16" where precision was part of the choice; nothing where every variant ran fp32."""
+    return "" if all(p == precisions.FP32 for _, p in variants) else f" at {precision}"
+
+
+def _openvino_session(spec: ModelSpec, precision: str) -> Session:
+    from depthwatch.model.sessions.openvino import OpenVINOSession
+
+    return OpenVINOSession(spec.path, precision, threads=max(0, spec.intra_op_threads))
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0][:300]
@@ -123,8 +122,8 @@ class Engine:
         available_providers: Callable[[], Sequence[str]] | None = None,
         measure_providers: str = "remembered",
     ) -> None:
-        """`available_providers` stands for onnxruntime.get_available_providers (tests offer
-        stand-in accelerators through it). `measure_providers`: "remembered" measures
+        """`available_providers` stands for providers.available, onnxruntime's list and OpenVINO
+        where it is installed (tests offer stand-in accelerators through it). `measure_providers`: "remembered" measures
         `auto` only when no earlier measurement is on record; "always" measures afresh,
         with profiling, even CPU alone (`depthwatch check --providers`)."""
         import onnxruntime
@@ -133,7 +132,7 @@ class Engine:
             session_factory = onnxruntime.InferenceSession
         self._spec = spec
         self._factory = session_factory
-        self._available = available_providers or onnxruntime.get_available_providers
+        self._available = available_providers or providers.available
         self._measure = measure_providers
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name="depthwatch-inference", daemon=True)
@@ -361,13 +360,15 @@ class Engine:
         for reason in skipped:
             log.warning("%s; using the next provider", reason)
         start = time.perf_counter()
-        chosen_by, trials = "", ()
-        if spec.providers == "auto":
-            wanted, chosen_by, trials = self._decide(spec, available)
+        (provider, precision), chosen_by, trials, refused = self._decide(spec, available, wanted[0])
+        if chosen_by:
             start = time.perf_counter()  # the load time is the serving session's, not the measurement's
-        chain, compiled, pins = self._chain(wanted, spec)
-        session = self._create(path, self._session_options(spec, pins=pins), chain)
+        wanted = _with_cpu(provider)
+        chain, compiled, pins = self._chain(wanted, spec, precision)
+        session = self._create(path, self._session_options(spec, pins=pins), chain, spec, precision)
         applied = tuple(session.get_providers())
+        if applied[0] != provider:
+            precision = precisions.FP32  # a fallback to the CPU provider
         for name in wanted:
             if name != providers.CPU and name not in applied:
                 log.warning("%s did not take the model; running on %s", name, ", ".join(applied))
@@ -390,8 +391,16 @@ class Engine:
             compiled=compiled,
             chosen_by=chosen_by,
             trials=tuple(trials),
+            precision=precision,
+            refused=tuple(refused),
         )
-        log.info("loaded %s in %.2f s; applied providers: %s", path.name, info.load_seconds, ", ".join(applied))
+        log.info(
+            "loaded %s in %.2f s; applied providers: %s; precision %s",
+            path.name,
+            info.load_seconds,
+            ", ".join(applied),
+            precision,
+        )
         return session, info
 
     def _session_options(self, spec: ModelSpec, profile_prefix: str | None = None, pins: dict[str, int] | None = None) -> Any:
@@ -411,7 +420,9 @@ class Engine:
             options.profile_file_prefix = profile_prefix
         return options
 
-    def _chain(self, wanted: list[str], spec: ModelSpec) -> tuple[list[tuple[str, dict[str, Any]]], caches.Entry | None, dict[str, int]]:
+    def _chain(
+        self, wanted: list[str], spec: ModelSpec, precision: str = precisions.FP32
+    ) -> tuple[list[tuple[str, dict[str, Any]]], caches.Entry | None, dict[str, int]]:
         """(provider, options) pairs, CoreML's cache folder, and the input dimensions to pin.
 
         With CoreML in the chain the image input's symbolic batch (and height
@@ -424,7 +435,7 @@ class Engine:
         pins: dict[str, int] = {}
         chain = []
         for name in wanted:
-            options = providers.options_for(name)
+            options = providers.options_for(name, precision=precision)
             if name == providers.COREML:
                 pins = graph_inputs.fixed_dims(spec.path, _square_side(spec.profile))
                 if providers.coreml_caches(providers.runtime_version()):
@@ -439,36 +450,65 @@ class Engine:
                             exc.strerror or exc,
                         )
                     else:
-                        options = providers.options_for(name, entry.path)
+                        options = providers.options_for(name, entry.path, precision=precision)
             chain.append((name, options))
         return chain, entry, pins
 
-    def _decide(self, spec: ModelSpec, available: list[str]) -> tuple[list[str], str, list[Trial]]:
-        """`auto`: the provider measured fastest for this model on this machine, measuring if nobody has.
+    def _decide(self, spec: ModelSpec, available: list[str], first: str) -> tuple[Variant, str, list[Trial], list[str]]:
+        """The variant (provider, precision) to serve from, how it was chosen, the figures, and refusals.
 
-        With only CPU on offer there is nothing to measure. The measurement
-        makes one session per candidate, each released before the next, and
-        all before the serving session is made.
+        `auto` providers: the variant measured fastest for this model on this
+        machine, measuring if nobody has. An explicit list serves from its
+        first available provider, measured only between the precisions
+        `precision: auto` may take on it. With one variant on offer there is
+        nothing to measure. The measurement makes one session per variant,
+        each released before the next, and all before the serving session is
+        made. A remembered choice is found before any runtime is asked what it
+        offers, so a start that serves from onnxruntime never imports OpenVINO.
         """
-        candidates = providers.auto_candidates(available)
-        if len(candidates) == 1 and self._measure != "always":
-            return candidates, "", []
+        names = providers.auto_candidates(available) if spec.providers == "auto" else [first]
+        if names == [providers.CPU] and self._measure != "always":
+            return self._single(spec, providers.CPU), "", [], []
         try:
             digest = caches.model_digest(spec.path, spec.state_dir())
         except OSError as exc:
             raise ModelError(f"cannot read model {spec.path}: {exc.strerror or exc}; check the file and its permissions") from None
-        key = choice.decision_key(digest, providers.runtime_version(), available)
+        key = choice.decision_key(digest, providers.runtimes_version(available), available, spec.precision)
         decisions = choice.Decisions(spec.state_dir() / "providers.json")
         known = decisions.get(key) if self._measure != "always" else None
-        if known is not None and known["provider"] in candidates:
-            chosen = known["provider"]
-            log.info("providers: auto uses %s for %s (measured %s)", chosen, spec.path.name, known.get("measured", "before"))
-            return _with_cpu(chosen), "remembered", []
+        if known is not None and known["provider"] in names:
+            chosen = (known["provider"], str(known.get("precision", precisions.FP32)))
+            log.info(
+                "providers: auto uses %s%s for %s (measured %s)",
+                chosen[0],
+                "" if chosen[1] == precisions.FP32 else f" at {chosen[1]}",
+                spec.path.name,
+                known.get("measured", "before"),
+            )
+            refused = [str(r) for r in known.get("refused", [])]
+            return chosen, "remembered", [], refused
+        variants: list[Variant] = []
+        notes: dict[str, str] = {}
+        for name in names:
+            try:
+                wanted, note = precisions.candidates(name, spec.precision)
+            except Exception as exc:  # the runtime cannot even say what it runs: measured as fp32, where it may fail
+                wanted, note = [precisions.FP32], f"cannot read {providers.short(name)}'s precisions: {_first_line(exc)}"
+            variants += [(name, p) for p in wanted]
+            if note:
+                notes[name] = note
+        if len(variants) == 1 and self._measure != "always":
+            if notes.get(variants[0][0]):
+                log.warning("precision %s: %s", spec.precision, notes[variants[0][0]])
+            return variants[0], "", [], []
         with tempfile.TemporaryDirectory(prefix="depthwatch-profile-") as folder:
             profile_prefix = str(Path(folder) / "profile") if self._measure == "always" else None
 
-            def create(provider: str, profile: bool) -> Session:
-                chain, _, pins = self._chain(_with_cpu(provider), spec)
+            def create(variant: Variant, profile: bool) -> Session:
+                provider, precision = variant
+                if provider == providers.OPENVINO:
+                    return _openvino_session(spec, precision)
+                chain, _, pins = self._chain(_with_cpu(provider), spec, precision)
                 options = self._session_options(spec, profile_prefix if profile else None, pins)
                 return self._factory(str(spec.path), sess_options=options, providers=chain)
 
@@ -476,27 +516,50 @@ class Engine:
                 contract = read_contract(session)
                 self._warm_up(session, contract, spec.profile)
 
+            def probe(session: Session) -> list[np.ndarray]:
+                contract = read_contract(session)
+                return [
+                    depth_map(session.run([contract.output_name], {contract.input_name: x})[0])
+                    for x in precisions.probe_tensors(contract, spec.profile)
+                ]
+
             try:
-                trials = choice.measure(candidates, create, run, profile=profile_prefix is not None)
+                trials = choice.measure(variants, create, run, probe=probe, profile=profile_prefix is not None)
             except DepthwatchError:
                 raise
-            except Exception as exc:  # CPU itself failed: the model is unusable
+            except Exception as exc:  # the reference itself failed: the model is unusable
                 raise ModelError(f"cannot load model {spec.path}: {_first_line(exc)}{_FIX_MODEL}") from None
         self.measurements += 1
-        chosen = choice.fastest(trials) or providers.CPU
+        chosen = choice.fastest(trials) or (trials[0].variant if trials else (providers.CPU, precisions.FP32))
+        refused = [t.refusal() for t in choice.unfaithful(trials, chosen[0])]
         log.info(
-            "providers: measured %s: %s; auto uses %s",
+            "providers: measured %s: %s; auto uses %s%s",
             spec.path.name,
             ", ".join(t.summary() for t in trials),
-            chosen,
+            chosen[0],
+            _at(chosen[1], variants),
         )
-        if len(candidates) > 1:
+        for line in refused:
+            log.warning("precision: auto refused %s; %s runs at %s", line, providers.short(chosen[0]), chosen[1])
+        if notes.get(chosen[0]):
+            log.warning("precision %s: %s", spec.precision, notes[chosen[0]])
+        if len(variants) > 1:
             decisions.put(key, spec.path, chosen, trials)
-        return _with_cpu(chosen), "measured", trials
+        return chosen, "measured", trials, refused
 
-    def _create(self, path: Path, options: Any, chain: list[tuple[str, dict[str, Any]]]) -> Session:
+    def _single(self, spec: ModelSpec, provider: str) -> Variant:
+        wanted, note = precisions.candidates(provider, spec.precision)
+        if note:
+            log.warning("precision %s: %s", spec.precision, note)
+        return provider, wanted[0]
+
+    def _create(
+        self, path: Path, options: Any, chain: list[tuple[str, dict[str, Any]]], spec: ModelSpec, precision: str
+    ) -> Session:
         wanted = [name for name, _ in chain]
         try:
+            if wanted[0] == providers.OPENVINO:
+                return _openvino_session(spec, precision)
             return self._factory(str(path), sess_options=options, providers=chain)
         except Exception as exc:
             if wanted == [providers.CPU]:

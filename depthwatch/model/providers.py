@@ -1,7 +1,10 @@
-"""Which ONNX Runtime execution providers to ask for, and with which options.
+"""Which ONNX Runtime execution providers (or OpenVINO) to ask for, and with which options.
 
-Pure functions of the config and of what the installed onnxruntime offers, so
+Pure functions of the config and of what the installed runtimes offer, so
 the macOS choices (CoreML first, its compile cache) are testable on Linux.
+OpenVINO is not an onnxruntime provider but a runtime of its own
+(`depthwatch.model.sessions.openvino`); it takes a place in the same lists
+under the name OPENVINO, so `auto` measures it beside the others.
 """
 
 from __future__ import annotations
@@ -13,12 +16,28 @@ from typing import Any
 COREML = "CoreMLExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
+OPENVINO = "OpenVINO"
 
 #: Short names accepted in the config, and the full names onnxruntime uses.
-ALIASES = {"coreml": COREML, "cuda": CUDA, "cpu": CPU}
+ALIASES = {"coreml": COREML, "cuda": CUDA, "openvino": OPENVINO, "cpu": CPU}
 
 #: `auto` takes the first of these that the installed onnxruntime has.
-AUTO_ORDER = (COREML, CUDA, CPU)
+AUTO_ORDER = (COREML, CUDA, OPENVINO, CPU)
+
+
+def available() -> list[str]:
+    """What this installation offers: onnxruntime's providers, and OpenVINO where its extra is installed."""
+    import onnxruntime
+
+    from depthwatch.model.sessions import openvino
+
+    offered = list(onnxruntime.get_available_providers())
+    return [*offered, OPENVINO] if openvino.installed() else offered
+
+
+def short(name: str) -> str:
+    """CPU, CoreML, CUDA, OpenVINO: a provider's name without onnxruntime's suffix."""
+    return name.replace("ExecutionProvider", "")
 
 
 def full_name(name: str) -> str:
@@ -53,7 +72,11 @@ def choose(requested: str | Sequence[str], available: Sequence[str]) -> tuple[li
         if name in available:
             chosen.append(name)
         else:
-            skipped.append(f"{name} is not available in this onnxruntime build")
+            skipped.append(
+                "OpenVINO is not installed (pip install 'depthwatch[openvino]')"
+                if name == OPENVINO
+                else f"{name} is not available in this onnxruntime build"
+            )
     if CPU not in chosen:
         chosen.append(CPU)
     return chosen, skipped
@@ -73,6 +96,16 @@ def runtime_version() -> str:
     return str(onnxruntime.__version__)
 
 
+def runtimes_version(available: Sequence[str]) -> str:
+    """Every runtime's version that a measured choice depends on: onnxruntime's, and OpenVINO's when offered."""
+    text = f"onnxruntime {runtime_version()}"
+    if OPENVINO in available:
+        from depthwatch.model.sessions import openvino
+
+        text += f", openvino {openvino.version()}"
+    return text
+
+
 def _version_tuple(version: str) -> tuple[int, ...]:
     parts = []
     for part in version.split(".")[:3]:
@@ -86,7 +119,9 @@ def coreml_caches(version: str) -> bool:
     return _version_tuple(version) >= COREML_NAMED_OPTIONS
 
 
-def options_for(provider: str, cache_dir: Path | None = None, version: str | None = None) -> dict[str, Any]:
+def options_for(
+    provider: str, cache_dir: Path | None = None, version: str | None = None, precision: str = "fp32"
+) -> dict[str, Any]:
     """Provider options that make each provider fast and restart-friendly.
 
     CoreML compiles the model on first load; MLProgram with all compute units
@@ -96,12 +131,16 @@ def options_for(provider: str, cache_dir: Path | None = None, version: str | Non
     to take only nodes whose shapes are known. The cache folder (onnxruntime
     1.21 and later) lets the next start reuse the compiled model; the caller
     keys it by the model's contents (see compile_cache). Without `cache_dir`
-    these are the options that go into that key.
+    these are the options that go into that key. Precision fp16 lets CoreML
+    accumulate in fp16 on the GPU too (MLProgram computes in fp16 on the GPU
+    and Neural Engine already).
     """
     if provider == COREML:
         if not coreml_caches(version or runtime_version()):
             return {"flags": "COREML_FLAG_CREATE_MLPROGRAM|COREML_FLAG_ONLY_ALLOW_STATIC_INPUT_SHAPES"}
         options = {"ModelFormat": "MLProgram", "MLComputeUnits": "ALL", "RequireStaticInputShapes": "1"}
+        if precision == "fp16":
+            options["AllowLowPrecisionAccumulationOnGPU"] = "1"
         if cache_dir is not None:
             options["ModelCacheDirectory"] = str(cache_dir)
         return options

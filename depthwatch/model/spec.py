@@ -35,6 +35,8 @@ class ModelSpec:
     #: With `profile: auto` and a file not known by its checksum: the engine picks the
     #: profile from the graph it reads (or refuses), and `profile` is a placeholder till then.
     choose_profile: ProfileChoice | None = None
+    #: auto, fp32, bf16 or fp16 (see depthwatch.model.precision).
+    precision: str = "auto"
 
     def coreml_root(self) -> Path:
         if self.coreml_cache is not None:
@@ -64,6 +66,11 @@ class ModelInfo:
     chosen_by: str = ""
     #: The figures of the measurement this load made (empty when it made none).
     trials: tuple[Trial, ...] = ()
+    #: The arithmetic the session runs at: fp32, bf16 or fp16.
+    precision: str = "fp32"
+    #: Why `precision: auto` kept fp32 although the hardware has a reduced precision
+    #: (its maps were not faithful), one line each; empty when nothing was refused.
+    refused: tuple[str, ...] = ()
 
     @property
     def profile(self) -> Profile:
@@ -72,5 +79,5 @@ class ModelInfo:
     def describe(self) -> str:
         return (
             f"model {self.spec.path.name} (profile {self.profile.name}, "
-            f"providers {', '.join(self.providers)}): {self.contract.describe()}"
+            f"providers {', '.join(self.providers)}, {self.precision}): {self.contract.describe()}"
         )
