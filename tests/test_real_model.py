@@ -71,8 +71,11 @@ def test_once_gives_the_same_map_as_the_engine(tmp_path, fastdepth):
         pipeline = Pipeline(engine)
         assert pipeline.process(Job(source, tmp_path / "direct.png"), Settings()).ok
         pipeline.close()
+    config = tmp_path / "config.yaml"  # the same provider as the engine above (auto may pick OpenVINO)
+    config.write_text("model:\n  providers: [cpu]\n")
     done = subprocess.run(
-        [sys.executable, "-m", "depthwatch", "once", str(source), "-o", str(tmp_path / "cli.png"), "--model", str(fastdepth)],
+        [sys.executable, "-m", "depthwatch", "once", str(source), "-o", str(tmp_path / "cli.png"), "--model", str(fastdepth),
+         "-c", str(config)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -20,6 +20,7 @@ it starts no process.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,22 +44,37 @@ class Cancelled(RuntimeError):
     """The running inference was cancelled through its run options."""
 
 
+def runtime() -> Any:
+    """The `openvino` module, imported without its model-conversion tools.
+
+    `import openvino` also imports `openvino.tools.ovc` (convert_model, which
+    depthwatch does not use: the runtime reads ONNX itself), and that sends a
+    telemetry event on import: from a thread pool, through a
+    `multiprocessing.Process` (a fork) on Linux, writing a client id under
+    ~/intel unless the user has opted out. A daemon that never forks and
+    never phones home cannot have that, so the tools are kept out: openvino's
+    __init__ imports them inside `try/except ImportError`, and a None in
+    sys.modules makes that import fail.
+    """
+    if "openvino" not in sys.modules:
+        sys.modules.setdefault("openvino.tools.ovc", None)  # type: ignore[arg-type]
+    import openvino
+
+    return openvino
+
+
 def installed() -> bool:
     """Whether the `openvino` package is there (looked up, not imported: importing it costs ~60 MiB)."""
     return importlib.util.find_spec("openvino") is not None
 
 
 def version() -> str:
-    import openvino
-
-    return str(openvino.get_version()).split("-")[0]
+    return str(runtime().get_version()).split("-")[0]
 
 
 def capabilities() -> set[str]:
     """What the CPU plugin runs natively on this machine (FP32, BF16, FP16, INT8, ...)."""
-    import openvino
-
-    return set(openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+    return set(runtime().Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
 
 
 def reduced_precisions() -> list[str]:
@@ -87,7 +103,7 @@ class OpenVINOSession:
 
     def __init__(self, path: Path | str, precision: str = "fp32", threads: int = 0) -> None:
         """`threads` 0 lets OpenVINO decide (one per core), as intra_op_threads 0 does for onnxruntime."""
-        import openvino
+        openvino = runtime()
 
         config: dict[str, Any] = {
             "INFERENCE_PRECISION_HINT": HINTS[precision],
