@@ -147,3 +147,37 @@ def busy_brightness_model(path: Path, size: int = 64, layers: int = 6, channels:
         helper.make_node("Add", ["mean", "nothing"], ["depth"]),
     ]
     return _save(_square_float_graph(nodes, "busy_brightness", size, inits), path)
+
+
+def cancelling_model(path: Path, size: int = 32, offset: float = 1e5) -> Path:
+    """Brightness again, computed as a small difference of large numbers: what bf16 cannot keep.
+
+    A 1x1 convolution adds `offset` to 1000 x the brightness, a ReLU keeps the
+    two apart, a second one takes `offset` away again. In fp32 (24-bit
+    mantissa) the brightness survives; bf16 (8 bits) spaces values near 1e5
+    by 512, so the map collapses to a few levels.
+    """
+    import numpy as np
+    from onnx import numpy_helper
+
+    inits = [
+        numpy_helper.from_array(np.full((1, 3, 1, 1), 1000 / 3, np.float32), "w1"),
+        numpy_helper.from_array(np.array([offset], np.float32), "b1"),
+        numpy_helper.from_array(np.ones((1, 1, 1, 1), np.float32), "w2"),
+        numpy_helper.from_array(np.array([-offset], np.float32), "b2"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["image", "w1", "b1"], ["large"]),
+        helper.make_node("Relu", ["large"], ["kept"]),
+        helper.make_node("Conv", ["kept", "w2", "b2"], ["small"]),
+        helper.make_node("Squeeze", ["small", "axes"], ["depth"]),
+    ]
+    inits.append(numpy_helper.from_array(np.array([1], np.int64), "axes"))
+    graph = helper.make_graph(
+        nodes,
+        "cancelling",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("depth", TensorProto.FLOAT, [1, size, size])],
+        inits,
+    )
+    return _save(graph, path)

@@ -1,0 +1,241 @@
+"""OpenVINO as an engine, and `model.precision`: faithful maps, one thread, one session, no fork.
+
+The real FastDepth model on the Middlebury motorcycle checks that the maps
+OpenVINO serves (at fp32, at bf16 where the CPU has it, and whatever `auto`
+picks) are ONNX Runtime's fp32 maps: correlation at least 0.995, and the same
+rank correlation with the ground-truth disparity within 0.005. A model that
+computes its output as a small difference of large numbers shows that bf16 is
+refused where it breaks the map, and taken where it does not.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+
+import cv2
+import numpy as np
+import onnxruntime
+import pytest
+import yaml
+from daemon_process import DaemonProcess, wait_for
+from onnx_models import brightness_model, cancelling_model, slow_model, spec_for
+from scipy.stats import spearmanr
+from skimage import data
+
+pytest.importorskip("openvino", reason="the OpenVINO engine needs the openvino extra: pip install -e '.[openvino]'")
+
+from depthwatch.commands.check import precision_line  # noqa: E402
+from depthwatch.errors import Superseded  # noqa: E402
+from depthwatch.model import providers  # noqa: E402
+from depthwatch.model.engine import Engine  # noqa: E402
+from depthwatch.model.profiles import PROFILES  # noqa: E402
+from depthwatch.model.sessions import openvino  # noqa: E402
+from depthwatch.model.spec import ModelSpec  # noqa: E402
+
+OPENVINO = providers.OPENVINO
+HAS_BF16 = "bf16" in openvino.reduced_precisions()
+needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="this CPU has no native bf16 (AVX-512 BF16 or AMX)")
+
+
+@pytest.fixture(scope="module")
+def motorcycle():
+    left, _, disparity = data.stereo_motorcycle()
+    valid = np.isfinite(disparity) & (disparity > 0)
+    return left, disparity, valid
+
+
+def _nearness(depth: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    return -cv2.resize(depth.astype(np.float32), size, interpolation=cv2.INTER_LINEAR)
+
+
+def _spearman(near: np.ndarray, disparity: np.ndarray, valid: np.ndarray) -> float:
+    return float(spearmanr(near[valid][::7], disparity[valid][::7]).statistic)
+
+
+@pytest.mark.parametrize(
+    ("wanted", "precision"),
+    [("auto", "auto"), ((OPENVINO,), "fp32"), pytest.param((OPENVINO,), "bf16", marks=needs_bf16)],
+    ids=["auto", "openvino-fp32", "openvino-bf16"],
+)
+def test_the_real_model_through_openvino_gives_ort_fp32_maps(fastdepth, motorcycle, wanted, precision):
+    left, disparity, valid = motorcycle
+    size = (left.shape[1], left.shape[0])
+    x = cv2.resize(left, (224, 224), interpolation=cv2.INTER_AREA)[None]
+    reference = onnxruntime.InferenceSession(str(fastdepth), providers=[providers.CPU]).run(["depth"], {"image": x})[0]
+    reference = reference[0, :, :, 0]
+    spec = ModelSpec(path=fastdepth, profile=PROFILES["fastdepth-nyu"], providers=wanted, precision=precision)
+    with Engine(spec) as engine:
+        info = engine.wait_ready(120)
+        ours = engine.infer(x, info.generation).result(60).prediction
+    if wanted == "auto":  # measured: ORT's CPU provider and OpenVINO at least, each with its maps checked
+        assert info.chosen_by == "measured"
+        assert {(t.provider, t.precision) for t in info.trials} >= {(providers.CPU, "fp32"), (OPENVINO, "fp32")}
+        assert all(t.agreement is None or 0 < t.agreement <= 1 for t in info.trials)
+    else:
+        assert info.providers == (OPENVINO,) and info.precision == precision
+    correlation = float(np.corrcoef(reference.ravel(), ours.ravel())[0, 1])
+    bare = _spearman(_nearness(reference, size), disparity, valid)
+    mine = _spearman(_nearness(ours, size), disparity, valid)
+    print(f"{info.providers[0]} {info.precision}: r {correlation:.4f} with ORT fp32; spearman {mine:.4f} (ORT fp32 {bare:.4f})")
+    assert correlation >= 0.995
+    assert abs(mine - bare) <= 0.005
+    assert bare > 0.7
+
+
+class Calls:
+    """Which thread made each OpenVINO session and each run, recorded around the real methods."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.made: list[tuple[int, int]] = []  # (session id, thread ident)
+        self.runs: list[tuple[int, int]] = []
+        init, run = openvino.OpenVINOSession.__init__, openvino.OpenVINOSession.run
+        calls = self
+
+        def recorded_init(session, *args, **kwargs):
+            init(session, *args, **kwargs)
+            calls.made.append((id(session), threading.get_ident()))
+
+        def recorded_run(session, *args, **kwargs):
+            calls.runs.append((id(session), threading.get_ident()))
+            return run(session, *args, **kwargs)
+
+        monkeypatch.setattr(openvino.OpenVINOSession, "__init__", recorded_init)
+        monkeypatch.setattr(openvino.OpenVINOSession, "run", recorded_run)
+
+
+def test_openvino_sessions_are_made_and_run_on_the_one_inference_thread(tmp_path, monkeypatch):
+    calls = Calls(monkeypatch)
+    model = brightness_model(tmp_path / "m.onnx", size=(64, 64))
+    spec = ModelSpec(path=model, profile=PROFILES["midas-v21-small"], providers=(OPENVINO,), precision="auto")
+    with Engine(spec) as engine:
+        info = engine.wait_ready(120)
+        assert info.providers == (OPENVINO,)
+        measured = len(calls.made) - 1
+        assert measured == (len(info.trials) if info.trials else 0)  # one session per variant measured, then the one
+        serving = calls.made[-1][0]
+        runs_before = len(calls.runs)
+        futures = []
+        senders = [
+            threading.Thread(
+                target=lambda k=k: futures.append(engine.infer(np.full((1, 3, 64, 64), k / 10, np.float32), info.generation)),
+                name=f"sender-{k}",
+            )
+            for k in range(6)
+        ]
+        for t in senders:
+            t.start()
+        for t in senders:
+            t.join(30)
+        predictions = [f.result(60).prediction for f in futures]
+        inference = engine.thread.ident
+    assert len(predictions) == 6 and all(p.shape == (64, 64) for p in predictions)
+    assert {ident for _, ident in calls.made} == {inference}  # every session made on the inference thread
+    assert {ident for _, ident in calls.runs} == {inference}  # and every run, whoever asked for it
+    assert [sid for sid, _ in calls.runs[runs_before:]] == [serving] * 6  # the one serving session did them all
+    assert engine.load_count == 1
+
+
+def test_a_running_openvino_inference_is_stopped_when_its_frame_is_superseded(tmp_path):
+    model = slow_model(tmp_path / "slow.onnx")
+    spec = ModelSpec(path=model, profile=PROFILES["midas-v21-small"].with_overrides(input_size=64), providers=(OPENVINO,), precision="fp32")
+    with Engine(spec) as engine:
+        info = engine.wait_ready(120)
+        tensor = np.zeros((1, 3, 64, 64), np.float32)
+        running = engine.infer(tensor, info.generation)
+        pause = threading.Event()
+        while not engine.busy and not running.done():
+            pause.wait(0.001)
+        engine.abort(running)
+        try:
+            running.result(60)
+        except Superseded:
+            pass  # stopped mid-run (a fast machine may finish it first, which is fine too)
+        assert engine.infer(tensor, info.generation).result(60).prediction.shape == (64, 64)  # the request still works
+
+
+@needs_bf16
+def test_bf16_that_breaks_the_map_falls_back_to_fp32_and_says_so(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="depthwatch")
+    model = cancelling_model(tmp_path / "cancelling.onnx")
+    spec = ModelSpec(path=model, profile=PROFILES["midas-v21-small"], providers=(OPENVINO,), precision="auto")
+    with Engine(spec) as engine:
+        info = engine.wait_ready(120)
+    assert info.providers == (OPENVINO,) and info.precision == "fp32" and info.chosen_by == "measured"
+    bf16 = next(t for t in info.trials if t.precision == "bf16")
+    assert bf16.ok and bf16.agreement < 0.995 and not bf16.eligible
+    assert len(info.refused) == 1 and info.refused[0].startswith("bf16 on OpenVINO: its maps correlate ")
+    assert any(r.levelno == logging.WARNING and "precision: auto refused bf16 on OpenVINO" in r.message for r in caplog.records)
+    assert precision_line("auto", info).startswith("fp32 (auto); refused bf16 on OpenVINO")
+    # Remembered with the provider choice: the next start measures nothing and still says why.
+    with Engine(spec) as again:
+        second = again.wait_ready(120)
+    assert again.measurements == 0 and second.chosen_by == "remembered"
+    assert second.precision == "fp32" and second.refused == info.refused
+
+
+@needs_bf16
+def test_bf16_that_keeps_the_map_is_taken(tmp_path):
+    model = brightness_model(tmp_path / "m.onnx", size=(64, 64))
+    spec = ModelSpec(path=model, profile=PROFILES["midas-v21-small"], providers=(OPENVINO,), precision="auto")
+    with Engine(spec) as engine:
+        info = engine.wait_ready(120)
+    bf16 = next(t for t in info.trials if t.precision == "bf16")
+    assert bf16.ok and bf16.agreement >= 0.995, bf16
+    # Taken when it is the faster; either way the choice is the faster faithful one.
+    fastest = min((t for t in info.trials if t.eligible), key=lambda t: t.run_ms)
+    assert info.precision == fastest.precision and info.refused == ()
+
+
+def test_precision_for_onnxruntime_cpu_is_fp32_and_a_reduced_one_is_said_to_not_apply(tmp_path, caplog):
+    model = brightness_model(tmp_path / "m.onnx")
+    with Engine(spec_for(model, precision="bf16")) as engine:
+        info = engine.wait_ready(60)
+    assert info.providers == (providers.CPU,) and info.precision == "fp32"
+    assert any("precision bf16: CPU runs the graph in fp32" in r.message for r in caplog.records)
+
+
+def test_no_process_is_created_with_openvino(tmp_path, tiny_model):
+    """The daemon measures OpenVINO's precisions, serves from it, and never forks or execs."""
+    strace = shutil.which("strace")
+    if strace is None:
+        pytest.skip("strace is not installed (the CI script installs it)")
+    probe = subprocess.run([strace, "-f", "-o", os.devnull, "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"strace cannot trace here: {probe.stderr.strip()[:200]}")
+    trace = tmp_path / "strace.txt"
+    d = DaemonProcess(
+        tmp_path / "d",
+        tiny_model,
+        wrapper=(strace, "-f", "-e", "trace=fork,vfork,clone,clone3,execve", "-o", str(trace)),
+    )
+    config = yaml.safe_load(d.config_path.read_text())
+    config["model"].update(providers=["openvino"], precision="auto")
+    d.config_path.write_text(yaml.safe_dump(config))
+    d.start()
+    try:
+        depth = d.watch / "depth.jpg"
+        for i in range(3):
+            before = depth.stat().st_mtime_ns if depth.exists() else None
+            frame = np.full((48, 64, 3), 40 + 60 * i, np.uint8)
+            (d.watch / ".frame.tmp").write_bytes(cv2.imencode(".jpg", frame)[1].tobytes())
+            os.rename(d.watch / ".frame.tmp", d.watch / "frame.jpg")
+            wait_for(lambda: depth.exists() and depth.stat().st_mtime_ns != before, what="the depth map")
+        os.kill(d.status()["pid"], signal.SIGTERM)
+        assert d.proc.wait(60) == 0
+    finally:
+        d.close()
+    assert "applied providers: OpenVINO" in d.log()
+    lines = trace.read_text().splitlines()
+    execs = [line for line in lines if "execve(" in line]
+    assert len(execs) == 1, execs  # the start of python itself
+    threads = [line for line in lines if re.search(r"\bclone3?\(", line)]
+    assert threads, "strace saw no threads at all: the trace is not working"
+    processes = [line for line in lines if re.search(r"\b(v?fork)\(", line)]
+    processes += [line for line in threads if "CLONE_THREAD" not in line]
+    assert not processes, processes
