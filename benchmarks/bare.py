@@ -1,7 +1,8 @@
 """The memory and start-up baseline: a bare process holding one session, nothing else.
 
-`python -m benchmarks.bare MODEL SETTINGS_JSON` imports onnxruntime and numpy
-only, creates one session with depthwatch's settings, runs it once on zeros,
+`python -m benchmarks.bare MODEL SETTINGS_JSON` imports onnxruntime (or, for
+OpenVINO, the openvino runtime through depthwatch's one-class session module)
+and numpy only, creates one session with depthwatch's settings, runs it once on zeros,
 then prints one JSON line (its peak RSS as the kernel counts it) and exits.
 The parent times the start from launch to that line and samples the RSS too.
 """
@@ -23,7 +24,7 @@ def main(argv: list[str]) -> int:
     model, settings = argv[0], json.loads(argv[1])
     session = open_plain(model, settings)
     inp = session.get_inputs()[0]
-    shape = [d if isinstance(d, int) and d > 0 else 256 for d in inp.shape]
+    shape = [d if isinstance(d, int) and d > 0 else 256 for d in inp.shape]  # OpenVINO: None for dynamic
     session.run(None, {inp.name: np.zeros(shape, _TYPES.get(inp.type, np.float32))})
     print(json.dumps({"peak_rss_bytes": _peak_rss()}), flush=True)
     return 0

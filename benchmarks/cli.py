@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model", metavar="PATH", type=Path, help="an .onnx depth model (default: a generated MiDaS v2.1 small stand-in)")
     p.add_argument("--profile", default=None, help="depthwatch profile for --model (default: auto; the stand-in uses midas-v21-small)")
-    p.add_argument("--providers", default="auto", help="execution providers as depthwatch takes them: auto or e.g. cuda,cpu")
+    p.add_argument("--providers", default="auto", help="execution providers as depthwatch takes them: auto or e.g. openvino,cpu")
+    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"), help="model.precision (default auto)")
     p.add_argument(
         "--frames", metavar="DIR", type=Path, help="a folder of .jpg frames (default: 1920x1080 frames from scikit-image photographs)"
     )
@@ -90,9 +91,17 @@ def _load() -> str:
         return "?"
 
 
+def _openvino_version() -> str | None:
+    from depthwatch.model.sessions import openvino
+
+    return openvino.version() if openvino.installed() else None
+
+
 def machine(applied: Sequence[str]) -> dict[str, Any]:
     import cv2
     import onnxruntime
+
+    from depthwatch.model import providers
 
     return {
         "cores": scenarios.cores(),
@@ -102,9 +111,11 @@ def machine(applied: Sequence[str]) -> dict[str, Any]:
         "onnxruntime": onnxruntime.__version__,
         "opencv": cv2.__version__,
         "opencv_default_threads": cv2.getNumThreads(),
-        "providers_available": onnxruntime.get_available_providers(),
+        "providers_available": providers.available(),
         "providers_applied": list(applied),
-        "accelerated": any(p != "CPUExecutionProvider" for p in applied),
+        # OpenVINO here runs on the CPU, on the same cores as the image work.
+        "accelerated": any(p not in (providers.CPU, providers.OPENVINO) for p in applied),
+        "openvino": _openvino_version(),
         "load_before": _load(),
     }
 
@@ -164,12 +175,24 @@ def _bench(args: argparse.Namespace, work: Path) -> int:
         frames = framesets.load(args.frames, args.count)
     else:
         frames = framesets.generate(max(args.count, scenarios.WARM_UP + 1), (320, 180) if args.quick else framesets.FULL_HD)
-    knobs = Knobs(model, profile, args.providers, args.intra_op_threads, args.workers, args.cv2_threads)
+    knobs = Knobs(model, profile, args.providers, args.intra_op_threads, args.workers, args.cv2_threads, precision=args.precision)
     plan = scenarios.Plan(work, knobs, frames, args.count, args.repeats, args.latency_count, args.scrub_seconds, args.poll_ms / 1000)
 
+    # What depthwatch picks with these knobs (engine and precision), and ONNX Runtime's CPU
+    # provider at fp32: what the seed runs, and depthwatch's rows with the same engine as the seed.
     _, captured = scenarios.load_reference(plan)
+    ort_knobs = dataclasses.replace(knobs, providers="cpu", precision="fp32")
+    same_engine = scenarios.engine_name(captured) == "CPU fp32"
+    ort = captured if same_engine else scenarios.load_reference(plan, knobs=ort_knobs)[1]
     results: dict[str, Any] = {
         "machine": machine(captured.info.providers),
+        "engine": {
+            "chosen": scenarios.engine_name(captured),
+            "seed": scenarios.engine_name(ort),
+            "chosen_by": captured.info.chosen_by,
+            "refused": list(captured.info.refused),
+            "trials": [dataclasses.asdict(t) for t in captured.info.trials],
+        },
         "model": {
             "name": name,
             "path": str(args.model) if args.model else None,
@@ -202,26 +225,41 @@ def _bench(args: argparse.Namespace, work: Path) -> int:
     }
     s = results["scenarios"]
     config, single = scenarios.load_reference(plan, intra_op_threads=1)
-    s["costs"] = _run(results, "single-threaded costs", lambda: scenarios.costs(plan, config, single))
-    s["ceiling"] = _run(results, "ceiling", lambda: scenarios.ceiling(plan, captured))
+    chosen = scenarios.engine_name(captured)
+    s["costs"] = _run(results, f"single-threaded costs ({chosen})", lambda: scenarios.costs(plan, config, single))
+    s["ceiling"] = _run(results, f"ceiling ({chosen})", lambda: scenarios.ceiling(plan, captured))
+    ort_config, ort_single = (config, single) if same_engine else scenarios.load_reference(plan, intra_op_threads=1, knobs=ort_knobs)
+    if not same_engine:
+        s["costs_ort"] = _run(results, "single-threaded costs (CPU fp32)", lambda: scenarios.costs(plan, ort_config, ort_single))
+        s["ceiling_ort"] = _run(results, "ceiling (CPU fp32)", lambda: scenarios.ceiling(plan, ort))
     if not results["machine"]["accelerated"]:
         cores = results["machine"]["cores"]
+        # One onnxruntime session run from several threads at once (an OpenVINO request takes one at a time).
         s["parallel_ceiling"] = _run(
-            results, "ceiling, frames in parallel", lambda: scenarios.parallel_ceiling(plan, single, cores)
+            results, "ceiling, frames in parallel", lambda: scenarios.parallel_ceiling(plan, ort_single, cores)
         )
-    del single
+    del single, ort_single
     if args.sweep:
         results["sweep"] = _sweep(args, plan, results)
     else:
         if "classic" not in args.skip:
-            s["classic_flask"] = _run(results, "classic Flask", lambda: scenarios.classic(plan, "flask", captured))
-            s["classic_gunicorn"] = _run(results, "classic gunicorn", lambda: scenarios.classic(plan, "gunicorn", captured))
+            s["classic_flask"] = _run(results, "the seed as written (Flask)", lambda: scenarios.classic(plan, "flask", ort))
+            s["classic_gunicorn"] = _run(results, "the seed under gunicorn", lambda: scenarios.classic(plan, "gunicorn", ort))
+            s["classic_full"] = _run(
+                results, "the seed's loop doing depthwatch's job", lambda: scenarios.classic(plan, "flask", ort, full=True)
+            )
         if "predict" not in args.skip:
             s["predict"] = _run(results, "depthwatch POST /predict", lambda: predict.predict(plan))
         if "memory" not in args.skip:
-            s["bare"] = _run(results, "bare session process", lambda: scenarios.bare(plan, captured))
+            s["bare"] = _run(results, f"bare session process ({chosen})", lambda: scenarios.bare(plan, captured))
+            if not same_engine:
+                s["bare_ort"] = _run(results, "bare session process (CPU fp32)", lambda: scenarios.bare(plan, ort))
         if "burst" not in args.skip:
-            s["burst"] = _run(results, "depthwatch burst", lambda: scenarios.burst(plan))
+            s["burst"] = _run(results, f"depthwatch burst ({chosen})", lambda: scenarios.burst(plan))
+            if not same_engine:
+                s["burst_ort"] = _run(
+                    results, "depthwatch burst (CPU fp32)", lambda: scenarios.burst(plan, ort_knobs, name="burst-ort")
+                )
         if "latency" not in args.skip:
             one_at_a_time = _run(results, "depthwatch latency and scrub", lambda: scenarios.latency_and_scrub(plan))
             if one_at_a_time:
@@ -239,7 +277,7 @@ def _bench(args: argparse.Namespace, work: Path) -> int:
             s["farm"] = _run(results, "render farm", lambda: farm_bench.farm(plan))
         elif "farm" not in args.skip:
             _progress("render farm skipped: it needs the farm extra (pip install -e '.[farm]')")
-    del captured
+    del captured, ort
     results["scenarios"] = {k: v for k, v in s.items() if v is not None}
     results["machine"]["load_after"] = _load()
     results["derived"] = report.derive(results)

@@ -40,6 +40,8 @@ class Knobs:
     refine: str = "edges"
     #: output.normalise: stable (depthwatch's default) or frame.
     normalise: str = "stable"
+    #: model.precision: auto (depthwatch's default), fp32, bf16 or fp16.
+    precision: str = "auto"
 
     def env(self) -> dict[str, str]:
         return {"OPENCV_FOR_THREADS_NUM": str(self.cv2_threads)} if self.cv2_threads else {}
@@ -53,6 +55,7 @@ def config_dict(knobs: Knobs, folder: Path, patterns: list[str], template: str, 
             "profile": knobs.profile,
             "providers": knobs.providers if knobs.providers == "auto" else knobs.providers.split(","),
             "intra_op_threads": knobs.intra_op_threads,
+            "precision": knobs.precision,
         },
         "watch": {"folders": [str(folder)], "patterns": patterns},
         "output": {"template": template, "refine": knobs.refine, "normalise": knobs.normalise},

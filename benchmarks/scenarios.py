@@ -82,16 +82,20 @@ def _folder(plan: Plan, name: str) -> Path:
 # -- the model as depthwatch loads it ---------------------------------------------------
 
 
-def load_reference(plan: Plan, intra_op_threads: int | None = None) -> tuple[Any, sessions.Captured]:
-    """depthwatch's Config for these knobs and the session its Engine makes from it."""
+def load_reference(
+    plan: Plan, intra_op_threads: int | None = None, knobs: Knobs | None = None
+) -> tuple[Any, sessions.Captured]:
+    """depthwatch's Config for these knobs (the plan's by default) and the session its Engine makes from it."""
     from depthwatch import config as configuration
     from depthwatch.model import catalogue
 
-    knobs = plan.knobs if intra_op_threads is None else dataclasses.replace(plan.knobs, intra_op_threads=intra_op_threads)
+    knobs = knobs or plan.knobs
+    if intra_op_threads is not None:
+        knobs = dataclasses.replace(knobs, intra_op_threads=intra_op_threads)
     folder = plan.work / "reference"
     folder.mkdir(exist_ok=True)
     path = write_config(
-        plan.work / f"reference-{knobs.intra_op_threads}.yaml",
+        plan.work / f"reference-{knobs.providers.replace(',', '-')}-{knobs.precision}-{knobs.intra_op_threads}.yaml",
         config_dict(knobs, folder, ["*.jpg"], "{stem}_depth.jpg", plan.work / "reference.status.json"),
     )
     config = configuration.load(path)
@@ -288,15 +292,22 @@ def prep_for(captured: sessions.Captured, frame_size: tuple[int, int]) -> dict[s
     }
 
 
-def classic(plan: Plan, server: str, captured: sessions.Captured) -> dict[str, Any]:
-    """Write frame.jpg, POST /predict, the server reads, runs, writes depth.jpg, answers."""
-    folder = _folder(plan, f"classic-{server}")
+def classic(plan: Plan, server: str, captured: sessions.Captured, full: bool = False) -> dict[str, Any]:
+    """Write frame.jpg, POST /predict, the server reads, runs, writes depth.jpg, answers.
+
+    `captured`: the ONNX Runtime CPU session the seed runs (fp32, depthwatch's
+    thread settings). `full`: the seed's loop doing depthwatch's job (the map
+    at the frame's size, written atomically).
+    """
+    name = f"classic-{server}{'-full' if full else ''}"
+    folder = _folder(plan, name)
     port = free_port()
     env = {
         "BENCH_MODEL": str(plan.knobs.model),
         "BENCH_SESSION": json.dumps(captured.settings),
         "BENCH_PREP": json.dumps(prep_for(captured, plan.frames.size)),
         "BENCH_FOLDER": str(folder),
+        "BENCH_FULL": "1" if full else "0",
         **plan.knobs.env(),
     }
     if server == "flask":
@@ -306,7 +317,7 @@ def classic(plan: Plan, server: str, captured: sessions.Captured) -> dict[str, A
         argv += ["--graceful-timeout", "5", "--log-level", "warning", "--worker-tmp-dir", str(plan.work)]
         argv += _gunicorn_extra()
         argv += ["benchmarks.classic_server:create_app()"]
-    child = Child(f"classic server ({server})", argv, plan.work / f"classic-{server}.log", env)
+    child = Child(f"classic server ({name})", argv, plan.work / f"{name}.log", env)
     try:
         startup = _wait_http(child, port)
         frame, depth = folder / "frame.jpg", folder / "depth.jpg"
@@ -343,6 +354,8 @@ def classic(plan: Plan, server: str, captured: sessions.Captured) -> dict[str, A
             "outputs": produced,
             "output_size": [int(out.shape[1]), int(out.shape[0])] if out is not None else None,
             "startup_s": startup,
+            "full_size": full,
+            "engine": "onnxruntime CPU fp32",
         }
     finally:
         child.stop()
@@ -585,6 +598,7 @@ def _settle(daemon: Daemon, depth: Path, last: float, last_wall: float, poll_s: 
 
 
 def bare(plan: Plan, captured: sessions.Captured) -> dict[str, Any]:
+    """A process holding one session of `captured`'s engine (onnxruntime's or OpenVINO's), nothing else."""
     peaks, startups = [], []
     for r in range(plan.repeats):
         log = plan.work / f"bare{r}.log"
@@ -604,4 +618,9 @@ def bare(plan: Plan, captured: sessions.Captured) -> dict[str, Any]:
             child.proc.wait(30)
         finally:
             child.stop()
-    return {"peak_rss_bytes": max(peaks), "startup_s": startups}
+    return {"peak_rss_bytes": max(peaks), "startup_s": startups, "engine": engine_name(captured)}
+
+
+def engine_name(captured: sessions.Captured) -> str:
+    """E.g. "OpenVINO bf16" or "CPU fp32": the engine and precision a figure was taken with."""
+    return f"{captured.info.providers[0].replace('ExecutionProvider', '')} {captured.info.precision}"

@@ -1,4 +1,4 @@
-"""ONNX Runtime sessions built exactly as depthwatch builds them, for every scenario.
+"""Sessions built exactly as depthwatch builds them (ONNX Runtime's or OpenVINO's), for every scenario.
 
 `capture()` lets depthwatch's own Engine load the model (its SessionOptions,
 its provider choice, its warm-up) through a session factory that keeps the
@@ -9,6 +9,11 @@ measurements run the very session the daemon would, and nothing is copied.
 session from that JSON with onnxruntime alone: the bare-process memory
 baseline and the classic Flask server import neither depthwatch nor OpenCV
 through this module, and still run with the same thread settings.
+
+When depthwatch's choice is OpenVINO, the captured session is an
+`OpenVINOSession` made with the engine's own settings (its class holds them
+all: precision, threads, hints), and `describe()` records the engine, the
+precision and the threads, which `open_plain` reads back.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ _CONFIG_KEYS = (
     "session.inter_op.allow_spinning",
     "session.set_denormal_as_zero",
 )
+
+
+#: depthwatch's name for the OpenVINO runtime in provider lists (depthwatch.model.providers.OPENVINO).
+OPENVINO = "OpenVINO"
 
 
 @dataclass
@@ -51,6 +60,9 @@ def capture(spec: Any, timeout: float = 300.0) -> Captured:
         info = engine.wait_ready(timeout)
     finally:
         engine.stop(timeout)
+    if info.providers[0] == OPENVINO:
+        settings = {"engine": "openvino", "precision": info.precision, "threads": max(0, spec.intra_op_threads)}
+        return Captured(open_plain(str(spec.path), settings), info, settings)
     return Captured(made["session"], info, describe(made["options"], made["providers"]))
 
 
@@ -69,6 +81,7 @@ def describe(options: Any, providers: Any) -> dict[str, Any]:
         name, opts = entry if isinstance(entry, (tuple, list)) else (entry, {})
         chain.append([name, dict(opts)])
     return {
+        "engine": "onnxruntime",
         "intra_op_num_threads": options.intra_op_num_threads,
         "inter_op_num_threads": options.inter_op_num_threads,
         "execution_mode": options.execution_mode.name,
@@ -79,7 +92,11 @@ def describe(options: Any, providers: Any) -> dict[str, Any]:
 
 
 def open_plain(model: str, settings: dict[str, Any]) -> Any:
-    """An onnxruntime session for `model` with the settings `describe()` recorded."""
+    """A session for `model` with the settings `describe()` recorded (onnxruntime's, or OpenVINO's)."""
+    if settings.get("engine") == "openvino":
+        from depthwatch.model.sessions.openvino import OpenVINOSession
+
+        return OpenVINOSession(model, settings["precision"], threads=settings["threads"])
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
