@@ -211,7 +211,8 @@ def _bench(args: argparse.Namespace, work: Path) -> int:
             **dataclasses.asdict(knobs),
             "model": str(knobs.model),
             "repeats": args.repeats,
-            "session": captured.settings,
+            "session": ort.settings,
+            "chosen_session": captured.settings,
         },
         "plan": {
             "count": args.count,

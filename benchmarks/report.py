@@ -137,7 +137,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     def at_least(name: str, value: Any, goal: float) -> None:
         add(name, value, None if value is None else value >= goal, f">= {goal}")
 
-    at_least(f"burst ({engine}, auto's pick) vs the seed as written ({seed})", d.get("burst_vs_seed"), AUTO_VS_SEED)
+    at_least(f"burst ({engine}, depthwatch's pick) vs the seed as written ({seed})", d.get("burst_vs_seed"), AUTO_VS_SEED)
     at_least(f"burst ({seed}) vs the seed as written ({seed})", d.get("burst_ort_vs_seed"), ORT_VS_SEED)
     at_least(
         f"burst ({seed}) vs the seed's loop with full-size maps ({seed})", d.get("burst_ort_vs_seed_full"), ORT_VS_SEED_FULL
@@ -196,7 +196,7 @@ def table(results: dict[str, Any]) -> str:
         f"depthwatch benchmark: {m['cores']} cores ({m['cpu']}), {m['platform']}, load average {m['load_before']} -> {m['load_after']}",
         f"providers {', '.join(m['providers_applied'])} (available: {', '.join(m['providers_available'])}); "
         f"onnxruntime {m['onnxruntime']}{', openvino ' + m['openvino'] if m.get('openvino') else ''}, OpenCV {m['opencv']}",
-        f"engine {_get(results, 'engine', 'chosen') or '?'} (what providers/precision auto picks, "
+        f"engine {_get(results, 'engine', 'chosen') or '?'} (what depthwatch picks with these providers and precision, "
         f"{_get(results, 'engine', 'chosen_by') or 'nothing to choose'}); the seed runs {_get(results, 'engine', 'seed') or '?'}"
         + "".join(f"; refused {r}" for r in _get(results, "engine", "refused") or []),
         f"model {model['name']}{' (%.2f GFLOPs/frame)' % (model['gflops']) if model.get('gflops') else ''}: {model['contract']}",

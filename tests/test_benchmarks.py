@@ -27,7 +27,7 @@ import psutil  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 SCENARIOS = {
-    "costs", "ceiling", "classic_flask", "classic_gunicorn", "bare", "burst", "latency", "scrub", "daemon",
+    "costs", "ceiling", "classic_flask", "classic_gunicorn", "classic_full", "bare", "burst", "latency", "scrub", "daemon",
     "refine_none", "refine_micro", "predict", "normalise",
 }
 
@@ -42,8 +42,11 @@ def test_quick_benchmark_runs_every_scenario(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     env = {**os.environ, "TMPDIR": str(temp)}
     # Its own session, so a hung run can be ended with every process it started.
+    # With the openvino extra, depthwatch serves from OpenVINO (precision auto), so the rows that run
+    # ONNX Runtime fp32 beside the engine depthwatch picked are covered too, whatever is faster here.
+    engine = ["--providers", "openvino"] if importlib.util.find_spec("openvino") is not None else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks", "--quick", "--json", str(out)],
+        [sys.executable, "-m", "benchmarks", "--quick", "--json", str(out), *engine],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -75,9 +78,26 @@ def test_quick_benchmark_runs_every_scenario(tmp_path: Path) -> None:
         assert _positive(s[name]["fps"]), name
     if not results["machine"]["accelerated"]:
         assert _positive(s["parallel_ceiling"]["fps"])
-    for server in ("classic_flask", "classic_gunicorn"):
+    for server in ("classic_flask", "classic_gunicorn", "classic_full"):
         assert s[server]["outputs"] == s[server]["requests"] > 0, server
         assert _positive(s[server]["startup_s"])
+    # The seed as written writes a map at the model's size; its loop doing depthwatch's job, at the frame's.
+    assert s["classic_flask"]["output_size"] == [64, 64]
+    assert s["classic_full"]["output_size"] == results["frames"]["size"]
+
+    # The engine auto picked, named in every row; ONNX Runtime fp32 beside it when that is another engine.
+    engine = results["engine"]
+    assert engine["seed"] == "CPU fp32" and engine["chosen"].split()[1] in ("fp32", "bf16", "fp16")
+    if importlib.util.find_spec("openvino") is not None:
+        assert engine["chosen"].startswith("OpenVINO ")
+    if engine["chosen"] != "CPU fp32":
+        for name in ("burst_ort", "bare_ort", "costs_ort", "ceiling_ort"):
+            assert name in s, name
+        assert s["burst_ort"]["outputs"] == s["burst_ort"]["frames"] > 0
+    for key in ("burst_vs_seed", "burst_ort_vs_seed", "burst_ort_vs_seed_full"):
+        assert _positive(results["derived"][key]), key
+    assert f"depthwatch burst ({engine['chosen']})" in stdout and "the seed as written, Flask (CPU fp32)" in stdout
+    assert "seed's loop, depthwatch's job (CPU fp32)" in stdout
 
     predict = s["predict"]
     for mode in ("classic", "body"):
