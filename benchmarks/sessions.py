@@ -86,6 +86,8 @@ def describe(options: Any, providers: Any) -> dict[str, Any]:
         "inter_op_num_threads": options.inter_op_num_threads,
         "execution_mode": options.execution_mode.name,
         "graph_optimization_level": options.graph_optimization_level.name,
+        "enable_mem_pattern": options.enable_mem_pattern,
+        "enable_cpu_mem_arena": options.enable_cpu_mem_arena,
         "config": config,
         "providers": chain,
     }
@@ -104,6 +106,8 @@ def open_plain(model: str, settings: dict[str, Any]) -> Any:
     options.inter_op_num_threads = settings["inter_op_num_threads"]
     options.execution_mode = getattr(onnxruntime.ExecutionMode, settings["execution_mode"])
     options.graph_optimization_level = getattr(onnxruntime.GraphOptimizationLevel, settings["graph_optimization_level"])
+    options.enable_mem_pattern = settings.get("enable_mem_pattern", True)
+    options.enable_cpu_mem_arena = settings.get("enable_cpu_mem_arena", True)
     options.log_severity_level = 3
     for key, value in settings["config"].items():
         options.add_session_config_entry(key, value)
