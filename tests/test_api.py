@@ -127,7 +127,10 @@ def test_classic_client_two_hundred_rounds_one_inference_each(api_daemon, refere
             want = reference.depth(data)
             assert_same_map(got, want, [previous] if previous is not None else [])
             previous = want
-    wait_for(lambda: d.counts().get("done") == rounds, what=f"done == {rounds}")
+    try:
+        wait_for(lambda: d.counts().get("done") == rounds, what=f"done == {rounds}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; counts {d.counts()}; log tail {d.log()[-3000:]}") from None
     assert d.stop() == 0
     assert d.counts()["done"] == rounds, d.counts()
     assert len(d.frame_lines()) == rounds, "a frame was run twice"
