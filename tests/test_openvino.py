@@ -10,13 +10,16 @@ refused where it breaks the map, and taken where it does not.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -239,3 +242,30 @@ def test_no_process_is_created_with_openvino(tmp_path, tiny_model):
     processes = [line for line in lines if re.search(r"\b(v?fork)\(", line)]
     processes += [line for line in threads if "CLONE_THREAD" not in line]
     assert not processes, processes
+
+
+def test_a_start_that_remembers_onnxruntime_never_imports_openvino(tmp_path, tiny_model):
+    """Importing OpenVINO costs ~15 MiB of RSS: a daemon serving from onnxruntime must not pay it."""
+    from depthwatch.model import caches, choice
+
+    spec = dataclasses.replace(spec_for(tiny_model), providers="auto")
+    available = providers.available()
+    assert OPENVINO in available
+    digest = caches.model_digest(spec.path, spec.state_dir())
+    key = choice.decision_key(digest, providers.runtimes_version(available), available, spec.precision)
+    choice.Decisions(spec.state_dir() / "providers.json").put(key, spec.path, (providers.CPU, "fp32"), [])
+    script = (
+        "import sys\n"
+        "from depthwatch.model.engine import Engine\n"
+        "import dataclasses, pathlib\n"
+        "from onnx_models import spec_for\n"
+        f"spec = dataclasses.replace(spec_for(pathlib.Path({str(tiny_model)!r})), providers='auto')\n"
+        "with Engine(spec) as engine:\n"
+        "    info = engine.wait_ready(60)\n"
+        "print(info.chosen_by, info.providers[0], 'openvino' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["remembered", providers.CPU, "False"]
