@@ -87,7 +87,9 @@ class Farm:
 
     def write_config(self, **farm: object) -> None:
         config = {
-            "model": {"path": str(self.model), "profile": "midas-v21-small"},
+            # One engine everywhere, so local once and every worker compute the same maps
+            # (`auto` may measure OpenVINO faster in one process and CPU in another).
+            "model": {"path": str(self.model), "profile": "midas-v21-small", "providers": ["cpu"]},
             "daemon": {"workers": 2},
             "farm": {"frames_per_task": 4, **farm},
         }

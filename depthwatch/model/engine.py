@@ -363,7 +363,8 @@ class Engine:
         (provider, precision), chosen_by, trials, refused = self._decide(spec, available, wanted[0])
         if chosen_by:
             start = time.perf_counter()  # the load time is the serving session's, not the measurement's
-        wanted = _with_cpu(provider)
+        if spec.providers == "auto" or provider != wanted[0]:
+            wanted = _with_cpu(provider)  # an explicit list keeps its order (and its fallbacks) as given
         chain, compiled, pins = self._chain(wanted, spec, precision)
         session = self._create(path, self._session_options(spec, pins=pins), chain, spec, precision)
         applied = tuple(session.get_providers())
@@ -438,7 +439,9 @@ class Engine:
         entry = None
         pins: dict[str, int] = {}
         chain = []
-        for name in wanted:
+        for index, name in enumerate(wanted):
+            if name == providers.OPENVINO and index > 0:
+                continue  # not an onnxruntime provider: it serves only as the first choice
             options = providers.options_for(name, precision=precision)
             if name == providers.COREML:
                 pins = graph_inputs.fixed_dims(spec.path, _square_side(spec.profile))
