@@ -7,6 +7,7 @@ descriptor 2: no return value says so, and the raw text lands in the middle of
 the daemon's log lines. So a decode runs with descriptor 2 pointed at a pipe;
 afterwards the codec's messages are taken out, and anything else that another
 thread wrote meanwhile (a log line) is passed on to the real stderr unchanged.
+OpenEXR's core library prints its errors there too ("(EXR_ERR_...) ...").
 Decodes that capture are serialised by a lock (descriptor 2 is one per
 process); a decode takes a few milliseconds, far less than an inference.
 """
@@ -31,6 +32,8 @@ _LIBJPEG = re.compile(
 _DAMAGED = ("premature end", "Premature end", "bad Huffman code", "instead of RST", "Invalid SOS")
 #: OpenCV's own log lines ("[ WARN:0@0.05] global grfmt_tiff.cpp:811 readData ...").
 _OPENCV = re.compile(rb"\[ ?(?:WARN|ERROR|INFO):[^\]]*\][^\n]*\n?")
+#: OpenEXR's core library ("<python_buffer>: (EXR_ERR_BAD_CHUNK_LEADER) Preparing to read ...").
+_OPENEXR = re.compile(rb"[^\n]*\(EXR_ERR_[A-Z_]+\)[^\n]*\n?")
 
 
 class Captured:
@@ -90,7 +93,7 @@ def _drain(fd: int) -> bytes:
 
 
 def _take(text: bytes, captured: Captured) -> bytes:
-    for pattern in (_LIBJPEG, _OPENCV):
+    for pattern in (_LIBJPEG, _OPENCV, _OPENEXR):
         for match in pattern.finditer(text):
             captured.messages.append(match.group().decode(errors="replace").strip())
         text = pattern.sub(b"", text)
