@@ -31,7 +31,6 @@ import numpy as np
 
 from depthwatch.errors import FrameError
 from depthwatch.imaging import exrlayout, view
-from depthwatch.imaging.codecwarnings import codec_messages
 
 #: `output.exr_compression` values and what they are in the file. zip: lossless, the
 #: default; piz: lossless, better on grainy data; dwaa: lossy, smallest; none: fastest.
@@ -152,19 +151,15 @@ def decode(data: bytes, found: exrlayout.Layout, colour: str, max_pixels: int) -
     if missing:
         raise FrameError(f"the EXR is incomplete: {missing}")
     lib = _openexr()
-    with codec_messages() as messages:
-        try:
-            with lib.File(io.BytesIO(data), separate_channels=True, num_threads=0) as image:
-                channels = image.channels()
-                planes = [channels[name].pixels for name in wanted]
-                # BGR, as OpenCV decodes; a copy made while the file's buffers are surely alive.
-                stack = np.stack(planes[::-1] if len(planes) == 3 else planes * 3, axis=-1)
-        except Exception as exc:
-            stack, error = None, str(exc).strip().splitlines()[-1:] or ["unknown error"]
-        else:
-            error = []
-    if stack is None:
-        raise FrameError(f"cannot decode the EXR data: {(messages.messages or error)[-1]}")
+    try:
+        with lib.File(io.BytesIO(data), separate_channels=True, num_threads=0) as image:
+            channels = image.channels()
+            planes = [channels[name].pixels for name in wanted]
+            # BGR, as OpenCV decodes; a copy made while the file's buffers are surely alive.
+            stack = np.stack(planes[::-1] if len(planes) == 3 else planes * 3, axis=-1)
+    except Exception as exc:  # the bindings raise RuntimeError/ValueError/KeyError with the library's text
+        lines = str(exc).strip().splitlines()
+        raise FrameError(f"cannot decode the EXR data: {lines[-1] if lines else type(exc).__name__}") from None
     if stack.shape[:2] != (found.height, found.width):
         raise FrameError(f"the EXR decoded to {stack.shape[1]}x{stack.shape[0]}, not the {found.width}x{found.height} its header declares")
     return Picture(view.to_display(stack, colour), view.count_not_finite(stack))
