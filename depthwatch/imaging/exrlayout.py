@@ -25,8 +25,9 @@ MAGIC = b"\x76\x2f\x31\x01"
 
 #: A header larger than this is not a frame's (thousands of channels of long names fit in it).
 MAX_HEADER = 1 << 20
-#: Offset tables larger than this (8 bytes a chunk) are refused before they are read.
-MAX_CHUNKS = 1 << 22
+#: Offset tables larger than this (8 bytes a chunk, 8 MB) are refused before they are read: a
+#: 16K frame tiled 16x16 has a million tiles; scan lines of an 8K frame are 4,320 chunks at most.
+MAX_CHUNKS = 1 << 20
 
 _TILED, _LONG_NAMES, _DEEP, _MULTIPART = 0x200, 0x400, 0x800, 0x1000
 
