@@ -31,6 +31,7 @@ import numpy as np
 
 from depthwatch.errors import FrameError
 from depthwatch.imaging import exrlayout, view
+from depthwatch.logtext import shown
 
 #: `output.exr_compression` values and what they are in the file. zip: lossless, the
 #: default; piz: lossless, better on grainy data; dwaa: lossy, smallest; none: fastest.
@@ -118,8 +119,8 @@ def colour_channels(found: exrlayout.Layout) -> tuple[str, ...]:
     names = {c.name: c for c in found.channels}
     wanted = ("R", "G", "B") if all(n in names for n in "RGB") else ("Y",) if "Y" in names else None
     if wanted is None:
-        shown = ", ".join(sorted(names)[:8]) + (", ..." if len(names) > 8 else "")
-        raise FrameError(f"the EXR has no R, G, B (or Y) channels, only {shown}: not a picture depthwatch reads")
+        listed = ", ".join(shown(n) for n in sorted(names)[:8]) + (", ..." if len(names) > 8 else "")
+        raise FrameError(f"the EXR has no R, G, B (or Y) channels, only {listed or 'none'}: not a picture depthwatch reads")
     for name in wanted:
         channel = names[name]
         if (channel.x_sampling, channel.y_sampling) != (1, 1):
@@ -147,6 +148,14 @@ def decode(data: bytes, found: exrlayout.Layout, colour: str, max_pixels: int) -
             f"{max_pixels / 1e6:.0f} megapixels of RGBA; raise daemon.max_megapixels or write fewer channels"
         )
     wanted = colour_channels(found)
+    for channel in found.channels:  # what the decoder would allocate for, or divide by
+        if channel.pixel_type not in exrlayout.PIXEL_TYPES or (channel.x_sampling, channel.y_sampling) != (1, 1):
+            raise FrameError(
+                f"the EXR's {shown(channel.name)} channel is of type {channel.pixel_type} sampled "
+                f"{channel.x_sampling}x{channel.y_sampling}; depthwatch decodes full-resolution channels only"
+            )
+    if found.tile and found.tile[0] * found.tile[1] > max(4 * found.pixels, 1 << 20):
+        raise FrameError(f"the EXR's tiles ({found.tile[0]}x{found.tile[1]}) are far larger than its image; the file is damaged")
     missing = exrlayout.missing_chunk(found, lambda o, n: data[o : o + n], len(data))
     if missing:
         raise FrameError(f"the EXR is incomplete: {missing}")
@@ -154,9 +163,14 @@ def decode(data: bytes, found: exrlayout.Layout, colour: str, max_pixels: int) -
     try:
         with lib.File(io.BytesIO(data), separate_channels=True, num_threads=0) as image:
             channels = image.channels()
-            planes = [channels[name].pixels for name in wanted]
+            planes = [channels[name].pixels if name in channels else None for name in wanted]
+            if any(plane is None or plane.shape != (found.height, found.width) for plane in planes):
+                # The bindings print the library's reason and leave the channel out (or empty).
+                raise FrameError("cannot decode the EXR data: its compressed pixels are damaged")
             # BGR, as OpenCV decodes; a copy made while the file's buffers are surely alive.
             stack = np.stack(planes[::-1] if len(planes) == 3 else planes * 3, axis=-1)
+    except FrameError:
+        raise
     except Exception as exc:  # the bindings raise RuntimeError/ValueError/KeyError with the library's text
         lines = str(exc).strip().splitlines()
         raise FrameError(f"cannot decode the EXR data: {lines[-1] if lines else type(exc).__name__}") from None

@@ -79,6 +79,9 @@ class Layout:
     table: int
     chunks: int
     attributes: dict[str, Attribute]
+    #: The data window's first row, and scan lines per chunk (None: unknown compression).
+    y_min: int = 0
+    lines: int | None = None
 
     @property
     def pixels(self) -> int:
@@ -173,7 +176,7 @@ def read_layout(read: Read, size: int) -> Layout:
         x0, y0, x1, y1 = struct.unpack("<iiii", values["dataWindow"][:16])
         compression = values["compression"][0]
         channels = _channels(values["channels"])
-    except (struct.error, IndexError):
+    except (struct.error, IndexError, ValueError):
         raise ExrProblem("its header is damaged (a short attribute)") from None
     width, height = x1 - x0 + 1, y1 - y0 + 1
     if width <= 0 or height <= 0:
@@ -197,7 +200,8 @@ def read_layout(read: Read, size: int) -> Layout:
         raise ExrProblem(f"its compression ({compression}) is not one depthwatch knows")
     if not 0 < chunks <= MAX_CHUNKS:
         raise ExrProblem(f"it declares {chunks} chunks of pixels, more than a frame has")
-    return Layout(width, height, channels, compression, tile, table, chunks, attributes)
+    lines = None if tile else LINES_PER_CHUNK.get(compression)
+    return Layout(width, height, channels, compression, tile, table, chunks, attributes, y0, lines)
 
 
 def _channels(data: bytes) -> tuple[Channel, ...]:
@@ -240,12 +244,41 @@ def missing_chunk(layout: Layout, read: Read, size: int, *, every: bool = True) 
         if not layout.table_end <= offset <= size - layout.leader:
             return f"{what} {index + 1} of {layout.chunks} lies outside the file (cut short?)"
     checked = range(len(table)) if every else (max(range(len(table)), key=table.__getitem__),)
+    seen: set[tuple[int, ...]] = set()
     for index in checked:
-        leader = read(table[index], layout.leader)
-        (length,) = struct.unpack("<i", leader[-4:])
+        leader = struct.unpack("<iiiii" if layout.tile else "<ii", read(table[index], layout.leader))
+        length = leader[-1]
         if length < 0 or table[index] + layout.leader + length > size:
             return f"{what} {index + 1} of {layout.chunks} is cut short: the file is incomplete"
+        if not every:
+            continue
+        place = _place(layout, leader[:-1])
+        if place is None or place in seen:
+            return f"{what} {index + 1} of {layout.chunks} names a place outside the image (or twice); the file is damaged"
+        seen.add(place)
+        if length > 2 * _raw_bytes(layout) + 1024:
+            return f"{what} {index + 1} of {layout.chunks} is larger than its pixels can be; the file is damaged"
     return None
+
+
+def _place(layout: Layout, where: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Which tile or scan-line block a chunk's leader names, if it is one of the image's."""
+    if layout.tile:
+        tx, ty, lx, ly = where
+        across, down = math.ceil(layout.width / layout.tile[0]), math.ceil(layout.height / layout.tile[1])
+        return (tx, ty) if (lx, ly) == (0, 0) and 0 <= tx < across and 0 <= ty < down else None
+    row = where[0] - layout.y_min
+    if not 0 <= row < layout.height or (layout.lines and row % layout.lines):
+        return None
+    return (row,)
+
+
+def _raw_bytes(layout: Layout) -> int:
+    """Bytes of one chunk's pixels uncompressed (a compressor that does not help stores them raw)."""
+    per_pixel = sum(2 if c.pixel_type == 1 else 4 for c in layout.channels)
+    if layout.tile:
+        return layout.tile[0] * layout.tile[1] * per_pixel
+    return (layout.lines or layout.height) * layout.width * per_pixel
 
 
 def is_complete(read: Read, size: int) -> bool:
