@@ -103,6 +103,30 @@ def test_an_exr_map_from_once_is_float_z_with_its_record_and_matches_the_png_map
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left
 
 
+def test_the_map_of_a_cropped_exr_render_keeps_its_data_and_display_windows(tmp_path, tiny_model):
+    """A render cropped to its bounding box (Nuke's autocrop) or with overscan stores fewer pixels
+    than it displays: its map carries the same windows, so it lands on the plate."""
+    rgb = np.random.default_rng(6).random((60, 80, 3)).astype(np.float32)
+    header = {
+        "compression": OpenEXR.ZIP_COMPRESSION,
+        "type": OpenEXR.scanlineimage,
+        "dataWindow": (np.array([5, 7], np.int32), np.array([84, 66], np.int32)),
+        "displayWindow": (np.array([0, 0], np.int32), np.array([127, 95], np.int32)),
+    }
+    out = io.BytesIO()
+    with OpenEXR.File(header, {"RGB": rgb}) as image:
+        image.write(out)
+    (tmp_path / "crop.exr").write_bytes(out.getvalue())
+
+    done = once(tmp_path, "crop.exr", "-o", "crop_depth.exr", model=tiny_model, profile="midas-v21-small")
+
+    assert done.returncode == 0, done.stderr
+    got, channels = read_exr((tmp_path / "crop_depth.exr").read_bytes())
+    assert [list(a) for a in got["dataWindow"]] == [[5, 7], [84, 66]]
+    assert [list(a) for a in got["displayWindow"]] == [[0, 0], [127, 95]]
+    assert channels["Z"].shape == (60, 80)
+
+
 @pytest.mark.parametrize("compression", ["zip", "piz", "dwaa", "none"])
 def test_exr_maps_are_half_or_float_in_each_compression(compression):
     depth = cv2.GaussianBlur(np.random.default_rng(1).random((48, 64)).astype(np.float32), (0, 0), 2)

@@ -712,7 +712,12 @@ def _render_encode(
         nearness = pixels.normalise(inference.prediction, info.profile.output, options)
     depth = pixels.render(nearness, decoded.size, options, guide=decoded.image)
     return pixels.encode(
-        depth, ext, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression, exr_options=settings.exr
+        depth,
+        ext,
+        jpeg_quality=settings.jpeg_quality,
+        png_compression=settings.png_compression,
+        exr_options=settings.exr,
+        exr_windows=decoded.windows,
     )
 
 

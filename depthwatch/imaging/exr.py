@@ -70,12 +70,16 @@ def encode(
     half: bool = False,
     compression: str = "zip",
     attributes: Mapping[str, str] | None = None,
+    windows: Windows | None = None,
 ) -> bytes:
     """The bytes of an EXR holding `depth` (a 2-D map) as channel `Z`.
 
     float maps are written as they are (float32, or half with `half`); uint8
     and uint16 maps are scaled to [0, 1] first. `attributes`: extra string
-    header attributes (a provenance record, a timecode note).
+    header attributes (a provenance record, a timecode note). `windows`: the
+    EXR frame's data and display windows, so a map of a render cropped to its
+    bounding box (or with overscan) lands on the plate in Nuke; the map must
+    be the data window's size.
     """
     lib = _openexr()
     if depth.ndim != 2:
@@ -86,6 +90,13 @@ def encode(
         z = depth.astype(np.float32, copy=False)
     z = np.ascontiguousarray(z.astype(np.float16) if half else z)
     header: dict[str, object] = {"compression": _compression(compression), "type": lib.scanlineimage}
+    if windows is not None:
+        x0, y0, x1, y1 = windows.data
+        if (x1 - x0 + 1, y1 - y0 + 1) != (z.shape[1], z.shape[0]):
+            raise FrameError(f"the depth map is {z.shape[1]}x{z.shape[0]}, not its EXR frame's {x1 - x0 + 1}x{y1 - y0 + 1}")
+        header["dataWindow"] = (np.array([x0, y0], np.int32), np.array([x1, y1], np.int32))
+        d0, e0, d1, e1 = windows.display
+        header["displayWindow"] = (np.array([d0, e0], np.int32), np.array([d1, e1], np.int32))
     header.update(attributes or {})
     out = io.BytesIO()
     try:
@@ -97,11 +108,25 @@ def encode(
 
 
 @dataclass(frozen=True)
+class Windows:
+    """An EXR frame's data window (the pixels stored) and display window, (x_min, y_min, x_max, y_max)."""
+
+    data: tuple[int, int, int, int]
+    display: tuple[int, int, int, int]
+
+    @property
+    def plain(self) -> bool:
+        """Stored from (0, 0) and displayed as stored: nothing to carry over."""
+        return self.data[:2] == (0, 0) and self.data == self.display
+
+
+@dataclass(frozen=True)
 class Picture:
-    """An EXR frame as the model sees it: BGR uint8, and how many values were not finite."""
+    """An EXR frame as the model sees it: BGR uint8, how many values were not finite, its windows."""
 
     image: np.ndarray
     not_finite: int
+    windows: Windows | None = None
 
 
 def layout(data: bytes) -> exrlayout.Layout:
@@ -176,4 +201,5 @@ def decode(data: bytes, found: exrlayout.Layout, colour: str, max_pixels: int) -
         raise FrameError(f"cannot decode the EXR data: {lines[-1] if lines else type(exc).__name__}") from None
     if stack.shape[:2] != (found.height, found.width):
         raise FrameError(f"the EXR decoded to {stack.shape[1]}x{stack.shape[0]}, not the {found.width}x{found.height} its header declares")
-    return Picture(view.to_display(stack, colour), view.count_not_finite(stack))
+    windows = Windows(found.data_window, found.display_window or found.data_window)
+    return Picture(view.to_display(stack, colour), view.count_not_finite(stack), None if windows.plain else windows)

@@ -82,6 +82,10 @@ class Layout:
     #: The data window's first row, and scan lines per chunk (None: unknown compression).
     y_min: int = 0
     lines: int | None = None
+    #: (x_min, y_min, x_max, y_max) of the pixels stored, and of the frame as a viewer frames it
+    #: (a render cropped to its bounding box stores less than it displays).
+    data_window: tuple[int, int, int, int] = (0, 0, 0, 0)
+    display_window: tuple[int, int, int, int] | None = None
 
     @property
     def pixels(self) -> int:
@@ -158,7 +162,7 @@ def read_layout(read: Read, size: int) -> Layout:
         if length < 0:
             raise ExrProblem(f"its header attribute {name!r} has a negative size; the file is damaged")
         attributes[name] = Attribute(kind, cur.pos, length)
-        if name in ("channels", "compression", "dataWindow", "tiles", "chunkCount"):
+        if name in ("channels", "compression", "dataWindow", "displayWindow", "tiles", "chunkCount"):
             values[name] = cur.take(length)
         else:
             cur.pos += length
@@ -174,6 +178,8 @@ def read_layout(read: Read, size: int) -> Layout:
             raise ExrProblem(f"its header has no {required}; the file is damaged")
     try:
         x0, y0, x1, y1 = struct.unpack("<iiii", values["dataWindow"][:16])
+        shown = values.get("displayWindow", b"")
+        display = struct.unpack("<iiii", shown[:16]) if len(shown) >= 16 else None
         compression = values["compression"][0]
         channels = _channels(values["channels"])
     except (struct.error, IndexError, ValueError):
@@ -201,7 +207,7 @@ def read_layout(read: Read, size: int) -> Layout:
     if not 0 < chunks <= MAX_CHUNKS:
         raise ExrProblem(f"it declares {chunks} chunks of pixels, more than a frame has")
     lines = None if tile else LINES_PER_CHUNK.get(compression)
-    return Layout(width, height, channels, compression, tile, table, chunks, attributes, y0, lines)
+    return Layout(width, height, channels, compression, tile, table, chunks, attributes, y0, lines, (x0, y0, x1, y1), display)
 
 
 def _channels(data: bytes) -> tuple[Channel, ...]:

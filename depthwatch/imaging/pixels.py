@@ -63,6 +63,8 @@ class Decoded:
     format: str
     #: EXR: how many NaN or infinite values were made finite before the model (see `view`).
     not_finite: int = 0
+    #: EXR: its data and display windows when they are not plain (the map's EXR gets the same).
+    windows: exr.Windows | None = None
 
 
 #: `output.refine` values: today's plain bilinear upscale, or edges from the frame.
@@ -199,7 +201,7 @@ def _decode_exr(data: bytes, max_pixels: int, colour: str) -> Decoded:
     found = exr.layout(data)
     _check_pixels(found.width, found.height, max_pixels)
     picture = exr.decode(data, found, colour, max_pixels)
-    return Decoded(picture.image, (found.width, found.height), formats.EXR, picture.not_finite)
+    return Decoded(picture.image, (found.width, found.height), formats.EXR, picture.not_finite, picture.windows)
 
 
 def _cv_reason(exc: cv2.error) -> str:
@@ -268,18 +270,19 @@ def encode(
     jpeg_quality: int = 95,
     png_compression: int = 1,
     exr_options: ExrOptions = ExrOptions(),
+    exr_windows: exr.Windows | None = None,
 ) -> bytes:
     """Encode a depth map for an output whose name ends in `ext`, at the depth the format holds.
 
     uint8, uint16 or float32 maps (float in [0, 1]); JPEG takes 8 bits, PNG up to
     16, TIFF keeps float32 as it is (no quantisation), EXR too (channel Z, float32
-    or half: `exr.encode`).
+    or half: `exr.encode`), with an EXR frame's data and display windows if given.
     """
     kind = OUTPUT_FORMATS.get(ext.lower())
     if kind is None:
         raise FrameError(f"cannot write depth maps as {ext!r}; use .jpg, .png, .tif or .exr")
     if kind == ".exr":
-        return exr.encode(_as_float(depth), half=exr_options.half, compression=exr_options.compression)
+        return exr.encode(_as_float(depth), half=exr_options.half, compression=exr_options.compression, windows=exr_windows)
     if kind == ".jpg":
         depth = _as_integer(depth, 8)
         params = [cv2.IMWRITE_JPEG_QUALITY, int(jpeg_quality)]
