@@ -178,8 +178,8 @@ def read_layout(read: Read, size: int) -> Layout:
             raise ExrProblem(f"its header has no {required}; the file is damaged")
     try:
         x0, y0, x1, y1 = struct.unpack("<iiii", values["dataWindow"][:16])
-        shown = values.get("displayWindow", b"")
-        display = struct.unpack("<iiii", shown[:16]) if len(shown) >= 16 else None
+        framed = values.get("displayWindow", b"")
+        display = struct.unpack("<iiii", framed[:16]) if len(framed) >= 16 else None
         compression = values["compression"][0]
         channels = _channels(values["channels"])
     except (struct.error, IndexError, ValueError):
