@@ -34,7 +34,7 @@ from depthwatch.errors import (
     Superseded,
 )
 from depthwatch.files import why_not_a_file
-from depthwatch.model import caches, choice, graph_inputs, providers
+from depthwatch.model import caches, choice, providers
 from depthwatch.model import precision as precisions
 from depthwatch.model.choice import Trial, Variant
 from depthwatch.model.contract import (
@@ -44,7 +44,7 @@ from depthwatch.model.contract import (
     read_contract,
 )
 from depthwatch.model.profiles import Profile
-from depthwatch.model.sessions import Session
+from depthwatch.model.sessions import Session, ort
 from depthwatch.model.spec import ModelInfo, ModelSpec
 
 log = logging.getLogger("depthwatch.model.engine")
@@ -77,14 +77,6 @@ class Inference:
 
 _STOP = object()
 _FIX_MODEL = "; the file is damaged or not an ONNX model: fetch it again or point model.path at a working .onnx file"
-
-
-def _square_side(profile: Profile) -> int | None:
-    """The side of the one square input depthwatch feeds a dynamic model, or None if it follows the frame's aspect."""
-    if profile.keep_aspect or not profile.input_size:
-        return None
-    m = profile.multiple_of
-    return max(m, int(round(profile.input_size / m)) * m)
 
 
 def _with_cpu(provider: str) -> list[str]:
@@ -126,10 +118,8 @@ class Engine:
         where it is installed (tests offer stand-in accelerators through it). `measure_providers`: "remembered" measures
         `auto` only when no earlier measurement is on record; "always" measures afresh,
         with profiling, even CPU alone (`depthwatch check --providers`)."""
-        import onnxruntime
-
         if session_factory is None:
-            session_factory = onnxruntime.InferenceSession
+            session_factory = ort.factory()
         self._spec = spec
         self._factory = session_factory
         self._available = available_providers or providers.available
@@ -302,12 +292,10 @@ class Engine:
         if generation != info.generation:
             future.set_exception(ModelChanged())
             return session
-        import onnxruntime
-
         feed = {info.contract.input_name: tensor}
         names = [info.contract.output_name]
         for attempt in (1, 2):
-            options = onnxruntime.RunOptions()
+            options = ort.run_options()
             with self._lock:
                 self._running = (future, options)
             try:
@@ -365,8 +353,8 @@ class Engine:
             start = time.perf_counter()  # the load time is the serving session's, not the measurement's
         if spec.providers == "auto" or provider != wanted[0]:
             wanted = _with_cpu(provider)  # an explicit list keeps its order (and its fallbacks) as given
-        chain, compiled, pins = self._chain(wanted, spec, precision)
-        session = self._create(path, self._session_options(spec, pins=pins), chain, spec, precision)
+        chain, compiled, pins = ort.provider_chain(wanted, spec, precision)
+        session = self._create(path, ort.session_options(spec, pins=pins), chain, spec, precision)
         applied = tuple(session.get_providers())
         if applied[0] != provider:
             precision = precisions.FP32  # a fallback to the CPU provider
@@ -403,63 +391,6 @@ class Engine:
             precision,
         )
         return session, info
-
-    def _session_options(self, spec: ModelSpec, profile_prefix: str | None = None, pins: dict[str, int] | None = None) -> Any:
-        import onnxruntime
-
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = max(0, spec.intra_op_threads)
-        options.inter_op_num_threads = 1
-        options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
-        options.log_severity_level = 4  # errors reach the log as our own one-line messages
-        # Idle operator threads spinning would steal the cores that decode and encode frames.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        # The memory pattern is planned at the second run and allocated as one block beside
-        # the first run's chunks, which the arena keeps: about 20 MiB more resident for a
-        # 256x256 MiDaS-sized model, for no measurable speed (A/B interleaved: 0.97-1.00x).
-        options.enable_mem_pattern = False
-        for name, value in (pins or {}).items():
-            options.add_free_dimension_override_by_name(name, value)
-        if profile_prefix is not None:
-            options.enable_profiling = True
-            options.profile_file_prefix = profile_prefix
-        return options
-
-    def _chain(
-        self, wanted: list[str], spec: ModelSpec, precision: str = precisions.FP32
-    ) -> tuple[list[tuple[str, dict[str, Any]]], caches.Entry | None, dict[str, int]]:
-        """(provider, options) pairs, CoreML's cache folder, and the input dimensions to pin.
-
-        With CoreML in the chain the image input's symbolic batch (and height
-        and width, where depthwatch feeds one square size) are pinned, so that
-        CoreML, taking only nodes of static shape, can take the graph; the
-        cache folder is keyed by the model's contents, the runtime, the options
-        and those pins.
-        """
-        entry = None
-        pins: dict[str, int] = {}
-        chain = []
-        for index, name in enumerate(wanted):
-            if name == providers.OPENVINO and index > 0:
-                continue  # not an onnxruntime provider: it serves only as the first choice
-            options = providers.options_for(name, precision=precision)
-            if name == providers.COREML:
-                pins = graph_inputs.fixed_dims(spec.path, _square_side(spec.profile))
-                if providers.coreml_caches(providers.runtime_version()):
-                    keyed = {**options, "depthwatch.fixed_dims": pins}
-                    try:
-                        digest = caches.model_digest(spec.path, spec.state_dir())
-                        entry = caches.open_entry(spec.coreml_root(), spec.path, digest, providers.runtime_version(), keyed)
-                    except OSError as exc:
-                        log.warning(
-                            "cannot use the compiled-model cache in %s (%s); CoreML compiles at every load",
-                            spec.coreml_root(),
-                            exc.strerror or exc,
-                        )
-                    else:
-                        options = providers.options_for(name, entry.path, precision=precision)
-            chain.append((name, options))
-        return chain, entry, pins
 
     def _decide(self, spec: ModelSpec, available: list[str], first: str) -> tuple[Variant, str, list[Trial], list[str]]:
         """The variant (provider, precision) to serve from, how it was chosen, the figures, and refusals.
@@ -515,8 +446,8 @@ class Engine:
                 provider, precision = variant
                 if provider == providers.OPENVINO:
                     return _openvino_session(spec, precision)
-                chain, _, pins = self._chain(_with_cpu(provider), spec, precision)
-                options = self._session_options(spec, profile_prefix if profile else None, pins)
+                chain, _, pins = ort.provider_chain(_with_cpu(provider), spec, precision)
+                options = ort.session_options(spec, profile_prefix if profile else None, pins)
                 return self._factory(str(spec.path), sess_options=options, providers=chain)
 
             def run(session: Session) -> None:
