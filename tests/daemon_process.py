@@ -37,14 +37,23 @@ class DaemonProcess(harness.DaemonProcess):
     """A daemon watching `root/watch/` for frame.jpg with `model`; `sections` override the config."""
 
     def __init__(
-        self, root: Path, model: Path, *, restricted: bool = False, wrapper: tuple[str, ...] = (), **sections: dict[str, Any]
+        self,
+        root: Path,
+        model: Path,
+        *,
+        restricted: bool = False,
+        wrapper: tuple[str, ...] = (),
+        providers: list[str] | None = None,
+        **sections: dict[str, Any],
     ) -> None:
-        """`wrapper`: a command the daemon runs under (strace), after the privilege drop."""
+        """`wrapper`: a command the daemon runs under (strace), after the privilege drop.
+        `providers`: model.providers (default auto); a test that needs inference to take its
+        time pins ["cpu"], since auto may measure OpenVINO several times faster."""
         root.mkdir(parents=True, exist_ok=True)
         self.watch = root / "watch"
         self.watch.mkdir(parents=True, exist_ok=True)
         config: dict[str, Any] = {
-            "model": {"path": str(model), "profile": "midas-v21-small"},
+            "model": {"path": str(model), "profile": "midas-v21-small", **({"providers": providers} if providers else {})},
             "watch": {"folders": [str(self.watch)], "patterns": ["frame.jpg"]},
             "output": {"template": "depth.jpg"},
             "daemon": {"workers": 2},

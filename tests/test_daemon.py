@@ -191,7 +191,7 @@ def test_second_signal_cuts_the_stop_short_and_still_unwinds(tmp_path):
 
     model = slow_model(tmp_path / "slow.onnx", layers=120, size=256)  # over half a second per frame
     d = DaemonProcess(tmp_path, model, watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_depth.jpg"},
-                      daemon={"shutdown_timeout_s": 19}).start()
+                      daemon={"shutdown_timeout_s": 19}, providers=["cpu"]).start()
     try:
         for i in range(8):
             write_by_rename(d.watch / f"f{i}.jpg", jpeg_bytes(quadrant_frame(64, 64)))

@@ -67,6 +67,7 @@ def test_queued_frames_swapped_for_a_fifo_a_device_or_a_sparse_file_and_the_outp
         watch={"patterns": ["*.jpg"], "follow_symlinks": True},  # links allowed: only the read's own checks guard
         output={"template": "maps/{stem}_depth.jpg"},
         daemon={"workers": 1, "max_file_mb": 64, "shutdown_timeout_s": 5},
+        providers=["cpu"],  # seconds per frame on onnxruntime's CPU provider (OpenVINO is faster)
     ).start()
     maps = d.watch / "maps"
     maps.mkdir()

@@ -11,7 +11,7 @@ from onnx_models import slow_model
 
 def test_superseded_frames_are_summarised_and_none_is_reported_as_inferred(tmp_path):
     model = slow_model(tmp_path / "slow.onnx", layers=30, size=128)
-    d = DaemonProcess(tmp_path / "d", model, watch={"settle_ms": 0}).start()
+    d = DaemonProcess(tmp_path / "d", model, watch={"settle_ms": 0}, providers=["cpu"]).start()
     try:
         versions = [jpeg_bytes(quadrant_frame(160, 96, corner)) for corner in ("top-left", "top-right", "bottom-left")]
         for i in range(120):
