@@ -20,7 +20,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import replace
@@ -65,6 +65,8 @@ frames_log = logging.getLogger("depthwatch.frames")
 _RETRY_MAX_DELAY = 60.0
 #: Superseded frames are summarised in one log line at most this often.
 SUPERSEDED_SUMMARY_S = 5.0
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_NONE = object()
 _SUPERSEDED_STAGES = ("replaced while queued", "before inference", "after inference had started")
 
 
@@ -87,6 +89,23 @@ def _frame_signature(path: Path) -> tuple[int, int, int] | None:
     return st.st_size, st.st_mtime_ns, st.st_ino
 
 
+def _make_folders(roots: Iterable[Path]) -> None:
+    """Make each watch folder whose parent is there (a folder on a volume not mounted yet is
+    waited for instead); ConfigError, one line, for one that cannot be made."""
+    for root in roots:
+        if root.exists() or not root.parent.is_dir():
+            continue
+        try:
+            root.mkdir()
+        except FileExistsError:
+            pass  # made meanwhile, or a dangling link: the watcher says which
+        except OSError as exc:
+            reason = (exc.strerror or str(exc)).lower()
+            raise ConfigError(
+                f"cannot make the watch folder {shown(root)}: {reason}; make it yourself or fix the permissions of {shown(root.parent)}"
+            ) from None
+
+
 class Daemon:
     """`depthwatch run`: call `run()` from the main thread; `request_stop()` from a signal handler.
 
@@ -105,6 +124,8 @@ class Daemon:
         self._loader = loader
         self._session_factory = session_factory
         self._reload = threading.Event()
+        #: Signal number -> the frame it interrupted, as left by the handlers (see `_capture_signals`).
+        self._caught: dict[int, object] = {}
         self._config_signature = _file_signature(config.source) if config.source else None
         self._config_settling: tuple[int, ...] | None = None
         self._locks = FolderLocks()
@@ -158,26 +179,39 @@ class Daemon:
         if threading.current_thread() is not threading.main_thread():
             yield  # embedded in a test or another program: its owner stops us
             return
-        handlers = {
-            signal.SIGTERM: lambda signum, frame: self.request_stop(),
-            signal.SIGINT: lambda signum, frame: self.request_stop(),
-            signal.SIGHUP: lambda signum, frame: self.request_reload(),
-        }
-        previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+        # The handler is a builtin (dict.__setitem__), not Python code: no frame of ours runs
+        # per signal, so a flood of them can neither nest handlers (RecursionError, "lost
+        # sys.stderr") nor re-enter a lock a handler holds (a deadlock of the main thread).
+        # It only records that the signal came; the main loop acts on it (`_take_signals`),
+        # so a thousand SIGHUPs between two looks are one reload.
+        handler = self._caught.__setitem__
+        previous = {sig: signal.signal(sig, handler) for sig in (*_STOP_SIGNALS, signal.SIGHUP)}
         try:
             yield
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+            self._caught.clear()
+
+    def _take_signals(self) -> None:
+        """What the signal handlers recorded since the last look (main thread only)."""
+        caught = self._caught
+        if not caught:
+            return
+        for sig in _STOP_SIGNALS:
+            if caught.pop(sig, _NONE) is not _NONE:
+                self.request_stop()
+        if caught.pop(signal.SIGHUP, _NONE) is not _NONE:
+            self._reload.set()
 
     def request_stop(self) -> None:
-        """Safe from a signal handler: only sets flags. A second request forces a quick exit."""
+        """Stop (from another thread, or the main loop for SIGTERM/SIGINT). A second request forces a quick exit."""
         if self._stop.is_set():
             self._force.set()
         self._stop.set()
 
     def request_reload(self) -> None:
-        """Safe from a signal handler (SIGHUP): only sets a flag."""
+        """Reload the config at the main loop's next look (what SIGHUP asks for)."""
         self._reload.set()
 
     @property
@@ -186,6 +220,7 @@ class Daemon:
 
     def startup(self) -> None:
         config = self.config
+        _make_folders(self.rules.roots)  # ConfigError (78): one it cannot make
         self._locks.hold(self.rules.roots)  # AlreadyRunning: another daemon has one of them
         spec = catalogue.resolve(config.model, config.base)
         self._announce(config)
@@ -233,7 +268,11 @@ class Daemon:
         log.info("HTTP API on %s", api.url)
 
     def main_loop(self) -> None:
-        while not self._stop.wait(0.25):
+        while True:
+            self._take_signals()
+            if self._stop.wait(0.25):
+                return
+            self._take_signals()
             self._poll_config()
             self._report_swap()
             self._rescan_after_overflow()
@@ -262,8 +301,6 @@ class Daemon:
 
     def _start_watching(self, rules: Rules, config: Config) -> None:
         for root in rules.roots:
-            if not root.exists() and root.parent.is_dir():
-                root.mkdir()
             swept = sweep_temp_files(root)
             if swept:
                 log.info("removed %d temporary file(s) left in %s", swept, shown(root))
@@ -327,6 +364,7 @@ class Daemon:
         if (new.watch, new.output.template, new.output.error_sidecar) != (old.watch, old.output.template, old.output.error_sidecar):
             rules = Rules(new.watch, new.output)
             try:
+                _make_folders(rules.roots)
                 self._locks.hold(rules.roots)
             except DepthwatchError as exc:
                 log.error("%s; keeping the watch folders of the last good config", exc)
@@ -371,6 +409,7 @@ class Daemon:
         deadline = time.monotonic() + self.config.daemon.shutdown_timeout_s
 
         def left() -> float:
+            self._take_signals()  # a second SIGTERM cuts the rest short
             if self._force.is_set():
                 return 0.1
             return max(0.1, deadline - time.monotonic())
