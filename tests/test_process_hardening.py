@@ -98,3 +98,125 @@ def test_a_watch_folder_under_an_unwritable_parent_exits_78_at_start_and_is_refu
         assert sum("keeping the watch folders of the last good config" in line for line in good.log().splitlines()) == 1
     finally:
         locked.chmod(0o755)
+
+
+# -- the HTTP API against idle connections ---------------------------------------------------------------
+
+requests = pytest.importorskip("requests")
+
+
+@pytest.fixture
+def api_daemon(tmp_path, tiny_model):
+    started: list[DaemonProcess] = []
+
+    def start(**sections) -> DaemonProcess:
+        sections["api"] = {"enabled": True, "port": 0, **sections.get("api", {})}
+        d = DaemonProcess(tmp_path / f"d{len(started)}", tiny_model, **sections)
+        started.append(d)
+        d.start()
+        d.url = wait_for(lambda: d.status().get("api"), what="the API address in the status file")
+        return d
+
+    yield start
+    for d in started:
+        d.close()
+
+
+def _raise_fd_limit(wanted: int) -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard), hard))
+
+
+def test_a_plugin_gets_through_while_another_program_holds_two_hundred_idle_connections(api_daemon):
+    pytest.importorskip("waitress")
+    _raise_fd_limit(4096)
+    d = api_daemon()
+    host, port = d.url.removeprefix("http://").rsplit(":", 1)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def trickle() -> None:
+        """One byte on each connection every second: never idle long enough for an idle timeout."""
+        while not stop.wait(1.0):
+            for s in list(held):
+                try:
+                    s.send(b"x")
+                except OSError:
+                    pass  # closed by the daemon: what it should do
+
+    for _ in range(200):
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex((host, int(port)))  # completes in the listen backlog even while not accepted
+        held.append(s)
+    for s in held:
+        try:
+            socket.socket.setblocking(s, True)
+            s.settimeout(5)
+            s.send(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\nContent-Length: 100000\r\n\r\n\xff\xd8")
+        except OSError:
+            pass
+    trickler = threading.Thread(target=trickle, name="trickler")
+    trickler.start()
+    try:
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        answer = requests.post(f"{d.url}/predict", timeout=60)
+        assert (answer.status_code, answer.text) == (200, "DONE")
+        assert requests.get(f"{d.url}/health", timeout=60).status_code == 200
+    finally:
+        stop.set()
+        trickler.join()
+        for s in held:
+            s.close()
+    assert d.stop() == 0
+    assert "Traceback" not in d.log()
+
+
+def test_requests_during_a_graceful_stop_get_503_not_a_dropped_connection(tmp_path):
+    pytest.importorskip("waitress")
+    from onnx_models import slow_model
+
+    model = slow_model(tmp_path / "slow.onnx", layers=120, size=256)  # over half a second per frame
+    d = DaemonProcess(
+        tmp_path / "d", model, watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_depth.jpg"},
+        api={"enabled": True, "port": 0}, daemon={"shutdown_timeout_s": 19},
+    ).start()
+    url = wait_for(lambda: d.status().get("api"), what="the API address")
+    image = jpeg_bytes(quadrant_frame(64, 64))
+    answers: list[object] = []
+
+    def post_image() -> None:
+        try:
+            answers.append(requests.post(f"{url}/predict", data=image, headers={"Content-Type": "image/jpeg"}, timeout=60))
+        except requests.RequestException as exc:
+            answers.append(exc)
+
+    try:
+        for i in range(6):
+            write_by_rename(d.watch / f"f{i}.jpg", image)
+        wait_for(lambda: d.status().get("in_progress", 0) >= 2, what="frames in flight")
+        early = [threading.Thread(target=post_image) for _ in range(3)]
+        for t in early:
+            t.start()
+        d.send(signal.SIGTERM)
+        wait_for(lambda: d.state() == "stopping", what="the graceful stop to begin")
+        late = [threading.Thread(target=post_image) for _ in range(3)]
+        for t in late:
+            t.start()
+        for t in early + late:
+            t.join(120)
+        assert d.proc.wait(120) == 0
+    finally:
+        d.close()
+    dropped = [a for a in answers if not isinstance(a, requests.Response)]
+    assert dropped == [], dropped
+    codes = sorted(a.status_code for a in answers)
+    assert set(codes) <= {200, 503} and codes.count(503) >= 3, codes
+    for a in answers:
+        if a.status_code == 503:
+            assert a.text == "the daemon is stopping; try again once it is back\n", a.text
+    log = d.log()
+    assert "Traceback" not in log and "internal error" not in log and "CancelledError" not in log, log[-3000:]

@@ -417,9 +417,7 @@ class Daemon:
         self.status.state = "stopping"
         self._status_dirty = True
         self._write_status()
-        self._stop.set()
-        if self.api is not None:
-            self.api.stop_listening()  # no new connections; requests in flight get their answers
+        self._stop.set()  # from now on the API answers 503 to new requests; it listens until api.close
         if self.watcher is not None:
             self.watcher.stop(left())
         dropped = self.queue.close()
