@@ -21,7 +21,7 @@ from daemon_process import DaemonProcess, wait_for
 requests = pytest.importorskip("requests")
 pytest.importorskip("waitress")
 
-from depthwatch import imaging  # noqa: E402
+from depthwatch.imaging import pixels  # noqa: E402
 from depthwatch.config import ApiConfig, Config, OutputConfig, WatchConfig  # noqa: E402
 from depthwatch.daemon.waiters import DONE, TIMEOUT, MapWaiters  # noqa: E402
 from depthwatch.frames.job import Job  # noqa: E402
@@ -51,12 +51,12 @@ class Reference:
 
     def depth(self, data: bytes, bits: int = 8) -> np.ndarray:
         """The map with the daemon's default output settings (refine, levels) at `bits`."""
-        decoded = imaging.decode(data, max_pixels=10**8, min_size=self.info.min_frame_size)
-        tensor = imaging.prepare(decoded, self.info.contract, self.info.profile)
+        decoded = pixels.decode(data, max_pixels=10**8, min_size=self.info.min_frame_size)
+        tensor = pixels.prepare(decoded, self.info.contract, self.info.profile)
         prediction = self.engine.infer(tensor, self.info.generation).result(HTTP_TIMEOUT).prediction
         options = dataclasses.replace(Settings.from_config(Config()).render, bits=bits)
-        nearness = imaging.normalise(prediction, self.info.profile.output, options)
-        return imaging.render(nearness, decoded.size, options, guide=decoded.image)
+        nearness = pixels.normalise(prediction, self.info.profile.output, options)
+        return pixels.render(nearness, decoded.size, options, guide=decoded.image)
 
     def close(self) -> None:
         self.engine.stop()
@@ -127,7 +127,10 @@ def test_classic_client_two_hundred_rounds_one_inference_each(api_daemon, refere
             want = reference.depth(data)
             assert_same_map(got, want, [previous] if previous is not None else [])
             previous = want
-    wait_for(lambda: d.counts().get("done") == rounds, what=f"done == {rounds}")
+    try:
+        wait_for(lambda: d.counts().get("done") == rounds, what=f"done == {rounds}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; counts {d.counts()}; log tail {d.log()[-3000:]}") from None
     assert d.stop() == 0
     assert d.counts()["done"] == rounds, d.counts()
     assert len(d.frame_lines()) == rounds, "a frame was run twice"
