@@ -220,3 +220,52 @@ def test_requests_during_a_graceful_stop_get_503_not_a_dropped_connection(tmp_pa
             assert a.text == "the daemon is stopping; try again once it is back\n", a.text
     log = d.log()
     assert "Traceback" not in log and "internal error" not in log and "CancelledError" not in log, log[-3000:]
+
+
+# -- one daemon per folder, whatever the environment --------------------------------------------------------
+
+
+def _refused(d: DaemonProcess) -> str:
+    d.start(wait=False)
+    try:
+        assert d.proc.wait(60) == EX_TEMPFAIL, d.log()
+    finally:
+        d.close()
+    return d.log().strip().splitlines()[-1]
+
+
+def test_a_second_daemon_with_another_runtime_folder_is_refused(tmp_path, tiny_model):
+    first = DaemonProcess(tmp_path / "first", tiny_model).start()
+    try:
+        runtime = tmp_path / "runtime"
+        runtime.mkdir(mode=0o700)
+        second = DaemonProcess(tmp_path / "second", tiny_model, watch={"folders": [str(first.watch)]})
+        second.env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "TMPDIR": str(runtime)}
+        assert _refused(second) == (
+            f"depthwatch: another depthwatch (pid {first.proc.pid}) is already watching {first.watch}; "
+            "stop it first, or watch another folder"
+        )
+    finally:
+        assert first.stop() == 0
+
+
+def test_a_recursive_parent_and_a_daemon_on_its_child_are_refused_whichever_starts_first(tmp_path, tiny_model):
+    shows = tmp_path / "shows"
+    child = shows / "watch"
+    parent = DaemonProcess(tmp_path / "parent", tiny_model, watch={"folders": [str(shows)], "recursive": True}).start()
+    try:
+        line = _refused(DaemonProcess(shows, tiny_model))
+        assert line == (
+            f"depthwatch: another depthwatch (pid {parent.proc.pid}) is watching {shows}, which holds {child}; "
+            "stop it first, or list both folders in one daemon's watch.folders"
+        ), line
+    finally:
+        assert parent.stop() == 0
+    inner = DaemonProcess(shows, tiny_model).start()
+    try:
+        line = _refused(DaemonProcess(tmp_path / "parent", tiny_model, watch={"folders": [str(shows)], "recursive": True}))
+        assert line.startswith(f"depthwatch: another depthwatch (pid {inner.proc.pid}) is watching a folder inside {shows};"), line
+        sibling = DaemonProcess(tmp_path / "sibling", tiny_model).start()  # beside it, not inside: fine
+        assert sibling.stop() == 0
+    finally:
+        assert inner.stop() == 0

@@ -63,6 +63,8 @@ log = logging.getLogger("depthwatch")
 frames_log = logging.getLogger("depthwatch.frames")
 
 _RETRY_MAX_DELAY = 60.0
+#: How often the lock files are touched (see `locks`).
+_LOCK_REFRESH_S = 3600.0
 #: Superseded frames are summarised in one log line at most this often.
 SUPERSEDED_SUMMARY_S = 5.0
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -129,6 +131,7 @@ class Daemon:
         self._config_signature = _file_signature(config.source) if config.source else None
         self._config_settling: tuple[int, ...] | None = None
         self._locks = FolderLocks()
+        self._locks_touched = time.monotonic()
         self._swap: Future[ModelInfo] | None = None
         self._stop = threading.Event()
         #: A second stop request: shorten every remaining wait of the shutdown.
@@ -278,6 +281,9 @@ class Daemon:
             self._rescan_after_overflow()
             self._report_superseded()
             self._write_status()
+            if time.monotonic() >= self._locks_touched + _LOCK_REFRESH_S:
+                self._locks_touched = time.monotonic()
+                self._locks.refresh()
 
     def _announce(self, config: Config) -> None:
         """Which config and which status file, first thing: the answers to "why is it doing that?"."""
