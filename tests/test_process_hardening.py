@@ -269,3 +269,31 @@ def test_a_recursive_parent_and_a_daemon_on_its_child_are_refused_whichever_star
         assert sibling.stop() == 0
     finally:
         assert inner.stop() == 0
+
+
+# -- special files dropped under a frame pattern ----------------------------------------------------------------
+
+
+def test_a_fifo_a_folder_and_a_socket_dropped_directly_get_one_line_and_one_record_each(tmp_path, tiny_model):
+    d = DaemonProcess(tmp_path, tiny_model, watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_depth.png", "error_sidecar": True}).start()
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        os.mkfifo(d.watch / "pipe.jpg")
+        (d.watch / "folder.jpg").mkdir()
+        sock.bind(str(d.watch / "sock.jpg"))
+        wait_for(lambda: d.counts().get("failed") == 3, what="three special files reported")
+        fd = os.open(d.watch / "pipe.jpg", os.O_RDWR | os.O_NONBLOCK)  # written to and closed: no second line
+        os.write(fd, b"x")
+        os.close(fd)
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: d.counts().get("done") == 1, what="a good frame after them: nothing hung")
+    finally:
+        sock.close()
+        assert d.stop() == 0
+    lines = error_lines(d)
+    assert len(lines) == 3, lines
+    assert any(line.endswith("pipe.jpg: is a FIFO (named pipe), not an image file; not read") for line in lines), lines
+    assert any(line.endswith("folder.jpg: is a folder, not an image file; not read") for line in lines), lines
+    assert any(line.endswith("sock.jpg: is a socket, not an image file; not read") for line in lines), lines
+    for name in ("pipe.jpg", "folder.jpg", "sock.jpg"):
+        assert (d.watch / f"{name}.error.json").is_file(), name

@@ -32,6 +32,7 @@ from watchdog.observers.polling import PollingObserver
 
 from depthwatch.config import WatchConfig
 from depthwatch.errors import DepthwatchError
+from depthwatch.files import kind_of
 from depthwatch.frames.reading import link_problem, open_checked
 from depthwatch.frames.rules import Rules, map_is_current
 from depthwatch.imaging import formats
@@ -146,6 +147,8 @@ class Watcher:
         self._taken_at_creation: OrderedDict[str, Signature] = OrderedDict()
         #: The version last handed over, per path, whichever way.
         self._handed: OrderedDict[str, Signature] = OrderedDict()
+        #: Files under a frame's name that are no regular file, as reported: (inode, type, 0).
+        self._special: OrderedDict[str, Signature] = OrderedDict()
         self._counter = itertools.count()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="depthwatch-settle", daemon=True)
@@ -224,8 +227,11 @@ class Watcher:
             return  # moved out of the watched folders
         path = Path(os.fsdecode(raw))
         if event.is_directory:
-            if kind in ("created", "moved") and self.rules.recursive:
-                self.scan(path)  # files moved in with a folder raise no events of their own
+            if kind in ("created", "moved"):
+                if self.rules.is_frame(path):
+                    self.poke(path, Mode.NOW)  # a folder under a frame's name: the settler reports it
+                if self.rules.recursive:
+                    self.scan(path)  # files moved in with a folder raise no events of their own
             return
         if not self.rules.is_frame(path):
             return
@@ -337,6 +343,7 @@ class Watcher:
         except OSError:
             return  # vanished: nothing to do
         if not stat.S_ISREG(st.st_mode):
+            self._not_a_file(path, st)
             return
         signature = (st.st_size, st.st_mtime_ns, st.st_ino)
         settle = self.config.settle_ms / 1000
@@ -396,6 +403,14 @@ class Watcher:
             _remember(self._seen, key, signature)
         _remember(self._handed, key, signature)
         self._emit(path, signature, fmt)
+
+    def _not_a_file(self, path: Path, st: os.stat_result) -> None:
+        """A FIFO, folder, socket or device under a frame's name: one report per file, never read."""
+        key, what = str(path), (st.st_ino, stat.S_IFMT(st.st_mode), 0)
+        if self._special.get(key) == what:
+            return  # this very file was reported already (a write to a FIFO raises events too)
+        _remember(self._special, key, what)
+        self._report(path, f"is {kind_of(st.st_mode)}, not an image file; not read")
 
     def forget(self, path: Path) -> None:
         """Let the next event for `path` through even if the file looks unchanged (retries)."""
