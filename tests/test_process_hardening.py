@@ -297,3 +297,54 @@ def test_a_fifo_a_folder_and_a_socket_dropped_directly_get_one_line_and_one_reco
     assert any(line.endswith("sock.jpg: is a socket, not an image file; not read") for line in lines), lines
     for name in ("pipe.jpg", "folder.jpg", "sock.jpg"):
         assert (d.watch / f"{name}.error.json").is_file(), name
+
+
+# -- a big folder scanned --------------------------------------------------------------------------------------
+
+
+def test_a_frame_elsewhere_is_mapped_while_a_big_folder_is_scanned_again(tmp_path, tiny_model):
+    """A watch folder replaced by one holding thousands of frames (a volume remounted, a
+    folder restored) is scanned on its own thread: the other folder's frames go on meanwhile."""
+    shots, other = tmp_path / "shots", tmp_path / "other"
+    other.mkdir()
+    d = DaemonProcess(tmp_path, tiny_model, watch={"folders": [str(shots), str(other)], "patterns": ["*.jpg"]},
+                      output={"template": "{stem}_depth.png"})
+    restored = tmp_path / "restored"
+    restored.mkdir()
+    # Six thousand frames whose maps are already there (newer, so current): the scan must
+    # look at each of them and finds nothing to do. That takes a while; a frame elsewhere must not wait for it.
+    for i in range(6_000):
+        (restored / f"f{i:05d}.jpg").write_bytes(b"x")
+    for i in range(6_000):
+        (restored / f"f{i:05d}_depth.png").write_bytes(b"")
+    d.start()
+    try:
+        shots.rename(tmp_path / "gone")
+        os.rename(restored, shots)
+        wait_for(lambda: f"watch folder {shots} disappeared or was replaced" in d.log(), what="the swap to be noticed")
+        write_by_rename(other / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: f"{shots} scanned again: 0 frame(s) to map" in d.log(), what="the big folder's scan")
+        wait_for(lambda: d.counts().get("done") == 1, what="the other frame's map")
+    finally:
+        assert d.stop() == 0
+    lines = d.log().splitlines()
+    mapped = next(i for i, line in enumerate(lines) if "frame.jpg -> frame_depth.png" in line)
+    scanned = next(i for i, line in enumerate(lines) if "scanned again:" in line)
+    assert mapped < scanned, "the frame elsewhere waited for the scan:\n" + "\n".join(lines[-6:])
+
+
+def test_a_folder_moved_into_a_recursive_watch_is_scanned_once_off_the_event_thread(tmp_path, tiny_model):
+    d = DaemonProcess(tmp_path, tiny_model, watch={"patterns": ["*.jpg"], "recursive": True}, output={"template": "{stem}_depth.png"})
+    deep = tmp_path / "take"
+    (deep / "a" / "b" / "c").mkdir(parents=True)
+    for folder in (deep, deep / "a", deep / "a" / "b", deep / "a" / "b" / "c"):
+        write_by_rename(folder / "frame.jpg", jpeg_bytes(quadrant_frame()))
+    d.start()
+    try:
+        os.rename(deep, d.watch / "take")
+        wait_for(lambda: d.counts().get("done") == 4, what="the four moved-in frames")
+        wait_for(lambda: "take moved in:" in d.log(), what="the scan's line")
+    finally:
+        assert d.stop() == 0
+    assert sum("moved in:" in line for line in d.log().splitlines()) == 1  # its subfolders' events add no scans
+    assert d.counts().get("done") == 4 and d.counts().get("failed", 0) == 0

@@ -152,6 +152,11 @@ class Watcher:
         self._counter = itertools.count()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="depthwatch-settle", daemon=True)
+        #: Folders to scan on their own thread (moved in, or watched again), in order.
+        self._scans: dict[Path, bool] = {}
+        self._scanning: tuple[Path, ...] = ()
+        self._scan_cond = threading.Condition()
+        self._scanner = threading.Thread(target=self._scan_loop, name="depthwatch-scan", daemon=True)
         self._observer: Any = None
         self._watches: dict[Path, tuple[Any, tuple[int, int]]] = {}
         #: Watch folders whose own deletion was reported: their watch is dead even if a
@@ -169,14 +174,18 @@ class Watcher:
         for root in self.rules.roots:
             self._watch(root)
         self._thread.start()
+        self._scanner.start()
 
     def stop(self, timeout: float | None = None) -> None:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+        with self._scan_cond:
+            self._scan_cond.notify_all()
         self._stop_observer(timeout)
-        if self._thread.ident is not None:
-            self._thread.join(timeout)
+        for thread in (self._thread, self._scanner):
+            if thread.ident is not None:
+                thread.join(timeout)
 
     def _new_observer(self) -> None:
         cls = _observer_class(self.config.observer)
@@ -231,7 +240,7 @@ class Watcher:
                 if self.rules.is_frame(path):
                     self.poke(path, Mode.NOW)  # a folder under a frame's name: the settler reports it
                 if self.rules.recursive:
-                    self.scan(path)  # files moved in with a folder raise no events of their own
+                    self.scan_later(path, moved_in=True)  # files moved in with a folder raise no events of their own
             return
         if not self.rules.is_frame(path):
             return
@@ -261,11 +270,45 @@ class Watcher:
             heapq.heappush(self._heap, (state.due, next(self._counter), path))
             self._cond.notify()
 
+    def scan_later(self, folder: Path, moved_in: bool = False) -> None:
+        """Scan `folder` on the scan thread: a big one must stall neither watchdog's
+        thread (event delivery) nor the settler (frames dropped elsewhere meanwhile)."""
+        with self._scan_cond:
+            if any(folder.is_relative_to(f) for f in (*self._scans, *self._scanning)):
+                return  # its subfolders' own events, for a folder whose scan covers them
+            self._scans[folder] = moved_in
+            self._scan_cond.notify()
+
+    def _scan_loop(self) -> None:
+        while True:
+            with self._scan_cond:
+                while not self._scans and not self._stopping:
+                    self._scan_cond.wait()
+                if self._stopping:
+                    return
+                folder, moved_in = next(iter(self._scans.items()))
+                del self._scans[folder]
+                self._scanning = (folder,)
+            started = time.monotonic()
+            try:
+                count = self.scan(folder)
+            except Exception:  # one odd folder must not end the scans
+                log.exception("error scanning %s", shown(folder))
+                continue
+            finally:
+                with self._scan_cond:
+                    self._scanning = ()
+            if not self._stopping:
+                how = "moved in" if moved_in else "scanned again"
+                log.info("%s %s: %d frame(s) to map (scanned in %.1f s)", shown(folder), how, count, time.monotonic() - started)
+
     def scan(self, folder: Path | None = None) -> int:
         """Queue every frame whose depth map is missing or older than it; returns how many."""
         count = 0
         for root in [folder] if folder else self.rules.roots:
             for path in self._walk(root):
+                if self._stopping:
+                    return count
                 if self._needs_output(path):
                     self.poke(path, Mode.SETTLE, scanned=True)
                     count += 1
@@ -441,7 +484,7 @@ class Watcher:
                     pass
                 del self._watches[root]
             if ino is not None and self._watch(root):
-                self.scan(root)
+                self.scan_later(root)
 
 
 def _remember(memory: OrderedDict[str, Signature], key: str, signature: Signature) -> None:
