@@ -348,3 +348,49 @@ def test_a_folder_moved_into_a_recursive_watch_is_scanned_once_off_the_event_thr
         assert d.stop() == 0
     assert sum("moved in:" in line for line in d.log().splitlines()) == 1  # its subfolders' events add no scans
     assert d.counts().get("done") == 4 and d.counts().get("failed", 0) == 0
+
+
+# -- a full disk, then space again ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real, small filesystem: a 1 MiB tmpfs (needs root, as in CI)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_frame_whose_tries_ran_out_on_a_full_disk_is_made_once_space_is_back(tmp_path, tiny_model, small_disk):
+    d = DaemonProcess(tmp_path, tiny_model, watch={"folders": [str(small_disk)]}, daemon={"retries": 1})
+    d.watch = small_disk
+    d.start()
+    depth = small_disk / "depth.jpg"
+    try:
+        write_by_rename(small_disk / "frame.jpg", jpeg_bytes(quadrant_frame(320, 180)))
+        wait_for(lambda: d.counts().get("done") == 1, what="the first map")
+        frame = jpeg_bytes(quadrant_frame(320, 180, "bottom-right"))
+        write_by_rename(small_disk / "frame.jpg", frame)
+        wait_for(lambda: d.counts().get("done") == 2, what="the second map")
+        filler = small_disk / "filler"
+        with open(filler, "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\0" * 4096)
+            except OSError:
+                pass  # full
+        stale = depth.read_bytes()
+        with open(small_disk / "frame.jpg", "r+b") as f:
+            f.write(frame)  # rewritten in place: needs no new space, so it lands even now
+        wait_for(lambda: d.counts().get("failed") == 1, what="the tries to run out")
+        assert depth.read_bytes() == stale and d.temp_files() == []
+        filler.unlink()
+        wait_for(lambda: d.counts().get("done") == 3, what="the frame made again once space is back")
+        assert depth.read_bytes() != stale and d.temp_files() == []
+    finally:
+        assert d.stop() == 0
+    assert "made again once" in d.log()

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from depthwatch.config import Config
 from depthwatch.daemon.locks import FolderLocks
+from depthwatch.daemon.parked import Parked
 from depthwatch.daemon.status import (
     Status,
     is_running,
@@ -140,6 +141,8 @@ class Daemon:
         self.status = Status(config=str(config.source) if config.source else None)
         self._status_dirty = True
         self._attempts: dict[Path, int] = {}
+        #: Frames whose tries ran out on an output error, by output folder (see `Parked`).
+        self._parked = Parked()
         self._settings = Settings.from_config(config)
         self.engine: Engine | None = None
         self.pipeline: Pipeline | None = None
@@ -279,6 +282,7 @@ class Daemon:
             self._poll_config()
             self._report_swap()
             self._rescan_after_overflow()
+            self._retry_parked()
             self._report_superseded()
             self._write_status()
             if time.monotonic() >= self._locks_touched + _LOCK_REFRESH_S:
@@ -581,8 +585,12 @@ class Daemon:
             frames_log.debug("%s", result.describe())  # summarised by _report_superseded
         elif retrying:
             pass
+        elif result.retryable and not self._stop.is_set() and self._park(job):
+            self._count_failure(f"{result.describe()}; made again once {shown(job.output.parent)} can be written")
         else:
             self._count_failure(result.describe())
+        if result.ok:
+            self._parked.written(job.output.parent)
         self._status_dirty = True
 
     def _retry(self, job: Job, result: Result) -> bool:
@@ -600,6 +608,24 @@ class Daemon:
         self.waiters.forget(job.source)
         self.watcher.poke(job.source, delay=delay)
         return True
+
+    def _park(self, job: Job) -> bool:
+        """Keep a frame whose tries ran out (disk full, no permission) for when its folder can be written."""
+        if self.watcher is None:
+            return False
+        return self._parked.park(job.output.parent, job.source)
+
+    def _retry_parked(self) -> None:
+        """Hand the parked frames of each folder that can be written again back to the watcher."""
+        watcher = self.watcher
+        if watcher is None:
+            return
+        for source in self._parked.due():
+            with self._lock:
+                self._attempts.pop(source, None)
+            watcher.forget(source)
+            self.waiters.forget(source)
+            watcher.poke(source)
 
     def _count_failure(self, line: str) -> None:
         with self._lock:
