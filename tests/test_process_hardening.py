@@ -394,3 +394,64 @@ def test_a_frame_whose_tries_ran_out_on_a_full_disk_is_made_once_space_is_back(t
     finally:
         assert d.stop() == 0
     assert "made again once" in d.log()
+
+
+# -- minor: what reaches the log --------------------------------------------------------------------------------
+
+
+def _png_with_a_bad_text_chunk() -> bytes:
+    """A PNG libpng decodes whole, after warning on stderr that a tEXt chunk fails its CRC."""
+    import struct
+    import zlib
+
+    import cv2
+
+    png = cv2.imencode(".png", quadrant_frame(64, 48))[1].tobytes()
+    chunk = b"tEXt" + b"Comment\x00hello"
+    bad = struct.pack(">I", len(chunk) - 4) + chunk + struct.pack(">I", (zlib.crc32(chunk) ^ 1) & 0xFFFFFFFF)
+    return png[:33] + bad + png[33:]
+
+
+def test_a_bidi_name_a_libpng_warning_and_a_photo_of_a_map_each_get_one_clean_line(tmp_path, tiny_model):
+    from depthwatch.frames import provenance
+
+    d = DaemonProcess(tmp_path, tiny_model, watch={"patterns": ["*.jpg", "*.png"]}, output={"template": "maps/{stem}.png"}).start()
+    try:
+        write_by_rename(d.watch / "shot\u202egnp.jpg", jpeg_bytes(quadrant_frame()))
+        write_by_rename(d.watch / "crc.png", _png_with_a_bad_text_chunk())
+        wait_for(lambda: d.counts().get("done") == 2, what="both maps")
+        record = {"source": "elsewhere.jpg", "size": 1, "mtime_ns": 1, "ino": 1}
+        write_by_rename(d.watch / "copied.jpg", provenance.embed(jpeg_bytes(quadrant_frame()), record))
+        wait_for(lambda: d.counts().get("own_maps") == 1, what="the copied map counted")
+    finally:
+        assert d.stop() == 0
+    log = d.log()
+    assert "\u202e" not in log and "shot\\u202egnp.jpg" in log
+    assert "libpng warning" not in log and "CRC error" not in log
+    warnings = [line for line in log.splitlines() if " WARNING " in line and "copied.jpg" in line]
+    assert len(warnings) == 1 and warnings[0].endswith(
+        "copied.jpg carries depthwatch's record (a depth map, or an image saved from one); not taken as a frame"
+    ), warnings
+
+
+def test_a_config_path_that_is_a_fifo_is_called_one(tmp_path):
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    done = subprocess.run([sys.executable, "-m", "depthwatch", "run", "-c", str(fifo)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == EX_CONFIG
+    assert done.stderr.strip().splitlines()[-1] == f"depthwatch: config file {fifo} is a FIFO (named pipe), not a file; check the -c path"
+
+
+def test_temporary_files_that_cannot_be_removed_are_not_reported_as_removed(tmp_path, tiny_model):
+    d = DaemonProcess(tmp_path, tiny_model, restricted=True)
+    left = d.watch / ".depth.jpg.999999-0123abcd.dwtmp"
+    left.write_bytes(b"half a map")
+    d.watch.chmod(0o555)
+    try:
+        d.start()
+        assert d.stop() == 0
+    finally:
+        d.watch.chmod(0o755)
+    assert left.exists()
+    assert "removed 1 temporary file(s)" not in d.log()
+    assert f"cannot remove 1 temporary file(s) left in {d.watch} (is the folder writable?)" in d.log()

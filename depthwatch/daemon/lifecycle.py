@@ -311,9 +311,11 @@ class Daemon:
 
     def _start_watching(self, rules: Rules, config: Config) -> None:
         for root in rules.roots:
-            swept = sweep_temp_files(root)
+            swept, left = sweep_temp_files(root)
             if swept:
                 log.info("removed %d temporary file(s) left in %s", swept, shown(root))
+            if left:
+                log.warning("cannot remove %d temporary file(s) left in %s (is the folder writable?)", left, shown(root))
         self.rules = rules
         self.watcher = Watcher(rules, config.watch, self._on_complete, self._on_unusable)
         self.watcher.start()
@@ -472,7 +474,13 @@ class Daemon:
         """A complete frame (settle thread): make its job, queue it, let the pipeline pull it."""
         rules = self.rules
         if provenance.read(source) is not None:
-            log.debug("%s is a depth map depthwatch made; not taken as input", shown(source))
+            with self._lock:
+                self.status.counts.own_maps += 1
+            self._status_dirty = True
+            log.warning(
+                "%s carries depthwatch's record (a depth map, or an image saved from one); not taken as a frame",
+                shown(source),
+            )
             return
         try:
             output = rules.output_for(source)

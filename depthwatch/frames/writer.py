@@ -140,26 +140,28 @@ def atomic_write(target: Path, data: bytes, roots: tuple[Path, ...] = ()) -> Non
         os.close(folder)
 
 
-def sweep_temp_files(folder: Path) -> int:
-    """Remove temporary files that dead processes left in `folder`; returns how many.
+def sweep_temp_files(folder: Path) -> tuple[int, int]:
+    """Remove temporary files that dead processes left in `folder`: (removed, could not remove).
 
     A file whose writer is still alive (this process in the middle of a write,
     or a `depthwatch once` beside it) is left alone.
     """
-    removed = 0
+    removed = failed = 0
     try:
         entries = list(os.scandir(folder))
     except OSError:
-        return 0
+        return 0, 0
     for entry in entries:
         if not is_temp_name(entry.name) or not entry.is_file(follow_symlinks=False):
             continue
         owner = temp_owner(entry.name)
         if owner is not None and _alive(owner):
             continue
-        _remove_quietly(entry.path)
-        removed += 1
-    return removed
+        if _remove_quietly(entry.path):
+            removed += 1
+        else:
+            failed += 1
+    return removed, failed
 
 
 def sweep_temp_files_for(targets: Iterable[Path]) -> int:
@@ -185,11 +187,15 @@ def sweep_temp_files_for(targets: Iterable[Path]) -> int:
     return removed
 
 
-def _remove_quietly(path: str, folder: int | None = None) -> None:
+def _remove_quietly(path: str, folder: int | None = None) -> bool:
+    """Whether `path` is gone (removed now, or already)."""
     try:
         os.unlink(path, dir_fd=folder)
+    except FileNotFoundError:
+        return True
     except OSError:
-        pass
+        return False
+    return True
 
 
 def _reason(exc: OSError) -> str:

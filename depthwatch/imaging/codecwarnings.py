@@ -29,6 +29,8 @@ _LIBJPEG = re.compile(
 )
 #: Those of them that mean part of the picture was made up, not decoded.
 _DAMAGED = ("premature end", "Premature end", "bad Huffman code", "instead of RST", "Invalid SOS")
+#: libpng's warnings ("libpng warning: tEXt: CRC error"): a chunk it skipped, the picture intact.
+_LIBPNG = re.compile(rb"libpng warning: [^\n]*\n?")
 #: OpenCV's own log lines ("[ WARN:0@0.05] global grfmt_tiff.cpp:811 readData ...").
 _OPENCV = re.compile(rb"\[ ?(?:WARN|ERROR|INFO):[^\]]*\][^\n]*\n?")
 
@@ -90,7 +92,7 @@ def _drain(fd: int) -> bytes:
 
 
 def _take(text: bytes, captured: Captured) -> bytes:
-    for pattern in (_LIBJPEG, _OPENCV):
+    for pattern in (_LIBJPEG, _LIBPNG, _OPENCV):
         for match in pattern.finditer(text):
             captured.messages.append(match.group().decode(errors="replace").strip())
         text = pattern.sub(b"", text)
