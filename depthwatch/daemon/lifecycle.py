@@ -1,10 +1,11 @@
 """The daemon's lifecycle: startup -> main loop -> shutdown, in one process, never forked.
 
 Threads, and what each one does:
-  main          waits for a stop flag (signal handlers only set it), writes the status file
+  main          acts on the signals (their handlers only record them), writes the status file
   inference     owns the ONNX Runtime session (see `engine`)
   observer      watchdog's; hands paths to the settler and returns
   settle        decides when a dropped file is complete, queues its job, watches the folders' health
+  scan          scans a folder moved in, or watched again, for frames whose maps are missing
   workers (N)   read, decode, render, encode, write; the pipeline pulls queued jobs as slots free
   api           only with `api.enabled`: waitress's loop and its request threads (see `api`)
 Every one of them is joined on shutdown, which is bounded by
@@ -111,7 +112,7 @@ def _make_folders(roots: Iterable[Path]) -> None:
 
 
 class Daemon:
-    """`depthwatch run`: call `run()` from the main thread; `request_stop()` from a signal handler.
+    """`depthwatch run`: call `run()` from the main thread; `request_stop()` from any thread.
 
     `loader` reads the config again for a live reload (the config file changed,
     or SIGHUP); without one the daemon keeps the config it was given.
@@ -603,7 +604,7 @@ class Daemon:
         else:
             self._count_failure(result.describe())
         if result.ok:
-            self._parked.written(job.output.parent)
+            self._parked.written(job.output.parent, job.source)
         self._status_dirty = True
 
     def _retry(self, job: Job, result: Result) -> bool:
@@ -634,8 +635,6 @@ class Daemon:
         if watcher is None:
             return
         for source in self._parked.due():
-            with self._lock:
-                self._attempts.pop(source, None)
             watcher.forget(source)
             self.waiters.forget(source)
             watcher.poke(source)

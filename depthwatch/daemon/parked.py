@@ -73,12 +73,17 @@ class Parked:
                 entry.next_look = time.monotonic() + entry.pause
             return True
 
-    def written(self, folder: Path) -> None:
-        """A map was written in `folder`: look at its parked frames at once."""
+    def written(self, folder: Path, source: Path) -> None:
+        """`source`'s map was written in `folder`: it is done, and the folder's others are looked at at once."""
         with self._lock:
             entry = self._folders.get(folder)
-            if entry is not None:
-                entry.next_look = time.monotonic()
+            if entry is None:
+                return
+            if source in entry.sources:
+                entry.sources.discard(source)
+                self._count -= 1
+            entry.next_look = time.monotonic()
+            entry.pause = FIRST_LOOK_S
 
     def due(self) -> list[Path]:
         """The parked frames of the folders that look writable now, taken out of the lot.
@@ -101,6 +106,6 @@ class Parked:
                     entry.sources = set()
                     entry.room = LEAST_ROOM_BYTES
         with self._lock:
-            for folder in [f for f, e in self._folders.items() if not e.sources and e.pause >= LONGEST_LOOK_S]:
+            for folder in [f for f, e in self._folders.items() if not e.sources]:
                 del self._folders[folder]
         return taken
