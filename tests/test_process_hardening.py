@@ -195,7 +195,7 @@ def test_requests_during_a_graceful_stop_get_503_not_a_dropped_connection(tmp_pa
             answers.append(exc)
 
     try:
-        for i in range(6):
+        for i in range(4):
             write_by_rename(d.watch / f"f{i}.jpg", image)
         wait_for(lambda: d.status().get("in_progress", 0) >= 2, what="frames in flight")
         early = [threading.Thread(target=post_image) for _ in range(3)]
