@@ -455,3 +455,24 @@ def test_temporary_files_that_cannot_be_removed_are_not_reported_as_removed(tmp_
     assert left.exists()
     assert "removed 1 temporary file(s)" not in d.log()
     assert f"cannot remove 1 temporary file(s) left in {d.watch} (is the folder writable?)" in d.log()
+
+
+def test_file_events_the_kernel_dropped_are_made_up_by_a_rescan(tmp_path, tiny_model):
+    """inotify's queue overflows while the daemon cannot read it (stopped here, busy in life):
+    the events beyond it, the frame's among them, are lost; watchdog says so only in a log record."""
+    limit = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
+    d = DaemonProcess(tmp_path, tiny_model).start()
+    try:
+        d.send(signal.SIGSTOP)
+        try:
+            for i in range(limit // 2):  # each raises at least create, open and close-after-write
+                (d.watch / f"notes{i:05d}.txt").write_bytes(b"")
+            write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))  # beyond the queue: lost
+        finally:
+            d.send(signal.SIGCONT)
+        wait_for(lambda: d.counts().get("done") == 1, what="the frame whose event was lost")
+    finally:
+        assert d.stop() == 0
+    lines = d.log().splitlines()
+    assert any(line.endswith("file events were lost (the kernel's inotify queue overflowed); rescanning the watch folders") for line in lines)
+    assert not any(line.startswith("Inotify queue overflowed") for line in lines), "watchdog's raw line reached the log"

@@ -119,6 +119,28 @@ class _Handler(FileSystemEventHandler):
         self.watcher.on_event(event)
 
 
+#: watchdog's loggers for inotify: it says only there that the kernel dropped events.
+_WATCHDOG_LOGGERS = ("watchdog.observers.inotify_c", "watchdog.observers.inotify")
+#: A rescan for lost events at most this often.
+_LOST_RESCAN_S = 5.0
+
+
+class _WatchdogLog(logging.Handler):
+    """watchdog's own warnings as depthwatch lines; one about lost events (inotify's queue
+    overflowed: every event beyond it, a frame's among them, is gone) also starts a rescan."""
+
+    def __init__(self, watcher: Watcher) -> None:
+        super().__init__(logging.WARNING)
+        self.watcher = watcher
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "overflow" in message.lower():
+            self.watcher.events_lost()
+        else:
+            log.log(record.levelno, "watchdog: %s", shown(message))
+
+
 class Watcher:
     """Watches the configured folders and calls `emit(path, signature, format)` once per complete frame.
 
@@ -164,12 +186,16 @@ class Watcher:
         self._lost: set[Path] = set()
         self._trust_close = False
         self._handler = _Handler(self)
+        self._watchdog_log = _WatchdogLog(self)
+        self._last_lost = 0.0
         #: Frames reported as never completed.
         self.incomplete = 0
 
     # -- lifecycle -----------------------------------------------------------------
 
     def start(self) -> None:
+        for name in _WATCHDOG_LOGGERS:
+            logging.getLogger(name).addHandler(self._watchdog_log)
         self._new_observer()
         for root in self.rules.roots:
             self._watch(root)
@@ -183,6 +209,8 @@ class Watcher:
         with self._scan_cond:
             self._scan_cond.notify_all()
         self._stop_observer(timeout)
+        for name in _WATCHDOG_LOGGERS:
+            logging.getLogger(name).removeHandler(self._watchdog_log)
         for thread in (self._thread, self._scanner):
             if thread.ident is not None:
                 thread.join(timeout)
@@ -269,6 +297,16 @@ class Watcher:
             state.event_ns = time.time_ns()
             heapq.heappush(self._heap, (state.due, next(self._counter), path))
             self._cond.notify()
+
+    def events_lost(self) -> None:
+        """The kernel dropped file events (watchdog's thread): scan every watch folder again, soon."""
+        now = time.monotonic()
+        if now - self._last_lost < _LOST_RESCAN_S:
+            return
+        self._last_lost = now
+        log.warning("file events were lost (the kernel's inotify queue overflowed); rescanning the watch folders")
+        for root in self.rules.roots:
+            self.scan_later(root)
 
     def scan_later(self, folder: Path, moved_in: bool = False) -> None:
         """Scan `folder` on the scan thread: a big one must stall neither watchdog's
