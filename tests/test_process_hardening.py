@@ -25,10 +25,6 @@ def error_lines(d: DaemonProcess) -> list[str]:
     return [line for line in d.log().splitlines() if " ERROR " in line]
 
 
-def tracebacks(d: DaemonProcess) -> list[str]:
-    return [line for line in d.log().splitlines() if "Traceback" in line or "Error:" in line.split(" ", 1)[0]]
-
-
 # -- signals -----------------------------------------------------------------------------------------
 
 
