@@ -120,6 +120,8 @@ AGREE = 0.22
 #: Offline: frames after each one that its map is also pulled towards (a backward pass), and how strongly.
 LAG = 8
 BACK_CARRY = 0.9
+#: Offline: the share of BACK_CARRY a shot's first frame gets (it must stay that frame's own map).
+FIRST_BACK = 0.5
 #: Offline: the filter's AGREE; a little wider, as the two passes lag less than one.
 BATCH_AGREE = 0.28
 #: Daemon: how fast the grey range follows the shot (share of the new frame's range per frame).
@@ -353,7 +355,7 @@ def _blend(aligned: np.ndarray, carried: np.ndarray, consistent: np.ndarray, spa
     return weight
 
 
-def _smoothed(maps: list[np.ndarray], motions: list[Motion | None], span: float) -> np.ndarray:
+def _smoothed(maps: list[np.ndarray], motions: list[Motion | None], span: float, carry: float) -> np.ndarray:
     """Offline: the first of a run of filtered maps, pulled towards those after it (a backward pass).
 
     `motions[k]` is the motion from maps[k] to maps[k + 1]. The forward
@@ -368,7 +370,7 @@ def _smoothed(maps: list[np.ndarray], motions: list[Motion | None], span: float)
             continue
         mx, my, consistent = _on_map(motion, maps[k].shape, forward=True)
         carried = cv2.remap(out, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
-        out = _blend(maps[k], carried, consistent, span, BACK_CARRY, BATCH_AGREE)
+        out = _blend(maps[k], carried, consistent, span, carry if k == 0 else BACK_CARRY, BATCH_AGREE)
     return out
 
 
@@ -606,8 +608,9 @@ class _Planner:
             hi = float(np.mean([r[1] for r in ranges]))
             run = [head, *list(self.pending)[1 : 1 + min(LAG, len(after))]]
             filtered = [f.filtered for f in run]
-            # A shot's first map stays that frame's own: nothing from the frames after it either.
-            smooth = _smoothed(filtered, [f.motion for f in run[1:]], hi - lo) if len(run) > 1 and not head.first else head.filtered
+            # A shot's first map stays close to that frame's own: a lighter pull from the frames after it.
+            carry = BACK_CARRY * (FIRST_BACK if head.first else 1.0)
+            smooth = _smoothed(filtered, [f.motion for f in run[1:]], hi - lo, carry) if len(run) > 1 and carry > 0 else head.filtered
             assert smooth is not None
             yield head.key, _stretch(smooth, lo, hi), head.first
             self.before.append(head.bounds)
