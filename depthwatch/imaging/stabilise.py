@@ -127,8 +127,9 @@ BATCH_AGREE = 0.28
 #: Daemon: how fast the grey range follows the shot (share of the new frame's range per frame).
 RANGE_RATE = 0.05
 #: Offline: the range of a frame is the mean of the filtered ranges of the frames up to
-#: this many before and after it, inside its shot (so a long shot's tone can drift slowly).
-WINDOW = 25
+#: this many before and after it, inside its shot (so a long shot's tone can drift slowly;
+#: 2 s at 25 fps, which most shots are shorter than).
+WINDOW = 50
 #: Daemon: outputs remembered at most, and forgotten after this long without a frame.
 MAX_OUTPUTS = 32
 IDLE_S = 600.0
@@ -519,24 +520,26 @@ class _Pending:
 
 
 def held_at_most(window: int = WINDOW) -> int:
-    """The most frames `stabilised` holds at once (each its nearness and its map, at model resolution)."""
+    """The most frames `stabilised` holds at once (each two maps at model resolution: 400 KB at 224x224)."""
     return window + LOOKAHEAD + 1
 
 
 def is_cut(scores: dict[int, float], t: int) -> bool:
     """Offline: frame t starts a shot, given the cut scores of the frames around it (by index).
 
-    It must score as the daemon's would (1 or more), or nearly (BATCH_SCORE),
-    and stand out STAND_OUT times above the mean of the LOOKAHEAD frames on each
-    side: a cut is one frame the flow cannot explain, where fast motion or a
-    flash makes several in a row.
+    A frame the daemon would call a cut (1 or more) is one here too, so a run
+    of unrelated stills is a run of cuts. One that nearly is (BATCH_SCORE or
+    more) is a cut if it stands out STAND_OUT times above the mean of the
+    LOOKAHEAD frames on each side: a cut is one frame the flow cannot explain,
+    where fast motion makes several in a row.
     """
     s = scores.get(t, 0.0)
+    if s >= 1.0:
+        return True
     if s < BATCH_SCORE:
         return False
     around = [scores[i] for i in range(t - LOOKAHEAD, t + LOOKAHEAD + 1) if i != t and i in scores]
-    level = float(np.mean(around)) if around else 0.0
-    return s >= STAND_OUT * level and (s >= 1.0 or s >= 2 * STAND_OUT * level)
+    return s >= STAND_OUT * (float(np.mean(around)) if around else 0.0)
 
 
 class _Planner:
@@ -582,6 +585,7 @@ class _Planner:
             span = previous.bounds[1] - previous.bounds[0]
             frame.aligned, frame.filtered = _follow(frame.n, (previous.aligned, previous.filtered), frame.motion, span, BATCH_AGREE)
         frame.bounds = normalise.bounds(frame.filtered, self.clip)
+        frame.n = None  # type: ignore[assignment]  # aligned and filtered are all that is needed from here
         self.previous = frame
         for old in [i for i in self.scores if i < frame.index - LOOKAHEAD]:
             del self.scores[old]
@@ -617,7 +621,7 @@ class _Planner:
             self.pending.popleft()
             self.decided -= 1
             if self.previous is not head:
-                head.n = head.aligned = head.filtered = None  # type: ignore[assignment]  # out: only the last one is needed
+                head.aligned = head.filtered = None  # out: only the last frame decided is needed
 
 
 def stabilised(
