@@ -363,6 +363,8 @@ def _smoothed(maps: list[np.ndarray], motions: list[Motion | None], span: float,
     filter only knows the past; this brings in the frames that follow, so
     the model's noise averages over both sides and nothing leads or lags.
     """
+    if not span > 0:  # a flat shot: nothing to pull towards
+        return maps[0]
     out = maps[-1]
     for k in range(len(maps) - 2, -1, -1):
         motion = motions[k]
