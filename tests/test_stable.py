@@ -146,8 +146,9 @@ def test_once_plans_each_shot_with_look_ahead(tmp_path, fastdepth, edit, flows, 
           f"{np.median(moving):.3f}, 10th percentile {np.percentile(moving, 10):.3f}")
     assert ratio <= 0.25
     assert np.median(moving) >= 0.92 and np.percentile(moving, 10) >= 0.85
-    for c in (0, *edit.cuts):
-        assert correlation(stable[c], bare[c]) >= 0.95  # its own map, over its shot's range
+    firsts = [correlation(stable[c], bare[c]) for c in (0, *edit.cuts)]
+    print(f"once: each shot's first map against that frame's own: correlation {min(firsts):.3f} at least")
+    assert min(firsts) >= 0.95  # its own map, over its shot's range
     for shot in edit.shots():  # each shot's maps span its range as a whole
         maps = stable[shot.start : shot.stop]
         assert min(m.min() for m in maps) <= 8 and max(m.max() for m in maps) >= 247
