@@ -110,6 +110,9 @@ BATCH_SCORE = 0.8
 #: Alignment: the share of consistent pixels kept after trimming, and how many refits.
 KEEP = 0.75
 REFITS = 2
+#: Where the flow is fast it is less exact: the carry falls to half at this speed
+#: (thumbnail pixels a frame), so what moves follows its own frame and does not lag.
+MOVE_PX = 6.0
 #: Pixels the fit samples (every k-th row and column of the map): plenty for two numbers.
 FIT_PIXELS = 4096
 #: At least this share of the map consistent to fit on it; below, the fit uses every pixel.
@@ -117,14 +120,14 @@ MIN_CONSISTENT = 0.05
 #: Temporal filter: the weight of the warped previous map where the two agree, falling
 #: off where they differ by more than AGREE x the shot's range.
 CARRY = 0.9
-AGREE = 0.22
+AGREE = 0.3
 #: Offline: frames after each one that its map is also pulled towards (a backward pass), and how strongly.
 LAG = 8
 BACK_CARRY = 0.9
 #: Offline: the share of BACK_CARRY a shot's first frame gets (it must stay that frame's own map).
 FIRST_BACK = 0.5
 #: Offline: the filter's AGREE; a little wider, as the two passes lag less than one.
-BATCH_AGREE = 0.28
+BATCH_AGREE = 0.4
 #: Daemon: how fast the grey range follows the shot (share of the new frame's range per frame).
 RANGE_RATE = 0.05
 #: Offline: the range of a frame is the mean of the filtered ranges of the frames up to
@@ -302,7 +305,10 @@ def fit(x: np.ndarray, r: np.ndarray) -> Fit:
 
 
 def _on_map(motion: Motion, shape: tuple[int, ...], forward: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The backward (or forward) flow as remap coordinates at the map's resolution, and the consistent pixels there."""
+    """The backward (or forward) flow as remap coordinates at the map's resolution, and how far it is trusted there.
+
+    The trust is 0 where the flow is not consistent, and falls off with its speed (MOVE_PX).
+    """
     h, w = shape[:2]
     flow, trusted = (motion.forward, motion.forward_consistent) if forward else (motion.backward, motion.consistent)
     th, tw = trusted.shape
@@ -310,8 +316,9 @@ def _on_map(motion: Motion, shape: tuple[int, ...], forward: bool = False) -> tu
     gx, gy = _grid(h, w)
     mx = gx + flow[..., 0] * np.float32(w / tw)
     my = gy + flow[..., 1] * np.float32(h / th)
-    consistent = cv2.resize(trusted.astype(np.uint8), (w, h), interpolation=cv2.INTER_NEAREST).astype(bool)
-    return mx, my, consistent
+    consistent = cv2.resize(trusted.astype(np.uint8), (w, h), interpolation=cv2.INTER_NEAREST)
+    speed = np.square(flow[..., 0]) + np.square(flow[..., 1])  # thumbnail pixels, squared
+    return mx, my, consistent / (1 + speed * np.float32(1 / MOVE_PX**2))
 
 
 def _follow(
@@ -330,11 +337,11 @@ def _follow(
         return n, n
     if motion is None:
         mx = my = None
-        consistent = np.ones(n.shape, bool)
+        consistent = np.ones(n.shape, np.float32)
     else:
         mx, my, consistent = _on_map(motion, n.shape)
     step = max(1, int(np.sqrt(n.size / FIT_PIXELS)))
-    c = consistent[::step, ::step]
+    c = consistent[::step, ::step] > 0
     if mx is None:
         before = last_aligned[::step, ::step]
     else:
