@@ -337,3 +337,16 @@ def test_unrelated_frames_of_the_same_colours_are_cuts():
         assert s.landed(out, outcome)
         started.append(outcome.started)
     assert started == ["new"] + ["cut"] * 11
+
+
+def test_a_frame_of_another_size_starts_a_shot_and_no_image_carries_on():
+    """Another size is another clip; with no image to compare there is nothing to say it is a cut."""
+    depth, image = scene()
+    wide = cv2.resize(image, (128, 64))
+    s, out = stabilise.Stabiliser(), Path("depth.jpg")
+    assert s.landed(out, s.map(out, depth, DEPTH, image, key=1, seq=1))
+    resized = s.map(out, depth, DEPTH, wide, key=1, seq=2)
+    assert (resized.started, resized.shot) == ("cut", 2)
+    blind = s.map(out, depth * 1.5, DEPTH, None, key=1, seq=3)
+    assert (blind.started, blind.shot) == ("", 1)
+    assert [first for _, _, first in planned([(depth, image), (depth, image), (depth, wide), (depth, wide)])] == [True, False, True, False]

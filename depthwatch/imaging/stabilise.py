@@ -164,6 +164,9 @@ def thumbnail(image: np.ndarray) -> np.ndarray:
     if step >= 2:
         image = np.ascontiguousarray(image[::step, ::step])
     small = cv2.resize(image, (tw, th), interpolation=cv2.INTER_AREA)
+    if small.dtype != np.uint8:  # 16-bit or float frames (EXR, 16-bit TIFF): the flow and HSV want 8 bits
+        top = 65535.0 if small.dtype == np.uint16 else 1.0
+        small = np.clip(np.nan_to_num(small.astype(np.float32)) * np.float32(255 / top), 0, 255).astype(np.uint8)
     if small.ndim == 2:
         return cv2.cvtColor(small, cv2.COLOR_GRAY2BGR)
     return small if small.shape[2] == 3 else np.ascontiguousarray(small[:, :, :3])
@@ -265,6 +268,16 @@ def _checked(flow: np.ndarray, other: np.ndarray, mx: np.ndarray, my: np.ndarray
     size = fx * fx + fy * fy + tx * tx + ty * ty
     inside = (mx >= 0) & (mx <= w - 1) & (my >= 0) & (my <= h - 1)
     return inside & (loop <= CONSISTENT_REL * size + CONSISTENT_PX**2)
+
+
+def _is_new_picture(before: np.ndarray, after: np.ndarray, motion: Motion | None) -> bool:
+    """The daemon's cut test: the flow cannot explain the frame, or it is another size (another clip).
+
+    With no image to compare (either thumbnail empty), the shot goes on.
+    """
+    if motion is None:
+        return before.size > 0 and after.size > 0
+    return motion.score >= 1.0
 
 
 # -- one frame joining its shot ------------------------------------------------------------
@@ -480,7 +493,7 @@ class Stabiliser:
         motion = None
         if shot is not None and shot.key == key:
             motion = measure(shot.thumbnail, small)
-        if shot is None or shot.key != key or (motion is not None and motion.score >= 1.0):
+        if shot is None or shot.key != key or _is_new_picture(shot.thumbnail, small, motion):
             number, why = (1, "new") if shot is None else (shot.number + 1, "cut" if shot.key == key else "model")
             lo, hi = normalise.bounds(n, clip)
             state = _Shot(key, seq, number, small, (n, n), lo, hi)
@@ -594,8 +607,9 @@ class _Planner:
         frame = self.pending[self.decided]
         self.decided += 1
         previous = self.previous
-        # No motion known (no thumbnail, or one of another size): a new shot, as in the daemon.
-        if previous is None or frame.motion is None or is_cut(self.scores, frame.index):
+        # A frame of another size is a new shot, as in the daemon; with no thumbnail the shot goes on.
+        resized = frame.motion is None and previous is not None and _is_new_picture(previous.thumbnail, frame.thumbnail, None)
+        if previous is None or resized or is_cut(self.scores, frame.index):
             frame.first = True
             frame.aligned = frame.filtered = frame.n
         else:
