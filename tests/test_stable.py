@@ -350,3 +350,39 @@ def test_a_frame_of_another_size_starts_a_shot_and_no_image_carries_on():
     blind = s.map(out, depth * 1.5, DEPTH, None, key=1, seq=3)
     assert (blind.started, blind.shot) == ("", 1)
     assert [first for _, _, first in planned([(depth, image), (depth, image), (depth, wide), (depth, wide)])] == [True, False, True, False]
+
+
+def test_once_runs_the_model_a_bounded_number_of_frames_ahead_of_the_planner(tmp_path, tiny_model):
+    """`once`'s first pass: frames taken from the list minus results given on, never over what is in flight."""
+    from onnx_models import spec_for
+
+    from depthwatch.commands import once
+
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    depth, image = scene()
+    jobs = []
+    for n in range(40):
+        path = frames / f"shot.{1001 + n}.jpg"
+        cv2.imwrite(str(path), image)
+        jobs.append(Job(path, tmp_path / f"map.{1001 + n}.png"))
+    taken = 0
+
+    def listed():
+        nonlocal taken
+        for job in jobs:
+            taken += 1
+            yield job
+
+    failures = []
+    with Engine(spec_for(tiny_model)) as engine:
+        engine.wait_ready()
+        pipeline = Pipeline(engine, workers=2)
+        most, given = 0, 0
+        for job, summary, prediction in once._collected(pipeline, listed(), Settings(), failures.append):
+            assert job is jobs[given] and summary.thumbnail.size and prediction is not None  # in order
+            given += 1
+            most = max(most, taken - given)
+        pipeline.close()
+    assert given == 40 and not failures
+    assert most <= pipeline.in_flight < 10

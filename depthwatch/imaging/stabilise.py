@@ -14,7 +14,7 @@ How, for each frame after a shot's first (the same steps live and offline):
    grey thumbnail (THUMB_WIDTH wide, the frame's own aspect) and this one's,
    forward and backward. A pixel whose flow comes back to where it started
    (`consistent`) is a scene point seen in both frames; the rest is occluded,
-   coming into view, or moving too fast to follow. A few ms per frame.
+   coming into view, or moving too fast to follow. About 1 ms per frame.
 2. Cut (`Motion.score`): a bad alignment alone is not a cut. A cut is a frame
    that the flow cannot explain (most pixels inconsistent, and the previous
    frame warped by the flow leaves a large photometric residual) AND whose
@@ -22,8 +22,8 @@ How, for each frame after a shot's first (the same steps live and offline):
    measures it). Fast motion, parallax and people walking through keep most
    pixels consistent, or leave a small residual; only a new picture fails all three.
    Live (the daemon) decides on the frame itself; offline, where the frames
-   after are known, a frame must also stand out from its neighbours (a flash
-   or a burst of fast motion does not).
+   after are known, a frame that nearly scores as a cut is one if it stands
+   out from its neighbours (a burst of fast motion does not).
 3. Alignment (`_follow`): the previous map, in the shot's units, is warped by
    the flow onto this frame; this prediction's scale and shift are fitted to it
    on the consistent pixels only, trimmed of the worst-fitting quarter twice
@@ -32,9 +32,11 @@ How, for each frame after a shot's first (the same steps live and offline):
    over a shot, would fade the map a little every frame.
 4. Temporal filter: the aligned map is pulled towards the warped previous map
    on consistent pixels where the two agree (weight up to CARRY, falling off
-   where they differ by more than AGREE of the shot's range). The model's own
-   frame-to-frame noise averages out; occluded pixels and things coming into
-   view take the new prediction, so nothing lags or ghosts.
+   where they differ by more than AGREE of the shot's range, and where the flow
+   is fast, MOVE_PX). The model's own frame-to-frame noise averages out;
+   occluded pixels and things coming into view take the new prediction, so
+   nothing lags or ghosts. Offline, a backward pass pulls each map towards the
+   LAG frames after it as well.
 5. The grey range is the frame statistic (min and max, or `clip_percent`
    percentiles) of the filtered map; live it follows the shot through an
    exponential moving average, offline it is the mean over the frames around it.
@@ -59,7 +61,7 @@ Offline (`depthwatch once` over a sequence, and the render farm) there is one
 shot planner, a generator with bounded memory:
 
     frames = ((key, summarise(prediction, kind, image, clip), prediction) for each frame in order)
-    for key, nearness in stabilised(frames, kind, clip):   # [0, 1] maps, in frame order
+    for key, nearness, first in stabilised(frames, kind, clip):   # [0, 1] maps, in frame order
         write(key, nearness)
 
 It holds at most `window + LOOKAHEAD + 1` frames (see `held_at_most`) whatever
