@@ -179,9 +179,8 @@ def _second_pass(
 
     size = config.farm.frames_per_task
     path_map = config.farm.path_map
-    kinds: list[str] = []
 
-    def collected() -> Iterator[tuple[int, Any, Any]]:
+    def collected() -> Iterator[tuple[int, Any, Any, str]]:
         for batch, future in first_pass:
             outcomes = {o.index: o for o in _outcomes(future, batch)}
             future.release()
@@ -191,17 +190,16 @@ def _second_pass(
                     if frame.index in todo:  # it fails alone, with its line; the shot is planned without it
                         tally(outcome or Outcome(frame.index, "the farm returned nothing for it; run the command again to retry"))
                     continue
-                if not kinds:
-                    kinds.append(outcome.kind)
-                yield frame.index, outcome.summary, outcome.prediction
+                yield frame.index, outcome.summary, outcome.prediction, outcome.kind
 
     frames: list[FrameTask] = []
     source = collected()
-    first = next(source, None)  # the model's output kind comes with the first frame's result
+    first = next(source, None)  # what the model's output means comes with the first frame's result
     if first is None:
         return
-    rest = itertools.chain([first], source)
-    for i, nearness, _start in stabilise.stabilised(rest, kinds[0], config.output.clip_percent):
+    kind = first[3]
+    results = ((i, summary, prediction) for i, summary, prediction, _kind in itertools.chain([first], source))
+    for i, nearness, _start in stabilise.stabilised(results, kind, config.output.clip_percent):
         if i in todo:
             frames.append(FrameTask(i, path_map.to_worker(jobs[i].source), path_map.to_worker(jobs[i].output), nearness))
         if len(frames) == size:
