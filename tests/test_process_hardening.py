@@ -472,3 +472,27 @@ def test_file_events_the_kernel_dropped_are_made_up_by_a_rescan(tmp_path, tiny_m
     lines = d.log().splitlines()
     assert any(line.endswith("file events were lost (the kernel's inotify queue overflowed); rescanning the watch folders") for line in lines)
     assert not any(line.startswith("Inotify queue overflowed") for line in lines), "watchdog's raw line reached the log"
+
+
+def test_a_finished_shot_folder_moved_into_a_recursive_watch_is_not_mapped_again(tmp_path, tiny_model):
+    """watchdog reports each file of a folder moved in as created; those whose maps are
+    current (their record names this very version) need nothing."""
+    first = DaemonProcess(tmp_path / "first", tiny_model, watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_depth.png"}).start()
+    try:
+        for i in range(3):
+            write_by_rename(first.watch / f"f{i}.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: first.counts().get("done") == 3, what="the shot's maps")
+    finally:
+        assert first.stop() == 0
+    d = DaemonProcess(tmp_path / "second", tiny_model, watch={"patterns": ["*.jpg"], "recursive": True},
+                      output={"template": "{stem}_depth.png"}).start()
+    try:
+        os.rename(first.watch, d.watch / "shot")
+        wait_for(lambda: "shot moved in: 0 frame(s) to map" in d.log(), what="the moved-in folder's scan")
+        write_by_rename(d.watch / "shot" / "new.jpg", jpeg_bytes(quadrant_frame()))  # after the others' events
+        wait_for(lambda: (d.watch / "shot" / "new_depth.png").exists(), what="the new frame's map")
+        wait_for(lambda: d.counts().get("done") == 1, what="the count")
+    finally:
+        assert d.stop() == 0
+    mapped = [line for line in d.frame_lines()]
+    assert len(mapped) == 1 and "new.jpg" in mapped[0], mapped

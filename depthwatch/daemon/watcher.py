@@ -467,8 +467,12 @@ class Watcher:
             state.mode, state.signature = Mode.SETTLE, signature
             self._again(path, state, max(settle, 0.05))
             return
-        if state.scanned and not self._needs_output(path):
-            return  # its depth map was written since the scan found it
+        if (state.scanned or state.mode == Mode.CREATED) and not self._needs_output(path):
+            # Found by a scan, its map written since; or "created" with a map of this very
+            # version: watchdog reports each file of a folder moved in as created, and a
+            # finished shot moved into the watch needs nothing. A file really created new
+            # has no such map (its record names another inode or mtime).
+            return
         key = str(path)
         if state.mode == Mode.NOW:
             if self._taken_at_creation.pop(key, None) == signature or self._seen.get(key) == signature:
