@@ -121,14 +121,12 @@ def costs(plan: Plan, config: Any, single: sessions.Captured) -> dict[str, Any]:
     """
     from depthwatch.frames.pipeline import Settings, read_source
     from depthwatch.frames.writer import atomic_write
-    from depthwatch.imaging import pixels
+    from depthwatch.imaging import codec, render, tensor
     from depthwatch.model.contract import depth_map
 
     settings = Settings.from_config(config)
     info = single.info
     contract, profile = info.contract, info.profile
-    min_size = pixels.model_input_size(contract, profile, (4096, 4096))
-    options = dataclasses.replace(settings.render, bits=pixels.bits_for(".jpg", settings.png_bits))
     paths = _write_frames(plan, "costs", max(plan.count, WARM_UP + 1))
     samples = min(max(plan.count, 3), 40)
     order = [paths[i % len(paths)] for i in range(WARM_UP + samples)]
@@ -142,20 +140,24 @@ def costs(plan: Plan, config: Any, single: sessions.Captured) -> dict[str, Any]:
             c0 = time.process_time()
             data, _ = read_source(path)
             c1 = time.process_time()
-            decoded = pixels.decode(data, max_pixels=settings.max_pixels, min_size=min_size)
-            tensor = pixels.prepare(decoded, contract, profile)
+            decoded = codec.decode(data, max_pixels=settings.max_pixels, min_size=info.min_frame_size)
+            prepared = tensor.prepare(decoded, contract, profile)
             c2 = time.process_time()
             w2 = time.perf_counter()
-            output = single.session.run([contract.output_name], {contract.input_name: tensor})[0]
+            output = single.session.run([contract.output_name], {contract.input_name: prepared})[0]
             c3 = time.process_time()
             w3 = time.perf_counter()
-            nearness = pixels.normalise(depth_map(output), profile.output, options)
-            depth = pixels.render(nearness, decoded.size, options, guide=decoded.image)
-            encoded = pixels.encode(
-                depth, ".jpg", jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression
+            made = render.depth_map(
+                depth_map(output),
+                profile.output,
+                size=decoded.size,
+                ext=".jpg",
+                options=settings.render,
+                encoding=settings.encoding,
+                guide=decoded.image,
             )
             c4 = time.process_time()
-            atomic_write(path.with_name(path.stem + "_depth.jpg"), encoded)
+            atomic_write(path.with_name(path.stem + "_depth.jpg"), made.data)
             c5 = time.process_time()
             w5 = time.perf_counter()
             if n < WARM_UP:
@@ -235,12 +237,11 @@ def parallel_ceiling(plan: Plan, single: sessions.Captured, threads: int) -> dic
 
 
 def _tensors(plan: Plan, captured: sessions.Captured) -> list[np.ndarray]:
-    from depthwatch.imaging import pixels
+    from depthwatch.imaging import codec, tensor
 
-    contract, profile = captured.info.contract, captured.info.profile
-    min_size = pixels.model_input_size(contract, profile, (4096, 4096))
+    info = captured.info
     return [
-        pixels.prepare(pixels.decode(d, max_pixels=10**9, min_size=min_size), contract, profile)
+        tensor.prepare(codec.decode(d, max_pixels=10**9, min_size=info.min_frame_size), info.contract, info.profile)
         for d in plan.frames.data[: max(1, min(plan.count, 16))]
     ]
 
@@ -273,10 +274,10 @@ def _wait_http(child: Child, port: int, timeout: float = 120.0) -> float:
 
 def prep_for(captured: sessions.Captured, frame_size: tuple[int, int]) -> dict[str, Any]:
     """What the classic server needs to feed the model, from depthwatch's contract and profile."""
-    from depthwatch.imaging import pixels
+    from depthwatch.model.contract import model_input_size
 
     info = captured.info
-    w, h = pixels.model_input_size(info.contract, info.profile, frame_size)
+    w, h = model_input_size(info.contract, info.profile, frame_size)
     return {
         "width": w,
         "height": h,

@@ -154,7 +154,7 @@ def _template(value: Any, base: Path) -> str:
     if "{ext}" not in text and suffix not in OUTPUT_FORMATS:
         raise ValueError(f"{text!r} must end in .jpg, .png, .tif or .exr (or {{ext}} for the frame's own)")
     if suffix == ".exr":
-        from depthwatch.imaging.pixels import (
+        from depthwatch.imaging.codec import (
             can_encode,  # OpenCV is only loaded for this check
         )
 

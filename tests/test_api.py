@@ -21,7 +21,7 @@ from daemon_process import DaemonProcess, wait_for
 requests = pytest.importorskip("requests")
 pytest.importorskip("waitress")
 
-from depthwatch import imaging  # noqa: E402
+from depthwatch.imaging import codec, normalise, render, tensor  # noqa: E402
 from depthwatch.config import ApiConfig, Config, OutputConfig, WatchConfig  # noqa: E402
 from depthwatch.daemon.waiters import DONE, TIMEOUT, MapWaiters  # noqa: E402
 from depthwatch.frames.job import Job  # noqa: E402
@@ -51,12 +51,12 @@ class Reference:
 
     def depth(self, data: bytes, bits: int = 8) -> np.ndarray:
         """The map with the daemon's default output settings (refine, levels) at `bits`."""
-        decoded = imaging.decode(data, max_pixels=10**8, min_size=self.info.min_frame_size)
-        tensor = imaging.prepare(decoded, self.info.contract, self.info.profile)
-        prediction = self.engine.infer(tensor, self.info.generation).result(HTTP_TIMEOUT).prediction
+        decoded = codec.decode(data, max_pixels=10**8, min_size=self.info.min_frame_size)
+        prepared = tensor.prepare(decoded, self.info.contract, self.info.profile)
+        prediction = self.engine.infer(prepared, self.info.generation).result(HTTP_TIMEOUT).prediction
         options = dataclasses.replace(Settings.from_config(Config()).render, bits=bits)
-        nearness = imaging.normalise(prediction, self.info.profile.output, options)
-        return imaging.render(nearness, decoded.size, options, guide=decoded.image)
+        nearness = normalise.frame(prediction, self.info.profile.output, options.clip_percent)
+        return render.render(nearness, decoded.size, options, guide=decoded.image)
 
     def close(self) -> None:
         self.engine.stop()

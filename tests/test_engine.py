@@ -18,7 +18,7 @@ from depthwatch.errors import ModelError, Superseded
 from depthwatch.frames.job import Job
 from depthwatch.frames.pipeline import Pipeline, Settings
 from depthwatch.imaging.levels import Levels
-from depthwatch.imaging.pixels import RenderOptions
+from depthwatch.imaging.render import RenderOptions
 from depthwatch.model import providers
 from depthwatch.model.engine import Engine
 from depthwatch.model.profiles import PROFILES

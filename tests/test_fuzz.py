@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from depthwatch.errors import FrameError
-from depthwatch.imaging import formats, pixels
+from depthwatch.imaging import codec, formats, normalise, render, tensor
 from depthwatch.model.contract import Contract
 from depthwatch.model.profiles import INVERSE_DEPTH, PROFILES
 
@@ -49,15 +49,15 @@ def mutated(draw) -> bytes:
 def test_mutated_images_decode_or_fail_cleanly(data):
     formats.read_header(data)  # never raises
     try:
-        decoded = pixels.decode(data, max_pixels=4_000_000, min_size=(32, 32))
+        decoded = codec.decode(data, max_pixels=4_000_000, min_size=(32, 32))
     except FrameError as exc:
         assert str(exc) and "\n" not in str(exc)
         return
-    tensor = pixels.prepare(decoded, CONTRACT, PROFILES["midas-v21-small"])
-    assert tensor.shape == (1, 3, 32, 32) and np.isfinite(tensor).all()
-    options = pixels.RenderOptions()
-    nearness = pixels.normalise(tensor[0, 0], INVERSE_DEPTH, options)
-    depth = pixels.render(nearness, decoded.size, options, guide=decoded.image)
+    prepared = tensor.prepare(decoded, CONTRACT, PROFILES["midas-v21-small"])
+    assert prepared.shape == (1, 3, 32, 32) and np.isfinite(prepared).all()
+    options = render.RenderOptions()
+    nearness = normalise.frame(prepared[0, 0], INVERSE_DEPTH, options.clip_percent)
+    depth = render.render(nearness, decoded.size, options, guide=decoded.image)
     assert (depth.shape[1], depth.shape[0]) == decoded.size
 
 
@@ -65,7 +65,7 @@ def test_mutated_images_decode_or_fail_cleanly(data):
 @given(st.binary(max_size=2048))
 def test_arbitrary_bytes_never_escape_as_anything_but_frame_errors(data):
     try:
-        pixels.decode(data, max_pixels=4_000_000)
+        codec.decode(data, max_pixels=4_000_000)
     except FrameError:
         pass
 

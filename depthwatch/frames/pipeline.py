@@ -23,7 +23,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,8 @@ from depthwatch.frames import provenance, reading
 from depthwatch.frames.job import Job
 from depthwatch.frames.jobqueue import LatestWinsQueue
 from depthwatch.frames.writer import atomic_write, really_inside
-from depthwatch.imaging import formats, normalise, pixels, stabilise
+from depthwatch.imaging import codec, formats, normalise, stabilise, tensor
+from depthwatch.imaging.render import DepthMap, Encoding, RenderOptions, Stable, depth_map
 from depthwatch.imaging.levels import Levels, parse_level
 from depthwatch.logtext import shown
 from depthwatch.model.engine import Engine, Inference
@@ -65,7 +66,7 @@ _FRAME_LINE = re.compile(
 class Settings:
     """The parts of the config a frame needs, frozen per job so a reload is clean."""
 
-    render: pixels.RenderOptions = pixels.RenderOptions()
+    render: RenderOptions = RenderOptions()
     jpeg_quality: int = 95
     png_bits: int = 16
     png_compression: int = 1
@@ -76,11 +77,15 @@ class Settings:
     #: output.normalise: stable (per-output shot state) or frame (each map on its own).
     normalise: str = normalise.STABLE
 
+    @property
+    def encoding(self) -> Encoding:
+        return Encoding(self.jpeg_quality, self.png_bits, self.png_compression)
+
     @classmethod
     def from_config(cls, config: Config) -> Settings:
         out = config.output
         return cls(
-            render=pixels.RenderOptions(
+            render=RenderOptions(
                 clip_percent=out.clip_percent,
                 refine=out.refine,
                 levels=Levels(parse_level(out.near), parse_level(out.far), out.gamma, out.invert),
@@ -162,7 +167,7 @@ class _Frame:
     settings: Settings
     future: Future[Result]
     result: Result
-    decoded: pixels.Decoded | None = None
+    decoded: codec.Decoded | None = None
     source_stat: os.stat_result | None = None
     clock: float = field(default_factory=time.perf_counter)
     #: Submission order; a map never replaces one written by a later job for its output.
@@ -171,7 +176,7 @@ class _Frame:
     abandoned: bool = False
     inference: Future[Inference] | None = None
     #: output.normalise: stable: the map and the shot state it leaves once written.
-    outcome: stabilise.Outcome | None = None
+    shot: stabilise.ShotMap | None = None
 
     def check(self) -> None:
         if self.abandoned:
@@ -198,7 +203,7 @@ class _Image:
     ext: str
     settings: Settings
     future: Future[Rendered]
-    decoded: pixels.Decoded | None = None
+    decoded: codec.Decoded | None = None
     ms: dict[str, float] = field(default_factory=dict)
     clock: float = field(default_factory=time.perf_counter)
 
@@ -474,7 +479,7 @@ class Pipeline:
             if expected and found and found != expected:
                 raise FrameError(f"is a {found.upper()} image but its name says {job.source.suffix}; rename it")
             info = self._model_info()
-            frame.decoded = pixels.decode(
+            frame.decoded = codec.decode(
                 data,
                 max_pixels=frame.settings.max_pixels,
                 min_size=info.min_frame_size,
@@ -497,10 +502,10 @@ class Pipeline:
 
     def _to_engine(self, frame: _Frame, info: ModelInfo) -> None:
         assert frame.decoded is not None
-        tensor = pixels.prepare(frame.decoded, info.contract, info.profile)
+        prepared = tensor.prepare(frame.decoded, info.contract, info.profile)
         frame.lap("decode")
         frame.check()
-        frame.inference = self.engine.infer(tensor, info.generation)
+        frame.inference = self.engine.infer(prepared, info.generation)
         if frame.abandoned:  # a newer job came while this one was being handed over
             self.engine.abort(frame.inference, running_too=False)
         frame.inference.add_done_callback(lambda done: self._handoff(frame, done))
@@ -536,10 +541,10 @@ class Pipeline:
             if job.collect:
                 self._collect(frame, inference, info)
                 return
-            nearness = self._normalise(frame, inference, info)
-            encoded = _render_encode(inference, info, frame.decoded, job.output.suffix, settings, nearness)
+            made = _depth_map(inference, info, frame.decoded, job.output.suffix, settings, job.nearness, self._stable(frame, info), frame.lap)
+            frame.shot = made.shot
             assert frame.source_stat is not None
-            encoded = provenance.embed(encoded, _record(job, frame.source_stat, info, settings))
+            encoded = provenance.embed(made.data, _record(job, frame.source_stat, info, settings))
             frame.lap("encode")
             _ensure_folder(job.output.parent, job.output_roots)
             frame.result.size = frame.decoded.size
@@ -549,8 +554,8 @@ class Pipeline:
                 if self._newer_written(frame):
                     raise Superseded("a newer version's map was written first")
                 atomic_write(job.output, encoded, job.output_roots)
-                if frame.outcome is not None and self.stabiliser.landed(job.output, frame.outcome):
-                    frame.result.shot, frame.result.started = frame.outcome.shot, frame.outcome.started
+                if frame.shot is not None and self.stabiliser.landed(job.output, frame.shot):
+                    frame.result.shot, frame.result.started = frame.shot.shot, frame.shot.started
                 if settings.sidecar:
                     atomic_write(job.output.with_name(job.output.name + ".json"), self._sidecar(frame), job.output_roots)
                 with self._lock:
@@ -566,29 +571,15 @@ class Pipeline:
         except Exception as exc:
             self._fail(frame, exc)
 
-    def _normalise(self, frame: _Frame, inference: Inference, info: ModelInfo) -> np.ndarray:
-        """Step 1 of the render chain: the [0, 1] nearness map at model resolution (worker thread).
+    def _stable(self, frame: _Frame, info: ModelInfo) -> Stable | None:
+        """output.normalise: stable: where this frame's map joins its output's shot.
 
-        In stable mode the map comes from the output's shot state as it is; the
-        state this frame leaves is kept only once its map is written (see `_back`).
+        The map comes from the output's shot state as it is; the state this
+        frame leaves is kept only once its map is written (see `_back`).
         """
-        job, settings = frame.job, frame.settings
-        if job.nearness is not None:
-            return job.nearness
-        kind, clip = info.profile.output, settings.render.clip_percent
-        if settings.normalise != normalise.STABLE:
-            return normalise.frame(inference.prediction, kind, clip)
-        assert frame.decoded is not None
-        frame.outcome = self.stabiliser.map(
-            job.output,
-            inference.prediction,
-            kind,
-            frame.decoded.image,
-            key=(info.generation, clip),
-            seq=frame.seq,
-            clip_percent=clip,
-        )
-        return frame.outcome.map
+        if frame.settings.normalise != normalise.STABLE:
+            return None
+        return Stable(self.stabiliser, frame.job.output, (info.generation, frame.settings.render.clip_percent), frame.seq)
 
     def _collect(self, frame: _Frame, inference: Inference, info: ModelInfo) -> None:
         """Pass 1 of a sequence in `once`: keep what planning needs, write nothing."""
@@ -609,7 +600,7 @@ class Pipeline:
         """decode, prepare, hand to the engine (worker thread)."""
         try:
             info = self._model_info()
-            image.decoded = pixels.decode(image.data, max_pixels=image.settings.max_pixels, min_size=info.min_frame_size)
+            image.decoded = codec.decode(image.data, max_pixels=image.settings.max_pixels, min_size=info.min_frame_size)
             image.data = b""
             self._image_to_engine(image, info)
         except Exception as exc:
@@ -617,9 +608,9 @@ class Pipeline:
 
     def _image_to_engine(self, image: _Image, info: ModelInfo) -> None:
         assert image.decoded is not None
-        tensor = pixels.prepare(image.decoded, info.contract, info.profile)
+        prepared = tensor.prepare(image.decoded, info.contract, info.profile)
         image.lap("decode")
-        inference = self.engine.infer(tensor, info.generation)
+        inference = self.engine.infer(prepared, info.generation)
         inference.add_done_callback(lambda done: self._handoff_image(image, done))
 
     def _handoff_image(self, image: _Image, done: Future[Inference]) -> None:
@@ -640,9 +631,8 @@ class Pipeline:
             assert image.decoded is not None
             image.ms["infer"] = inference.seconds * 1000
             image.clock = time.perf_counter()
-            encoded = _render_encode(inference, inference.model, image.decoded, image.ext, image.settings)
-            image.lap("encode")
-            image.future.set_result(Rendered(encoded, image.decoded.size, dict(image.ms)))
+            made = _depth_map(inference, inference.model, image.decoded, image.ext, image.settings, lap=image.lap)
+            image.future.set_result(Rendered(made.data, image.decoded.size, dict(image.ms)))
         except Exception as exc:
             image.future.set_exception(exc)
         finally:
@@ -679,23 +669,29 @@ class Pipeline:
             frame.future.set_result(frame.result)
 
 
-def _render_encode(
+def _depth_map(
     inference: Inference,
     info: ModelInfo,
-    decoded: pixels.Decoded,
+    decoded: codec.Decoded,
     ext: str,
     settings: Settings,
     nearness: np.ndarray | None = None,
-) -> bytes:
-    """The depth map at the frame's size, encoded for an output ending in `ext` (worker thread).
-
-    `nearness`: step 1's map if already made (output.normalise: stable); else the per-frame one.
-    """
-    options = replace(settings.render, bits=pixels.bits_for(ext, settings.png_bits))
-    if nearness is None:
-        nearness = pixels.normalise(inference.prediction, info.profile.output, options)
-    depth = pixels.render(nearness, decoded.size, options, guide=decoded.image)
-    return pixels.encode(depth, ext, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression)
+    stable: Stable | None = None,
+    lap: Callable[[str], None] | None = None,
+) -> DepthMap:
+    """The render chain for one frame with the job's settings (worker thread)."""
+    return depth_map(
+        inference.prediction,
+        info.profile.output,
+        size=decoded.size,
+        ext=ext,
+        options=settings.render,
+        encoding=settings.encoding,
+        guide=decoded.image,
+        nearness=nearness,
+        stable=stable,
+        lap=lap,
+    )
 
 
 def _record(job: Job, source_stat: os.stat_result, info: ModelInfo, settings: Settings) -> dict[str, Any]:

@@ -370,7 +370,7 @@ class _Shot:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ShotMap:
     """A map, the shot it belongs to, why a new shot began with it ('' if none: 'new', 'cut',
     'model'), and the state it leaves for `Stabiliser.landed`."""
 
@@ -417,7 +417,7 @@ class Stabiliser:
         key: Hashable,
         seq: int,
         clip_percent: tuple[float, float] | None = None,
-    ) -> Outcome:
+    ) -> ShotMap:
         """The [0, 1] nearness map of frame `seq` of `output`, consistent with its shot so far."""
         n = normalise.nearness(prediction, output_kind)
         with self._lock:
@@ -427,14 +427,14 @@ class Stabiliser:
             lo, hi = normalise.bounds(n, _nearness_clip(clip_percent, output_kind))
             thumbnail = None if image is None else _thumbnail(image)
             state = _Shot(key, seq, _Track(1, None, None, None, n, thumbnail), lo, hi)
-            return Outcome(normalise.frame(prediction, output_kind, clip_percent), 1, "new", state)
+            return ShotMap(normalise.frame(prediction, output_kind, clip_percent), 1, "new", state)
         summary = _summary(n, output_kind, image, clip_percent)
         track = shot.track.ready(output_kind, clip_percent)
         step = track.follow(summary) if shot.key == key else None
         if step is None:
             number, why = shot.track.number + 1, "cut" if shot.key == key else "model"
             state = _Shot(key, seq, _Track.start(number, summary, n), summary.lo, summary.hi)
-            return Outcome(normalise.frame(prediction, output_kind, clip_percent), number, why, state)
+            return ShotMap(normalise.frame(prediction, output_kind, clip_percent), number, why, state)
         f = step.fit
         aligned = n * np.float32(f.scale)
         aligned += np.float32(f.shift)
@@ -443,11 +443,11 @@ class Stabiliser:
         lo = shot.lo + RANGE_RATE * (flo - shot.lo)
         hi = shot.hi + RANGE_RATE * (fhi - shot.hi)
         state = _Shot(key, seq, track.after(summary, step, filtered), lo, hi)
-        return Outcome(_stretch(filtered, lo, hi), track.number, "", state)
+        return ShotMap(_stretch(filtered, lo, hi), track.number, "", state)
 
-    def landed(self, output: Path, outcome: Outcome) -> bool:
-        """The map of `outcome` was written: its state becomes the output's, unless a newer one's did."""
-        state = outcome.state
+    def landed(self, output: Path, shot_map: ShotMap) -> bool:
+        """The map of `shot_map` was written: its state becomes the output's, unless a newer one's did."""
+        state = shot_map.state
         if state is None:
             return False
         with self._lock:
