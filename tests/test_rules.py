@@ -93,3 +93,15 @@ def test_error_records_sit_beside_the_output(tmp_path: Path) -> None:
     output = r.output_for(tmp_path / "a.jpg")
     assert r.error_record_for(tmp_path / "a.jpg", output) == tmp_path / "maps" / "a.jpg.error.json"
     assert os.path.basename(str(output)) == "a.png"
+
+
+def test_every_job_gets_its_roots_from_the_one_factory(tmp_path: Path) -> None:
+    """The watcher's, the API's, `once`'s and the farm's jobs all come from `Rules.job_for`."""
+    maps = tmp_path / "maps"
+    r = rules(tmp_path, f"{maps}/{{stem}}.png")
+    job = r.job_for(tmp_path / "a.jpg", (1, 2, 3), "jpeg")
+    assert (job.output, job.signature, job.format) == (maps / "a.png", (1, 2, 3), "jpeg")
+    assert job.link_root == tmp_path and job.output_roots == (tmp_path, maps)
+    assert rules(tmp_path, follow_symlinks=True).job_for(tmp_path / "a.jpg").link_root is None
+    with pytest.raises(FrameError, match="outside the configured folders"):
+        rules(tmp_path, "../{stem}.png").job_for(tmp_path / "a.jpg")

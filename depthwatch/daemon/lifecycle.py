@@ -428,19 +428,10 @@ class Daemon:
             log.debug("%s is a depth map depthwatch made; not taken as input", shown(source))
             return
         try:
-            output = rules.output_for(source)
+            job = rules.job_for(source, signature, fmt)
         except FrameError as exc:
             self._count_failure(f"{shown(source)}: {exc}")
             return
-        job = Job(
-            source,
-            output,
-            rules.error_record_for(source, output),
-            signature,
-            fmt,
-            link_root=None if rules.follow_symlinks else rules.root_of(source),
-            output_roots=rules.output_roots(source),
-        )
         if self.api is None:
             self._enqueue(job)
             return
@@ -475,13 +466,12 @@ class Daemon:
         frame's output would leave the allowed folders; FileNotFoundError if
         there is no such frame.
         """
-        output = self.rules.output_for(source)
+        job = self.rules.job_for(source)  # the watcher's own job, roots and all
         with self.waiters.hold():
             signature = _frame_signature(source)
             if signature is None:
                 raise FileNotFoundError(source)
-            job = Job(source, output, self.rules.error_record_for(source, output), signature)
-            return self.waiters.attach(job, self._enqueue)
+            return self.waiters.attach(replace(job, signature=signature), self._enqueue)
 
     def give_up(self, ticket: Ticket) -> None:
         """A request stopped waiting for its map."""
@@ -502,12 +492,11 @@ class Daemon:
         """A file the watcher will not hand over (never completed, forbidden link): report it."""
         self._count_failure(f"{shown(source)}: {reason}")
         try:
-            output = self.rules.output_for(source)
+            job = self.rules.job_for(source)
         except FrameError:
             return
-        record = self.rules.error_record_for(source, output)
-        if record is not None:
-            write_error_record(record, source, reason, self.rules.output_roots(source))
+        if job.error_record is not None:
+            write_error_record(job.error_record, source, reason, job.output_roots)
 
     def _finished(self, job: Job, result: Result) -> None:
         """A job's result (worker thread): count it, log its line, retry an output error later."""

@@ -51,7 +51,7 @@ def plan(jobs: Sequence[Job], force: bool) -> list[int]:
 def tasks_for(jobs: Sequence[Job], todo: Sequence[int], config: Config) -> list[list[FrameTask]]:
     """`frames_per_task` frames per task, in order, with paths in the workers' view."""
     path_map = config.farm.path_map
-    frames = [FrameTask(i, path_map.to_worker(jobs[i].source), path_map.to_worker(jobs[i].output)) for i in todo]
+    frames = [FrameTask.of(i, jobs[i], path_map) for i in todo]
     size = config.farm.frames_per_task
     return [frames[n : n + size] for n in range(0, len(frames), size)]
 
@@ -203,7 +203,7 @@ def _second_pass(
         outcome = outcomes.pop(i)
         nearness, previous = stabilise.apply(outcome.prediction, outcome.kind, params, previous, clip)
         if i in todo:
-            frames.append(FrameTask(i, path_map.to_worker(jobs[i].source), path_map.to_worker(jobs[i].output), nearness))
+            frames.append(FrameTask.of(i, jobs[i], path_map, nearness))
     size = config.farm.frames_per_task
     return [frames[n : n + size] for n in range(0, len(frames), size)]
 

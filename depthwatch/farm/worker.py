@@ -35,7 +35,6 @@ from depthwatch.config import Config
 from depthwatch.errors import OutputError
 from depthwatch.farm import require_distributed
 from depthwatch.farm.tasks import PLUGIN, RESOURCE, FrameTask, Outcome
-from depthwatch.frames.job import Job
 from depthwatch.frames.pipeline import Pipeline, Settings
 from depthwatch.frames.rules import map_is_current
 from depthwatch.frames.writer import atomic_write
@@ -107,8 +106,7 @@ class FrameRunner:
                 continue
             with self._lock:
                 counts.in_flight += 1
-            job = Job(source, output, collect=collect, nearness=frame.nearness)
-            future = self.pipeline.submit(job, settings)  # waits while the pipeline is full
+            future = self.pipeline.submit(frame.job(collect), settings)  # waits while the pipeline is full
             submitted.append((frame, future, time.monotonic()))
         for frame, future, started in submitted:
             result = future.result()

@@ -1,8 +1,10 @@
-"""Which files are frames, and where each frame's depth map goes.
+"""Which files are frames, where each frame's depth map goes, and the job that says so.
 
-Pure path logic, shared by the watcher, the start-up scan and `once`. It also
-keeps depthwatch from feeding on itself: its outputs, temporary files and
-sidecars are never frames, even in the watched folder with a matching pattern.
+Pure path logic, shared by the watcher, the start-up scan, the API, `once` and
+the farm. `Rules.job_for` is the one place a frame's Job is made, with the
+folders its reads and writes must stay in. It also keeps depthwatch from
+feeding on itself: its outputs, temporary files and sidecars are never frames,
+even in the watched folder with a matching pattern.
 """
 
 from __future__ import annotations
@@ -11,12 +13,15 @@ import fnmatch
 import os
 import re
 import string
+from collections.abc import Iterable
 from pathlib import Path
 
 from depthwatch.config import OutputConfig, WatchConfig
-from depthwatch.errors import FrameError
+from depthwatch.errors import ConfigError, FrameError
 from depthwatch.frames import provenance
+from depthwatch.frames.job import Job
 from depthwatch.frames.writer import is_temp_name
+from depthwatch.logtext import shown
 
 _SIDECAR_SUFFIXES = (".json",)
 
@@ -105,6 +110,59 @@ class Rules:
         if not self.error_records:
             return None
         return output.with_name(f"{source.name}.error.json")
+
+    def job_for(
+        self, source: Path, signature: tuple[int, int, int] | None = None, format: str | None = None
+    ) -> Job:
+        """The job for frame `source`: its output, error record, and the folders its read and write stay in.
+
+        A symlinked frame is followed only to inside its watch folder (unless
+        watch.follow_symlinks), and the map only lands inside the folders the
+        rules allow, both checked again when the frame is read and the map
+        written. FrameError if the output would leave those folders.
+        `signature` and `format`: what the watcher learned of this version.
+        """
+        output = self.output_for(source)
+        return Job(
+            source,
+            output,
+            self.error_record_for(source, output),
+            signature,
+            format,
+            link_root=None if self.follow_symlinks else self.root_of(source),
+            output_roots=self.output_roots(source),
+        )
+
+    def jobs_for(self, sources: Iterable[Path]) -> tuple[list[Job], list[tuple[Path, str]]]:
+        """Jobs for a batch of frames named at once (`once`), and the frames refused, with why.
+
+        ConfigError, before anything is written, if two frames map to one output
+        (`A.0001.jpg` and `A.0001.tif` under `{stem}_depth.jpg`): one map would
+        replace the other. A frame whose output is another input is refused too.
+        """
+        jobs: list[Job] = []
+        refused: list[tuple[Path, str]] = []
+        sources = list(sources)
+        inputs = {os.path.realpath(s) for s in sources}
+        owner: dict[str, Path] = {}
+        for source in sources:
+            try:
+                job = self.job_for(source)
+            except FrameError as exc:
+                refused.append((source, str(exc)))
+                continue
+            real = os.path.realpath(job.output)
+            if real in inputs:  # another input's name, or this one's by another path
+                refused.append((source, f"its output {shown(job.output)} is an input frame; writing it would replace that frame: give another -o"))
+                continue
+            first = owner.setdefault(real, source)
+            if first != source:
+                raise ConfigError(
+                    f"{shown(first)} and {shown(source)} both map to {shown(job.output)}; "
+                    "one map would replace the other: name outputs with {name} (e.g. -o '{name}_depth.jpg') or leave one out"
+                )
+            jobs.append(job)
+        return jobs, refused
 
     def link_allowed(self, path: Path) -> bool:
         """A symlink is followed only if it stays inside its watch folder (or if allowed)."""
