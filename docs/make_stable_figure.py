@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 from skimage import data
 
-from depthwatch.imaging import normalise, pixels, stabilise
+from depthwatch.imaging import codec, normalise, stabilise, tensor
 from depthwatch.model.engine import Engine
 from depthwatch.model.profiles import PROFILES
 from depthwatch.model.spec import ModelSpec
@@ -35,7 +35,7 @@ TILE = (176, 99)
 
 
 def pan() -> list[np.ndarray]:
-    return [pixels.decode(f, max_pixels=10**8).image for f in pan_frames(data.coffee(), (W, H), FRAMES, STEP)]
+    return [codec.decode(f, max_pixels=10**8).image for f in pan_frames(data.coffee(), (W, H), FRAMES, STEP)]
 
 
 def change(maps: list[np.ndarray]) -> float:
@@ -55,16 +55,16 @@ def main() -> None:
         info = engine.wait_ready()
         predictions = []
         for image in frames:
-            decoded = pixels.Decoded(image, (W, H), "jpeg")
-            tensor = pixels.prepare(decoded, info.contract, profile)
-            predictions.append(engine.infer(tensor, info.generation).result().prediction)
+            decoded = codec.Decoded(image, (W, H), "jpeg")
+            prepared = tensor.prepare(decoded, info.contract, profile)
+            predictions.append(engine.infer(prepared, info.generation).result().prediction)
     per_frame = [normalise.frame(p, profile.output) for p in predictions]
     stabiliser, stable = stabilise.Stabiliser(), []
     out = Path("depth.jpg")
     for i, (image, p) in enumerate(zip(frames, predictions)):
-        outcome = stabiliser.map(out, p, profile.output, image, key=0, seq=i + 1)
-        stabiliser.landed(out, outcome)
-        stable.append(outcome.map)
+        shot_map = stabiliser.map(out, p, profile.output, image, key=0, seq=i + 1)
+        stabiliser.landed(out, shot_map)
+        stable.append(shot_map.map)
 
     shown = range(0, FRAMES, FRAMES // SHOWN)
     def row(images: list[np.ndarray]) -> np.ndarray:
