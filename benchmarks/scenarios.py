@@ -115,11 +115,14 @@ def costs(plan: Plan, config: Any, single: sessions.Captured) -> dict[str, Any]:
     """CPU seconds per frame of inference (one intra-op thread) and of the daemon's image work.
 
     `single` is the model loaded by depthwatch with one intra-op thread, from
-    `config`. The image work is depthwatch's own: read the file, decode (at
-    reduced scale), prepare the tensor, render the map at the frame's size,
-    encode it and write it atomically, with OpenCV on one thread.
+    `config`. The image work is depthwatch's own, stage by stage as the
+    daemon's log line names them: read the file, decode (at reduced scale),
+    prepare the tensor, then the render chain (normalise, render at the
+    frame's size, encode) and the atomic write, with OpenCV on one thread.
     """
-    from depthwatch.frames.pipeline import Settings, read_source
+    from depthwatch.frames.frameline import STAGES
+    from depthwatch.frames.reading import read_source
+    from depthwatch.frames.settings import Settings
     from depthwatch.frames.writer import atomic_write
     from depthwatch.imaging import codec, render, tensor
     from depthwatch.model.contract import depth_map
@@ -130,22 +133,30 @@ def costs(plan: Plan, config: Any, single: sessions.Captured) -> dict[str, Any]:
     paths = _write_frames(plan, "costs", max(plan.count, WARM_UP + 1))
     samples = min(max(plan.count, 3), 40)
     order = [paths[i % len(paths)] for i in range(WARM_UP + samples)]
-    stages: dict[str, list[float]] = {k: [] for k in ("read", "decode", "infer", "encode", "write")}
+    stages: dict[str, list[float]] = {k: [] for k in STAGES}
     wall: list[float] = []
     threads = cv2.getNumThreads()
     cv2.setNumThreads(1)
     try:
         for n, path in enumerate(order):
+            cpu: dict[str, float] = {}
+            clock = [time.process_time()]
+
+            def lap(stage: str) -> None:  # CPU ms per stage, as the daemon's laps take wall ms
+                now = time.process_time()
+                cpu[stage] = cpu.get(stage, 0.0) + (now - clock[0]) * 1000
+                clock[0] = now
+
             w0 = time.perf_counter()
-            c0 = time.process_time()
             data, _ = read_source(path)
-            c1 = time.process_time()
+            lap("read")
             decoded = codec.decode(data, max_pixels=settings.max_pixels, min_size=info.min_frame_size)
+            lap("decode")
             prepared = tensor.prepare(decoded, contract, profile)
-            c2 = time.process_time()
+            lap("prepare")
             w2 = time.perf_counter()
             output = single.session.run([contract.output_name], {contract.input_name: prepared})[0]
-            c3 = time.process_time()
+            lap("infer")
             w3 = time.perf_counter()
             made = render.depth_map(
                 depth_map(output),
@@ -155,15 +166,15 @@ def costs(plan: Plan, config: Any, single: sessions.Captured) -> dict[str, Any]:
                 options=settings.render,
                 encoding=settings.encoding,
                 guide=decoded.image,
+                lap=lap,
             )
-            c4 = time.process_time()
             atomic_write(path.with_name(path.stem + "_depth.jpg"), made.data)
-            c5 = time.process_time()
+            lap("write")
             w5 = time.perf_counter()
             if n < WARM_UP:
                 continue
-            for key, value in zip(stages, (c1 - c0, c2 - c1, c3 - c2, c4 - c3, c5 - c4)):
-                stages[key].append(value * 1000)
+            for key in stages:
+                stages[key].append(cpu.get(key, 0.0))
             wall.append(((w2 - w0) + (w5 - w3)) * 1000)
     finally:
         cv2.setNumThreads(threads)

@@ -25,7 +25,8 @@ from depthwatch.imaging import codec, normalise, render, tensor  # noqa: E402
 from depthwatch.config import ApiConfig, Config, OutputConfig, WatchConfig  # noqa: E402
 from depthwatch.daemon.waiters import DONE, TIMEOUT, MapWaiters  # noqa: E402
 from depthwatch.frames.job import Job  # noqa: E402
-from depthwatch.frames.pipeline import Result, Settings  # noqa: E402
+from depthwatch.frames.result import Result  # noqa: E402
+from depthwatch.frames.settings import Settings  # noqa: E402
 from depthwatch.frames.rules import Rules  # noqa: E402
 from depthwatch.model.engine import Engine  # noqa: E402
 from depthwatch.model.profiles import PROFILES  # noqa: E402

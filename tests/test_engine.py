@@ -16,7 +16,8 @@ from onnx_models import brightness_model, failing_model, spec_for
 
 from depthwatch.errors import ModelError, Superseded
 from depthwatch.frames.job import Job
-from depthwatch.frames.pipeline import Pipeline, Settings
+from depthwatch.frames.pipeline import Pipeline
+from depthwatch.frames.settings import Settings
 from depthwatch.imaging.levels import Levels
 from depthwatch.imaging.render import RenderOptions
 from depthwatch.model import providers

@@ -133,7 +133,7 @@ def test_whatever_sits_at_a_frames_path_is_read_or_refused_in_one_line_never_han
     from pathlib import Path
 
     from depthwatch.frames import provenance
-    from depthwatch.frames.pipeline import read_source
+    from depthwatch.frames.reading import read_source
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

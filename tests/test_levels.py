@@ -191,7 +191,8 @@ def test_once_takes_near_far_and_gamma(tmp_path, tiny_model):
 
 def test_the_pipeline_writes_float_tiff_without_quantising(tmp_path, tiny_model):
     from depthwatch.frames.job import Job
-    from depthwatch.frames.pipeline import Pipeline, Settings
+    from depthwatch.frames.pipeline import Pipeline
+    from depthwatch.frames.settings import Settings
     from depthwatch.model.engine import Engine
     from depthwatch.model.profiles import PROFILES
     from depthwatch.model.spec import ModelSpec

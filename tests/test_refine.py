@@ -11,7 +11,8 @@ from scipy.stats import spearmanr
 from skimage import data
 
 from depthwatch.frames.job import Job
-from depthwatch.frames.pipeline import Pipeline, Settings
+from depthwatch.frames.pipeline import Pipeline
+from depthwatch.frames.settings import Settings
 from depthwatch.imaging import codec, normalise, refine, render
 from depthwatch.imaging.render import RenderOptions
 from depthwatch.model.engine import Engine

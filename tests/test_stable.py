@@ -20,7 +20,9 @@ from daemon_process import DaemonProcess, wait_for
 from pans import flicker, pan
 from skimage import data
 
-from depthwatch.frames.pipeline import Job, Pipeline, Settings
+from depthwatch.frames.job import Job
+from depthwatch.frames.pipeline import Pipeline
+from depthwatch.frames.settings import Settings
 from depthwatch.imaging import normalise, stabilise
 from depthwatch.model.engine import Engine
 from depthwatch.model.profiles import DEPTH, INVERSE_DEPTH, PROFILES

@@ -31,7 +31,7 @@ def main(args: argparse.Namespace) -> int:
     import cv2
 
     from depthwatch.config import check_combinations
-    from depthwatch.frames.pipeline import Settings
+    from depthwatch.frames.settings import Settings
     from depthwatch.imaging import codec, render, tensor
     from depthwatch.model import catalogue
     from depthwatch.model.engine import Engine

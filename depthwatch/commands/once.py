@@ -150,7 +150,9 @@ def collect_inputs(inputs: list[str], template: str) -> list[Path]:
 def main(args: argparse.Namespace) -> int:
     from depthwatch.config import check_combinations, override
     from depthwatch.frames import sequences
-    from depthwatch.frames.pipeline import Pipeline, Result, Settings
+    from depthwatch.frames.pipeline import Pipeline
+    from depthwatch.frames.result import Result
+    from depthwatch.frames.settings import Settings
     from depthwatch.model import catalogue
     from depthwatch.model.engine import Engine
 

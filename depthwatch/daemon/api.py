@@ -38,7 +38,8 @@ from waitress.task import ErrorTask
 from depthwatch.config import ApiConfig
 from depthwatch.daemon.waiters import DONE, FAILED, TIMEOUT, Ticket
 from depthwatch.errors import DepthwatchError, FrameError
-from depthwatch.frames.pipeline import Rendered
+from depthwatch.frames.frameline import timings
+from depthwatch.frames.result import Result
 from depthwatch.frames.rules import Rules
 from depthwatch.imaging import formats
 
@@ -68,7 +69,7 @@ class Backend(Protocol):
 
     def request_map(self, source: Path) -> Ticket: ...
 
-    def render_image(self, data: bytes, ext: str, png_bits: int | None = None) -> Future[Rendered]: ...
+    def render_image(self, data: bytes, ext: str, png_bits: int | None = None) -> Future[Result]: ...
 
     def give_up(self, ticket: Ticket) -> None: ...
 
@@ -239,21 +240,23 @@ class PredictApp:
             raise Refused(413, self._too_large())
         start = time.perf_counter()
         try:
-            future = self.backend.render_image(data, ext, bits)
-            rendered = future.result(timeout=self.config.timeout_s)
+            result = self.backend.render_image(data, ext, bits).result(timeout=self.config.timeout_s)
         except FutureTimeout:  # the job still finishes; nobody reads it
             raise Refused(504, f"no depth map within api.timeout_s ({self.config.timeout_s:g} s); the daemon may be overloaded") from None
-        except FrameError as exc:
-            raise Refused(422, f"the {content_type} body cannot be used: {exc}") from None
-        except (DepthwatchError, RuntimeError) as exc:
+        except (DepthwatchError, RuntimeError) as exc:  # the pipeline was already shut down
             if self.backend.stopping:
                 raise Refused(503, "the daemon is stopping; try again once it is back") from None
             raise Refused(500, f"{exc}") from None
-        w, h = rendered.size
-        timings = " ".join(f"{stage} {ms:.1f}" for stage, ms in rendered.ms.items())
-        log.info("api: image body %dx%d -> %s ms: %s total %.1f", w, h, label, timings, (time.perf_counter() - start) * 1000)
+        if not result.ok or result.data is None:
+            if self.backend.stopping:
+                raise Refused(503, "the daemon is stopping; try again once it is back")
+            if result.unusable:
+                raise Refused(422, f"the {content_type} body cannot be used: {result.error}")
+            raise Refused(500, f"{result.error}")
+        w, h = result.size or (0, 0)
+        log.info("api: image body %dx%d -> %s ms: %s total %.1f", w, h, label, timings(result.ms), (time.perf_counter() - start) * 1000)
         mime = "image/jpeg" if ext == ".jpg" else "image/png"
-        return _Answer(200, rendered.data, mime, (("X-Depthwatch-Size", f"{w}x{h}"),))
+        return _Answer(200, result.data, mime, (("X-Depthwatch-Size", f"{w}x{h}"),))
 
     def _answer_format(self, params: dict[str, list[str]], accept: str) -> tuple[str, int | None, str]:
         chosen = params.get("format")

@@ -43,13 +43,11 @@ from depthwatch.errors import ConfigError, DepthwatchError, FrameError, OutputEr
 from depthwatch.frames import provenance
 from depthwatch.frames.job import Job
 from depthwatch.frames.jobqueue import LatestWinsQueue
-from depthwatch.frames.pipeline import (
-    Pipeline,
-    Rendered,
-    Result,
-    Settings,
-    write_error_record,
-)
+from depthwatch.frames.errorrecords import write_error_record
+from depthwatch.frames.frameline import STAGES
+from depthwatch.frames.pipeline import Pipeline
+from depthwatch.frames.result import Result
+from depthwatch.frames.settings import Settings
 from depthwatch.frames.rules import Rules
 from depthwatch.frames.writer import sweep_temp_files
 from depthwatch.logtext import shown
@@ -482,11 +480,11 @@ class Daemon:
         """A request stopped waiting for its map."""
         self.waiters.give_up(ticket)
 
-    def render_image(self, data: bytes, ext: str, png_bits: int | None = None) -> Future[Rendered]:
-        """The depth map of image bytes in memory, encoded for `ext`; written nowhere."""
+    def render_image(self, data: bytes, ext: str, png_bits: int | None = None) -> Future[Result]:
+        """The depth map of image bytes in memory, encoded for `ext` (in `Result.data`); written nowhere."""
         assert self.pipeline is not None
         settings = self._settings if png_bits is None else replace(self._settings, png_bits=png_bits)
-        return self.pipeline.submit_image(data, ext, settings)
+        return self.pipeline.submit(Job.held(data, ext), settings)
 
     def health(self) -> tuple[bool, bytes]:
         """(serving, the status file's JSON) as of now."""
@@ -515,6 +513,7 @@ class Daemon:
                 self._attempts.pop(job.output, None)
                 counts.done += 1
                 counts.last_latency_ms = round(latency_ms, 2)
+                counts.last_stage_ms = {stage: round(result.ms.get(stage, 0.0), 2) for stage in STAGES}
                 counts.last_frame = str(job.source)
                 if result.started:
                     counts.shots += 1

@@ -39,6 +39,8 @@ class Counters:
     cuts: int = 0
     last_cut: str | None = None
     last_latency_ms: float | None = None
+    #: The last map's milliseconds per stage, named as in the log line (`frameline.STAGES`).
+    last_stage_ms: dict[str, float] = field(default_factory=dict)
     last_frame: str | None = None
     last_error: str | None = None
 

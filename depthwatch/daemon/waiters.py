@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from depthwatch.frames.job import Job
-from depthwatch.frames.pipeline import Result
+from depthwatch.frames.result import Result
 
 Signature = tuple[int, int, int]
 

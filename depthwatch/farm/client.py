@@ -32,7 +32,7 @@ from depthwatch.farm.tasks import (
 )
 from depthwatch.frames import sequences
 from depthwatch.frames.job import Job
-from depthwatch.frames.pipeline import Settings
+from depthwatch.frames.settings import Settings
 from depthwatch.frames.rules import map_is_current
 from depthwatch.frames.writer import sweep_temp_files_for
 from depthwatch.imaging import normalise

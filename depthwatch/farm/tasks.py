@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from depthwatch.frames.job import Job
-from depthwatch.frames.pipeline import Settings
+from depthwatch.frames.settings import Settings
 from depthwatch.pathmap import PathMap
 
 #: The plugin's name on the worker, and the resource a depthwatch worker offers

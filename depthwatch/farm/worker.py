@@ -35,7 +35,8 @@ from depthwatch.config import Config
 from depthwatch.errors import OutputError
 from depthwatch.farm import require_distributed
 from depthwatch.farm.tasks import PLUGIN, RESOURCE, FrameTask, Outcome
-from depthwatch.frames.pipeline import Pipeline, Settings
+from depthwatch.frames.pipeline import Pipeline
+from depthwatch.frames.settings import Settings
 from depthwatch.frames.rules import map_is_current
 from depthwatch.frames.writer import atomic_write
 from depthwatch.model import catalogue

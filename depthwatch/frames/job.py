@@ -4,6 +4,10 @@ A job carries what the watcher already learned about the file, so nothing
 downstream finds it out again: the version it judged complete (size, mtime,
 inode) and the format its magic bytes name, whose end marker the watcher has
 already seen. The worker reads the file once and decodes it.
+
+An image held in memory (the API's image bodies) is a job too: its source is
+bytes, not a file, and it has no output, so its map comes back in the Result
+instead of being written. It goes the same way through the pipeline.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ if TYPE_CHECKING:
 class Job:
     """Jobs are keyed by `output`: a newer job for the same output replaces an older one."""
 
+    #: The frame's file; for an image in memory, a name for it in log lines.
     source: Path
-    output: Path
+    #: Where the map goes; None: nowhere, the map comes back in the Result (see `held`).
+    output: Path | None
     #: Where an error record goes if error sidecars are on (None: not written).
     error_record: Path | None = None
     #: (size, mtime_ns, inode) when the frame was found complete; a different file at
@@ -43,3 +49,17 @@ class Job:
     collect: bool = field(default=False, compare=False)
     #: Pass 2: the [0, 1] nearness map is already made (model resolution): no inference.
     nearness: np.ndarray | None = field(default=None, compare=False, repr=False)
+    #: The frame's bytes, already in memory (an image body): nothing is read from disk.
+    data: bytes | None = field(default=None, compare=False, repr=False)
+    #: The map's format for a job with no output (".jpg", ".png").
+    ext: str = ""
+
+    @classmethod
+    def held(cls, data: bytes, ext: str, name: str = "image body") -> Job:
+        """A job for image bytes in memory whose map, encoded for `ext`, is written nowhere."""
+        return cls(Path(name), None, data=data, ext=ext)
+
+    @property
+    def map_ext(self) -> str:
+        """The extension the map is encoded for: the output's, or `ext` for a job with no output."""
+        return self.output.suffix if self.output is not None else self.ext

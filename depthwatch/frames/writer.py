@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from depthwatch.errors import OutputError
+from depthwatch.logtext import shown
 
 #: Temporary names look like `.depth.jpg.4242-3f9a1c0b.dwtmp`: hidden, recognisable so
 #: the watcher never takes them for input, and carrying the writer's pid so only a
@@ -102,6 +103,24 @@ def really_inside(path: Path, roots: tuple[Path, ...]) -> bool:
     """Whether `path`, every link in it resolved, lies inside one of `roots` (resolved too)."""
     real = os.path.realpath(path)
     return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in map(os.path.realpath, roots))
+
+
+def ensure_folder(folder: Path, roots: tuple[Path, ...] = ()) -> None:
+    """Outputs may go to a folder of their own (output.template 'depth/{stem}.png'): make it.
+
+    Not created through a link that now leads outside `roots` (a folder outside is a write too).
+    """
+    if folder.is_dir():
+        return
+    if roots and not really_inside(folder, roots):
+        raise OutputError(
+            f"the output folder {shown(folder)} now leads outside the configured folders (replaced by a link?); not writing",
+            retryable=False,
+        )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create the output folder {folder}: {exc.strerror or exc}") from None
 
 
 def atomic_write(target: Path, data: bytes, roots: tuple[Path, ...] = ()) -> None:
