@@ -160,7 +160,7 @@ def costs(plan: Plan, config: Any, single: sessions.Captured) -> dict[str, Any]:
             w3 = time.perf_counter()
             made = render.depth_map(
                 depth_map(output),
-                profile.output,
+                profile.predicts,
                 size=decoded.size,
                 ext=".jpg",
                 options=settings.render,
@@ -296,7 +296,7 @@ def prep_for(captured: sessions.Captured, frame_size: tuple[int, int]) -> dict[s
         "dtype": np.dtype(info.contract.input_dtype).name,
         "mean": list(info.profile.mean),
         "std": list(info.profile.std),
-        "output": info.profile.output,
+        "output": info.profile.predicts,
     }
 
 

@@ -58,11 +58,11 @@ def main() -> None:
             decoded = codec.Decoded(image, (W, H), "jpeg")
             prepared = tensor.prepare(decoded, info.contract, profile)
             predictions.append(engine.infer(prepared, info.generation).result().prediction)
-    per_frame = [normalise.frame(p, profile.output) for p in predictions]
+    per_frame = [normalise.frame(p, profile.predicts) for p in predictions]
     stabiliser, stable = stabilise.Stabiliser(), []
     out = Path("depth.jpg")
     for i, (image, p) in enumerate(zip(frames, predictions)):
-        shot_map = stabiliser.map(out, p, profile.output, image, key=0, seq=i + 1)
+        shot_map = stabiliser.map(out, p, profile.predicts, image, key=0, seq=i + 1)
         stabiliser.landed(out, shot_map)
         stable.append(shot_map.map)
 

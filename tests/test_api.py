@@ -56,7 +56,7 @@ class Reference:
         prepared = tensor.prepare(decoded, self.info.contract, self.info.profile)
         prediction = self.engine.infer(prepared, self.info.generation).result(HTTP_TIMEOUT).prediction
         options = dataclasses.replace(Settings.from_config(Config()).render, bits=bits)
-        nearness = normalise.frame(prediction, self.info.profile.output, options.clip_percent)
+        nearness = normalise.frame(prediction, self.info.profile.predicts, options.clip_percent)
         return render.render(nearness, decoded.size, options, guide=decoded.image)
 
     def close(self) -> None:

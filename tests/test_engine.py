@@ -371,7 +371,7 @@ def test_a_frame_that_straddles_a_model_swap_is_rendered_with_the_model_that_ran
     model_a = brightness_model(tmp_path / "a.onnx")
     model_b = brightness_model(tmp_path / "b.onnx")
     spec_a = spec_for(model_a)
-    spec_b = ModelSpec(path=model_b, profile=spec_a.profile.with_overrides(output=DEPTH), providers=("cpu",))
+    spec_b = ModelSpec(path=model_b, profile=spec_a.profile.with_overrides(predicts=DEPTH), providers=("cpu",))
     gate, worker_free = threading.Event(), threading.Event()
 
     def gated(path, sess_options=None, providers=None):

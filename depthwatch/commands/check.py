@@ -70,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
         ext = _output_ext(config.output.template)
         made = render.depth_map(
             inference.prediction,
-            info.profile.output,
+            info.profile.predicts,
             size=decoded.size,
             ext=ext,
             options=settings.render,

@@ -239,7 +239,7 @@ def _sequence(pipeline: Any, jobs: list[Any], settings: Any, report: Any) -> Non
             result.prediction = None  # run the model again in pass 2
         kept.append((job, result))
     plans = stabilise.plan([result.summary for _, result in kept])
-    kind = pipeline.engine.wait_ready().profile.output
+    kind = pipeline.engine.wait_ready().profile.predicts
     clip = settings.render.clip_percent
     previous = None
     for (job, result), params in zip(kept, plans):

@@ -42,6 +42,7 @@ from depthwatch.frames.frameline import timings
 from depthwatch.frames.result import Result
 from depthwatch.frames.rules import Rules
 from depthwatch.imaging import formats
+from depthwatch.logtext import shown
 
 log = logging.getLogger("depthwatch.daemon.api")
 
@@ -100,11 +101,6 @@ _REASONS = {
 }
 
 
-def _show(text: str) -> str:
-    """A name from a request, safe for one log line (control characters escaped, the rest as is)."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 @dataclass(frozen=True)
 class _Answer:
     status: int
@@ -126,11 +122,11 @@ class PredictApp:
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO", "")
         query = environ.get("QUERY_STRING", "")
-        what = _show(f"{method} {path}" + (f"?{query}" if query else ""))
+        what = shown(f"{method} {path}" + (f"?{query}" if query else ""))
         try:
             answer = self._route(method, path, query, environ)
         except Refused as exc:
-            log.warning("api: %s: %d %s", what, exc.status, _show(str(exc)))
+            log.warning("api: %s: %d %s", what, exc.status, shown(str(exc)))
             answer = _Answer(exc.status, f"{exc}\n".encode())
             if exc.status == 401:
                 answer = _Answer(401, answer.body, headers=(("WWW-Authenticate", 'Bearer realm="depthwatch"'),))
@@ -211,14 +207,14 @@ class PredictApp:
     def _resolve(self, name: str, rules: Rules) -> Path:
         """`frame=NAME` as a frame inside a watch folder; 403 for anything that leads outside."""
         if not name or "\x00" in name:
-            raise Refused(403, f"frame={_show(name)!s} is not a file name")
+            raise Refused(403, f"frame={shown(name)!s} is not a file name")
         if os.path.isabs(name):
             candidates = [Path(os.path.abspath(name))]
         else:
             candidates = [Path(os.path.abspath(root / name)) for root in rules.roots]
         inside = [path for path in candidates if _contained(path, rules)]
         if not inside:
-            raise Refused(403, f"frame={_show(name)} is outside the watch folders")
+            raise Refused(403, f"frame={shown(name)} is outside the watch folders")
         path = next((p for p in inside if p.exists()), inside[0])
         if not rules.link_allowed(path):
             raise Refused(403, f"{path} is a symlink to outside its watch folder")
@@ -263,7 +259,7 @@ class PredictApp:
         if chosen:
             key = chosen[-1].lower()
             if key not in ANSWER_FORMATS:
-                raise Refused(400, f"format={_show(key)} is not one of {', '.join(ANSWER_FORMATS)}")
+                raise Refused(400, f"format={shown(key)} is not one of {', '.join(ANSWER_FORMATS)}")
             ext, bits = ANSWER_FORMATS[key]
             return ext, bits, key
         for item in accept.split(","):
@@ -299,7 +295,7 @@ class _LoggedErrorTask(ErrorTask):
         limit = self.channel.server.adj.max_request_body_size
         if error.code == 413:
             error.body = f"the body is over api.max_body_mb ({limit / 1024 / 1024:.3g} MB); send a smaller image or raise api.max_body_mb"
-        log.warning("api: %s %s: %d %s", _show(self.request.command or "?"), _show(self.request.path or "?"), error.code, error.body)
+        log.warning("api: %s %s: %d %s", shown(self.request.command or "?"), shown(self.request.path or "?"), error.code, error.body)
         super().execute()
 
 

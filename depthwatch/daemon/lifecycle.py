@@ -41,7 +41,7 @@ from depthwatch.daemon.waiters import MapWaiters, Ticket
 from depthwatch.daemon.watcher import Watcher
 from depthwatch.errors import ConfigError, DepthwatchError, FrameError, OutputError
 from depthwatch.frames import provenance
-from depthwatch.frames.job import Job
+from depthwatch.frames.job import Job, Signature, signature_of
 from depthwatch.frames.jobqueue import LatestWinsQueue
 from depthwatch.frames.errorrecords import write_error_record
 from depthwatch.frames.frameline import STAGES
@@ -67,23 +67,14 @@ SUPERSEDED_SUMMARY_S = 5.0
 _SUPERSEDED_STAGES = ("replaced while queued", "before inference", "after inference had started")
 
 
-def _file_signature(path: Path) -> tuple[int, ...] | None:
+def _stamp_of(path: Path) -> tuple[int, ...] | None:
     """The config file as given and what it leads to: relinking a symlink, or replacing
-    the link or its target, changes one of the two."""
+    the link or its target, changes one of the two. (A frame's version is its `signature`.)"""
     try:
         link, st = os.lstat(path), os.stat(path)
     except OSError:
         return None
     return link.st_ino, link.st_mtime_ns, link.st_ctime_ns, st.st_ino, st.st_mtime_ns, st.st_size
-
-
-def _frame_signature(path: Path) -> tuple[int, int, int] | None:
-    """(size, mtime_ns, inode), as the watcher and the jobs sign a version of a frame."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_size, st.st_mtime_ns, st.st_ino
 
 
 class Daemon:
@@ -104,7 +95,7 @@ class Daemon:
         self._loader = loader
         self._session_factory = session_factory
         self._reload = threading.Event()
-        self._config_signature = _file_signature(config.source) if config.source else None
+        self._config_stamp = _stamp_of(config.source) if config.source else None
         self._config_settling: tuple[int, ...] | None = None
         self._locks = FolderLocks()
         self._swap: Future[ModelInfo] | None = None
@@ -288,13 +279,13 @@ class Daemon:
         path = self.config.source
         if path is None or self._loader is None:
             return
-        signature = _file_signature(path)
-        if signature == self._config_signature:
+        stamp = _stamp_of(path)
+        if stamp == self._config_stamp:
             self._config_settling = None
-        elif signature != self._config_settling:
-            self._config_settling = signature  # an editor may still be writing: look again next time
+        elif stamp != self._config_settling:
+            self._config_settling = stamp  # an editor may still be writing: look again next time
         else:
-            self._config_signature, self._config_settling = signature, None
+            self._config_stamp, self._config_settling = stamp, None
             self.reload(f"{path.name} changed")
 
     def reload(self, why: str) -> bool:
@@ -424,7 +415,7 @@ class Daemon:
 
     # -- frames -------------------------------------------------------------------
 
-    def _on_complete(self, source: Path, signature: tuple[int, int, int], fmt: str | None = None) -> None:
+    def _on_complete(self, source: Path, signature: Signature, fmt: str | None = None) -> None:
         """A complete frame (settle thread): make its job, queue it, let the pipeline pull it."""
         rules = self.rules
         if provenance.read(source) is not None:
@@ -442,7 +433,7 @@ class Daemon:
             if self.waiters.absorb(source, signature):
                 log.debug("%s: the watcher found the version a request already queued", source.name)
                 return
-            if _frame_signature(source) != signature:
+            if signature_of(source) != signature:
                 return  # changed since: that newer version comes by its own event or request
             self._enqueue(job)
 
@@ -471,7 +462,7 @@ class Daemon:
         """
         job = self.rules.job_for(source)  # the watcher's own job, roots and all
         with self.waiters.hold():
-            signature = _frame_signature(source)
+            signature = signature_of(source)
             if signature is None:
                 raise FileNotFoundError(source)
             return self.waiters.attach(replace(job, signature=signature), self._enqueue)

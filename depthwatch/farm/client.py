@@ -26,7 +26,7 @@ from depthwatch.farm import require_distributed
 from depthwatch.farm.tasks import (
     RESOURCE,
     FrameTask,
-    Outcome,
+    FrameReport,
     collect_frames,
     render_frames,
 )
@@ -96,7 +96,7 @@ def run(
             key=f"depthwatch-{function.__name__}-{run_id}-{next(serial)}", pure=False, resources={RESOURCE: 1},
         )
 
-    def tally(outcome: Outcome) -> None:
+    def tally(outcome: FrameReport) -> None:
         nonlocal failures
         job = jobs[outcome.index]
         if outcome.ok:
@@ -180,12 +180,12 @@ def _second_pass(
     batch_of: dict[str, list[FrameTask]],
     todo: set[int],
     config: Config,
-    tally: Callable[[Outcome], None],
+    tally: Callable[[FrameReport], None],
 ) -> list[list[FrameTask]]:
     """Plan a sequence from its first pass, make each frame's [0, 1] map in frame order, batch the writes."""
     from depthwatch.imaging import stabilise
 
-    outcomes: dict[int, Outcome] = {}
+    outcomes: dict[int, FrameReport] = {}
     for future in collected:
         for outcome in _outcomes(future, batch_of.pop(future.key)):
             outcomes[outcome.index] = outcome
@@ -193,7 +193,7 @@ def _second_pass(
     usable = [i for i in shot if outcomes.get(i) is not None and outcomes[i].ok and outcomes[i].summary is not None]
     for i in shot:
         if i not in usable and i in todo:  # it failed alone, with its line; the shot is planned without it
-            tally(outcomes.get(i) or Outcome(i, "the farm returned nothing for it; run the command again to retry"))
+            tally(outcomes.get(i) or FrameReport(i, "the farm returned nothing for it; run the command again to retry"))
     plans = stabilise.plan([outcomes[i].summary for i in usable])
     clip = config.output.clip_percent
     previous = None
@@ -208,7 +208,7 @@ def _second_pass(
     return [frames[n : n + size] for n in range(0, len(frames), size)]
 
 
-def _outcomes(future: Any, batch: list[FrameTask]) -> list[Outcome]:
+def _outcomes(future: Any, batch: list[FrameTask]) -> list[FrameReport]:
     """The task's outcomes; a task that failed as a whole fails each of its frames with the reason."""
     try:
         return future.result()
@@ -216,7 +216,7 @@ def _outcomes(future: Any, batch: list[FrameTask]) -> list[Outcome]:
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
         # KilledWorker: every worker that took the task died (distributed.scheduler.allowed-failures).
         reason = f"the farm could not map it ({type(exc).__name__}{': ' + first if first else ''}); run the command again to retry"
-        return [Outcome(frame.index, reason) for frame in batch]
+        return [FrameReport(frame.index, reason) for frame in batch]
 
 
 def _say_if_no_workers(client: Any, scheduler: str, report: Callable[[str], None]) -> None:

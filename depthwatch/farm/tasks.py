@@ -2,7 +2,7 @@
 
 Pixels never cross the network: a task names frames and outputs on storage
 every worker sees (already in the workers' view of it, see `pathmap`), and its
-result is one small `Outcome` per frame. The work itself is done by the
+result is one small `FrameReport` per frame. The work itself is done by the
 worker's `FrameRunner` (see `worker`), found through the worker's plugin, so a
 task never loads a model or starts a thread of its own.
 
@@ -78,7 +78,7 @@ class FrameTask:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class FrameReport:
     """What became of one frame, as the client needs it for its line and its tally."""
 
     index: int
@@ -101,12 +101,12 @@ class Outcome:
         return self.error is None
 
 
-def render_frames(frames: list[FrameTask], settings: Settings, force: bool = False) -> list[Outcome]:
+def render_frames(frames: list[FrameTask], settings: Settings, force: bool = False) -> list[FrameReport]:
     """The task: map `frames` on this worker with the client's output `settings`."""
     return _runner().render(frames, settings, force)
 
 
-def collect_frames(frames: list[FrameTask], settings: Settings) -> list[Outcome]:
+def collect_frames(frames: list[FrameTask], settings: Settings) -> list[FrameReport]:
     """The task of a shot-stable sequence's first pass: the model's view of each frame, nothing written."""
     return _runner().render(frames, settings, force=True, collect=True)
 

@@ -12,6 +12,7 @@ instead of being written. It goes the same way through the pipeline.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,23 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import numpy as np
+
+
+#: A version of a frame: (size, mtime_ns, inode). A config file's version is a "stamp" instead.
+Signature = tuple[int, int, int]
+
+
+def signature_from(st: os.stat_result) -> Signature:
+    """The signature of the file version `st` describes."""
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def signature_of(path: Path) -> Signature | None:
+    """The signature of the frame at `path` now (following links), or None if it is not there."""
+    try:
+        return signature_from(os.stat(path))
+    except OSError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -33,7 +51,7 @@ class Job:
     error_record: Path | None = None
     #: (size, mtime_ns, inode) when the frame was found complete; a different file at
     #: read time means a newer version is on its way (None: take what is there).
-    signature: tuple[int, int, int] | None = None
+    signature: Signature | None = None
     #: The format the watcher sniffed, its end marker (if the format has one) checked;
     #: None: not looked at yet (`once`, or a file the watcher could not place).
     format: str | None = None

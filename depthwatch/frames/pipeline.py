@@ -365,7 +365,7 @@ class Pipeline:
                 return
             made = depth_map(
                 inference.prediction,
-                info.profile.output,
+                info.profile.predicts,
                 size=decoded.size,
                 ext=job.map_ext,
                 options=settings.render,
@@ -427,7 +427,7 @@ class Pipeline:
         assert frame.decoded is not None
         result = frame.result
         result.summary = stabilise.summarise(
-            inference.prediction, info.profile.output, frame.decoded.image, frame.settings.render.clip_percent
+            inference.prediction, info.profile.predicts, frame.decoded.image, frame.settings.render.clip_percent
         )
         result.prediction = inference.prediction.astype(np.float16)
         frame.decoded = None

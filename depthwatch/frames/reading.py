@@ -18,6 +18,7 @@ from pathlib import Path
 
 from depthwatch.errors import FrameError, Superseded
 from depthwatch.files import kind_of, link_problem
+from depthwatch.frames.job import Signature, signature_from
 
 #: Default for `daemon.max_file_mb`: far above any frame, far below a machine's memory.
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
@@ -126,7 +127,7 @@ def read_head(path: Path, size: int = 65536) -> tuple[bytes, os.stat_result] | N
 
 def read_source(
     path: Path,
-    signature: tuple[int, int, int] | None = None,
+    signature: Signature | None = None,
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
     link_root: Path | None = None,
@@ -155,6 +156,6 @@ def read_source(
     data, after = read_file(path, follow_links=follow, max_bytes=max_bytes)
     if before is None or (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns) or len(data) != after.st_size:
         raise Superseded("the file changed while it was being read")
-    if signature is not None and signature != (after.st_size, after.st_mtime_ns, after.st_ino):
+    if signature is not None and signature != signature_from(after):
         raise Superseded("the file changed after it was found complete")
     return data, after

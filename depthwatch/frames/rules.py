@@ -19,7 +19,7 @@ from pathlib import Path
 from depthwatch.config import OutputConfig, WatchConfig
 from depthwatch.errors import ConfigError, FrameError
 from depthwatch.frames import provenance
-from depthwatch.frames.job import Job
+from depthwatch.frames.job import Job, Signature
 from depthwatch.frames.writer import is_temp_name
 from depthwatch.logtext import shown
 
@@ -112,7 +112,7 @@ class Rules:
         return output.with_name(f"{source.name}.error.json")
 
     def job_for(
-        self, source: Path, signature: tuple[int, int, int] | None = None, format: str | None = None
+        self, source: Path, signature: Signature | None = None, format: str | None = None
     ) -> Job:
         """The job for frame `source`: its output, error record, and the folders its read and write stay in.
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from depthwatch.errors import OutputError
+from depthwatch.files import fsync_folder, write_all
 from depthwatch.logtext import shown
 
 #: Temporary names look like `.depth.jpg.4242-3f9a1c0b.dwtmp`: hidden, recognisable so
@@ -134,11 +135,7 @@ def atomic_write(target: Path, data: bytes, roots: tuple[Path, ...] = ()) -> Non
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC | _NOFOLLOW, 0o644, dir_fd=folder)
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fsync(fd)
+            write_all(fd, data)
         finally:
             os.close(fd)
         os.replace(tmp, target.name, src_dir_fd=folder, dst_dir_fd=folder)
@@ -152,9 +149,7 @@ def atomic_write(target: Path, data: bytes, roots: tuple[Path, ...] = ()) -> Non
         os.close(folder)
         raise
     try:
-        os.fsync(folder)  # so the rename survives a power cut
-    except OSError:
-        pass
+        fsync_folder(folder)  # so the rename survives a power cut
     finally:
         os.close(folder)
 

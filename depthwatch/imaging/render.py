@@ -76,7 +76,7 @@ class DepthMap:
 
 def depth_map(
     prediction: np.ndarray,
-    output_kind: str,
+    predicts: str,
     *,
     size: tuple[int, int],
     ext: str,
@@ -89,6 +89,7 @@ def depth_map(
 ) -> DepthMap:
     """The whole chain for one frame: `prediction` (model resolution) -> the bytes of a map named `*ext`.
 
+    `predicts`: what the prediction means (the profile's: inverse depth or depth).
     `size` is the frame's (width, height), `guide` its decoded pixels (maybe at
     reduced scale) for `refine: edges`. `nearness`: the [0, 1] map already made
     (a planned shot, offline), so normalising is skipped. `stable`: normalise
@@ -98,12 +99,12 @@ def depth_map(
     shot = None
     if nearness is None:
         if stable is None:
-            nearness = normalise.frame(prediction, output_kind, options.clip_percent)
+            nearness = normalise.frame(prediction, predicts, options.clip_percent)
         else:
             shot = stable.stabiliser.map(
                 stable.output,
                 prediction,
-                output_kind,
+                predicts,
                 guide,
                 key=stable.key,
                 seq=stable.seq,
