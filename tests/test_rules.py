@@ -105,3 +105,15 @@ def test_every_job_gets_its_roots_from_the_one_factory(tmp_path: Path) -> None:
     assert rules(tmp_path, follow_symlinks=True).job_for(tmp_path / "a.jpg").link_root is None
     with pytest.raises(FrameError, match="outside the configured folders"):
         rules(tmp_path, "../{stem}.png").job_for(tmp_path / "a.jpg")
+
+
+def test_an_ext_template_refuses_a_frame_whose_format_no_map_can_have(tmp_path: Path) -> None:
+    """Patterns that do not name an extension ('*') leave it to each frame: refused when its job is made."""
+    r = rules(tmp_path, "{stem}_depth.{ext}", patterns=("*",))
+    assert r.output_for(tmp_path / "a.jpg") == tmp_path / "a_depth.jpg"
+    with pytest.raises(FrameError, match=r"depth maps cannot be written as \.webp"):
+        r.job_for(tmp_path / "a.webp")
+    floats = Rules(WatchConfig(folders=(tmp_path,), patterns=("*",)), OutputConfig(template="{stem}_depth.{ext}", png_bits=32))
+    assert floats.output_for(tmp_path / "a.tif") == tmp_path / "a_depth.tif"  # a 32-bit float TIFF
+    with pytest.raises(FrameError, match="png_bits 32"):
+        floats.job_for(tmp_path / "a.png")

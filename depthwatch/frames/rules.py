@@ -16,7 +16,7 @@ import string
 from collections.abc import Iterable
 from pathlib import Path
 
-from depthwatch.config import OutputConfig, WatchConfig
+from depthwatch.config import OutputConfig, WatchConfig, map_format_problem
 from depthwatch.errors import ConfigError, FrameError
 from depthwatch.frames import provenance
 from depthwatch.frames.job import Job, Signature
@@ -46,6 +46,7 @@ class Rules:
         self.recursive = watch.recursive
         self.follow_symlinks = watch.follow_symlinks
         self.template = output.template
+        self.png_bits = output.png_bits
         self._output_name = _template_regex(output.template)
         self.error_records = output.error_sidecar
         # The template's folder part (~ and $VARS already expanded when the config was read):
@@ -100,6 +101,9 @@ class Rules:
             raise FrameError(f"its output {output} would be outside the configured folders; not writing it")
         if output == source:
             raise FrameError("its output would overwrite the frame itself; change output.template")
+        problem = map_format_problem(self.template, source.suffix, self.png_bits)
+        if problem:  # before a byte is read, not as the map is encoded
+            raise FrameError(problem)
         return output
 
     def output_roots(self, source: Path) -> tuple[Path, ...]:
