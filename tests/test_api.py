@@ -164,6 +164,16 @@ def test_a_finished_frame_is_answered_without_running_it_again(api_daemon):
     assert len(d.frame_lines()) == 1, d.log()
 
 
+def test_the_classic_frame_is_the_pattern_as_written(api_daemon):
+    """`patterns: [Frame.JPG]` on a case-sensitive disk: the frame is Frame.JPG, not frame.jpg."""
+    d = api_daemon(watch={"patterns": ["Frame.JPG"]}, output={"template": "depth.jpg"})
+    write_by_rename(d.watch / "Frame.JPG", jpeg_bytes(block_frame(3)))
+    answer = requests.post(f"{d.url}/predict", timeout=HTTP_TIMEOUT)
+    assert (answer.status_code, answer.text) == (200, "DONE")
+    assert (d.watch / "depth.jpg").is_file()
+    assert d.stop() == 0
+
+
 def test_frame_parameter_names_another_frame(api_daemon, reference):
     d = api_daemon(watch={"patterns": ["frame.jpg", "shot_*.jpg"]}, output={"template": "{stem}_depth.jpg"})
     data = jpeg_bytes(block_frame(7))

@@ -42,7 +42,10 @@ class Rules:
 
     def __init__(self, watch: WatchConfig, output: OutputConfig) -> None:
         self.roots = tuple(Path(os.path.abspath(f)) for f in watch.folders)
-        self.patterns = tuple(p.lower() for p in watch.patterns)
+        #: As written (`POST /predict` with no frame named takes the first as the file name);
+        #: matched without regard to case.
+        self.patterns = tuple(watch.patterns)
+        self._lower_patterns = tuple(p.lower() for p in watch.patterns)
         self.recursive = watch.recursive
         self.follow_symlinks = watch.follow_symlinks
         self.template = output.template
@@ -87,7 +90,7 @@ class Rules:
         if name.startswith(".") and not any(p.startswith(".") for p in self.patterns):
             return False  # hidden files (editor temporaries, .DS_Store) unless asked for
         lower = name.lower()
-        return any(fnmatch.fnmatchcase(lower, pattern) for pattern in self.patterns)
+        return any(fnmatch.fnmatchcase(lower, pattern) for pattern in self._lower_patterns)
 
     def output_for(self, source: Path) -> Path:
         """Where the depth map of `source` goes; FrameError if that leaves the allowed folders."""
