@@ -240,7 +240,6 @@ class Pipeline:
             self._fail(frame, FrameError("stopped before the frame was read"))
         return future
 
-
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until every submitted job has its result; False on timeout."""
         with self._idle:
