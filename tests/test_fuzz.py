@@ -48,17 +48,7 @@ def mutated(draw) -> bytes:
 @given(mutated())
 def test_mutated_images_decode_or_fail_cleanly(data):
     formats.read_header(data)  # never raises
-    try:
-        decoded = codec.decode(data, max_pixels=4_000_000, min_size=(32, 32))
-    except FrameError as exc:
-        assert str(exc) and "\n" not in str(exc)
-        return
-    prepared = tensor.prepare(decoded, CONTRACT, PROFILES["midas-v21-small"])
-    assert prepared.shape == (1, 3, 32, 32) and np.isfinite(prepared).all()
-    options = render.RenderOptions()
-    nearness = normalise.frame(prepared[0, 0], INVERSE_DEPTH, options.clip_percent)
-    depth = render.render(nearness, decoded.size, options, guide=decoded.image)
-    assert (depth.shape[1], depth.shape[0]) == decoded.size
+    _decode_once(data)
 
 
 # -- past the sniff: mutations that keep a real header and end marker, so the decoders run --------
@@ -131,15 +121,15 @@ _BEFORE_DECODER = ("the file is empty", "not a JPEG", "header is damaged", "head
 def _decode_once(data: bytes) -> str:
     """'decoded', 'refused by the decoder' or 'refused before it'; anything else escapes."""
     try:
-        decoded = pixels.decode(data, max_pixels=4_000_000, min_size=(32, 32))
+        decoded = codec.decode(data, max_pixels=4_000_000, min_size=(32, 32))
     except FrameError as exc:
         reason = str(exc)
         assert reason and "\n" not in reason
         return "before" if any(sign in reason for sign in _BEFORE_DECODER) else "decoder"
-    tensor = pixels.prepare(decoded, CONTRACT, PROFILES["midas-v21-small"])
-    assert tensor.shape == (1, 3, 32, 32) and np.isfinite(tensor).all()
-    options = pixels.RenderOptions()
-    depth = pixels.render(pixels.normalise(tensor[0, 0], INVERSE_DEPTH, options), decoded.size, options, guide=decoded.image)
+    prepared = tensor.prepare(decoded, CONTRACT, PROFILES["midas-v21-small"])
+    assert prepared.shape == (1, 3, 32, 32) and np.isfinite(prepared).all()
+    options = render.RenderOptions()
+    depth = render.render(normalise.frame(prepared[0, 0], INVERSE_DEPTH), decoded.size, options, guide=decoded.image)
     assert (depth.shape[1], depth.shape[0]) == decoded.size
     return "decoded"
 
