@@ -117,3 +117,13 @@ def test_an_ext_template_refuses_a_frame_whose_format_no_map_can_have(tmp_path: 
     assert floats.output_for(tmp_path / "a.tif") == tmp_path / "a_depth.tif"  # a 32-bit float TIFF
     with pytest.raises(FrameError, match="png_bits 32"):
         floats.job_for(tmp_path / "a.png")
+
+
+def test_a_batch_refuses_two_frames_with_one_output_and_takes_a_frame_named_twice_once(tmp_path: Path) -> None:
+    from depthwatch.errors import ConfigError
+
+    r = rules(tmp_path, patterns=("*",))
+    jobs, refused = r.jobs_for([tmp_path / "a.jpg", tmp_path / "b.jpg", tmp_path / "a.jpg"])
+    assert [job.source.name for job in jobs] == ["a.jpg", "b.jpg"] and refused == []
+    with pytest.raises(ConfigError, match="a.jpg and .*a.tif both map to .*a_depth.jpg"):
+        r.jobs_for([tmp_path / "a.jpg", tmp_path / "a.tif"])

@@ -163,7 +163,9 @@ class Rules:
                 refused.append((source, f"its output {shown(job.output)} is an input frame; writing it would replace that frame: give another -o"))
                 continue
             first = owner.setdefault(real, source)
-            if first != source:
+            if first is not source:
+                if os.path.realpath(first) == os.path.realpath(source):
+                    continue  # the same frame named twice: one job
                 raise ConfigError(
                     f"{shown(first)} and {shown(source)} both map to {shown(job.output)}; "
                     "one map would replace the other: name outputs with {name} (e.g. -o '{name}_depth.jpg') or leave one out"
