@@ -91,7 +91,7 @@ class FrameReport:
     line: str = ""
     worker: str = ""
     #: `collect_frames` only: the frame's stabilise.Summary, its prediction (float16, model
-    #: resolution) and what the prediction means (the profile's output kind).
+    #: resolution) and what the prediction means (the profile's `predicts`).
     summary: Any = None
     prediction: np.ndarray | None = field(default=None, repr=False)
     kind: str = ""
