@@ -161,11 +161,10 @@ def costs(plan: Plan, config: Any, single: sessions.Captured) -> dict[str, Any]:
             made = render.depth_map(
                 depth_map(output),
                 profile.predicts,
-                size=decoded.size,
+                decoded,
                 ext=".jpg",
                 options=settings.render,
                 encoding=settings.encoding,
-                guide=decoded.image,
                 lap=lap,
             )
             atomic_write(path.with_name(path.stem + "_depth.jpg"), made.data)

@@ -71,11 +71,10 @@ def main(args: argparse.Namespace) -> int:
         made = render.depth_map(
             inference.prediction,
             info.profile.predicts,
-            size=decoded.size,
+            decoded,
             ext=ext,
             options=settings.render,
             encoding=settings.encoding,
-            guide=decoded.image,
         )
         print(
             f"frame:     1920x1080 synthetic frame -> {len(made.data)} byte {ext} depth map, "

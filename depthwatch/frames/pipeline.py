@@ -283,8 +283,16 @@ class Pipeline:
                 max_pixels=frame.settings.max_pixels,
                 min_size=info.min_frame_size,
                 checked_format=job.format,
+                exr_colour=frame.settings.exr.colour,
             )
             del data
+            if frame.decoded.not_finite:
+                log.warning(
+                    "%s: %d NaN or infinite values in the EXR were made finite before the model "
+                    "(NaN and -Inf as black, +Inf as white)",
+                    shown(job.source),
+                    frame.decoded.not_finite,
+                )
             frame.lap("decode")
             if job.nearness is not None:  # once, pass 2: the map is made, only write it
                 done: Future[Inference] = Future()
@@ -365,11 +373,10 @@ class Pipeline:
             made = depth_map(
                 inference.prediction,
                 info.profile.predicts,
-                size=decoded.size,
+                decoded,
                 ext=job.map_ext,
                 options=settings.render,
                 encoding=settings.encoding,
-                guide=decoded.image,
                 nearness=job.nearness,
                 stable=self._stable(frame, info),
                 lap=frame.lap,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from depthwatch.config import Config
 from depthwatch.frames import reading
 from depthwatch.imaging import normalise
+from depthwatch.imaging.codec import ExrOptions
 from depthwatch.imaging.levels import Levels, parse_level
 from depthwatch.imaging.render import Encoding, RenderOptions
 
@@ -25,10 +26,12 @@ class Settings:
     max_file_bytes: int = reading.DEFAULT_MAX_BYTES
     #: output.normalise: stable (per-output shot state) or frame (each map on its own).
     normalise: str = normalise.STABLE
+    #: input.exr_colour and output.exr_half / exr_compression.
+    exr: ExrOptions = ExrOptions()
 
     @property
     def encoding(self) -> Encoding:
-        return Encoding(self.jpeg_quality, self.png_bits, self.png_compression)
+        return Encoding(self.jpeg_quality, self.png_bits, self.png_compression, self.exr)
 
     @classmethod
     def from_config(cls, config: Config) -> Settings:
@@ -46,4 +49,5 @@ class Settings:
             sidecar=out.sidecar,
             max_file_bytes=int(config.daemon.max_file_mb * 2**20),
             normalise=out.normalise,
+            exr=ExrOptions(config.input.exr_colour, out.exr_half, out.exr_compression),
         )

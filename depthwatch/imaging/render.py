@@ -45,11 +45,12 @@ class RenderOptions:
 
 @dataclass(frozen=True)
 class Encoding:
-    """How the map is written: what `output.jpeg_quality`, `png_bits` and `png_compression` say."""
+    """How the map is written: `output.jpeg_quality`, `png_bits`, `png_compression` and the EXR settings."""
 
     jpeg_quality: int = 95
     png_bits: int = 16
     png_compression: int = 1
+    exr: codec.ExrOptions = codec.ExrOptions()
 
 
 @dataclass(frozen=True)
@@ -77,12 +78,11 @@ class DepthMap:
 def depth_map(
     prediction: np.ndarray,
     predicts: str,
+    frame: codec.Decoded,
     *,
-    size: tuple[int, int],
     ext: str,
     options: RenderOptions,
     encoding: Encoding = Encoding(),
-    guide: np.ndarray | None = None,
     nearness: np.ndarray | None = None,
     stable: Stable | None = None,
     lap: Callable[[str], None] | None = None,
@@ -90,12 +90,14 @@ def depth_map(
     """The whole chain for one frame: `prediction` (model resolution) -> the bytes of a map named `*ext`.
 
     `predicts`: what the prediction means (the profile's: inverse depth or depth).
-    `size` is the frame's (width, height), `guide` its decoded pixels (maybe at
-    reduced scale) for `refine: edges`. `nearness`: the [0, 1] map already made
-    (a planned shot, offline), so normalising is skipped. `stable`: normalise
-    against the output's shot so far instead of this frame alone. `lap(stage)`
-    is called as each of normalise, render and encode ends (stage timings).
+    `frame`: the decoded frame: its size is the map's, its pixels (maybe at
+    reduced scale) guide `refine: edges`, an EXR's windows go on an EXR map.
+    `nearness`: the [0, 1] map already made (a planned shot, offline), so
+    normalising is skipped. `stable`: normalise against the output's shot so
+    far instead of this frame alone. `lap(stage)` is called as each of
+    normalise, render and encode ends (stage timings).
     """
+    guide = frame.image
     shot = None
     if nearness is None:
         if stable is None:
@@ -113,10 +115,17 @@ def depth_map(
             nearness = shot.map
     if lap is not None:
         lap("normalise")
-    depth = render(nearness, size, _with_bits(options, ext, encoding), guide=guide)
+    depth = render(nearness, frame.size, _with_bits(options, ext, encoding), guide=guide)
     if lap is not None:
         lap("render")
-    data = codec.encode(depth, ext, jpeg_quality=encoding.jpeg_quality, png_compression=encoding.png_compression)
+    data = codec.encode(
+        depth,
+        ext,
+        jpeg_quality=encoding.jpeg_quality,
+        png_compression=encoding.png_compression,
+        exr_options=encoding.exr,
+        exr_windows=frame.windows,
+    )
     if lap is not None:
         lap("encode")
     return DepthMap(data, shot)
