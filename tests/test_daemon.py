@@ -16,6 +16,8 @@ import pytest
 from conftest import jpeg_bytes, quadrant_frame, write_by_rename
 from daemon_process import DaemonProcess, wait_for
 
+from depthwatch.frames.frameline import STAGES, parse_frame_line
+
 QUADRANTS = ("top-left", "top-right", "bottom-left", "bottom-right")
 
 
@@ -65,6 +67,10 @@ def test_frame_dropped_by_rename_gives_exactly_one_depth_map(daemon, observer):
     assert d.stop() == 0
     assert len(d.frame_lines()) == 1, d.log()
     assert d.counts()["failed"] == 0
+    # The stages the log line names, one per module a frame goes through, in the status file too.
+    line = parse_frame_line(d.frame_lines()[0])
+    assert line is not None and line["infer"] > 0, d.frame_lines()
+    assert list(d.counts()["last_stage_ms"]) == list(STAGES)
 
 
 @pytest.mark.parametrize("observer", ["native", "polling"])
