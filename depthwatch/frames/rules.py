@@ -21,9 +21,12 @@ from depthwatch.errors import ConfigError, FrameError
 from depthwatch.frames import provenance
 from depthwatch.frames.job import Job, Signature
 from depthwatch.frames.writer import is_temp_name
+from depthwatch.imaging.formats import EXTENSIONS
 from depthwatch.logtext import shown
 
 _SIDECAR_SUFFIXES = (".json",)
+#: The extensions a frame can have, as written in either case.
+_FRAME_EXTENSIONS = tuple(dict.fromkeys(e for ext in EXTENSIONS for e in (ext, ext.upper())))
 
 
 def _template_regex(template: str) -> re.Pattern[str]:
@@ -126,9 +129,20 @@ class Rules:
         A symlinked frame is followed only to inside its watch folder (unless
         watch.follow_symlinks), and the map only lands inside the folders the
         rules allow, both checked again when the frame is read and the map
-        written. FrameError if the output would leave those folders.
+        written. FrameError if the output would leave those folders, or if
+        another frame beside it would get the same map (see `_sharing`).
         `signature` and `format`: what the watcher learned of this version.
         """
+        job = self._job(source, signature, format)
+        other = self._sharing(source)
+        if other is not None:
+            raise FrameError(
+                f"{shown(other.name)} maps to {shown(job.output.name)} too; one map would replace the other: "
+                "rename one, or name maps with {name} in output.template (e.g. '{name}_depth.png')"
+            )
+        return job
+
+    def _job(self, source: Path, signature: Signature | None = None, format: str | None = None) -> Job:
         output = self.output_for(source)
         return Job(
             source,
@@ -139,6 +153,27 @@ class Rules:
             link_root=None if self.follow_symlinks else self.root_of(source),
             output_roots=self.output_roots(source),
         )
+
+    def _sharing(self, source: Path) -> Path | None:
+        """Another frame beside `source` whose map would be the same file (`A.jpg`, `A.tif` under `{stem}`).
+
+        Only where the name comes from the stem alone: a fixed name (`depth.jpg`)
+        is one map for every frame on purpose, the classic live preview.
+        """
+        template = self.template
+        if "{stem}" not in template or "{ext}" in template or "{name}" in template:
+            return None
+        for ext in _FRAME_EXTENSIONS:
+            other = source.with_suffix(ext)
+            if other.name == source.name or not os.path.exists(other) or not self.is_frame(other):
+                continue
+            try:
+                if os.path.samefile(other, source):  # the same file by another case (a case-blind disk)
+                    continue
+            except OSError:
+                continue
+            return other
+        return None
 
     def jobs_for(self, sources: Iterable[Path]) -> tuple[list[Job], list[tuple[Path, str]]]:
         """Jobs for a batch of frames named at once (`once`), and the frames refused, with why.
@@ -154,7 +189,7 @@ class Rules:
         owner: dict[str, Path] = {}
         for source in sources:
             try:
-                job = self.job_for(source)
+                job = self._job(source)  # frames named together: compared with each other below
             except FrameError as exc:
                 refused.append((source, str(exc)))
                 continue
