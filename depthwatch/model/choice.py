@@ -70,7 +70,7 @@ class Trial:
     run_ms: float | None = None
     runs: int = 0
     peak_mib: float | None = None
-    #: Nodes the provider ran in the profiled run, and all nodes of that run.
+    #: Nodes the provider ran in the traced run, and all nodes of that run.
     nodes: int | None = None
     total_nodes: int | None = None
     error: str | None = None
@@ -199,17 +199,17 @@ def give_back_freed_memory() -> None:
         pass
 
 
-# -- profiling: which provider ran each node ------------------------------------------
+# -- tracing (ORT profiling): which provider ran each node ------------------------------------------
 
 
-def node_counts(profile_file: str | Path) -> Counter[str]:
-    """Nodes per provider in an onnxruntime profile (one count per node that ran).
+def node_counts(trace_file: str | Path) -> Counter[str]:
+    """Nodes per provider in an onnxruntime trace (its profiling output: one count per node that ran).
 
     A compiling provider (CoreML) shows each of its partitions as one fused
     node, so its count is partitions, not the original nodes it took.
     """
     try:
-        events = json.loads(Path(profile_file).read_text())
+        events = json.loads(Path(trace_file).read_text())
     except (OSError, ValueError):
         return Counter()
     seen: dict[str, str] = {}
@@ -236,11 +236,11 @@ def measure(
     probe: Probe | None = None,
     budget_s: float = BUDGET_S,
     runs: int = RUNS,
-    profile: bool = False,
+    trace_nodes: bool = False,
 ) -> list[Trial]:
     """Time each candidate: load, one warm-up run, then up to `runs` timed runs.
 
-    `create(variant, profile)` makes a session whose first provider is the
+    `create(variant, trace_nodes)` makes a session whose first provider is the
     variant's provider at its precision (raising if it cannot), `run(session)`
     runs one frame, `probe(session)` returns its maps of the probe images. Each
     session is released before the next is made. A variant that fails, or
@@ -258,7 +258,7 @@ def measure(
     reference: list[np.ndarray] | None = None
     for index, variant in enumerate(order):
         share = max(0.0, deadline - time.perf_counter()) / (len(order) - index)
-        trial, maps = _trial(variant, create, run, probe, share, runs, profile, must_finish=index == 0)
+        trial, maps = _trial(variant, create, run, probe, share, runs, trace_nodes, must_finish=index == 0)
         if index == 0:
             reference = maps
         elif trial.ok and reference is not None and maps is not None:
@@ -271,20 +271,20 @@ def measure(
 
 
 def _trial(
-    variant: Variant, create: Create, run: Run, probe: Probe | None, share: float, runs: int, profile: bool, must_finish: bool
+    variant: Variant, create: Create, run: Run, probe: Probe | None, share: float, runs: int, trace_nodes: bool, must_finish: bool
 ) -> tuple[Trial, list[np.ndarray] | None]:
     provider, precision = variant
     session = None
     try:
         with PeakMemory() as memory:
             start = time.perf_counter()
-            session = create(variant, profile)
+            session = create(variant, trace_nodes)
             load_s = time.perf_counter() - start
             applied = list(session.get_providers())
             if not applied or applied[0] != provider:
                 return Trial(provider, precision, load_s, error=f"it did not take the model (ran on {', '.join(applied)})"), None
             run(session)  # warm-up: first-run allocations and any lazy compilation
-            counts = node_counts(session.end_profiling()) if profile else Counter()
+            counts = node_counts(session.end_profiling()) if trace_nodes else Counter()
             end = start + share
             times: list[float] = []
             while len(times) < runs:
@@ -309,8 +309,8 @@ def _trial(
             statistics.median(times),
             len(times),
             memory.mib,
-            counts.get(provider) if profile else None,
-            sum(counts.values()) if profile else None,
+            counts.get(provider) if trace_nodes else None,
+            sum(counts.values()) if trace_nodes else None,
         )
         return trial, maps
     except Exception as exc:  # onnxruntime raises its own types; a failing provider is dropped, not fatal

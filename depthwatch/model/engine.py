@@ -439,15 +439,15 @@ class Engine:
             if notes.get(variants[0][0]):
                 log.warning("precision %s: %s", spec.precision, notes[variants[0][0]])
             return variants[0], "", [], []
-        with tempfile.TemporaryDirectory(prefix="depthwatch-profile-") as folder:
-            profile_prefix = str(Path(folder) / "profile") if self._measure == "always" else None
+        with tempfile.TemporaryDirectory(prefix="depthwatch-trace-") as folder:
+            trace_prefix = str(Path(folder) / "trace") if self._measure == "always" else None
 
-            def create(variant: Variant, profile: bool) -> Session:
+            def create(variant: Variant, traced: bool) -> Session:
                 provider, precision = variant
                 if provider == providers.OPENVINO:
                     return _openvino_session(spec, precision)
                 chain, _, pins = ort.provider_chain(_with_cpu(provider), spec, precision)
-                options = ort.session_options(spec, profile_prefix if profile else None, pins)
+                options = ort.session_options(spec, trace_prefix if traced else None, pins)
                 return self._factory(str(spec.path), sess_options=options, providers=chain)
 
             def run(session: Session) -> None:
@@ -462,7 +462,7 @@ class Engine:
                 ]
 
             try:
-                trials = choice.measure(variants, create, run, probe=probe, profile=profile_prefix is not None)
+                trials = choice.measure(variants, create, run, probe=probe, trace_nodes=trace_prefix is not None)
             except DepthwatchError:
                 raise
             except Exception as exc:  # the reference itself failed: the model is unusable

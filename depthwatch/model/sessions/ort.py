@@ -38,7 +38,7 @@ def run_options() -> Any:
     return onnxruntime.RunOptions()
 
 
-def session_options(spec: ModelSpec, profile_prefix: str | None = None, pins: dict[str, int] | None = None) -> Any:
+def session_options(spec: ModelSpec, trace_prefix: str | None = None, pins: dict[str, int] | None = None) -> Any:
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
@@ -54,9 +54,9 @@ def session_options(spec: ModelSpec, profile_prefix: str | None = None, pins: di
     options.enable_mem_pattern = False
     for name, value in (pins or {}).items():
         options.add_free_dimension_override_by_name(name, value)
-    if profile_prefix is not None:
+    if trace_prefix is not None:  # ORT profiling: a trace of which provider ran each node
         options.enable_profiling = True
-        options.profile_file_prefix = profile_prefix
+        options.profile_file_prefix = trace_prefix
     return options
 
 
