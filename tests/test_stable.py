@@ -102,7 +102,10 @@ def run_once_over(folder: Path, edit: footage.Edit, *args: str) -> list[np.ndarr
     numbers = range(990, 990 + len(edit.frames))
     for n, jpeg in zip(numbers, edit.jpegs()):
         (frames / f"A001_C002.{n:04d}.jpg").write_bytes(jpeg)
-    run_once(str(frames), "-o", str(folder / "maps"), "--model", str(FASTDEPTH), "--profile", "fastdepth-nyu", *args)
+    config = folder / "config.yaml"  # onnxruntime's CPU provider, as the daemon below (auto may pick OpenVINO)
+    config.write_text("model:\n  providers: [cpu]\n")
+    run_once(str(frames), "-o", str(folder / "maps"), "--model", str(FASTDEPTH), "--profile", "fastdepth-nyu",
+             "-c", str(config), *args)
     return [read(folder / "maps" / f"A001_C002.{n:04d}_depth.jpg") for n in numbers]
 
 
