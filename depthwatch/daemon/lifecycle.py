@@ -49,7 +49,7 @@ from depthwatch.frames.pipeline import (
     Settings,
     write_error_record,
 )
-from depthwatch.frames.rules import Rules
+from depthwatch.frames.rules import Rules, template_clashes
 from depthwatch.frames.writer import sweep_temp_files
 from depthwatch.logtext import shown
 from depthwatch.model import catalogue
@@ -267,6 +267,13 @@ class Daemon:
             swept = sweep_temp_files(root)
             if swept:
                 log.info("removed %d temporary file(s) left in %s", swept, shown(root))
+        for pattern in template_clashes(rules.patterns, rules.template):
+            log.warning(
+                "watch.patterns %s and output.template %s clash: every %s file looks like a depth map, so none "
+                "is mapped, and a map may take the name of one; depthwatch never replaces a file it did not make "
+                "(it logs an error instead): change output.template or the patterns",
+                pattern, rules.template, pattern,
+            )
         self.rules = rules
         self.watcher = Watcher(rules, config.watch, self._on_complete, self._on_unusable)
         self.watcher.start()

@@ -172,6 +172,13 @@ class _Frame:
     inference: Future[Inference] | None = None
     #: output.normalise: stable: the map and the shot state it leaves once written.
     outcome: stabilise.Outcome | None = None
+    #: The folder the frame was read from, open from read to result (see `open_frame_folder`).
+    folder: int | None = None
+
+    def close_folder(self) -> None:
+        if self.folder is not None:
+            os.close(self.folder)
+            self.folder = None
 
     def check(self) -> None:
         if self.abandoned:
@@ -244,12 +251,64 @@ def _ensure_folder(folder: Path, roots: tuple[Path, ...] = ()) -> None:
         raise OutputError(f"cannot create the output folder {folder}: {exc.strerror or exc}") from None
 
 
+def open_frame_folder(source: Path, roots: tuple[Path, ...] = ()) -> int:
+    """A descriptor of the folder `source` is in, opened as the frame is read; FrameError if unusable.
+
+    The frame is read through it and its map written through it (when the map
+    goes beside the frame), so a link in the path re-pointed, or the folder
+    swapped for a link to elsewhere, while the frame waits for the model can
+    never carry its map into another folder. With `roots`, the folder must
+    really lie inside one of them now (checked on the descriptor: device and inode).
+    """
+    folder = source.parent
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise Superseded("its folder vanished before the frame could be read") from None
+    except OSError as exc:
+        raise FrameError(f"cannot open its folder {shown(folder)}: {exc.strerror or exc}") from None
+    try:
+        if roots:
+            here, there = os.fstat(fd), os.stat(os.path.realpath(folder))
+            if not really_inside(folder, roots) or (here.st_dev, here.st_ino) != (there.st_dev, there.st_ino):
+                raise FrameError(f"its folder {shown(folder)} now leads outside the watch folders (replaced by a link?); not read")
+    except OSError as exc:
+        os.close(fd)
+        raise FrameError(f"cannot check its folder {shown(folder)}: {exc.strerror or exc}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_frame_folder(source: Path, folder_fd: int) -> None:
+    """OutputError unless `source`'s folder path still leads to the folder open on `folder_fd`.
+
+    A map is made for the frame that was read; if the folder's path now names
+    another folder (a link re-pointed, the watch folder swapped), the map is
+    refused rather than written beside frames it was not made from.
+    """
+    folder = source.parent
+    try:
+        now, then = os.stat(folder), os.fstat(folder_fd)
+        same = (now.st_dev, now.st_ino) == (then.st_dev, then.st_ino)
+    except OSError:
+        same = False
+    if not same:
+        raise OutputError(
+            f"its folder {shown(folder)} is no longer the folder the frame was read from "
+            "(a link re-pointed, or the folder moved or replaced); its map is not written",
+            retryable=False,
+        )
+
+
 def read_source(
     path: Path,
     signature: tuple[int, int, int] | None = None,
     *,
     max_bytes: int = reading.DEFAULT_MAX_BYTES,
     link_root: Path | None = None,
+    folder_fd: int | None = None,
 ) -> tuple[bytes, os.stat_result]:
     """The file's bytes, read once; FrameError if it vanished or is unreadable.
 
@@ -259,9 +318,16 @@ def read_source(
     to a file inside that folder, checked now, not when the frame was found.
     Superseded if it is no longer the version that was found complete, or
     changed while being read: an editor rewriting a frame in place will have
-    the newer version picked up by its own event.
+    the newer version picked up by its own event. `folder_fd`: an open
+    descriptor of `path`'s folder (see `open_frame_folder`); the frame is
+    looked for in that very folder, whatever its path leads to by now.
     """
     follow = True
+    in_folder = folder_fd is not None and not (link_root is not None and os.path.islink(path))
+    if in_folder:
+        before = _stat_or_none(path.name, folder_fd)
+        data, after = reading.read_file(Path(path.name), max_bytes=max_bytes, dir_fd=folder_fd)
+        return _same_version(before, data, after, signature)
     if link_root is not None and os.path.islink(path):
         problem = reading.link_problem(path)
         if problem:
@@ -273,6 +339,19 @@ def read_source(
         path, follow = Path(real), False  # the target itself, without following another link
     before = os.stat(path) if os.path.exists(path) else None
     data, after = reading.read_file(path, follow_links=follow, max_bytes=max_bytes)
+    return _same_version(before, data, after, signature)
+
+
+def _stat_or_none(name: str, folder_fd: int) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=folder_fd)
+    except OSError:
+        return None
+
+
+def _same_version(
+    before: os.stat_result | None, data: bytes, after: os.stat_result, signature: tuple[int, int, int] | None
+) -> tuple[bytes, os.stat_result]:
     if before is None or (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns) or len(data) != after.st_size:
         raise Superseded("the file changed while it was being read")
     if signature is not None and signature != (after.st_size, after.st_mtime_ns, after.st_ino):
@@ -438,6 +517,7 @@ class Pipeline:
         return idle
 
     def _finished(self, frame: _Frame) -> None:
+        frame.close_folder()
         with self._idle:
             if self._newest.get(frame.job.output) is frame:
                 del self._newest[frame.job.output]
@@ -461,8 +541,13 @@ class Pipeline:
         try:
             frame.check()
             job = frame.job
+            frame.folder = open_frame_folder(job.source, job.output_roots)
             data, frame.source_stat = read_source(
-                job.source, job.signature, max_bytes=frame.settings.max_file_bytes, link_root=job.link_root
+                job.source,
+                job.signature,
+                max_bytes=frame.settings.max_file_bytes,
+                link_root=job.link_root,
+                folder_fd=frame.folder,
             )
             frame.lap("read")
             made = provenance.read(data)
@@ -541,25 +626,30 @@ class Pipeline:
             assert frame.source_stat is not None
             encoded = provenance.embed(encoded, _record(job, frame.source_stat, info, settings))
             frame.lap("encode")
-            _ensure_folder(job.output.parent, job.output_roots)
+            assert frame.folder is not None
+            check_frame_folder(job.source, frame.folder)
+            beside = frame.folder if job.output.parent == job.source.parent else None
+            if beside is None:
+                _ensure_folder(job.output.parent, job.output_roots)
             frame.result.size = frame.decoded.size
             frame.result.model = info.spec.path.name
             frame.result.providers = info.providers
             with self._write_locks[hash(job.output) % len(self._write_locks)]:
                 if self._newer_written(frame):
                     raise Superseded("a newer version's map was written first")
-                atomic_write(job.output, encoded, job.output_roots)
+                atomic_write(job.output, encoded, job.output_roots, folder_fd=beside, may_replace=provenance.refusal)
                 if frame.outcome is not None and self.stabiliser.landed(job.output, frame.outcome):
                     frame.result.shot, frame.result.started = frame.outcome.shot, frame.outcome.started
                 if settings.sidecar:
-                    atomic_write(job.output.with_name(job.output.name + ".json"), self._sidecar(frame), job.output_roots)
+                    sidecar = job.output.with_name(job.output.name + ".json")
+                    atomic_write(sidecar, self._sidecar(frame), job.output_roots, folder_fd=beside)
                 with self._lock:
                     self._written[job.output] = (frame.seq, time.monotonic())
                     self._written.move_to_end(job.output)
                     if len(self._written) > _WRITTEN_MEMORY:
                         self._written.popitem(last=False)
-            if job.error_record is not None and job.error_record.exists():
-                job.error_record.unlink(missing_ok=True)
+            if job.error_record is not None:
+                _remove_error_record(job.error_record, frame.folder if job.error_record.parent == job.source.parent else None)
             frame.lap("write")
             frame.decoded = None
             frame.future.set_result(frame.result)
@@ -673,8 +763,11 @@ class Pipeline:
         else:
             log.debug("unexpected error on %s", shown(frame.job.source), exc_info=exc)
             frame.result.error = f"internal error: {type(exc).__name__}: {exc}"
-        if frame.job.error_record is not None and not frame.result.superseded:
-            write_error_record(frame.job.error_record, frame.job.source, frame.result.error, frame.job.output_roots)
+        record = frame.job.error_record
+        if record is not None and not frame.result.superseded:
+            # Beside the frame, into the folder it was read from (never a folder swapped in since).
+            beside = frame.folder if record.parent == frame.job.source.parent else None
+            write_error_record(record, frame.job.source, frame.result.error, frame.job.output_roots, folder_fd=beside)
         if not frame.future.done():
             frame.future.set_result(frame.result)
 
@@ -709,11 +802,28 @@ def _record(job: Job, source_stat: os.stat_result, info: ModelInfo, settings: Se
     )
 
 
-def write_error_record(path: Path, source: Path, reason: str, roots: tuple[Path, ...] = ()) -> None:
-    """`<frame name>.error.json` beside the output: why there is no (new) depth map."""
+def _remove_error_record(path: Path, folder_fd: int | None) -> None:
+    """The frame has its map again: its error record goes (through the frame's folder if it is there)."""
+    try:
+        if folder_fd is None:
+            path.unlink()
+        else:
+            os.unlink(path.name, dir_fd=folder_fd)
+    except FileNotFoundError:
+        pass
+
+
+def write_error_record(
+    path: Path, source: Path, reason: str, roots: tuple[Path, ...] = (), folder_fd: int | None = None
+) -> None:
+    """`<frame name>.error.json` beside the output: why there is no (new) depth map.
+
+    `folder_fd`: the record's folder, already open (the frame's own, as it was read).
+    """
     record = {"source": source.name, "error": reason, "time": time.time()}
     try:
-        _ensure_folder(path.parent, roots)
-        atomic_write(path, json.dumps(record, indent=2).encode() + b"\n", roots)
+        if folder_fd is None:
+            _ensure_folder(path.parent, roots)
+        atomic_write(path, json.dumps(record, indent=2).encode() + b"\n", roots, folder_fd=folder_fd)
     except OutputError as exc:
         log.warning("%s", exc)

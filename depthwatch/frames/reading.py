@@ -31,16 +31,20 @@ def _not_a_file(mode: int) -> FrameError:
     return FrameError(f"is {kind_of(mode)}, not an image file; not read")
 
 
-def open_checked(path: Path, *, follow_links: bool = True, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[int, os.stat_result]:
+def open_checked(
+    path: Path, *, follow_links: bool = True, max_bytes: int = DEFAULT_MAX_BYTES, dir_fd: int | None = None
+) -> tuple[int, os.stat_result]:
     """An open read-only descriptor of the regular file at `path`, and its fstat.
 
     FrameError (one line) for anything that is not a regular file of at most
     `max_bytes`; Superseded if it vanished. The caller closes the descriptor.
+    `dir_fd`: `path` is a name inside the folder open on that descriptor
+    (the file is looked for there, whatever the folder's path now leads to).
     """
     try:
-        before = os.stat(path) if follow_links else os.lstat(path)
+        before = os.stat(path, dir_fd=dir_fd, follow_symlinks=follow_links)
     except FileNotFoundError:
-        if follow_links and os.path.islink(path):
+        if follow_links and dir_fd is None and os.path.islink(path):
             raise FrameError(link_problem(path) or "a dangling symlink") from None
         raise Superseded("the file vanished before it could be read") from None
     except OSError as exc:
@@ -53,7 +57,7 @@ def open_checked(path: Path, *, follow_links: bool = True, max_bytes: int = DEFA
         raise _not_a_file(before.st_mode)  # refused before opening: opening a device can have effects
     flags = os.O_RDONLY | _NONBLOCK | _CLOEXEC | (0 if follow_links else _NOFOLLOW)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, flags, dir_fd=dir_fd)
     except FileNotFoundError:
         raise Superseded("the file vanished before it could be read") from None
     except PermissionError:
@@ -93,9 +97,11 @@ def read_bounded(fd: int, size: int, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-def read_file(path: Path, *, follow_links: bool = True, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, os.stat_result]:
-    """The whole regular file at `path` and its fstat after reading."""
-    fd, st = open_checked(path, follow_links=follow_links, max_bytes=max_bytes)
+def read_file(
+    path: Path, *, follow_links: bool = True, max_bytes: int = DEFAULT_MAX_BYTES, dir_fd: int | None = None
+) -> tuple[bytes, os.stat_result]:
+    """The whole regular file at `path` (a name in `dir_fd`'s folder, if given) and its fstat after reading."""
+    fd, st = open_checked(path, follow_links=follow_links, max_bytes=max_bytes, dir_fd=dir_fd)
     try:
         data = read_bounded(fd, st.st_size, max_bytes)
         after = os.fstat(fd)

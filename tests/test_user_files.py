@@ -1,0 +1,148 @@
+"""A user's own files and folders, against the real daemon, `once` and the HTTP API.
+
+depthwatch replaces only files it made itself (their provenance record says
+so), and writes a frame's map only into the folder that frame was read from.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+from conftest import jpeg_bytes, quadrant_frame, write_by_rename
+from daemon_process import DaemonProcess, wait_for
+
+from depthwatch.frames import provenance
+
+
+def png_bytes(frame) -> bytes:
+    return cv2.imencode(".png", frame)[1].tobytes()
+
+
+def error_lines(d: DaemonProcess) -> list[str]:
+    return [line for line in d.log().splitlines() if " ERROR " in line]
+
+
+def idle(d: DaemonProcess) -> bool:
+    status = d.status()
+    return status.get("queue_depth") == 0 and status.get("in_progress") == 0
+
+
+def run_once(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "depthwatch", "once", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+# -- never replace a user's file --------------------------------------------------------------------
+
+
+def test_once_on_a_folder_refuses_a_template_that_would_replace_an_input_and_writes_nothing(tmp_path, tiny_model):
+    """shot.png, the user's master, is not shot.jpg's map under -o '{stem}.png'; nor x_depth.jpg x.jpg's."""
+    base = ["--model", str(tiny_model), "--profile", "midas-v21-small"]
+    cases = [
+        ({"shot.jpg": jpeg_bytes(quadrant_frame()), "shot.png": png_bytes(quadrant_frame(64, 64, "bottom-right"))},
+         ["-o", "{stem}.png"], "shot.png"),
+        ({"x.jpg": jpeg_bytes(quadrant_frame()), "x_depth.jpg": jpeg_bytes(quadrant_frame(64, 64, "bottom-right"))},
+         [], "x_depth.jpg"),
+    ]
+    for i, (files, args, victim) in enumerate(cases):
+        folder = tmp_path / f"case{i}"
+        folder.mkdir()
+        for name, data in files.items():
+            (folder / name).write_bytes(data)
+        before = snapshot(folder)
+        done = run_once(str(folder), *base, *args, cwd=tmp_path)
+        assert done.returncode != 0, done.stdout + done.stderr
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and victim in lines[0] and "not a depth map depthwatch made" in lines[0], done.stderr
+        assert snapshot(folder) == before, "once wrote or replaced something"
+    # A map depthwatch made itself is replaced as ever: a second run over the same folder.
+    folder = tmp_path / "ours"
+    folder.mkdir()
+    (folder / "x.jpg").write_bytes(jpeg_bytes(quadrant_frame()))
+    for _ in range(2):
+        done = run_once(str(folder), *base, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    assert provenance.read(folder / "x_depth.jpg")["source"] == "x.jpg"
+
+
+def test_the_daemon_never_replaces_a_master_that_has_a_maps_name(tmp_path, tiny_model):
+    """Patterns *.jpg and *.png with the template {stem}.png: shot.png is the user's, not shot.jpg's map."""
+    d = DaemonProcess(tmp_path, tiny_model, watch={"patterns": ["*.jpg", "*.png"]}, output={"template": "{stem}.png"})
+    master = png_bytes(quadrant_frame(64, 64, "bottom-right"))
+    (d.watch / "shot.png").write_bytes(master)
+    d.start()
+    try:
+        clash = [line for line in d.log().splitlines() if " WARNING " in line and "*.png" in line and "{stem}.png" in line]
+        assert len(clash) == 1, d.log()
+        write_by_rename(d.watch / "shot.jpg", jpeg_bytes(quadrant_frame()))
+        write_by_rename(d.watch / "other.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: d.counts().get("done") == 1 and d.counts().get("failed") == 1 and idle(d), what="one map, one refusal")
+        refused = [line for line in error_lines(d) if "shot.jpg" in line]
+        assert len(refused) == 1 and "shot.png" in refused[0] and "not a depth map depthwatch made" in refused[0], refused
+        assert (d.watch / "shot.png").read_bytes() == master
+        assert provenance.read(d.watch / "other.png")["source"] == "other.jpg"
+        write_by_rename(d.watch / "other.jpg", jpeg_bytes(quadrant_frame(160, 96, "bottom-right")))  # its own map: replaced
+        wait_for(lambda: d.counts().get("done") == 2, what="other.jpg's second map")
+        assert d.proc.poll() is None
+    finally:
+        assert d.stop() == 0
+    assert not d.temp_files()
+
+
+# -- a frame's map goes into the folder the frame was read from, or nowhere --------------------------
+
+
+def test_maps_never_land_in_a_folder_swapped_in_while_their_frames_were_in_flight(tmp_path):
+    """proj -> showA re-pointed to showB, and a watch folder swapped for a link to outside, frames in flight.
+
+    showA's frames were read from showA: their maps are refused (one line
+    each), never written into showB beside showB's own frames of the same
+    names, nor outside.
+    """
+    from onnx_models import slow_model
+
+    model = slow_model(tmp_path / "slow.onnx", layers=200, size=128)  # about a second per frame
+    show_a, show_b, outside = tmp_path / "showA" / "shots", tmp_path / "showB" / "shots", tmp_path / "outside"
+    for folder in (show_a, show_b, outside):
+        folder.mkdir(parents=True)
+    for name in ("a0.jpg", "a1.jpg"):
+        (show_b / name).write_bytes(jpeg_bytes(quadrant_frame(64, 64, "bottom-right")))  # showB's own frames
+    proj = tmp_path / "proj"
+    proj.symlink_to(show_a.parent)
+    d = DaemonProcess(
+        tmp_path, model,
+        watch={"folders": [str(proj / "shots"), str(tmp_path / "watch")], "patterns": ["a*.jpg", "w*.jpg"]},
+        output={"template": "{stem}_depth.jpg", "error_sidecar": True},
+        daemon={"workers": 1},
+    )
+    d.start()
+    try:
+        for name in ("a0.jpg", "a1.jpg"):
+            write_by_rename(show_a / name, jpeg_bytes(quadrant_frame()))
+        write_by_rename(d.watch / "w0.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: d.status().get("in_progress") == 3, what="three frames in flight")
+        relink = tmp_path / ".proj-new"
+        relink.symlink_to(show_b.parent)
+        os.replace(relink, proj)  # proj -> showB, in one step
+        (tmp_path / "watch").rename(tmp_path / "watch.moved")
+        (tmp_path / "watch").symlink_to(outside)
+        wait_for(lambda: len([line for line in error_lines(d) if "is no longer the folder" in line]) == 3,
+                 what="three maps refused")
+        wait_for(lambda: idle(d), what="the daemon idle")
+        for map_ in show_b.glob("*_depth.jpg"):  # any map there is of showB's own frame
+            record = provenance.read(map_)
+            assert provenance.same_version(record, (show_b / record["source"]).stat()), map_
+        assert list(outside.iterdir()) == []
+        assert sorted(p.name for p in show_b.iterdir() if not p.name.endswith("_depth.jpg")) == ["a0.jpg", "a1.jpg"]
+        assert d.proc.poll() is None
+    finally:
+        assert d.stop() == 0
