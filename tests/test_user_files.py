@@ -146,3 +146,51 @@ def test_maps_never_land_in_a_folder_swapped_in_while_their_frames_were_in_fligh
         assert d.proc.poll() is None
     finally:
         assert d.stop() == 0
+
+
+# -- the HTTP API's jobs get the watcher's checks ---------------------------------------------------
+
+
+def test_a_predict_request_whose_output_folder_turns_into_a_link_outside_is_refused_like_the_watchers(tmp_path):
+    """POST /predict queues the job for a frame whose map is current (so the watcher queued none).
+
+    The output folder is then swapped for a link to outside while the frame
+    is in the model: the request's own job is refused at write time, as the
+    watcher's would be, and nothing is written outside.
+    """
+    import threading
+
+    requests = __import__("pytest").importorskip("requests")
+    from onnx_models import slow_model
+
+    model = slow_model(tmp_path / "slow.onnx", layers=200, size=128)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    d = DaemonProcess(
+        tmp_path, model,
+        watch={"patterns": ["*.jpg"]}, output={"template": "maps/{stem}_depth.jpg"},
+        api={"enabled": True, "port": 0}, daemon={"workers": 1},
+    )
+    maps = d.watch / "maps"
+    maps.mkdir()
+    frame = d.watch / "shot.jpg"
+    frame.write_bytes(jpeg_bytes(quadrant_frame()))
+    record = provenance.record_for("shot.jpg", frame.stat(), model="slow.onnx", normalise="stable", invert=False)
+    (maps / "shot_depth.jpg").write_bytes(provenance.embed(jpeg_bytes(quadrant_frame(64, 64)), record))  # current
+    d.start()
+    try:
+        url = wait_for(lambda: d.status().get("api"), what="the API address")
+        answers: list = []
+        post = threading.Thread(target=lambda: answers.append(requests.post(f"{url}/predict?frame=shot.jpg", timeout=120)))
+        post.start()
+        wait_for(lambda: d.status().get("in_progress") == 1, what="the request's job in flight")
+        maps.rename(d.watch / "maps.real")
+        maps.symlink_to(outside)
+        post.join(120)
+        assert answers and answers[0].status_code != 200, answers and answers[0].text
+        assert "outside the configured folders" in answers[0].text, answers[0].text
+        wait_for(lambda: idle(d), what="the daemon idle")
+        assert list(outside.iterdir()) == []
+        assert d.counts().get("done", 0) == 0
+    finally:
+        assert d.stop() == 0

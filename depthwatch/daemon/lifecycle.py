@@ -87,6 +87,25 @@ def _frame_signature(path: Path) -> tuple[int, int, int] | None:
     return st.st_size, st.st_mtime_ns, st.st_ino
 
 
+def _job_for(rules: Rules, source: Path, signature: tuple[int, int, int], fmt: str | None = None) -> Job:
+    """The job for a frame, however it was found (the watcher, `POST /predict`): the same checks for both.
+
+    Its link root and output roots are what the writer checks at write time;
+    a job without them would write wherever the output's path leads by then.
+    FrameError if the output would leave the allowed folders now.
+    """
+    output = rules.output_for(source)
+    return Job(
+        source,
+        output,
+        rules.error_record_for(source, output),
+        signature,
+        fmt,
+        link_root=None if rules.follow_symlinks else rules.root_of(source),
+        output_roots=rules.output_roots(source),
+    )
+
+
 class Daemon:
     """`depthwatch run`: call `run()` from the main thread; `request_stop()` from a signal handler.
 
@@ -435,19 +454,10 @@ class Daemon:
             log.debug("%s is a depth map depthwatch made; not taken as input", shown(source))
             return
         try:
-            output = rules.output_for(source)
+            job = _job_for(rules, source, signature, fmt)
         except FrameError as exc:
             self._count_failure(f"{shown(source)}: {exc}")
             return
-        job = Job(
-            source,
-            output,
-            rules.error_record_for(source, output),
-            signature,
-            fmt,
-            link_root=None if rules.follow_symlinks else rules.root_of(source),
-            output_roots=rules.output_roots(source),
-        )
         if self.api is None:
             self._enqueue(job)
             return
@@ -482,12 +492,13 @@ class Daemon:
         frame's output would leave the allowed folders; FileNotFoundError if
         there is no such frame.
         """
-        output = self.rules.output_for(source)
+        rules = self.rules
+        rules.output_for(source)  # FrameError before anything waits
         with self.waiters.hold():
             signature = _frame_signature(source)
             if signature is None:
                 raise FileNotFoundError(source)
-            job = Job(source, output, self.rules.error_record_for(source, output), signature)
+            job = _job_for(rules, source, signature)
             return self.waiters.attach(job, self._enqueue)
 
     def give_up(self, ticket: Ticket) -> None:
