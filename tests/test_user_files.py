@@ -194,3 +194,49 @@ def test_a_predict_request_whose_output_folder_turns_into_a_link_outside_is_refu
         assert d.counts().get("done", 0) == 0
     finally:
         assert d.stop() == 0
+
+
+# -- the size a decoder will use ------------------------------------------------------------------
+
+
+def packbits_tiff(sizes: list[tuple[int, int]]) -> bytes:
+    """A gray 8-bit TIFF whose one IFD lists ImageWidth/ImageLength once per entry of `sizes`, in order.
+
+    Its pixels (PackBits, one strip) are enough for the first size, the one
+    libtiff (OpenCV's decoder) takes.
+    """
+    import struct
+
+    width, height = sizes[0]
+    runs, rest = divmod(width, 128)
+    row = b"\x81\x00" * runs + (bytes([257 - rest, 0]) if rest else b"")
+    pixels = row * height
+    size_tags = [entry for w, h in sizes for entry in ((256, 4, w), (257, 4, h))]
+    tags = size_tags + [(258, 3, 8), (259, 3, 32773), (262, 3, 1), (273, 4, 0), (277, 3, 1), (278, 4, height), (279, 4, len(pixels))]
+    data_at = 8 + 2 + 12 * len(tags) + 4
+    ifd = struct.pack("<H", len(tags))
+    for tag, kind, value in tags:
+        value = data_at if tag == 273 else value
+        ifd += struct.pack("<HHI", tag, kind, 1) + (struct.pack("<HH", value, 0) if kind == 3 else struct.pack("<I", value))
+    return b"II*\x00" + struct.pack("<I", 8) + ifd + struct.pack("<I", 0) + pixels
+
+
+def test_a_tiff_that_lists_its_size_twice_is_refused_in_one_line(tmp_path, tiny_model):
+    """3000x3000 first (what libtiff decodes), 100x100 second: over a 1-megapixel limit, whichever is read."""
+    decoded = cv2.imdecode(__import__("numpy").frombuffer(packbits_tiff([(3000, 3000), (100, 100)]), "uint8"), cv2.IMREAD_UNCHANGED)
+    assert decoded is not None and decoded.shape[:2] == (3000, 3000)  # what OpenCV makes of it
+    d = DaemonProcess(
+        tmp_path, tiny_model,
+        watch={"patterns": ["*.tif", "*.jpg"]}, output={"template": "{stem}_depth.jpg"}, daemon={"max_megapixels": 1},
+    ).start()
+    try:
+        write_by_rename(d.watch / "twice.tif", packbits_tiff([(3000, 3000), (100, 100)]))
+        write_by_rename(d.watch / "small.tif", packbits_tiff([(100, 100)]))
+        wait_for(lambda: d.counts().get("failed") == 1 and d.counts().get("done") == 1 and idle(d), what="one refused, one mapped")
+        lines = [line for line in error_lines(d) if "twice.tif" in line]
+        assert len(lines) == 1 and "lists its size more than once (3000x3000, 100x100)" in lines[0], lines
+        assert not (d.watch / "twice_depth.jpg").exists()
+        assert (d.watch / "small_depth.jpg").exists()
+        assert d.proc.poll() is None
+    finally:
+        assert d.stop() == 0

@@ -101,6 +101,8 @@ def decode(
         raise FrameError(f"the {fmt.upper()} header is damaged or cut short")
     if header.width == 0 or header.height == 0:
         raise FrameError(f"the {fmt.upper()} header declares an empty {header.width}x{header.height} image")
+    if header.problem:
+        raise FrameError(f"the {fmt.upper()} header {header.problem}; not decoded")
     if header.pixels > max_pixels:
         raise FrameError(
             f"{header.width}x{header.height} is {header.pixels / 1e6:.0f} megapixels, over the "
