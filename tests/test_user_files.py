@@ -240,3 +240,96 @@ def test_a_tiff_that_lists_its_size_twice_is_refused_in_one_line(tmp_path, tiny_
         assert d.proc.poll() is None
     finally:
         assert d.stop() == 0
+
+
+# -- a prediction that is no depth map ----------------------------------------------------------------
+
+
+def bright_frame(width: int = 96, height: int = 64):
+    """Bright everywhere (sqrt_model maps it), with a gradient (so its map is not constant)."""
+    import numpy as np
+
+    ramp = np.linspace(160, 250, width, dtype=np.float32)
+    return np.repeat(np.repeat(ramp[None, :, None], height, 0), 3, 2).astype(np.uint8)
+
+
+def test_nan_predictions_fail_their_frames_and_several_in_a_row_are_a_health_error(tmp_path):
+    from onnx_models import sqrt_model
+
+    d = DaemonProcess(tmp_path, sqrt_model(tmp_path / "sqrt.onnx"), output={"error_sidecar": True}).start()
+    frame, depth, record = d.watch / "frame.jpg", d.watch / "depth.jpg", d.watch / "frame.jpg.error.json"
+    try:
+        write_by_rename(frame, jpeg_bytes(bright_frame()))
+        wait_for(lambda: d.counts().get("done") == 1, what="the good map")
+        good = depth.read_bytes()
+        for i in range(1, 6):
+            write_by_rename(frame, jpeg_bytes(quadrant_frame(96, 64)))  # dark pixels: NaN there
+            wait_for(lambda i=i: d.counts().get("failed") == i, what=f"NaN prediction {i} refused")
+        lines = [line for line in error_lines(d) if "frame.jpg: " in line]
+        assert len(lines) == 5 and all("the model returned NaN or infinite values" in line for line in lines), lines
+        assert depth.read_bytes() == good
+        assert "NaN" in __import__("json").loads(record.read_text())["error"]
+        health = wait_for(lambda: d.status().get("health_error"), what="the health error")
+        assert "last 5 predictions were unusable" in health
+        shown = subprocess.run(
+            [sys.executable, "-m", "depthwatch", "status", "--status", str(d.status_path)], capture_output=True, text=True, timeout=60
+        )
+        assert "health:" in shown.stdout and "last 5 predictions were unusable" in shown.stdout, shown.stdout
+        write_by_rename(frame, jpeg_bytes(bright_frame(64, 48)))
+        wait_for(lambda: d.counts().get("done") == 2, what="a good map again")
+        wait_for(lambda: d.status().get("health_error") is None and "health error cleared" in d.log(), what="the health error cleared")
+        assert not record.exists()
+    finally:
+        assert d.stop() == 0
+
+
+def test_once_with_a_model_that_predicts_one_value_everywhere_writes_nothing(tmp_path):
+    from onnx_models import constant_model
+
+    (tmp_path / "a.jpg").write_bytes(jpeg_bytes(quadrant_frame()))
+    done = run_once(str(tmp_path / "a.jpg"), "--model", str(constant_model(tmp_path / "c.onnx")), "--profile", "midas-v21-small", cwd=tmp_path)
+    assert done.returncode == 1
+    lines = [line for line in done.stderr.splitlines() if "a.jpg" in line]
+    assert len(lines) == 1 and "the model returned the same value (0.5) at every pixel" in lines[0], done.stderr
+    assert not (tmp_path / "a_depth.jpg").exists()
+
+
+# -- a model fixed after a failed load --------------------------------------------------------------
+
+
+def test_a_model_fixed_after_a_failed_load_is_picked_up_by_a_save_or_a_sighup(tmp_path, tiny_model):
+    import signal
+
+    import yaml
+    from onnx_models import brightness_model
+
+    d = DaemonProcess(tmp_path, tiny_model).start()
+    try:
+        for name, nudge in (("b.onnx", "save"), ("c.onnx", "sighup")):
+            model = tmp_path / name
+            model.write_bytes(b"not a model yet")
+            config = yaml.safe_load(d.config_path.read_text())
+            config["model"]["path"] = str(model)
+            write_by_rename(d.config_path, yaml.safe_dump(config).encode())
+            error = wait_for(lambda: d.status().get("model_error"), what=f"{name}'s failed load in the status")
+            assert error.startswith(f"cannot load model {model}"), error
+            shown = subprocess.run(
+                [sys.executable, "-m", "depthwatch", "status", "--status", str(d.status_path)],
+                capture_output=True, text=True, timeout=60,
+            )
+            assert "model error:" in shown.stdout and f"cannot load model {model}" in shown.stdout, shown.stdout
+            loads = d.status()["config_loads"]
+            brightness_model(tmp_path / f".{name}.tmp")
+            os.replace(tmp_path / f".{name}.tmp", model)  # fixed, the config unchanged
+            if nudge == "save":
+                write_by_rename(d.config_path, d.config_path.read_bytes())  # saved again, same text
+            else:
+                d.send(signal.SIGHUP)
+            wait_for(lambda: d.status().get("config_loads", 0) > loads, what=f"the reload after the {nudge}")
+            wait_for(lambda model=model: d.status().get("model") == str(model) and d.status().get("model_error") is None,
+                     what=f"{name} in service after the {nudge}")
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: provenance.read(d.watch / "depth.jpg") is not None, what="a map")
+        assert provenance.read(d.watch / "depth.jpg")["model"] == "c.onnx"
+    finally:
+        assert d.stop() == 0

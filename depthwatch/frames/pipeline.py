@@ -31,6 +31,7 @@ import numpy as np
 
 from depthwatch.config import Config
 from depthwatch.errors import (
+    BadPrediction,
     DepthwatchError,
     FrameError,
     ModelChanged,
@@ -106,6 +107,8 @@ class Result:
     superseded: bool = False
     #: The model ran (or was running) for this job; false for one dropped before inference.
     inferred: bool = False
+    #: The model's prediction was no depth map (NaN, a constant): a model problem, not the frame's.
+    bad_prediction: bool = False
     size: tuple[int, int] | None = None
     model: str | None = None
     providers: tuple[str, ...] = ()
@@ -759,6 +762,7 @@ class Pipeline:
             frame.result.error = str(exc)
             frame.result.retryable = isinstance(exc, OutputError) and exc.retryable
             frame.result.superseded = isinstance(exc, Superseded)
+            frame.result.bad_prediction = isinstance(exc, BadPrediction)
             frame.result.inferred = frame.inference is not None and not frame.inference.cancelled()
         else:
             log.debug("unexpected error on %s", shown(frame.job.source), exc_info=exc)
