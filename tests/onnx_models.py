@@ -125,9 +125,17 @@ def _square_float_graph(nodes: list, name: str, size: int, inits: list) -> onnx.
 
 
 def slow_model(path: Path, layers: int = 40, size: int = 64, channels: int = 32) -> Path:
-    """A float NCHW model that takes a while (many convolutions), to catch a run in progress."""
+    """A float NCHW model that takes a while (many convolutions), to catch a run in progress.
+
+    Its output is the convolutions' mean plus the frame's brightness, so a
+    frame that is not one flat colour gets a map that is not flat either.
+    """
     nodes, inits, last = _conv_stack(layers, channels, 0.05)
-    nodes.append(helper.make_node("ReduceMean", [last], ["depth"], axes=[1], keepdims=0))
+    nodes += [
+        helper.make_node("ReduceMean", [last], ["busy"], axes=[1], keepdims=0),
+        helper.make_node("ReduceMean", ["image"], ["mean"], axes=[1], keepdims=0),
+        helper.make_node("Add", ["busy", "mean"], ["depth"]),
+    ]
     return _save(_square_float_graph(nodes, "slow", size, inits), path)
 
 

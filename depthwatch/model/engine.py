@@ -92,11 +92,12 @@ _STOP = object()
 _FIX_MODEL = "; the file is damaged or not an ONNX model: fetch it again or point model.path at a working .onnx file"
 
 
-def unusable(prediction: np.ndarray, applied: Sequence[str] = ()) -> str | None:
+def unusable(prediction: np.ndarray, tensor: np.ndarray | None = None, applied: Sequence[str] = ()) -> str | None:
     """Why a prediction is no depth map, in one line, or None: checked as it leaves the engine.
 
     Cheap at model resolution (a few hundred thousand values): finite
-    everywhere, and more than one value.
+    everywhere, and more than one value unless the input `tensor` was one
+    flat colour (a black frame in a fade may well get a flat map).
     """
     finite = np.isfinite(prediction)
     if not finite.all():
@@ -107,8 +108,8 @@ def unusable(prediction: np.ndarray, applied: Sequence[str] = ()) -> str | None:
             "no map written"
         )
     low, high = float(prediction.min()), float(prediction.max())
-    if not high > low:
-        return f"the model returned the same value ({low:g}) at every pixel; no map written"
+    if not high > low and (tensor is None or tensor.min() != tensor.max()):
+        return f"the model returned the same value ({low:g}) at every pixel of a frame that is not one flat colour; no map written"
     return None
 
 
@@ -351,7 +352,7 @@ class Engine:
                 with self._lock:
                     self._running = None
             self.run_count += 1
-            problem = unusable(prediction, info.providers)
+            problem = unusable(prediction, tensor, info.providers)
             if problem:
                 future.set_exception(BadPrediction(problem))
             else:
