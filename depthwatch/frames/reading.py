@@ -46,6 +46,13 @@ def open_checked(
     except FileNotFoundError:
         if follow_links and dir_fd is None and os.path.islink(path):
             raise FrameError(link_problem(path) or "a dangling symlink") from None
+        if follow_links and dir_fd is not None:
+            try:
+                target = os.readlink(path, dir_fd=dir_fd)
+            except OSError:
+                pass  # not a link: it just vanished
+            else:
+                raise FrameError(f"a symlink to {target!r}, which does not exist") from None
         raise Superseded("the file vanished before it could be read") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
