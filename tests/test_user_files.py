@@ -222,22 +222,22 @@ def packbits_tiff(sizes: list[tuple[int, int]]) -> bytes:
 
 
 def test_a_tiff_that_lists_its_size_twice_is_refused_in_one_line(tmp_path, tiny_model):
-    """3000x3000 first (what libtiff decodes), 100x100 second: over a 1-megapixel limit, whichever is read."""
-    decoded = cv2.imdecode(__import__("numpy").frombuffer(packbits_tiff([(3000, 3000), (100, 100)]), "uint8"), cv2.IMREAD_UNCHANGED)
-    assert decoded is not None and decoded.shape[:2] == (3000, 3000)  # what OpenCV makes of it
-    d = DaemonProcess(
-        tmp_path, tiny_model,
-        watch={"patterns": ["*.tif", "*.jpg"]}, output={"template": "{stem}_depth.jpg"}, daemon={"max_megapixels": 1},
-    ).start()
+    """15000x15000 first (what libtiff decodes: 225 MP), 100x100 second: refused, whichever a reader takes."""
+    import numpy as np
+
+    decoded = cv2.imdecode(np.frombuffer(packbits_tiff([(300, 300), (100, 100)]), np.uint8), cv2.IMREAD_UNCHANGED)
+    assert decoded is not None and decoded.shape[:2] == (300, 300)  # OpenCV (libtiff) takes the first size
+    d = DaemonProcess(tmp_path, tiny_model, watch={"patterns": ["*.tif"]}, output={"template": "{stem}_depth.jpg"}).start()
     try:
-        write_by_rename(d.watch / "twice.tif", packbits_tiff([(3000, 3000), (100, 100)]))
+        write_by_rename(d.watch / "twice.tif", packbits_tiff([(15000, 15000), (100, 100)]))  # 3.5 MB on disk
         write_by_rename(d.watch / "small.tif", packbits_tiff([(100, 100)]))
         wait_for(lambda: d.counts().get("failed") == 1 and d.counts().get("done") == 1 and idle(d), what="one refused, one mapped")
         lines = [line for line in error_lines(d) if "twice.tif" in line]
-        assert len(lines) == 1 and "lists its size more than once (3000x3000, 100x100)" in lines[0], lines
+        assert len(lines) == 1 and "lists its size more than once (15000x15000, 100x100)" in lines[0], lines
         assert not (d.watch / "twice_depth.jpg").exists()
         assert (d.watch / "small_depth.jpg").exists()
         assert d.proc.poll() is None
+        assert d.peak_rss() < 600 * 2**20, f"peak RSS {d.peak_rss() / 2**20:.0f} MB: the image was decoded"
     finally:
         assert d.stop() == 0
 
