@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from depthwatch.errors import OutputError
+from depthwatch.logtext import shown
 
 #: Temporary names look like `.depth.jpg.4242-3f9a1c0b.dwtmp`: hidden, recognisable so
 #: the watcher never takes them for input, and carrying the writer's pid so only a
@@ -150,7 +151,10 @@ def _write_in(folder: int, target: Path, data: bytes, may_replace: ReplaceCheck 
             os.close(fd)
         refused = may_replace(folder, target.name) if may_replace is not None else None
         if refused:
-            raise OutputError(f"{target.name} in {target.parent} {refused}: move it away or change output.template", retryable=False)
+            raise OutputError(
+                f"{shown(target.name)} in {shown(target.parent)} {refused}: move it away or change output.template",
+                retryable=False,
+            )
         os.replace(tmp, target.name, src_dir_fd=folder, dst_dir_fd=folder)
     except OSError as exc:
         _remove_quietly(tmp, folder)
