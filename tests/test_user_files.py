@@ -129,7 +129,10 @@ def test_maps_never_land_in_a_folder_swapped_in_while_their_frames_were_in_fligh
         for name in ("a0.jpg", "a1.jpg"):
             write_by_rename(show_a / name, jpeg_bytes(quadrant_frame()))
         write_by_rename(d.watch / "w0.jpg", jpeg_bytes(quadrant_frame()))
-        wait_for(lambda: d.status().get("in_progress") == 3, what="three frames in flight")
+        try:
+            wait_for(lambda: d.status().get("in_progress") == 3, what="three frames in flight")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; status {d.status()}; log:\n{d.log()[-3000:]}") from None
         relink = tmp_path / ".proj-new"
         relink.symlink_to(show_b.parent)
         os.replace(relink, proj)  # proj -> showB, in one step

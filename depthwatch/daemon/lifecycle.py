@@ -97,7 +97,7 @@ def _model_file_key(model: ModelConfig, base: Path) -> tuple[object, ...] | None
     loads it again even if the config text did not change. None: no such file.
     """
     try:
-        path = catalogue.model_file(model, base)
+        path = catalogue.configured_file(model, base)
         st = os.stat(path)
     except (OSError, DepthwatchError):
         return None

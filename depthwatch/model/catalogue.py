@@ -166,7 +166,7 @@ def model_file(name: str, models_dir: Path) -> Path:
     return models_dir / entry(name).file
 
 
-def model_file(model: ModelConfig, base: Path) -> Path:
+def configured_file(model: ModelConfig, base: Path) -> Path:
     """The file a model section names, whether or not it is there (ConfigError: no such catalogue name)."""
     if is_catalogue_name(model.path):
         return model.models_folder() / entry(model.path).file
