@@ -372,7 +372,7 @@ class Watcher:
                 self.incomplete += 1
                 self._report(
                     path,
-                    f"still incomplete after {self.config.incomplete_timeout_s:g} s (no end marker); "
+                    f"still incomplete after {self.config.incomplete_timeout_s:g} s ({_what_is_missing(fmt)}); "
                     "not processed until it is written again",
                 )
                 return
@@ -443,8 +443,15 @@ def _mtime(path: Path) -> int:
         return 0
 
 
+def _what_is_missing(fmt: str | None) -> str:
+    if fmt == formats.EXR:
+        return "not every chunk its offset table lists is there"
+    return "no end marker"
+
+
 def _probe(path: Path, size: int) -> tuple[str | None, bool | None]:
-    """The file's format by its magic bytes, and whether it carries the format's end marker.
+    """The file's format by its magic bytes, and whether it carries the format's end marker
+    (an EXR: every chunk its offset table lists).
 
     (None, None): not an image depthwatch reads (the pipeline says why); (None,
     True): unreadable, taken at once so the pipeline reports why. (fmt, None):
@@ -456,13 +463,12 @@ def _probe(path: Path, size: int) -> tuple[str | None, bool | None]:
     except DepthwatchError:
         return None, True  # unreadable or not a file: let the pipeline report why
     try:
-        head = os.pread(fd, 16, 0)
-        tail = os.pread(fd, 16, max(0, size - 16))
+        fmt = formats.sniff(os.pread(fd, 16, 0))
+        if fmt is None:
+            return None, None
+        # An EXR's header and offset table are read too (bounded), to see every chunk is there.
+        return fmt, formats.is_complete_at(fmt, lambda offset, n: os.pread(fd, n, offset), size)
     except OSError:
         return None, True
     finally:
         os.close(fd)
-    fmt = formats.sniff(head)
-    if fmt is None:
-        return None, None
-    return fmt, formats.is_complete(fmt, tail, size, head)
