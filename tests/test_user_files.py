@@ -110,7 +110,7 @@ def test_maps_never_land_in_a_folder_swapped_in_while_their_frames_were_in_fligh
     """
     from onnx_models import slow_model
 
-    model = slow_model(tmp_path / "slow.onnx", layers=200, size=128)  # about a second per frame
+    model = slow_model(tmp_path / "slow.onnx", layers=400, size=128)  # about a second per frame
     show_a, show_b, outside = tmp_path / "showA" / "shots", tmp_path / "showB" / "shots", tmp_path / "outside"
     for folder in (show_a, show_b, outside):
         folder.mkdir(parents=True)
@@ -138,9 +138,19 @@ def test_maps_never_land_in_a_folder_swapped_in_while_their_frames_were_in_fligh
         os.replace(relink, proj)  # proj -> showB, in one step
         (tmp_path / "watch").rename(tmp_path / "watch.moved")
         (tmp_path / "watch").symlink_to(outside)
-        wait_for(lambda: len([line for line in error_lines(d) if "is no longer the folder" in line]) == 3,
-                 what="three maps refused")
-        wait_for(lambda: idle(d), what="the daemon idle")
+        frames = ("a0.jpg", "a1.jpg", "w0.jpg")
+        originals = (show_a, tmp_path / "watch.moved")
+
+        def refused() -> set[str]:
+            lines = [line for line in error_lines(d) if "is no longer the folder the frame was read from" in line]
+            return {name for name in frames for line in lines if f"/{name}: " in line}
+
+        def written_before_the_swap() -> set[str]:  # a frame whose map was done first: in its own folder
+            return {p.name.replace("_depth", "") for folder in originals for p in folder.glob("*_depth.jpg")}
+
+        wait_for(lambda: len(refused() | written_before_the_swap()) == 3 and idle(d), what="each frame refused or done")
+        assert refused(), "no map was in flight at the swap"
+        assert not refused() & written_before_the_swap()
         for map_ in show_b.glob("*_depth.jpg"):  # any map there is of showB's own frame
             record = provenance.read(map_)
             assert provenance.same_version(record, (show_b / record["source"]).stat()), map_
