@@ -83,7 +83,7 @@ def derive(results: dict[str, Any]) -> dict[str, Any]:
         if p50 is None or _get(s, "refine_none", "latency", "p50_ms") is None
         else p50 - _get(s, "refine_none", "latency", "p50_ms"),
         # output.normalise: the burst (default, stable) against the same burst with frame,
-        # and the latency on a pan, stable minus frame.
+        # and the latency on a real shot, stable minus frame.
         "burst_stable_vs_frame": _ratio(burst, _get(s, "normalise", "burst_frame", "fps")),
         "latency_stable_minus_frame_ms": _minus(
             _get(s, "normalise", "latency_stable", "p50_ms"), _get(s, "normalise", "latency_frame", "p50_ms")
@@ -141,7 +141,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     v = d.get("burst_stable_vs_frame")
     add("burst, normalise stable vs frame", v, None if v is None else v >= 0.95, ">= 0.95")
     v = d.get("latency_stable_minus_frame_ms")
-    add("latency p50, normalise stable - frame (ms)", v, None if v is None else v <= 1.0, "<= 1")
+    add("latency p50, normalise stable - frame (ms)", v, None if v is None else v <= 2.0, "<= 2")
     return rows
 
 
@@ -158,11 +158,20 @@ def _mib(value: Any) -> str:
     return "-" if not value else f"{value / 2**20:.0f} MiB"
 
 
+def loaded(machine: dict[str, Any]) -> bool:
+    """Whether the machine was busy with other work when the run began (load average over half its cores)."""
+    try:
+        return float(machine["load_before"]) > 0.5 * float(machine["cores"])
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 def table(results: dict[str, Any]) -> str:
     m, s, d = results["machine"], results["scenarios"], results["derived"]
     model, frames, knobs = results["model"], results["frames"], results["settings"]
     lines = [
-        f"depthwatch benchmark: {m['cores']} cores ({m['cpu']}), {m['platform']}, load average {m['load_before']} -> {m['load_after']}",
+        f"depthwatch benchmark: {m['cores']} cores ({m['cpu']}), {m['platform']}, load average {m['load_before']} -> {m['load_after']}"
+        + (" -- LOADED MACHINE: other work was running, timings are distorted" if loaded(m) else ""),
         f"providers {', '.join(m['providers_applied'])} (available: {', '.join(m['providers_available'])}); "
         f"onnxruntime {m['onnxruntime']}, OpenCV {m['opencv']}",
         f"model {model['name']}{' (%.2f GFLOPs/frame)' % (model['gflops']) if model.get('gflops') else ''}: {model['contract']}",
@@ -280,7 +289,7 @@ def table(results: dict[str, Any]) -> str:
         ls, lf = n.get("latency_stable") or {}, n.get("latency_frame") or {}
         lines.append(
             f"output.normalise: burst stable {_f(_get(s, 'burst', 'fps'))} vs frame {_f(_get(n, 'burst_frame', 'fps'))} frames/s "
-            f"({_f(d.get('burst_stable_vs_frame'), '.3f')}x); latency on a pan p50 stable {_f(ls.get('p50_ms'))} vs frame "
+            f"({_f(d.get('burst_stable_vs_frame'), '.3f')}x); latency on a real shot p50 stable {_f(ls.get('p50_ms'))} vs frame "
             f"{_f(lf.get('p50_ms'))} ms ({_f(d.get('latency_stable_minus_frame_ms'), '+.2f')} ms), encode stage "
             f"{_f(_get(ls, 'daemon_stage_ms', 'encode'), '.2f')} vs {_f(_get(lf, 'daemon_stage_ms', 'encode'), '.2f')} ms"
         )
