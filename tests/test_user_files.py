@@ -176,7 +176,7 @@ def test_a_predict_request_whose_output_folder_turns_into_a_link_outside_is_refu
     requests = __import__("pytest").importorskip("requests")
     from onnx_models import slow_model
 
-    model = slow_model(tmp_path / "slow.onnx", layers=200, size=128)
+    model = slow_model(tmp_path / "slow.onnx", layers=400, size=256)  # a second or more in the model
     outside = tmp_path / "outside"
     outside.mkdir()
     d = DaemonProcess(
