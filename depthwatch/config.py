@@ -21,6 +21,7 @@ import yaml
 
 from depthwatch import paths
 from depthwatch.errors import ConfigError
+from depthwatch.files import kind_of
 from depthwatch.imaging.exr import COMPRESSIONS as EXR_COMPRESSIONS
 from depthwatch.imaging.formats import OUTPUT_FORMATS
 from depthwatch.imaging.levels import parse_level
@@ -351,6 +352,15 @@ def defaults(base: Path | None = None) -> Config:
 LOCAL_FILE = "config.yaml"
 
 
+def _why_not_a_file(path: Path) -> str:
+    """Why `path` is no config file: missing, or a FIFO, folder or device in its place."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "does not exist"
+    return f"is {kind_of(mode)}, not a file"
+
+
 def find(explicit: str | os.PathLike[str] | None = None, platform: str | None = None, *, here: bool = False) -> Path | None:
     """The config file to use: -c PATH, then $DEPTHWATCH_CONFIG, then the user's folder,
     then (with `here`) `config.yaml` in the current folder; None: built-in defaults.
@@ -362,13 +372,13 @@ def find(explicit: str | os.PathLike[str] | None = None, platform: str | None = 
     if explicit:
         path = Path(os.path.expanduser(str(explicit)))
         if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist; check the -c path")
+            raise ConfigError(f"config file {path} {_why_not_a_file(path)}; check the -c path")
         return Path(os.path.abspath(path))  # the path given: a symlink relinked is seen
     env = os.environ.get(ENV_VAR)
     if env:
         path = Path(os.path.expanduser(env))
         if not path.is_file():
-            raise ConfigError(f"${ENV_VAR} names {path}, which does not exist; fix or unset it")
+            raise ConfigError(f"${ENV_VAR} names {path}, which {_why_not_a_file(path)}; fix or unset it")
         return Path(os.path.abspath(path))  # the path given: a symlink relinked is seen
     user = paths.default_config_file(platform)
     if user.is_file():
@@ -466,6 +476,38 @@ def _section(cls: type, name: str, data: Any, node: yaml.Node, path: Path, base:
     return cls(**values)
 
 
+def map_format_problem(template: str, frame_ext: str, png_bits: int, frame: str = "the frame") -> str | None:
+    """Why the map `template` names for a frame ending in `frame_ext` cannot be written as configured.
+
+    None when it can. Matters for templates that take the frame's own extension
+    (`{ext}`, `{name}`): a WebP frame would get a .webp map, which no encoder
+    here writes, and a PNG frame a PNG map, which cannot hold png_bits 32.
+    `frame` names the frame in the message ("a *.webp frame", "the frame").
+    """
+    if "{ext}" not in template and "{name}" not in template:
+        return None  # a fixed extension, checked as the template is read
+    ext = frame_ext.lower()
+    suffix = Path(template.format(stem="frame", name=f"frame{ext}", ext=ext.lstrip("."))).suffix.lower()
+    if suffix not in OUTPUT_FORMATS:
+        return (
+            f"output.template {template!r} names the map after {frame}'s extension, and depth maps cannot be "
+            f"written as {suffix or 'a file without one'}; give the template its own: .jpg, .png, .tif or .exr "
+            "(e.g. '{stem}_depth.png')"
+        )
+    if png_bits == 32 and OUTPUT_FORMATS[suffix] == ".png":
+        return (
+            f"output.png_bits 32 (float) needs .tif or .exr maps, and output.template {template!r} makes {frame}'s "
+            "map a PNG, which holds at most 16 bits; use a .tif or .exr template, or png_bits 16"
+        )
+    return None
+
+
+def _pattern_ext(pattern: str) -> str | None:
+    """The extension every file `pattern` matches ends in, or None where the pattern leaves it open."""
+    ext = os.path.splitext(pattern)[1]
+    return ext if ext and not set(ext) & set("*?[") else None
+
+
 def check_combinations(config: Config, where: str = "command line") -> None:
     """Settings that are fine alone but impossible together (also after command-line overrides)."""
     if (config.model.mean is None) != (config.model.std is None):
@@ -482,6 +524,11 @@ def check_combinations(config: Config, where: str = "command line") -> None:
             f"{where}: output.png_bits 32 (float) needs a .tif or .exr template, not {out.template!r}; "
             "PNG holds at most 16 bits"
         )
+    for pattern in config.watch.patterns:  # patterns that leave the extension open: each frame's job checks
+        ext = _pattern_ext(pattern)
+        problem = ext and map_format_problem(out.template, ext, out.png_bits, f"a {pattern} frame")
+        if problem:
+            raise ConfigError(f"{where}: {problem}")
     if config.output.template in config.watch.patterns:
         raise ConfigError(
             f"{where}: output.template {config.output.template!r} is also a watch pattern; "

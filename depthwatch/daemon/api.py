@@ -12,6 +12,14 @@ Waitress reads a whole request before a request thread sees it and buffers the
 answer, so a slow or stuck client holds only its own connection, never the
 inference thread, the workers or the watcher. Request threads only wait.
 
+Connections are a resource a local program can hoard: waitress stops accepting
+at its connection limit, so 100 idle, half-sent connections would lock every
+plugin out, and a byte every few seconds defeats its idle timeout. So, on the
+loop thread between polls: a request must arrive whole within REQUEST_DEADLINE_S
+of its first byte (trickling does not extend it), and at the limit, while a new
+connection is waiting, the connection that has waited longest without a request
+in flight is closed to make room.
+
 Only this module imports waitress, and only when `api.enabled` (the `api` extra).
 """
 
@@ -20,10 +28,11 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import select
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,9 +47,11 @@ from waitress.task import ErrorTask
 from depthwatch.config import ApiConfig
 from depthwatch.daemon.waiters import DONE, FAILED, TIMEOUT, Ticket
 from depthwatch.errors import DepthwatchError, FrameError
-from depthwatch.frames.pipeline import Rendered
+from depthwatch.frames.frameline import timings
+from depthwatch.frames.result import Result
 from depthwatch.frames.rules import Rules
 from depthwatch.imaging import formats
+from depthwatch.logtext import shown
 
 log = logging.getLogger("depthwatch.daemon.api")
 
@@ -49,6 +60,12 @@ log = logging.getLogger("depthwatch.daemon.api")
 THREADS = 16
 #: An idle keep-alive connection is closed after this long.
 CHANNEL_TIMEOUT_S = 60
+#: Open connections at most; at the limit the stalest idle one makes room for a new one.
+CONNECTION_LIMIT = 100
+#: A request (headers and body) must arrive whole within this long of its first byte.
+REQUEST_DEADLINE_S = 30.0
+#: How often overdue requests are looked for, and evictions summed up in the log.
+_POLICE_S = 1.0
 
 #: Body content types taken as images, and the answer formats (`?format=` or Accept).
 IMAGE_TYPES = {"image/jpeg": formats.JPEG, "image/jpg": formats.JPEG, "image/png": formats.PNG}
@@ -68,7 +85,7 @@ class Backend(Protocol):
 
     def request_map(self, source: Path) -> Ticket: ...
 
-    def render_image(self, data: bytes, ext: str, png_bits: int | None = None) -> Future[Rendered]: ...
+    def render_image(self, data: bytes, ext: str, png_bits: int | None = None) -> Future[Result]: ...
 
     def give_up(self, ticket: Ticket) -> None: ...
 
@@ -99,11 +116,6 @@ _REASONS = {
 }
 
 
-def _show(text: str) -> str:
-    """A name from a request, safe for one log line (control characters escaped, the rest as is)."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 @dataclass(frozen=True)
 class _Answer:
     status: int
@@ -125,11 +137,11 @@ class PredictApp:
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO", "")
         query = environ.get("QUERY_STRING", "")
-        what = _show(f"{method} {path}" + (f"?{query}" if query else ""))
+        what = shown(f"{method} {path}" + (f"?{query}" if query else ""))
         try:
             answer = self._route(method, path, query, environ)
         except Refused as exc:
-            log.warning("api: %s: %d %s", what, exc.status, _show(str(exc)))
+            log.warning("api: %s: %d %s", what, exc.status, shown(str(exc)))
             answer = _Answer(exc.status, f"{exc}\n".encode())
             if exc.status == 401:
                 answer = _Answer(401, answer.body, headers=(("WWW-Authenticate", 'Bearer realm="depthwatch"'),))
@@ -210,14 +222,14 @@ class PredictApp:
     def _resolve(self, name: str, rules: Rules) -> Path:
         """`frame=NAME` as a frame inside a watch folder; 403 for anything that leads outside."""
         if not name or "\x00" in name:
-            raise Refused(403, f"frame={_show(name)!s} is not a file name")
+            raise Refused(403, f"frame={shown(name)!s} is not a file name")
         if os.path.isabs(name):
             candidates = [Path(os.path.abspath(name))]
         else:
             candidates = [Path(os.path.abspath(root / name)) for root in rules.roots]
         inside = [path for path in candidates if _contained(path, rules)]
         if not inside:
-            raise Refused(403, f"frame={_show(name)} is outside the watch folders")
+            raise Refused(403, f"frame={shown(name)} is outside the watch folders")
         path = next((p for p in inside if p.exists()), inside[0])
         if not rules.link_allowed(path):
             raise Refused(403, f"{path} is a symlink to outside its watch folder")
@@ -240,27 +252,32 @@ class PredictApp:
         start = time.perf_counter()
         try:
             future = self.backend.render_image(data, ext, bits)
-            rendered = future.result(timeout=self.config.timeout_s)
+            result = future.result(timeout=self.config.timeout_s)
+        except CancelledError:  # the daemon stopped before it ran
+            raise Refused(503, "the daemon is stopping; try again once it is back") from None
         except FutureTimeout:  # the job still finishes; nobody reads it
             raise Refused(504, f"no depth map within api.timeout_s ({self.config.timeout_s:g} s); the daemon may be overloaded") from None
-        except FrameError as exc:
-            raise Refused(422, f"the {content_type} body cannot be used: {exc}") from None
-        except (DepthwatchError, RuntimeError) as exc:
+        except (DepthwatchError, RuntimeError) as exc:  # the pipeline was already shut down
             if self.backend.stopping:
                 raise Refused(503, "the daemon is stopping; try again once it is back") from None
             raise Refused(500, f"{exc}") from None
-        w, h = rendered.size
-        timings = " ".join(f"{stage} {ms:.1f}" for stage, ms in rendered.ms.items())
-        log.info("api: image body %dx%d -> %s ms: %s total %.1f", w, h, label, timings, (time.perf_counter() - start) * 1000)
+        if not result.ok or result.data is None:
+            if self.backend.stopping:
+                raise Refused(503, "the daemon is stopping; try again once it is back")
+            if result.unusable:
+                raise Refused(422, f"the {content_type} body cannot be used: {result.error}")
+            raise Refused(500, f"{result.error}")
+        w, h = result.size or (0, 0)
+        log.info("api: image body %dx%d -> %s ms: %s total %.1f", w, h, label, timings(result.ms), (time.perf_counter() - start) * 1000)
         mime = "image/jpeg" if ext == ".jpg" else "image/png"
-        return _Answer(200, rendered.data, mime, (("X-Depthwatch-Size", f"{w}x{h}"),))
+        return _Answer(200, result.data, mime, (("X-Depthwatch-Size", f"{w}x{h}"),))
 
     def _answer_format(self, params: dict[str, list[str]], accept: str) -> tuple[str, int | None, str]:
         chosen = params.get("format")
         if chosen:
             key = chosen[-1].lower()
             if key not in ANSWER_FORMATS:
-                raise Refused(400, f"format={_show(key)} is not one of {', '.join(ANSWER_FORMATS)}")
+                raise Refused(400, f"format={shown(key)} is not one of {', '.join(ANSWER_FORMATS)}")
             ext, bits = ANSWER_FORMATS[key]
             return ext, bits, key
         for item in accept.split(","):
@@ -296,12 +313,39 @@ class _LoggedErrorTask(ErrorTask):
         limit = self.channel.server.adj.max_request_body_size
         if error.code == 413:
             error.body = f"the body is over api.max_body_mb ({limit / 1024 / 1024:.3g} MB); send a smaller image or raise api.max_body_mb"
-        log.warning("api: %s %s: %d %s", _show(self.request.command or "?"), _show(self.request.path or "?"), error.code, error.body)
+        log.warning("api: %s %s: %d %s", shown(self.request.command or "?"), shown(self.request.path or "?"), error.code, error.body)
         super().execute()
+
+
+#: waitress's own notes ("connection limit reached", "canceling pending tasks") would reach
+#: stderr raw through logging's last resort; the API makes room and answers itself, so only
+#: its errors are worth a line, in the daemon's format.
+_WAITRESS_LOG = logging.getLogger("depthwatch.daemon.api.waitress")
 
 
 class _Channel(HTTPChannel):
     error_task_class = _LoggedErrorTask
+    logger = _WAITRESS_LOG
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        #: When the request being received began (monotonic), or the connection was made.
+        self.since = time.monotonic()
+        super().__init__(*args, **kwargs)
+
+    def received(self, data: bytes) -> bool:
+        if self.request is None and data:
+            self.since = time.monotonic()  # the first bytes of a new request
+        return bool(super().received(data))
+
+    @property
+    def evictable(self) -> bool:
+        """No request in flight and nothing being sent: closing it costs nobody an answer."""
+        return not self.requests and not self.total_outbufs_len and not self.will_close
+
+    @property
+    def partial(self) -> bool:
+        """Part of a request received, the rest still awaited."""
+        return self.request is not None and self.evictable
 
 
 #: How often the loop thread looks at the stop flags between network events.
@@ -327,6 +371,7 @@ class ApiServer:
         self._thread: threading.Thread | None = None
         self._deaf = threading.Event()
         self._closing = threading.Event()
+        self._evicted = 0
         self.url = ""
 
     def start(self) -> None:
@@ -338,12 +383,15 @@ class ApiServer:
             port=self.config.port,
             threads=THREADS,
             channel_timeout=CHANNEL_TIMEOUT_S,
+            connection_limit=CONNECTION_LIMIT,
             max_request_body_size=self.app.max_body,
             clear_untrusted_proxy_headers=True,
             expose_tracebacks=False,
             ident="depthwatch",
         )
         server.channel_class = _Channel
+        _WAITRESS_LOG.setLevel(logging.ERROR)
+        server.logger = server.task_dispatcher.logger = server.task_dispatcher.queue_logger = _WAITRESS_LOG
         self._server = server
         shown = f"[{server.effective_host}]" if ":" in server.effective_host else server.effective_host
         self.url = f"http://{shown}:{server.effective_port}"
@@ -355,6 +403,9 @@ class ApiServer:
         channels = server._map
         use_poll = server.adj.asyncore_use_poll
         listening = True
+        waiting = select.poll()
+        waiting.register(server.socket.fileno(), select.POLLIN)
+        next_police = time.monotonic() + _POLICE_S
         while channels:
             if self._closing.is_set():
                 wasyncore.close_all(channels, ignore_all=True)
@@ -362,11 +413,34 @@ class ApiServer:
             if listening and self._deaf.is_set():
                 listening = False
                 wasyncore.dispatcher.close(server)  # the listener only, not the trigger
+            if listening and len(channels) >= CONNECTION_LIMIT and waiting.poll(0):
+                self._make_room(channels)
+            if time.monotonic() >= next_police:
+                self._close_overdue(channels)
+                next_police = time.monotonic() + _POLICE_S
             wasyncore.loop(timeout=_LOOP_TICK_S, use_poll=use_poll, map=channels, count=1)
 
-    def stop_listening(self) -> None:
-        """Stop accepting connections; requests already in flight go on."""
-        self._deaf.set()
+    def _make_room(self, channels: dict[int, Any]) -> None:
+        """A connection is waiting at the limit: close the one that has waited longest for nothing."""
+        idle = [c for c in channels.values() if isinstance(c, _Channel) and c.evictable]
+        if idle:
+            min(idle, key=lambda c: c.since).handle_close()
+            self._evicted += 1
+
+    def _close_overdue(self, channels: dict[int, Any]) -> None:
+        """Close connections whose request has not arrived whole in time; one line for them all."""
+        cutoff = time.monotonic() - REQUEST_DEADLINE_S
+        overdue = [c for c in channels.values() if isinstance(c, _Channel) and c.partial and c.since < cutoff]
+        for channel in overdue:
+            channel.handle_close()
+        if overdue:
+            log.warning("api: closed %d connection(s) whose request did not arrive whole within %g s", len(overdue), REQUEST_DEADLINE_S)
+        if self._evicted:
+            log.warning(
+                "api: closed %d idle connection(s) to make room for new ones (at most %d are kept open)",
+                self._evicted, CONNECTION_LIMIT,
+            )
+            self._evicted = 0
 
     def close(self, timeout: float) -> None:
         """Let the request threads finish their answers, flush them, close every connection, join."""
@@ -374,8 +448,13 @@ class ApiServer:
         if server is None or self._thread is None:
             return
         deadline = time.monotonic() + timeout
+        dispatcher = server.task_dispatcher
+        # Requests still queued or running get their answer (503 now the daemon is stopping)
+        # rather than a dropped connection: waitress cancels what is still queued at shutdown.
+        while time.monotonic() < deadline and (dispatcher.queue or dispatcher.active_count):
+            time.sleep(0.01)
         self._deaf.set()
-        server.task_dispatcher.shutdown(cancel_pending=True, timeout=max(0.1, timeout))
+        dispatcher.shutdown(cancel_pending=True, timeout=max(0.1, deadline - time.monotonic()))
         channels = server._map
         while time.monotonic() < deadline and any(getattr(c, "total_outbufs_len", 0) for c in list(channels.values())):
             time.sleep(0.01)

@@ -1,10 +1,11 @@
 """The daemon's lifecycle: startup -> main loop -> shutdown, in one process, never forked.
 
 Threads, and what each one does:
-  main          waits for a stop flag (signal handlers only set it), writes the status file
+  main          acts on the signals (their handlers only record them), writes the status file
   inference     owns the ONNX Runtime session (see `engine`)
   observer      watchdog's; hands paths to the settler and returns
   settle        decides when a dropped file is complete, queues its job, watches the folders' health
+  scan          scans a folder moved in, or watched again, for frames whose maps are missing
   workers (N)   read, decode, render, encode, write; the pipeline pulls queued jobs as slots free
   api           only with `api.enabled`: waitress's loop and its request threads (see `api`)
 Every one of them is joined on shutdown, which is bounded by
@@ -20,7 +21,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import replace
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING
 from depthwatch.config import Config, ModelConfig
 from depthwatch.daemon.locks import FolderLocks
 from depthwatch.daemon.notify import notify
+from depthwatch.daemon.parked import Parked
 from depthwatch.daemon.status import (
     Status,
     is_running,
@@ -41,15 +43,13 @@ from depthwatch.daemon.waiters import MapWaiters, Ticket
 from depthwatch.daemon.watcher import Watcher
 from depthwatch.errors import ConfigError, DepthwatchError, FrameError, OutputError
 from depthwatch.frames import provenance
-from depthwatch.frames.job import Job
+from depthwatch.frames.job import Job, Signature, signature_of
 from depthwatch.frames.jobqueue import LatestWinsQueue
-from depthwatch.frames.pipeline import (
-    Pipeline,
-    Rendered,
-    Result,
-    Settings,
-    write_error_record,
-)
+from depthwatch.frames.errorrecords import write_error_record
+from depthwatch.frames.frameline import STAGES
+from depthwatch.frames.pipeline import Pipeline
+from depthwatch.frames.result import Result
+from depthwatch.frames.settings import Settings
 from depthwatch.frames.rules import Rules, template_clashes
 from depthwatch.frames.writer import sweep_temp_files
 from depthwatch.logtext import shown
@@ -66,14 +66,18 @@ frames_log = logging.getLogger("depthwatch.frames")
 _RETRY_MAX_DELAY = 60.0
 #: Unusable predictions in a row (NaN, a constant) after which the status shows a health error.
 BAD_PREDICTIONS_UNHEALTHY = 5
+#: How often the lock files are touched (see `locks`).
+_LOCK_REFRESH_S = 3600.0
 #: Superseded frames are summarised in one log line at most this often.
 SUPERSEDED_SUMMARY_S = 5.0
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_NONE = object()
 _SUPERSEDED_STAGES = ("replaced while queued", "before inference", "after inference had started")
 
 
-def _file_signature(path: Path) -> tuple[int, ...] | None:
+def _stamp_of(path: Path) -> tuple[int, ...] | None:
     """The config file as given and what it leads to: relinking a symlink, or replacing
-    the link or its target, changes one of the two."""
+    the link or its target, changes one of the two. (A frame's version is its `signature`.)"""
     try:
         link, st = os.lstat(path), os.stat(path)
     except OSError:
@@ -81,13 +85,21 @@ def _file_signature(path: Path) -> tuple[int, ...] | None:
     return link.st_ino, link.st_mtime_ns, link.st_ctime_ns, st.st_ino, st.st_mtime_ns, st.st_size
 
 
-def _frame_signature(path: Path) -> tuple[int, int, int] | None:
-    """(size, mtime_ns, inode), as the watcher and the jobs sign a version of a frame."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_size, st.st_mtime_ns, st.st_ino
+def _make_folders(roots: Iterable[Path]) -> None:
+    """Make each watch folder whose parent is there (a folder on a volume not mounted yet is
+    waited for instead); ConfigError, one line, for one that cannot be made."""
+    for root in roots:
+        if root.exists() or not root.parent.is_dir():
+            continue
+        try:
+            root.mkdir()
+        except FileExistsError:
+            pass  # made meanwhile, or a dangling link: the watcher says which
+        except OSError as exc:
+            reason = (exc.strerror or str(exc)).lower()
+            raise ConfigError(
+                f"cannot make the watch folder {shown(root)}: {reason}; make it yourself or fix the permissions of {shown(root.parent)}"
+            ) from None
 
 
 def _model_file_key(model: ModelConfig, base: Path) -> tuple[object, ...] | None:
@@ -104,27 +116,8 @@ def _model_file_key(model: ModelConfig, base: Path) -> tuple[object, ...] | None
     return str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
-def _job_for(rules: Rules, source: Path, signature: tuple[int, int, int], fmt: str | None = None) -> Job:
-    """The job for a frame, however it was found (the watcher, `POST /predict`): the same checks for both.
-
-    Its link root and output roots are what the writer checks at write time;
-    a job without them would write wherever the output's path leads by then.
-    FrameError if the output would leave the allowed folders now.
-    """
-    output = rules.output_for(source)
-    return Job(
-        source,
-        output,
-        rules.error_record_for(source, output),
-        signature,
-        fmt,
-        link_root=None if rules.follow_symlinks else rules.root_of(source),
-        output_roots=rules.output_roots(source),
-    )
-
-
 class Daemon:
-    """`depthwatch run`: call `run()` from the main thread; `request_stop()` from a signal handler.
+    """`depthwatch run`: call `run()` from the main thread; `request_stop()` from any thread.
 
     `loader` reads the config again for a live reload (the config file changed,
     or SIGHUP); without one the daemon keeps the config it was given.
@@ -141,9 +134,12 @@ class Daemon:
         self._loader = loader
         self._session_factory = session_factory
         self._reload = threading.Event()
-        self._config_signature = _file_signature(config.source) if config.source else None
+        #: Signal number -> the frame it interrupted, as left by the handlers (see `_capture_signals`).
+        self._caught: dict[int, object] = {}
+        self._config_stamp = _stamp_of(config.source) if config.source else None
         self._config_settling: tuple[int, ...] | None = None
         self._locks = FolderLocks()
+        self._locks_touched = time.monotonic()
         self._swap: Future[ModelInfo] | None = None
         #: The model section in service and its file's key when it was loaded (see
         #: `_model_file_key`); and those of the swap under way.
@@ -158,6 +154,8 @@ class Daemon:
         self._attempts: dict[Path, int] = {}
         #: Unusable predictions since the last good map (see BAD_PREDICTIONS_UNHEALTHY).
         self._bad_predictions = 0
+        #: Frames whose tries ran out on an output error, by output folder (see `Parked`).
+        self._parked = Parked()
         self._settings = Settings.from_config(config)
         self.engine: Engine | None = None
         self.pipeline: Pipeline | None = None
@@ -200,26 +198,39 @@ class Daemon:
         if threading.current_thread() is not threading.main_thread():
             yield  # embedded in a test or another program: its owner stops us
             return
-        handlers = {
-            signal.SIGTERM: lambda signum, frame: self.request_stop(),
-            signal.SIGINT: lambda signum, frame: self.request_stop(),
-            signal.SIGHUP: lambda signum, frame: self.request_reload(),
-        }
-        previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+        # The handler is a builtin (dict.__setitem__), not Python code: no frame of ours runs
+        # per signal, so a flood of them can neither nest handlers (RecursionError, "lost
+        # sys.stderr") nor re-enter a lock a handler holds (a deadlock of the main thread).
+        # It only records that the signal came; the main loop acts on it (`_take_signals`),
+        # so a thousand SIGHUPs between two looks are one reload.
+        handler = self._caught.__setitem__
+        previous = {sig: signal.signal(sig, handler) for sig in (*_STOP_SIGNALS, signal.SIGHUP)}
         try:
             yield
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+            self._caught.clear()
+
+    def _take_signals(self) -> None:
+        """What the signal handlers recorded since the last look (main thread only)."""
+        caught = self._caught
+        if not caught:
+            return
+        for sig in _STOP_SIGNALS:
+            if caught.pop(sig, _NONE) is not _NONE:
+                self.request_stop()
+        if caught.pop(signal.SIGHUP, _NONE) is not _NONE:
+            self._reload.set()
 
     def request_stop(self) -> None:
-        """Safe from a signal handler: only sets flags. A second request forces a quick exit."""
+        """Stop (from another thread, or the main loop for SIGTERM/SIGINT). A second request forces a quick exit."""
         if self._stop.is_set():
             self._force.set()
         self._stop.set()
 
     def request_reload(self) -> None:
-        """Safe from a signal handler (SIGHUP): only sets a flag."""
+        """Reload the config at the main loop's next look (what SIGHUP asks for)."""
         self._reload.set()
 
     @property
@@ -228,6 +239,7 @@ class Daemon:
 
     def startup(self) -> None:
         config = self.config
+        _make_folders(self.rules.roots)  # ConfigError (78): one it cannot make
         self._locks.hold(self.rules.roots)  # AlreadyRunning: another daemon has one of them
         spec = catalogue.resolve(config.model, config.base)
         self._announce(config)
@@ -278,12 +290,20 @@ class Daemon:
         log.info("HTTP API on %s", api.url)
 
     def main_loop(self) -> None:
-        while not self._stop.wait(0.25):
+        while True:
+            self._take_signals()
+            if self._stop.wait(0.25):
+                return
+            self._take_signals()
             self._poll_config()
             self._report_swap()
             self._rescan_after_overflow()
+            self._retry_parked()
             self._report_superseded()
             self._write_status()
+            if time.monotonic() >= self._locks_touched + _LOCK_REFRESH_S:
+                self._locks_touched = time.monotonic()
+                self._locks.refresh()
 
     def _announce(self, config: Config) -> None:
         """Which config and which status file, first thing: the answers to "why is it doing that?"."""
@@ -307,11 +327,11 @@ class Daemon:
 
     def _start_watching(self, rules: Rules, config: Config) -> None:
         for root in rules.roots:
-            if not root.exists() and root.parent.is_dir():
-                root.mkdir()
-            swept = sweep_temp_files(root)
+            swept, left = sweep_temp_files(root)
             if swept:
                 log.info("removed %d temporary file(s) left in %s", swept, shown(root))
+            if left:
+                log.warning("cannot remove %d temporary file(s) left in %s (is the folder writable?)", left, shown(root))
         for pattern in template_clashes(rules.patterns, rules.template):
             log.warning(
                 "watch.patterns %s and output.template %s clash: every %s file looks like a depth map, so none "
@@ -338,13 +358,13 @@ class Daemon:
         path = self.config.source
         if path is None or self._loader is None:
             return
-        signature = _file_signature(path)
-        if signature == self._config_signature:
+        stamp = _stamp_of(path)
+        if stamp == self._config_stamp:
             self._config_settling = None
-        elif signature != self._config_settling:
-            self._config_settling = signature  # an editor may still be writing: look again next time
+        elif stamp != self._config_settling:
+            self._config_settling = stamp  # an editor may still be writing: look again next time
         else:
-            self._config_signature, self._config_settling = signature, None
+            self._config_stamp, self._config_settling = stamp, None
             self.reload(f"{path.name} changed")
 
     def reload(self, why: str) -> bool:
@@ -370,6 +390,7 @@ class Daemon:
         if (new.watch, new.output.template, new.output.error_sidecar) != (old.watch, old.output.template, old.output.error_sidecar):
             rules = Rules(new.watch, new.output)
             try:
+                _make_folders(rules.roots)
                 self._locks.hold(rules.roots)
             except DepthwatchError as exc:
                 log.error("%s; keeping the watch folders of the last good config", exc)
@@ -444,6 +465,7 @@ class Daemon:
         deadline = time.monotonic() + self.config.daemon.shutdown_timeout_s
 
         def left() -> float:
+            self._take_signals()  # a second SIGTERM cuts the rest short
             if self._force.is_set():
                 return 0.1
             return max(0.1, deadline - time.monotonic())
@@ -452,9 +474,7 @@ class Daemon:
         self._status_dirty = True
         self._write_status()
         notify("STOPPING=1")
-        self._stop.set()
-        if self.api is not None:
-            self.api.stop_listening()  # no new connections; requests in flight get their answers
+        self._stop.set()  # from now on the API answers 503 to new requests; it listens until api.close
         if self.watcher is not None:
             self.watcher.stop(left())
         dropped = self.queue.close()
@@ -495,14 +515,20 @@ class Daemon:
 
     # -- frames -------------------------------------------------------------------
 
-    def _on_complete(self, source: Path, signature: tuple[int, int, int], fmt: str | None = None) -> None:
+    def _on_complete(self, source: Path, signature: Signature, fmt: str | None = None) -> None:
         """A complete frame (settle thread): make its job, queue it, let the pipeline pull it."""
         rules = self.rules
         if provenance.read(source) is not None:
-            log.debug("%s is a depth map depthwatch made; not taken as input", shown(source))
+            with self._lock:
+                self.status.counts.own_maps += 1
+            self._status_dirty = True
+            log.warning(
+                "%s carries depthwatch's record (a depth map, or an image saved from one); not taken as a frame",
+                shown(source),
+            )
             return
         try:
-            job = _job_for(rules, source, signature, fmt)
+            job = rules.job_for(source, signature, fmt)
         except FrameError as exc:
             self._count_failure(f"{shown(source)}: {exc}")
             return
@@ -513,7 +539,7 @@ class Daemon:
             if self.waiters.absorb(source, signature):
                 log.debug("%s: the watcher found the version a request already queued", source.name)
                 return
-            if _frame_signature(source) != signature:
+            if signature_of(source) != signature:
                 return  # changed since: that newer version comes by its own event or request
             self._enqueue(job)
 
@@ -540,24 +566,22 @@ class Daemon:
         frame's output would leave the allowed folders; FileNotFoundError if
         there is no such frame.
         """
-        rules = self.rules
-        rules.output_for(source)  # FrameError before anything waits
+        job = self.rules.job_for(source)  # the watcher's own job, roots and all
         with self.waiters.hold():
-            signature = _frame_signature(source)
+            signature = signature_of(source)
             if signature is None:
                 raise FileNotFoundError(source)
-            job = _job_for(rules, source, signature)
-            return self.waiters.attach(job, self._enqueue)
+            return self.waiters.attach(replace(job, signature=signature), self._enqueue)
 
     def give_up(self, ticket: Ticket) -> None:
         """A request stopped waiting for its map."""
         self.waiters.give_up(ticket)
 
-    def render_image(self, data: bytes, ext: str, png_bits: int | None = None) -> Future[Rendered]:
-        """The depth map of image bytes in memory, encoded for `ext`; written nowhere."""
+    def render_image(self, data: bytes, ext: str, png_bits: int | None = None) -> Future[Result]:
+        """The depth map of image bytes in memory, encoded for `ext` (in `Result.data`); written nowhere."""
         assert self.pipeline is not None
         settings = self._settings if png_bits is None else replace(self._settings, png_bits=png_bits)
-        return self.pipeline.submit_image(data, ext, settings)
+        return self.pipeline.submit(Job.held(data, ext), settings)
 
     def health(self) -> tuple[bool, bytes]:
         """(serving, the status file's JSON) as of now."""
@@ -568,12 +592,11 @@ class Daemon:
         """A file the watcher will not hand over (never completed, forbidden link): report it."""
         self._count_failure(f"{shown(source)}: {reason}")
         try:
-            output = self.rules.output_for(source)
+            job = self.rules.job_for(source)
         except FrameError:
             return
-        record = self.rules.error_record_for(source, output)
-        if record is not None:
-            write_error_record(record, source, reason, self.rules.output_roots(source))
+        if job.error_record is not None:
+            write_error_record(job.error_record, source, reason, job.output_roots)
 
     def _finished(self, job: Job, result: Result) -> None:
         """A job's result (worker thread): count it, log its line, retry an output error later."""
@@ -588,6 +611,7 @@ class Daemon:
                 self._attempts.pop(job.output, None)
                 counts.done += 1
                 counts.last_latency_ms = round(latency_ms, 2)
+                counts.last_stage_ms = {stage: round(result.ms.get(stage, 0.0), 2) for stage in STAGES}
                 counts.last_frame = str(job.source)
                 if result.started:
                     counts.shots += 1
@@ -605,8 +629,12 @@ class Daemon:
             frames_log.debug("%s", result.describe())  # summarised by _report_superseded
         elif retrying:
             pass
+        elif result.retryable and not self._stop.is_set() and self._park(job):
+            self._count_failure(f"{result.describe()}; made again once {shown(job.output.parent)} can be written")
         else:
             self._count_failure(result.describe())
+        if result.ok:
+            self._parked.written(job.output.parent, job.source)
         self._status_dirty = True
 
     def _model_health(self, result: Result) -> None:
@@ -649,6 +677,22 @@ class Daemon:
         self.waiters.forget(job.source)
         self.watcher.poke(job.source, delay=delay)
         return True
+
+    def _park(self, job: Job) -> bool:
+        """Keep a frame whose tries ran out (disk full, no permission) for when its folder can be written."""
+        if self.watcher is None:
+            return False
+        return self._parked.park(job.output.parent, job.source)
+
+    def _retry_parked(self) -> None:
+        """Hand the parked frames of each folder that can be written again back to the watcher."""
+        watcher = self.watcher
+        if watcher is None:
+            return
+        for source in self._parked.due():
+            watcher.forget(source)
+            self.waiters.forget(source)
+            watcher.poke(source)
 
     def _count_failure(self, line: str) -> None:
         with self._lock:

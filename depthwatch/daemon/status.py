@@ -1,5 +1,9 @@
 """The status file: a small JSON snapshot a plugin, a script or `depthwatch status` can poll.
 
+One schema for the daemon and the farm's worker (`depthwatch worker`, which
+also sends it to the scheduler with each heartbeat); the fields one of them
+has no use for stay at their defaults.
+
 Rewritten atomically (see `writer`), so a reader never sees half of it. Every
 daemon keeps one: where the config says (`daemon.status_file`), else in the
 user's state folder under a name of its own (see `default_path`), so two
@@ -33,14 +37,22 @@ class Counters:
     superseded: int = 0
     incomplete: int = 0
     retried: int = 0
+    #: Files taken for frames that carry depthwatch's own record: a depth map copied in
+    #: under a frame's name (or a photo saved from one). Skipped, never mapped again.
+    own_maps: int = 0
     #: Shots started (output.normalise: stable): an output's first map, a cut, a model swap;
     #: and of those, the cuts, with the last one as "<frame> -> <output>: shot N (cut)".
     shots: int = 0
     cuts: int = 0
     last_cut: str | None = None
     last_latency_ms: float | None = None
+    #: The last map's milliseconds per stage, named as in the log line (`frameline.STAGES`).
+    last_stage_ms: dict[str, float] = field(default_factory=dict)
     last_frame: str | None = None
     last_error: str | None = None
+    #: A farm worker: the tasks it took, and frames whose map was already up to date.
+    tasks: int = 0
+    up_to_date: int = 0
 
 
 def iso_time(epoch: float) -> str:
@@ -75,16 +87,25 @@ class Status:
     health_error: str | None = None
     #: The HTTP API's address (http://HOST:PORT) when it listens.
     api: str | None = None
+    #: A farm worker: its scheduler, its own address on the farm, and when the model
+    #: finished loading (epoch seconds): nothing forks after this.
+    scheduler: str | None = None
+    address: str | None = None
+    loaded_at: float | None = None
     counts: Counters = field(default_factory=Counters)
 
     def __post_init__(self) -> None:
         if not self.started_at:
             self.started_at = iso_time(self.started)
 
-    def to_json(self) -> bytes:
+    def as_dict(self) -> dict[str, Any]:
+        """The snapshot, stamped with the time it was taken (`updated`)."""
         data: dict[str, Any] = asdict(self)
         data["updated"] = time.time()
-        return json.dumps(data, indent=2).encode() + b"\n"
+        return data
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.as_dict(), indent=2).encode() + b"\n"
 
 
 def write_status(path: Path, status: Status) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from depthwatch.errors import OutputError
+from depthwatch.files import fsync_folder, write_all
 from depthwatch.logtext import shown
 
 #: Temporary names look like `.depth.jpg.4242-3f9a1c0b.dwtmp`: hidden, recognisable so
@@ -105,6 +106,24 @@ def really_inside(path: Path, roots: tuple[Path, ...]) -> bool:
     return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in map(os.path.realpath, roots))
 
 
+def ensure_folder(folder: Path, roots: tuple[Path, ...] = ()) -> None:
+    """Outputs may go to a folder of their own (output.template 'depth/{stem}.png'): make it.
+
+    Not created through a link that now leads outside `roots` (a folder outside is a write too).
+    """
+    if folder.is_dir():
+        return
+    if roots and not really_inside(folder, roots):
+        raise OutputError(
+            f"the output folder {shown(folder)} now leads outside the configured folders (replaced by a link?); not writing",
+            retryable=False,
+        )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create the output folder {folder}: {exc.strerror or exc}") from None
+
+
 #: Asked right before the rename, with the folder's descriptor and the target's name:
 #: why the file now at that name must not be replaced (None: it may be).
 ReplaceCheck = Callable[[int, str], "str | None"]
@@ -142,11 +161,7 @@ def _write_in(folder: int, target: Path, data: bytes, may_replace: ReplaceCheck 
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC | _NOFOLLOW, 0o644, dir_fd=folder)
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fsync(fd)
+            write_all(fd, data)
         finally:
             os.close(fd)
         refused = may_replace(folder, target.name) if may_replace is not None else None
@@ -163,32 +178,31 @@ def _write_in(folder: int, target: Path, data: bytes, may_replace: ReplaceCheck 
     except BaseException:
         _remove_quietly(tmp, folder)
         raise
-    try:
-        os.fsync(folder)  # so the rename survives a power cut
-    except OSError:
-        pass
+    fsync_folder(folder)  # so the rename survives a power cut
 
 
-def sweep_temp_files(folder: Path) -> int:
-    """Remove temporary files that dead processes left in `folder`; returns how many.
+def sweep_temp_files(folder: Path) -> tuple[int, int]:
+    """Remove temporary files that dead processes left in `folder`: (removed, could not remove).
 
     A file whose writer is still alive (this process in the middle of a write,
     or a `depthwatch once` beside it) is left alone.
     """
-    removed = 0
+    removed = failed = 0
     try:
         entries = list(os.scandir(folder))
     except OSError:
-        return 0
+        return 0, 0
     for entry in entries:
         if not is_temp_name(entry.name) or not entry.is_file(follow_symlinks=False):
             continue
         owner = temp_owner(entry.name)
         if owner is not None and _alive(owner):
             continue
-        _remove_quietly(entry.path)
-        removed += 1
-    return removed
+        if _remove_quietly(entry.path):
+            removed += 1
+        else:
+            failed += 1
+    return removed, failed
 
 
 def sweep_temp_files_for(targets: Iterable[Path]) -> int:
@@ -214,11 +228,15 @@ def sweep_temp_files_for(targets: Iterable[Path]) -> int:
     return removed
 
 
-def _remove_quietly(path: str, folder: int | None = None) -> None:
+def _remove_quietly(path: str, folder: int | None = None) -> bool:
+    """Whether `path` is gone (removed now, or already)."""
     try:
         os.unlink(path, dir_fd=folder)
+    except FileNotFoundError:
+        return True
     except OSError:
-        pass
+        return False
+    return True
 
 
 def _reason(exc: OSError) -> str:
