@@ -240,7 +240,7 @@ class Daemon:
     def startup(self) -> None:
         config = self.config
         _make_folders(self.rules.roots)  # ConfigError (78): one it cannot make
-        self._locks.hold(self.rules.roots)  # AlreadyRunning: another daemon has one of them
+        self._locks.hold(self.rules.roots, recursive=config.watch.recursive)  # AlreadyRunning: another daemon has one of them
         spec = catalogue.resolve(config.model, config.base)
         self._announce(config)
         self.engine = Engine(spec, session_factory=self._session_factory).start()
@@ -391,7 +391,7 @@ class Daemon:
             rules = Rules(new.watch, new.output)
             try:
                 _make_folders(rules.roots)
-                self._locks.hold(rules.roots)
+                self._locks.hold(rules.roots, recursive=new.watch.recursive)
             except DepthwatchError as exc:
                 log.error("%s; keeping the watch folders of the last good config", exc)
                 self.status.config_error = str(exc)
