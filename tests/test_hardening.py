@@ -59,7 +59,7 @@ def test_queued_frames_swapped_for_a_fifo_a_device_or_a_sparse_file_and_the_outp
     """
     from onnx_models import slow_model
 
-    model = slow_model(tmp_path / "slow.onnx", layers=400, size=256)  # about a second per frame (CPU provider)
+    model = slow_model(tmp_path / "slow.onnx", layers=400, size=256)  # a second or more per frame, even on a quiet machine
     outside = tmp_path / "outside"
     outside.mkdir()
     d = DaemonProcess(
@@ -67,7 +67,7 @@ def test_queued_frames_swapped_for_a_fifo_a_device_or_a_sparse_file_and_the_outp
         watch={"patterns": ["*.jpg"], "follow_symlinks": True},  # links allowed: only the read's own checks guard
         output={"template": "maps/{stem}_depth.jpg"},
         daemon={"workers": 1, "max_file_mb": 64, "shutdown_timeout_s": 5},
-        providers=["cpu"],  # seconds per frame on onnxruntime's CPU provider (OpenVINO is faster)
+        providers=["cpu"],  # that slow on onnxruntime's CPU provider (auto may pick OpenVINO, faster)
     ).start()
     maps = d.watch / "maps"
     maps.mkdir()
