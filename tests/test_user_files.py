@@ -110,7 +110,7 @@ def test_maps_never_land_in_a_folder_swapped_in_while_their_frames_were_in_fligh
     """
     from onnx_models import slow_model
 
-    model = slow_model(tmp_path / "slow.onnx", layers=400, size=128)  # about a second per frame
+    model = slow_model(tmp_path / "slow.onnx", layers=400, size=256)  # about a second per frame on the CPU provider
     show_a, show_b, outside = tmp_path / "showA" / "shots", tmp_path / "showB" / "shots", tmp_path / "outside"
     for folder in (show_a, show_b, outside):
         folder.mkdir(parents=True)
@@ -123,6 +123,7 @@ def test_maps_never_land_in_a_folder_swapped_in_while_their_frames_were_in_fligh
         watch={"folders": [str(proj / "shots"), str(tmp_path / "watch")], "patterns": ["a*.jpg", "w*.jpg"]},
         output={"template": "{stem}_depth.jpg", "error_sidecar": True},
         daemon={"workers": 1},
+        providers=["cpu"],  # that slow on onnxruntime's CPU provider (auto may pick OpenVINO, faster)
     )
     d.start()
     try:
