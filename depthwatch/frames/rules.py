@@ -17,6 +17,7 @@ from depthwatch.config import OutputConfig, WatchConfig
 from depthwatch.errors import FrameError
 from depthwatch.frames import provenance
 from depthwatch.frames.writer import is_temp_name
+from depthwatch.imaging import clipwrite, video
 
 _SIDECAR_SUFFIXES = (".json",)
 
@@ -42,6 +43,12 @@ class Rules:
         self.follow_symlinks = watch.follow_symlinks
         self.template = output.template
         self._output_name = _template_regex(output.template)
+        # A clip's depth clip: a file, or an image sequence's frames in a folder of their own.
+        self.clip_template = output.clip_template
+        self._clip_name = _template_regex(output.clip_template)
+        clip_folder = os.path.dirname(output.clip_template)
+        sequence = clipwrite.is_sequence(output.clip_template) and clip_folder
+        self._clip_folder = _template_regex(clip_folder) if sequence else None
         self.error_records = output.error_sidecar
         # The template's folder part (~ and $VARS already expanded when the config was read):
         # none (beside the frame), fixed, or built from fields.
@@ -65,6 +72,8 @@ class Rules:
         name = path.name
         if is_temp_name(name) or name.lower().endswith(_SIDECAR_SUFFIXES):
             return True
+        if self._is_clip_output(path):
+            return True
         if not self._output_name.fullmatch(name):
             return False
         fixed = self._fixed_folder
@@ -73,6 +82,18 @@ class Rules:
         if fixed.is_absolute():
             return path.parent == Path(os.path.abspath(fixed))
         return Path(os.path.abspath(path.parent)).parts[-len(fixed.parts) :] == fixed.parts
+
+    def _is_clip_output(self, path: Path) -> bool:
+        if not self._clip_name.fullmatch(path.name):
+            return False
+        if self._clip_folder is None:  # a clip file, named by the template
+            return True
+        return bool(self._clip_folder.fullmatch(path.parent.name))
+
+    @staticmethod
+    def is_clip(path: Path) -> bool:
+        """A clip (by its extension): it becomes a clip job, with output.clip_template's output."""
+        return video.is_clip_name(path)
 
     def is_frame(self, path: Path) -> bool:
         name = path.name
@@ -86,7 +107,10 @@ class Rules:
     def output_for(self, source: Path) -> Path:
         """Where the depth map of `source` goes; FrameError if that leaves the allowed folders."""
         # The frame's name goes in literally: a frame called $HOME.jpg or ~x.jpg is no path to expand.
-        text = self.template.format(stem=source.stem, name=source.name, ext=source.suffix.lstrip("."))
+        if self.is_clip(source):  # an image sequence's output keeps its {frame} field
+            text = clipwrite.fill(self.clip_template, source)
+        else:
+            text = self.template.format(stem=source.stem, name=source.name, ext=source.suffix.lstrip("."))
         output = Path(os.path.abspath(source.parent / text))
         # Real paths: a symlinked subfolder must not carry an output outside either.
         real = os.path.realpath(output.parent)
@@ -127,8 +151,12 @@ def map_is_current(source: Path, output: Path) -> bool:
     older than the frame. The daemon's start-up scan and `once --farm`'s resume
     use this same rule.
     """
+    if "{frame" in output.name:  # an image sequence: its folder, renamed into place when whole
+        output = output.parent
     try:
         frame = source.stat()
+        if output.is_dir() or video.is_clip_name(output):  # no record inside: by time
+            return output.stat().st_mtime_ns >= frame.st_mtime_ns
         record = provenance.read(output)
         if record is not None:
             return provenance.same_version(record, frame)

@@ -12,6 +12,7 @@ overlap and no frame is lost across the swap.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import queue
@@ -88,6 +89,13 @@ class Inference:
 
 
 _STOP = object()
+
+#: Queue priorities: lower runs first. A live frame (an editor waiting on it), a model
+#: load and the HTTP API's images go before the frames of a clip job, which only
+#: fill the time the live frames leave; the stop marker goes after everything.
+LIVE = 0
+BACKGROUND = 1
+_LAST = 2
 _FIX_MODEL = "; the file is damaged or not an ONNX model: fetch it again or point model.path at a working .onnx file"
 
 
@@ -135,7 +143,9 @@ class Engine:
         self._factory = session_factory
         self._available = available_providers or onnxruntime.get_available_providers
         self._measure = measure_providers
-        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # (priority, order, item): FIFO within a priority (`order` never ties, so items never compare).
+        self._jobs: queue.PriorityQueue[tuple[int, int, Any]] = queue.PriorityQueue()
+        self._order = itertools.count()
         self._thread = threading.Thread(target=self._serve, name="depthwatch-inference", daemon=True)
         self._ready = threading.Event()
         self._lock = threading.Lock()
@@ -181,13 +191,15 @@ class Engine:
     def thread(self) -> threading.Thread:
         return self._thread
 
-    def infer(self, tensor: np.ndarray, generation: int) -> Future[Inference]:
+    def infer(self, tensor: np.ndarray, generation: int, priority: int = LIVE) -> Future[Inference]:
         """Queue one tensor prepared for model `generation`; the future gets the prediction.
 
         If the model was swapped since the tensor was prepared the future fails
         with ModelChanged and the caller prepares it again for the new model.
+        `priority` BACKGROUND (a clip's frames) waits behind every LIVE job queued,
+        so a frame dropped meanwhile waits for one inference at most.
         """
-        return self._put(("run", tensor, generation))
+        return self._put(("run", tensor, generation), priority)
 
     def abort(self, future: Future[Inference], running_too: bool = True) -> None:
         """Give up on an inference whose frame has a newer version.
@@ -223,7 +235,7 @@ class Engine:
                     self._running[1].terminate = True
             if not self._closed:
                 self._closed = True
-                self._jobs.put(_STOP)
+                self._jobs.put((_LAST, next(self._order), _STOP))
         if self._thread.is_alive() or self._thread.ident is not None:
             self._thread.join(timeout)
         return not self._thread.is_alive()
@@ -234,13 +246,13 @@ class Engine:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def _put(self, job: tuple[Any, ...]) -> Future[Any]:
+    def _put(self, job: tuple[Any, ...], priority: int = LIVE) -> Future[Any]:
         future: Future[Any] = Future()
         with self._lock:
             if self._closed:
                 future.set_exception(self._error or EngineStopped("the inference engine has stopped"))
                 return future
-            self._jobs.put((future, job))
+            self._jobs.put((priority, next(self._order), (future, job)))
         return future
 
     # -- the inference thread ----------------------------------------------------
@@ -256,7 +268,7 @@ class Engine:
             finally:
                 self._ready.set()
             while True:
-                item = self._jobs.get()
+                item = self._jobs.get()[2]
                 if item is _STOP:
                     return
                 future, job = item
@@ -278,7 +290,7 @@ class Engine:
         reason = self._error or EngineStopped("the inference engine has stopped")
         while True:
             try:
-                item = self._jobs.get_nowait()
+                item = self._jobs.get_nowait()[2]
             except queue.Empty:
                 return
             if item is not _STOP and item[0].set_running_or_notify_cancel():

@@ -1,0 +1,195 @@
+"""Depth clips out: one encoder per output kind, each copying the source's timing and shape.
+
+By the output's extension:
+  .mov  ProRes 422 HQ, 10-bit 4:2:2: the grey map as luma, chroma neutral (what
+        Final Cut Pro, Resolve and After Effects take as a matte without a transcode);
+  .mkv  FFV1, lossless 16-bit grey (for grading and compositing);
+  .mp4  H.264, 8-bit 4:2:0: a preview, small and playable anywhere.
+Every one gets the source's frame rate as a fraction (24000/1001 stays exactly
+that), its size, its pixel aspect and its start timecode (a tmcd track in .mov
+and .mp4, a tag in .mkv). Frame k written is frame k shown: pts k at 1/rate.
+
+The file is written under the name it is given (a temporary one: see
+`frames.clips`), so the container is named by `kind`, not by the extension.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from depthwatch.errors import FrameError, OutputError
+from depthwatch.imaging.video import ClipInfo, require_av
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How one output extension is written: container, codec, pixel format, what each frame starts as."""
+
+    container: str
+    codec: str
+    pix_fmt: str
+    #: The frame as handed to the encoder: 16-bit grey, or 8-bit grey (then converted by swscale).
+    source_format: str
+    options: tuple[tuple[str, str], ...] = ()
+    label: str = ""
+
+
+KINDS = {
+    ".mov": Kind("mov", "prores_ks", "yuv422p10le", "gray16le", (("profile", "3"), ("vendor", "apl0")), "ProRes 422 HQ 10-bit"),
+    ".mkv": Kind("matroska", "ffv1", "gray16le", "gray16le", (("level", "3"), ("slicecrc", "1")), "FFV1 lossless 16-bit grey"),
+    ".mp4": Kind("mp4", "libx264", "yuv420p", "gray", (("crf", "16"), ("preset", "fast")), "H.264 preview 8-bit"),
+}
+
+
+def kind_for(ext: str) -> Kind | None:
+    return KINDS.get(ext.lower())
+
+
+class ClipWriter:
+    """Encodes depth maps (uint16 [H, W], 0 = far unless inverted) into one clip file.
+
+    `close()` flushes the encoder and finishes the container; `abort()` drops it
+    (the caller removes the file). Either way the file is closed.
+    """
+
+    def __init__(self, path: Path, kind: Kind, info: ClipInfo) -> None:
+        av = require_av()
+        self._av = av
+        self.kind = kind
+        self._info = info
+        self._count = 0
+        w, h = info.width, info.height
+        if kind.pix_fmt in ("yuv422p10le", "yuv420p") and w % 2:
+            raise FrameError(f"{kind.label} needs an even width, and the clip is {w}x{h}; write .mkv (FFV1) instead")
+        if kind.pix_fmt == "yuv420p" and h % 2:
+            raise FrameError(f"{kind.label} needs an even height, and the clip is {w}x{h}; write .mov or .mkv instead")
+        try:
+            self._container = av.open(str(path), "w", format=kind.container)
+        except OSError as exc:
+            raise OutputError(f"cannot create {path.name} in {path.parent}: {exc.strerror or exc}") from None
+        try:
+            stream = self._container.add_stream(kind.codec, rate=info.rate, options=dict(kind.options))
+            stream.width, stream.height, stream.pix_fmt = w, h, kind.pix_fmt
+            stream.time_base = Fraction(1) / info.rate
+            stream.codec_context.time_base = stream.time_base
+            stream.thread_type = "AUTO"
+            if info.sar is not None:  # the codec's (ProRes, H.264 carry it) and the container's (Matroska's)
+                stream.codec_context.sample_aspect_ratio = info.sar
+                try:
+                    stream.sample_aspect_ratio = info.sar
+                except (AttributeError, TypeError):
+                    pass
+            _tag_colour(stream.codec_context, kind)
+            if info.timecode:
+                stream.metadata["timecode"] = info.timecode
+            self._stream = stream
+            self._time_base = stream.time_base
+        except BaseException:
+            self._container.close()
+            raise
+
+    def write(self, depth: np.ndarray) -> None:
+        """Append the next frame's map: uint16 (or uint8) [H, W] at the clip's size."""
+        av = self._av
+        if self.kind.source_format == "gray":
+            grey = depth if depth.dtype == np.uint8 else (depth >> 8).astype(np.uint8)
+        else:
+            grey = depth if depth.dtype == np.uint16 else depth.astype(np.uint16) * np.uint16(257)
+        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(grey), format=self.kind.source_format)
+        if self.kind.pix_fmt != self.kind.source_format:
+            # Grey to Y'CbCr: the map becomes luma (video range), the chroma planes stay neutral.
+            frame = frame.reformat(format=self.kind.pix_fmt, dst_colorspace="ITU709", dst_color_range="MPEG")
+        frame.pts = self._count
+        frame.time_base = self._time_base
+        self._count += 1
+        self._mux(self._stream.encode(frame))
+
+    def _mux(self, packets: Any) -> None:
+        try:
+            self._container.mux(packets)
+        except OSError as exc:
+            raise OutputError(f"cannot write the depth clip: {exc.strerror or exc}") from None
+
+    def close(self) -> None:
+        try:
+            self._mux(self._stream.encode(None))
+        finally:
+            self._container.close()
+
+    def abort(self) -> None:
+        try:
+            self._container.close()
+        except Exception:  # a half-written container may fail to finish; it is removed anyway
+            pass
+
+    @property
+    def frames(self) -> int:
+        return self._count
+
+
+def _tag_colour(ctx: Any, kind: Kind) -> None:
+    """Rec. 709, video range for the Y'CbCr kinds, as editors assume for HD: say so, not leave it to guess."""
+    if kind.pix_fmt.startswith("gray"):
+        return
+    for name, value in (("color_primaries", 1), ("color_trc", 1), ("colorspace", 1), ("color_range", 1)):
+        try:
+            setattr(ctx, name, value)
+        except (AttributeError, TypeError, ValueError):
+            pass
+
+
+# -- output templates ----------------------------------------------------------------------
+
+#: Image formats a clip can be written out as, one file per frame (`{stem}_depth/{frame:04d}.png`).
+SEQUENCE_EXTENSIONS = (".png", ".tif", ".tiff", ".exr")
+
+
+class _FrameField:
+    """Stands in for `{frame...}` while the rest of a template is filled, keeping it for later."""
+
+    def __format__(self, spec: str) -> str:
+        return "{frame:" + spec + "}" if spec else "{frame}"
+
+
+def fill(template: str, source: Path) -> str:
+    """`template` with the clip's name filled in; a `{frame...}` field is left for each frame."""
+    return template.format(stem=source.stem, name=source.name, ext=source.suffix.lstrip("."), frame=_FrameField())
+
+
+def is_sequence(template: str) -> bool:
+    return "{frame" in template.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def template_problem(template: str) -> str | None:
+    """Why `template` cannot name a depth clip (None: it can)."""
+    try:
+        rendered = template.format(stem="clip", name="clip.mov", ext="mov", frame=1)
+    except (KeyError, IndexError, ValueError) as exc:
+        return f"{template!r} uses an unknown field {exc}; use {{stem}}, {{name}}, {{ext}} and, for image sequences, {{frame:04d}}"
+    folder, _ = os.path.split(template)
+    if "{frame" in folder:
+        return f"{template!r}: {{frame}} belongs in the file name, not in a folder"
+    suffix = Path(rendered).suffix.lower()
+    if is_sequence(template):
+        if not folder:
+            return f"{template!r}: an image sequence needs a folder of its own, like '{{stem}}_depth/{{frame:04d}}.png'"
+        if suffix not in SEQUENCE_EXTENSIONS:
+            return f"{template!r}: an image sequence must end in .png, .tif or .exr"
+        if suffix == ".exr":
+            from depthwatch.imaging.pixels import can_encode
+
+            if not can_encode(".exr"):
+                return f"{template!r}: this install cannot write .exr; use .tif or .png"
+        return None
+    if suffix not in KINDS:
+        return (
+            f"{template!r} must end in .mov (ProRes 422 HQ), .mkv (FFV1 16-bit) or .mp4 (H.264 preview), "
+            "or be an image sequence like '{stem}_depth/{frame:04d}.png'"
+        )
+    return None
