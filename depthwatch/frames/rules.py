@@ -49,6 +49,14 @@ class Rules:
         clip_folder = os.path.dirname(output.clip_template)
         sequence = clipwrite.is_sequence(output.clip_template) and clip_folder
         self._clip_folder = _template_regex(clip_folder) if sequence else None
+        # The clip template's fixed absolute folder (before any field) is allowed for its outputs.
+        fixed_parts = []
+        for part in Path(clip_folder).parts:
+            if "{" in part:
+                break
+            fixed_parts.append(part)
+        fixed_clip = Path(*fixed_parts) if fixed_parts else None
+        self._clip_root = Path(os.path.abspath(fixed_clip)) if fixed_clip is not None and fixed_clip.is_absolute() else None
         self.error_records = output.error_sidecar
         # The template's folder part (~ and $VARS already expanded when the config was read):
         # none (beside the frame), fixed, or built from fields.
@@ -114,7 +122,7 @@ class Rules:
         output = Path(os.path.abspath(source.parent / text))
         # Real paths: a symlinked subfolder must not carry an output outside either.
         real = os.path.realpath(output.parent)
-        allowed = [os.path.realpath(r) for r in (self.root_of(source), self._extra_root) if r is not None]
+        allowed = [os.path.realpath(r) for r in self.output_roots(source)]
         if not any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in allowed):
             raise FrameError(f"its output {output} would be outside the configured folders; not writing it")
         if output == source:
@@ -123,7 +131,8 @@ class Rules:
 
     def output_roots(self, source: Path) -> tuple[Path, ...]:
         """The folders the output of `source` must really lie in when it is written."""
-        return tuple(r for r in (self.root_of(source), self._extra_root) if r is not None)
+        extra = self._clip_root if self.is_clip(source) else self._extra_root
+        return tuple(r for r in (self.root_of(source), extra) if r is not None)
 
     def error_record_for(self, source: Path, output: Path) -> Path | None:
         if not self.error_records:
