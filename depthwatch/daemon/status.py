@@ -38,6 +38,8 @@ class Counters:
     shots: int = 0
     cuts: int = 0
     last_cut: str | None = None
+    #: Depth clips written (whole clips; their frames are not in `done`).
+    clips: int = 0
     last_latency_ms: float | None = None
     last_frame: str | None = None
     last_error: str | None = None
@@ -70,6 +72,10 @@ class Status:
     #: The HTTP API's address (http://HOST:PORT) when it listens.
     api: str | None = None
     counts: Counters = field(default_factory=Counters)
+    #: The clip job in progress: source, output, phase (depth / writing), frames, done and
+    #: total steps (both passes), rate (steps a second), eta_s; None when no clip is in progress.
+    clip: dict[str, Any] | None = None
+    clips_waiting: int = 0
 
     def __post_init__(self) -> None:
         if not self.started_at:

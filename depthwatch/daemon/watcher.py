@@ -21,7 +21,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from depthwatch.config import WatchConfig
 from depthwatch.errors import DepthwatchError
 from depthwatch.frames.reading import link_problem, open_checked
 from depthwatch.frames.rules import Rules, map_is_current
-from depthwatch.imaging import formats
+from depthwatch.imaging import formats, video
 from depthwatch.logtext import shown
 
 log = logging.getLogger("depthwatch.watch")
@@ -69,6 +69,9 @@ _SEEN_MEMORY = 1024
 
 Signature = tuple[int, int, int]
 
+#: The "format" a clip is handed over with (its completeness judged by `video.is_complete`).
+CLIP = "clip"
+
 
 @dataclass
 class _Pending:
@@ -83,6 +86,9 @@ class _Pending:
     #: Its event came before the file's last write (see `_check`): it only stands in for
     #: that write's own event, in case none comes.
     late: bool = False
+    #: When it was first seen (never reset), and whether "still growing" was said (clips).
+    first: float = field(default_factory=time.monotonic)
+    told: bool = False
 
 
 def _observer_class(kind: str) -> Callable[..., Any]:
@@ -320,6 +326,7 @@ class Watcher:
             current = self._pending.get(path)
             if current is not None:  # a newer event came in meanwhile: keep the earlier check
                 current.since = min(current.since, state.since)
+                current.first, current.told = min(current.first, state.first), current.told or state.told
                 return
             state.due = time.monotonic() + delay
             self._pending[path] = state
@@ -348,6 +355,11 @@ class Watcher:
             self._again(path, state, max(settle, 0.05))
             return
         if state.mode in (Mode.SETTLE, Mode.WAIT) and signature != state.signature:
+            if state.signature is not None and not state.told and now - state.first >= self.config.incomplete_timeout_s and video.is_clip_name(path):
+                state.told = True  # a long copy, or a recording still going: say so once, keep waiting
+                log.warning(
+                    "%s: still growing after %.0f s; it becomes a clip job once it is complete", shown(path), now - state.first
+                )
             state.signature = signature
             state.since = now  # it changed: the incomplete clock starts again
             self._again(path, state, settle if state.mode == Mode.SETTLE else self.config.incomplete_timeout_s)
@@ -370,9 +382,10 @@ class Watcher:
         if complete is False:
             if now - state.since >= self.config.incomplete_timeout_s:
                 self.incomplete += 1
+                what = "a clip cut short, or without its index" if fmt == CLIP else "no end marker"
                 self._report(
                     path,
-                    f"still incomplete after {self.config.incomplete_timeout_s:g} s (no end marker); "
+                    f"still incomplete after {self.config.incomplete_timeout_s:g} s ({what}); "
                     "not processed until it is written again",
                 )
                 return
@@ -462,6 +475,8 @@ def _probe(path: Path, size: int) -> tuple[str | None, bool | None]:
         return None, True
     finally:
         os.close(fd)
+    if video.is_clip_name(path):  # a whole clip: its boxes add up, with its index in them
+        return CLIP, video.is_complete(path, size)
     fmt = formats.sniff(head)
     if fmt is None:
         return None, None

@@ -420,6 +420,11 @@ class Pipeline:
             image.future.set_exception(FrameError("stopped before the depth map was made"))
         return image.future
 
+    @property
+    def pending(self) -> int:
+        """Jobs submitted and not yet finished (frames from disk and in-memory images)."""
+        return self._pending
+
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until every submitted job has its result; False on timeout."""
         with self._idle:

@@ -74,7 +74,9 @@ class ClipInfo:
 
 
 def _reason(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    strerror = getattr(exc, "strerror", None)
+    text = str(strerror or exc).strip()
+    text = text.splitlines()[0] if text else type(exc).__name__
     # PyAV's messages end in "...: 'path'"; the caller names the file already.
     return text.split(": '", 1)[0][:200]
 
@@ -184,6 +186,8 @@ def is_complete(path: Path, size: int) -> bool | None:
     a Segment of declared size must end at the file's end. None: the format has
     no such structure (MXF, AVI...), and settling is all the watcher can go by.
     """
+    if size < 8:
+        return None  # empty or nearly: the job says what is wrong with it
     try:
         with open(path, "rb") as f:
             head = f.read(16)

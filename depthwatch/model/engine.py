@@ -154,6 +154,9 @@ class Engine:
         self._error: DepthwatchError | None = None
         self._cpu_rebuilt = False
         self._running: tuple[Future[Any], Any] | None = None
+        #: The running inference is BACKGROUND work, and a LIVE job came for it to make way.
+        self._running_background = False
+        self._preempted = False
         self._interrupted = False
         #: Sessions created over the engine's life (first load, reloads, CPU rebuild).
         self.load_count = 0
@@ -199,7 +202,7 @@ class Engine:
         `priority` BACKGROUND (a clip's frames) waits behind every LIVE job queued,
         so a frame dropped meanwhile waits for one inference at most.
         """
-        return self._put(("run", tensor, generation), priority)
+        return self._put(("run", tensor, generation, priority), priority)
 
     def abort(self, future: Future[Inference], running_too: bool = True) -> None:
         """Give up on an inference whose frame has a newer version.
@@ -253,6 +256,10 @@ class Engine:
                 future.set_exception(self._error or EngineStopped("the inference engine has stopped"))
                 return future
             self._jobs.put((priority, next(self._order), (future, job)))
+            if priority == LIVE and self._running is not None and self._running_background:
+                # A clip's frame is running: stop it between operators and run it again after.
+                self._preempted = True
+                self._running[1].terminate = True
         return future
 
     # -- the inference thread ----------------------------------------------------
@@ -272,14 +279,19 @@ class Engine:
                 if item is _STOP:
                     return
                 future, job = item
-                if self._interrupted:
-                    future.cancel()
-                if not future.set_running_or_notify_cancel():
-                    continue
+                if future.running():  # a preempted background inference, back for its turn
+                    if self._interrupted:
+                        future.set_exception(EngineStopped("the inference engine has stopped"))
+                        continue
+                else:
+                    if self._interrupted:
+                        future.cancel()
+                    if not future.set_running_or_notify_cancel():
+                        continue
                 if job[0] == "load":
                     session = self._swap(session, future, job[1])
                 else:
-                    session = self._run(session, future, job[1], job[2])
+                    session = self._run(session, future, job[1], job[2], job[3])
         finally:
             session = None  # release the model before the thread ends
             self._drain()
@@ -293,7 +305,7 @@ class Engine:
                 item = self._jobs.get_nowait()[2]
             except queue.Empty:
                 return
-            if item is not _STOP and item[0].set_running_or_notify_cancel():
+            if item is not _STOP and (item[0].running() or item[0].set_running_or_notify_cancel()):
                 item[0].set_exception(reason)
 
     def _swap(self, session: Session, future: Future[Any], spec: ModelSpec) -> Session:
@@ -309,7 +321,7 @@ class Engine:
         future.set_result(info)
         return new_session  # the old session is released as its last reference goes
 
-    def _run(self, session: Session, future: Future[Any], tensor: np.ndarray, generation: int) -> Session:
+    def _run(self, session: Session, future: Future[Any], tensor: np.ndarray, generation: int, priority: int = LIVE) -> Session:
         info = self._info
         assert info is not None
         if generation != info.generation:
@@ -323,12 +335,16 @@ class Engine:
             options = onnxruntime.RunOptions()
             with self._lock:
                 self._running = (future, options)
+                self._running_background, self._preempted = priority != LIVE, False
             try:
                 start = time.perf_counter()
                 output = session.run(names, feed, options)[0]
                 seconds = time.perf_counter() - start
                 prediction = depth_map(output)
             except Exception as exc:  # onnxruntime raises its own exception types
+                if options.terminate and self._preempted and not self._interrupted:
+                    self._requeue(future, tensor, generation, priority)
+                    return session
                 if options.terminate:
                     future.set_exception(Superseded("a newer version arrived during inference"))
                     return session
@@ -341,10 +357,20 @@ class Engine:
             finally:
                 with self._lock:
                     self._running = None
+                    self._running_background = False
             self.run_count += 1
             future.set_result(Inference(prediction, seconds, info))
             return session
         return session
+
+    def _requeue(self, future: Future[Any], tensor: np.ndarray, generation: int, priority: int) -> None:
+        """A preempted background inference goes back in the queue, behind the live job that stopped it.
+
+        Its future is already running; it is put back as it was, so the caller sees
+        only a later result.
+        """
+        # Before the stop marker, which always comes last: work queued before a stop still runs.
+        self._jobs.put((priority, next(self._order), (future, ("run", tensor, generation, priority))))
 
     def _rebuild_on_cpu(self, session: Session, info: ModelInfo, exc: Exception) -> tuple[Session, ModelInfo]:
         self._cpu_rebuilt = True
