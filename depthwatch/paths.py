@@ -51,9 +51,9 @@ def state_dir(platform: str | None = None) -> Path:
 
 
 def log_dir(platform: str | None = None) -> Path:
-    if (platform or sys.platform) == "darwin":
-        return Path.home() / "Library" / "Logs" / APP
-    return Path(_dirs(platform).user_state_dir) / "log"
+    """platformdirs' user log folder: ~/Library/Logs/depthwatch (where Console.app looks),
+    $XDG_STATE_HOME/depthwatch/log on Linux."""
+    return Path(_dirs(platform).user_log_dir)
 
 
 def expand_path(value: str, base: Path) -> Path:

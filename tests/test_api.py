@@ -21,7 +21,7 @@ from daemon_process import DaemonProcess, wait_for
 requests = pytest.importorskip("requests")
 pytest.importorskip("waitress")
 
-from depthwatch import imaging  # noqa: E402
+from depthwatch.imaging import pixels  # noqa: E402
 from depthwatch.config import ApiConfig, Config, OutputConfig, WatchConfig  # noqa: E402
 from depthwatch.daemon.waiters import DONE, TIMEOUT, MapWaiters  # noqa: E402
 from depthwatch.frames.job import Job  # noqa: E402
@@ -51,12 +51,12 @@ class Reference:
 
     def depth(self, data: bytes, bits: int = 8) -> np.ndarray:
         """The map with the daemon's default output settings (refine, levels) at `bits`."""
-        decoded = imaging.decode(data, max_pixels=10**8, min_size=self.info.min_frame_size)
-        tensor = imaging.prepare(decoded, self.info.contract, self.info.profile)
+        decoded = pixels.decode(data, max_pixels=10**8, min_size=self.info.min_frame_size)
+        tensor = pixels.prepare(decoded, self.info.contract, self.info.profile)
         prediction = self.engine.infer(tensor, self.info.generation).result(HTTP_TIMEOUT).prediction
         options = dataclasses.replace(Settings.from_config(Config()).render, bits=bits)
-        nearness = imaging.normalise(prediction, self.info.profile.output, options)
-        return imaging.render(nearness, decoded.size, options, guide=decoded.image)
+        nearness = pixels.normalise(prediction, self.info.profile.output, options)
+        return pixels.render(nearness, decoded.size, options, guide=decoded.image)
 
     def close(self) -> None:
         self.engine.stop()
@@ -127,7 +127,10 @@ def test_classic_client_two_hundred_rounds_one_inference_each(api_daemon, refere
             want = reference.depth(data)
             assert_same_map(got, want, [previous] if previous is not None else [])
             previous = want
-    wait_for(lambda: d.counts().get("done") == rounds, what=f"done == {rounds}")
+    try:
+        wait_for(lambda: d.counts().get("done") == rounds, what=f"done == {rounds}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; counts {d.counts()}; log tail {d.log()[-3000:]}") from None
     assert d.stop() == 0
     assert d.counts()["done"] == rounds, d.counts()
     assert len(d.frame_lines()) == rounds, "a frame was run twice"
@@ -520,3 +523,34 @@ def test_the_daemon_needs_waitress_only_with_the_api_on(tmp_path, tiny_model):
     )
     assert refused.returncode == 78, refused.stderr
     assert "pip install 'depthwatch[api]'" in refused.stderr
+
+
+def test_the_waitress_internals_the_shutdown_drives_are_where_it_expects():
+    """Waitress has no public way to stop a server from another thread (its maintainers:
+    Pylons/waitress#343, #372), so ApiServer runs waitress's own loop one poll at a time and
+    closes the listener and the connections between polls. The version is pinned to the series
+    this was written against; this test names what moved when the pin is raised."""
+    import inspect
+
+    from waitress import wasyncore
+    from waitress.channel import HTTPChannel
+    from waitress.server import BaseWSGIServer, create_server
+    from waitress.task import ThreadedTaskDispatcher
+
+    assert {"timeout", "use_poll", "map", "count"} <= set(inspect.signature(wasyncore.loop).parameters)
+    assert {"map", "ignore_all"} <= set(inspect.signature(wasyncore.close_all).parameters)
+    assert {"cancel_pending", "timeout"} <= set(inspect.signature(ThreadedTaskDispatcher.shutdown).parameters)
+    assert isinstance(HTTPChannel.total_outbufs_len, int)
+    assert issubclass(BaseWSGIServer, wasyncore.dispatcher)
+    server = create_server(lambda environ, start: [], host="127.0.0.1", port=0, threads=1)
+    try:
+        assert isinstance(server, BaseWSGIServer)
+        assert server in server._map.values(), "the listener is no longer in the server's channel map"
+        assert isinstance(server.adj.asyncore_use_poll, bool)
+        wasyncore.dispatcher.close(server)  # the listener only: the trigger stays in the map
+        assert server not in server._map.values() and server._map, "closing the listener left no trigger"
+        wasyncore.loop(timeout=0.01, use_poll=server.adj.asyncore_use_poll, map=server._map, count=1)
+    finally:
+        server.task_dispatcher.shutdown(cancel_pending=True, timeout=1)
+        wasyncore.close_all(server._map, ignore_all=True)
+    assert not server._map

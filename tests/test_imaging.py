@@ -111,3 +111,69 @@ def test_decode_handles_gray_sixteen_bit_and_alpha():
         assert decoded.image.dtype == np.uint8
         assert decoded.image.shape == (48, 64, 3)
         assert decoded.size == (64, 48)
+
+
+def _exif_jpeg(stored: np.ndarray, orientation: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    image = Image.fromarray(stored[:, :, ::-1])
+    exif = image.getexif()
+    exif[0x0112] = orientation
+    out = io.BytesIO()
+    image.save(out, "JPEG", exif=exif.tobytes(), quality=95)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_jpeg_decode_applies_every_exif_orientation_as_opencv_does(orientation):
+    """simplejpeg decodes the stored pixels; the turn to what a viewer shows is ours, checked
+    against OpenCV's own EXIF handling at full and at reduced scale."""
+    stored = cv2.GaussianBlur((np.random.default_rng(1).random((120, 200, 3)) * 255).astype(np.uint8), (0, 0), 3)
+    data = _exif_jpeg(stored, orientation)
+    for min_size, flag in ((None, cv2.IMREAD_COLOR), ((30, 30), cv2.IMREAD_REDUCED_COLOR_4)):
+        decoded = pixels.decode(data, max_pixels=LIMIT, min_size=min_size)
+        reference = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
+        assert decoded.image.shape == reference.shape
+        assert np.array_equal(decoded.image, reference)
+        assert decoded.size == ((120, 200) if orientation >= 5 else (200, 120))
+
+
+def test_a_damaged_jpeg_raises_and_descriptor_2_is_never_touched(capfd):
+    """The decoder raises libjpeg's warning; nothing goes to fd 2 and fd 2 is never swapped for a
+    pipe, so other threads' messages are never held back and decodes need no lock."""
+    import os
+    import threading
+
+    good = jpeg_bytes(cv2.resize(quadrant_frame(), (640, 480)))
+    damaged = good[: len(good) // 2] + b"\xff\xd9"
+    real = os.fstat(2)
+    seen: set[tuple[int, int]] = set()
+    stop = threading.Event()
+
+    def watch_fd2() -> None:
+        while not stop.is_set():
+            now = os.fstat(2)
+            seen.add((now.st_dev, now.st_ino))
+
+    watcher = threading.Thread(target=watch_fd2)
+    watcher.start()
+    try:
+        for _ in range(100):
+            with pytest.raises(FrameError, match=r"damaged \(Corrupt JPEG data: premature end of data segment\)"):
+                pixels.decode(damaged, max_pixels=LIMIT)
+    finally:
+        stop.set()
+        watcher.join(10)
+    assert seen == {(real.st_dev, real.st_ino)}
+    assert capfd.readouterr().err == ""
+
+
+def test_a_harmless_libjpeg_warning_still_decodes():
+    """Extraneous bytes before the end marker: libjpeg warns, the picture is whole."""
+    good = jpeg_bytes(quadrant_frame())
+    padded = good[:-2] + b"\x00\x11\x22" + good[-2:]
+    decoded = pixels.decode(padded, max_pixels=LIMIT)
+    reference = cv2.imdecode(np.frombuffer(good, np.uint8), cv2.IMREAD_COLOR)
+    assert np.array_equal(decoded.image, reference)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from daemon_process import wait_for
+
 from depthwatch.frames.jobqueue import LatestWinsQueue
 from depthwatch.frames.job import Job
 
@@ -50,6 +52,13 @@ def test_the_same_version_is_not_queued_twice():
     q.done(running)
 
 
+def _waiting_on(cond: threading.Condition) -> int:
+    """How many threads are blocked in `cond.wait()` (CPython keeps one lock per waiter in
+    `_waiters`); read under the condition's lock, so a getter counted here is really waiting."""
+    with cond:
+        return len(cond._waiters)  # type: ignore[attr-defined]
+
+
 def test_bounded_and_closing_wakes_a_waiting_getter():
     q = LatestWinsQueue(2)
     assert q.put(job("a", "1")) and q.put(job("b", "2"))
@@ -57,6 +66,8 @@ def test_bounded_and_closing_wakes_a_waiting_getter():
     got = []
     getter = threading.Thread(target=lambda: (q.get(), q.get(), got.append(q.get())))
     getter.start()
+    wait_for(lambda: _waiting_on(q._cond), what="the getter to block on the empty queue")
+    assert got == [] and getter.is_alive()
     q.close()
     getter.join(10)
     assert got == [None] and not getter.is_alive()

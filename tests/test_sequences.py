@@ -50,7 +50,41 @@ def test_frame_ranges() -> None:
     assert frame_range("7, 10-11") == {7, 10, 11}
 
 
-@pytest.mark.parametrize("text", ["", "a-b", "10-1", "1-10x0", "1-10y2"])
+#: The VFX convention as fileseq reads it, written out: a change in fileseq's reading fails here.
+CONVENTION = {
+    "1-10": set(range(1, 11)),
+    "1-10x2": {1, 3, 5, 7, 9},
+    "1-10x3": {1, 4, 7, 10},
+    "1,3,5": {1, 3, 5},
+    "10-1": set(range(1, 11)),  # counted down: the same frames
+    "10-1x2": {10, 8, 6, 4, 2},  # the step counts from the first frame written
+    "1-10y3": {2, 3, 5, 6, 8, 9},  # the frames x3 leaves out
+    "1-10:2": set(range(1, 11)),  # staggered: x2, then the rest; every frame once
+    "1-10:3": set(range(1, 11)),
+    "1001": {1001},
+    "-5--1": {-5, -4, -3, -2, -1},
+    "-2-2": {-2, -1, 0, 1, 2},
+    "1--3": {1, 0, -1, -2, -3},
+    "1 - 10": set(range(1, 11)),
+    "7, 10-11": {7, 10, 11},
+    "1-1": {1},
+    "0-0": {0},
+    "01-05": {1, 2, 3, 4, 5},
+    "1-10x3,2-4": {1, 4, 7, 10, 2, 3},
+    "1001-1100x25,1050": {1001, 1026, 1051, 1076, 1050},
+}
+
+
+@pytest.mark.parametrize("text", sorted(CONVENTION))
+def test_frame_ranges_follow_fileseq_the_vfx_convention(text: str) -> None:
+    """Checked against fileseq itself too, so the table cannot drift from the library."""
+    fileseq = pytest.importorskip("fileseq")
+    assert frame_range(text) == CONVENTION[text]
+    assert {int(f) for f in fileseq.FrameSet(text)} == CONVENTION[text]
+
+
+@pytest.mark.parametrize("text", ["", " ", "a-b", "1-10x0", "1-10x-2", "1x", "1-10X2", "1-10x1.5", "1.5", "1-100000000"])
 def test_malformed_frame_ranges_say_why(text: str) -> None:
-    with pytest.raises(ValueError, match="frame range|step|ends before"):
+    with pytest.raises(ValueError, match="frame range|sub-frames|more than") as caught:
         frame_range(text)
+    assert "\n" not in str(caught.value)

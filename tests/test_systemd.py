@@ -9,10 +9,17 @@ Environment.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,6 +41,7 @@ from service_support import (
 from standin import make_standins, path_with
 
 from depthwatch import cli
+from depthwatch.daemon.status import read_status
 from depthwatch.errors import EX_CONFIG
 from depthwatch.service import launchd, supervision, systemd
 
@@ -104,6 +112,9 @@ def test_unit_has_the_restart_stop_and_exec_settings(config: Path):
     assert service_section["RestartPreventExitStatus"] == ["78"]
     assert service_section["KillSignal"] == ["SIGTERM"]
     assert service_section["TimeoutStopSec"] == ["15"]
+    assert service_section["Type"] == ["notify"]  # `systemctl start` waits for READY=1
+    assert service_section["ExecReload"] == ["kill -HUP $MAINPID"]
+    assert int(service_section["TimeoutStartSec"][-1]) >= 90 + 60  # provider measurement, then the load
     assert unit["Install"]["WantedBy"] == ["default.target"]
     env = systemd.environment_of(unit)
     assert env["PATH"].split(":")[0] == str(Path(ENTRY_POINT).parent) and "/usr/bin" in env["PATH"].split(":")
@@ -408,12 +419,15 @@ def test_status_reads_systemctl_show(config: Path, home: Path, tools, capsys):
 # -- the daemon, started the way the unit starts it ---------------------------------------
 
 
-def start_from_unit(unit_text: str, home: Path, logs: Path) -> subprocess.Popen[bytes]:
+def start_from_unit(unit_text: str, home: Path, logs: Path, notify_socket: str | None = None) -> subprocess.Popen[bytes]:
     unit = systemd.parse(unit_text)
+    env = supervisor_env(home, systemd.environment_of(unit))
+    if notify_socket is not None:  # what systemd sets for a Type=notify service
+        env["NOTIFY_SOCKET"] = notify_socket
     return start_like_supervisor(
         systemd.exec_start(unit),
         cwd=unit["Service"]["WorkingDirectory"][-1].replace("%%", "%"),
-        env=supervisor_env(home, systemd.environment_of(unit)),
+        env=env,
         stdout=logs / "stdout.log",
         stderr=logs / "stderr.log",
     )
@@ -449,3 +463,68 @@ def test_a_missing_model_exits_78_which_the_unit_does_not_restart(config: Path, 
         kill_quietly(proc)
     assert log.read_text().splitlines()[-1].startswith("depthwatch: model file ")
     assert supervision.describe_exit(EX_CONFIG).startswith("78 (EX_CONFIG")
+
+
+@contextlib.contextmanager
+def notify_socket() -> Iterator[tuple[str, socket.socket]]:
+    """A datagram socket bound where systemd would bind its notify socket (abstract namespace)."""
+    name = f"@depthwatch-test-notify-{os.getpid()}-{uuid.uuid4().hex}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sock.bind("\0" + name[1:])
+        yield name, sock
+    finally:
+        sock.close()
+
+
+def receive(sock: socket.socket, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> list[str]:
+    """The next notification's fields, as systemd reads them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ready, _, _ = select.select([sock], [], [], 0.1)
+        if ready:
+            return sock.recv(4096).decode().splitlines()
+        if proc.poll() is not None:
+            raise AssertionError(f"the daemon exited with {proc.returncode} before notifying:\n{log.read_text()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no notification within {timeout:.0f} s:\n{log.read_text()}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="systemd's notify socket is a Linux abstract socket here")
+def test_the_daemon_sends_ready_only_once_the_model_is_loaded_and_stopping_at_sigterm(tmp_path: Path, tiny_model: Path, home: Path):
+    config = make_project(tmp_path / "project", tiny_model)
+    text = systemd.render(config, shutdown_timeout_s=10)
+    log = tmp_path / "logs" / "stderr.log"
+    with notify_socket() as (name, sock):
+        proc = start_from_unit(text, home, log.parent, notify_socket=name)
+        try:
+            fields = receive(sock, proc, log)
+            # What the daemon had done when it said READY: the model loaded, the folders watched.
+            said, status = log.read_text(), read_status(config.parent / "status.json")
+            proc.send_signal(signal.SIGTERM)
+            stopping = receive(sock, proc, log)
+            code = wait_exit(proc)
+        finally:
+            kill_quietly(proc)
+    assert fields[0] == "READY=1" and fields[1] == "STATUS=watching 1 folder(s)", fields
+    assert "model tiny.onnx (profile midas-v21-small" in said and "ready: watching 1 folder(s)" in said, said
+    assert status["state"] == "running" and status["model_loads"] == 1, status
+    assert stopping == ["STOPPING=1"]
+    assert code == 0, log.read_text()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="systemd's notify socket is a Linux abstract socket here")
+def test_a_model_that_does_not_load_never_sends_ready_so_systemctl_start_fails(tmp_path: Path, tiny_model: Path, home: Path):
+    config = make_project(tmp_path / "project", tiny_model)
+    (config.parent.parent / "tiny.onnx").write_bytes(b"not an onnx model")
+    log = tmp_path / "logs" / "stderr.log"
+    with notify_socket() as (name, sock):
+        proc = start_from_unit(systemd.render(config, shutdown_timeout_s=10), home, log.parent, notify_socket=name)
+        try:
+            code = wait_exit(proc)
+        finally:
+            kill_quietly(proc)
+        sock.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            sock.recv(4096)  # nothing was ever sent
+    assert code == EX_CONFIG, log.read_text()

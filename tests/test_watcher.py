@@ -98,15 +98,30 @@ def test_a_file_that_never_completes_is_reported_at_the_timeout(tmp_path: Path, 
 
 
 def test_an_empty_file_is_not_a_frame_until_it_stays_empty(tmp_path: Path, watch) -> None:
-    _, seen = watch()
+    # settle_ms far longer than the test: "stays empty" cannot be reached while it takes its steps.
+    _, seen = watch(settle_ms=60_000)
     path = tmp_path / "rewritten.jpg"
-    with open(path, "wb") as f:  # truncated for an in-place rewrite...
-        f.flush()
-        os.fsync(f.fileno())
-        f.write(FRAME)  # ...and then written
-    write_by_rename(tmp_path / "empty.jpg", b"")  # really empty: handed over (the pipeline says why)
-    wait_for(lambda: {p.name for p, _, _ in seen.emitted} >= {"rewritten.jpg", "empty.jpg"}, what="both files")
-    assert [s[0] for p, s, _ in seen.emitted if p == path] == [len(FRAME)]  # never seen at 0 bytes
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)  # truncated for an in-place rewrite...
+    os.close(fd)  # ...and closed while empty: the watcher certainly sees it at 0 bytes
+    write_by_rename(tmp_path / "sentinel.jpg", FRAME)  # events are checked in order
+    wait_for(lambda: any(p.name == "sentinel.jpg" for p, _, _ in seen.emitted), what="the sentinel")
+    assert [p.name for p, _, _ in seen.emitted] == ["sentinel.jpg"], "the empty file was taken for a frame"
+    fd = os.open(path, os.O_WRONLY)  # ...and then written, unbuffered
+    try:
+        view = memoryview(FRAME)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+    wait_for(lambda: any(p == path for p, _, _ in seen.emitted), what="the rewritten frame")
+    assert [s[0] for p, s, _ in seen.emitted if p == path] == [len(FRAME)]  # never taken at 0 bytes
+
+
+def test_an_empty_file_that_stays_empty_is_handed_over(tmp_path: Path, watch) -> None:
+    _, seen = watch()
+    write_by_rename(tmp_path / "empty.jpg", b"")  # really empty: handed over once settled (the pipeline says why)
+    wait_for(lambda: seen.emitted, what="the empty file")
+    assert [(p.name, s[0]) for p, s, _ in seen.emitted] == [("empty.jpg", 0)]
 
 
 def test_settle_mode_waits_for_the_file_to_stop_changing(tmp_path: Path, watch) -> None:
@@ -136,9 +151,12 @@ def test_an_event_checked_after_the_file_was_written_again_does_not_take_that_ve
     wait_for(lambda: len(seen.emitted) == 2, what="the second version")
     # ...and only now is the earlier event checked (the settle thread was busy).
     watcher._check(path, _Pending(Mode.NOW, due=0.0, since=time.monotonic(), event_ns=reported))
+    # The late check left a settle-time stand-in; once it has left the queue, a file moved in
+    # afterwards is checked by the same thread after it, so its emission means the stand-in's
+    # check has finished.
+    wait_for(lambda: path not in watcher._pending, what="the late check's stand-in to be checked")
     write_by_rename(tmp_path / "sentinel.jpg", FRAME)
     wait_for(lambda: any(p.name == "sentinel.jpg" for p, _, _ in seen.emitted), what="the sentinel")
-    time.sleep(0.5)  # past settle_ms: the late check's stand-in has had its turn
     assert [s for p, s, _ in seen.emitted if p == path] == [seen.emitted[0][1], _signature(path)]
 
 

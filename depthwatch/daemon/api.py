@@ -313,7 +313,11 @@ class ApiServer:
 
     The loop is waitress's own (`wasyncore.loop`), run one poll at a time so
     that closing the listener and the connections happens on the loop's thread,
-    between polls, when the daemon's shutdown asks for it.
+    between polls, when the daemon's shutdown asks for it. Waitress offers no
+    public way to stop a server (its maintainers say so: Pylons/waitress#343,
+    #372; `server.close()` from another thread races the loop), so this uses
+    its internals (`_map`, `wasyncore`); the version is pinned to the 3.0 series
+    and tests/test_api.py checks each one the day the pin is raised.
     """
 
     def __init__(self, backend: Backend, config: ApiConfig) -> None:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from depthwatch.config import Config
 from depthwatch.daemon.clips import ClipRunner
 from depthwatch.daemon.locks import FolderLocks
+from depthwatch.daemon.notify import notify
 from depthwatch.daemon.status import (
     Status,
     is_running,
@@ -221,6 +222,9 @@ class Daemon:
         self._publish_model()
         self._write_status()
         log.info("ready: watching %d folder(s), writing %s", len(self.rules.roots), config.output.template)
+        # systemd (Type=notify) holds `systemctl start` until now: the model is loaded, the API
+        # listens and the folders are watched, so a bad model fails the start itself.
+        notify("READY=1", f"STATUS=watching {len(self.rules.roots)} folder(s)")
 
     def _start_api(self) -> None:
         """The HTTP listener, once the model is ready (imported only when enabled: an extra)."""
@@ -388,6 +392,7 @@ class Daemon:
         self.status.state = "stopping"
         self._status_dirty = True
         self._write_status()
+        notify("STOPPING=1")
         self._stop.set()
         if self.api is not None:
             self.api.stop_listening()  # no new connections; requests in flight get their answers

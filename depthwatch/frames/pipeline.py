@@ -214,7 +214,7 @@ def _yield_to_inference(niceness: int) -> None:
     On a CPU-only machine the image work and the model's operator threads share
     the cores; when both want one the model should win, and decoding and
     encoding should fill the gaps its parallel sections leave (measured: burst
-    throughput 21 -> 25 frames/s on two cores at niceness 10; see the README).
+    throughput 21 -> 25 frames/s on two cores at niceness 10; see docs/benchmarks.md).
     Linux applies nice to single threads; elsewhere this does nothing.
     """
     if not sys.platform.startswith("linux") or niceness <= 0:

@@ -10,8 +10,10 @@ Belonging to one sequence says nothing about belonging to one shot: a folder of
 camera stills (`IMG_1234.jpg`, `IMG_1240.jpg`) is a "sequence" here too, and the
 shot-cut detection downstream is what gives each unrelated still its own map.
 
-`frame_range` reads the farm managers' range syntax (Deadline, OpenCue,
-Tractor): `1001-1100`, `1001-1100x2`, `1001`, and comma-separated lists of those.
+`frame_range` reads the VFX range syntax through fileseq, the library that
+pipelines (and farm managers: Deadline, OpenCue, Tractor) share it through:
+`1001-1100`, `1001-1100x2`, `1100-1001`, `1001-1100y2`, `1001`, and
+comma-separated lists of those.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import fileseq
+
 # The stem ends in digits; the prefix is everything before them (it may be empty).
 _NUMBERED = re.compile(r"^(?P<prefix>.*?)(?P<digits>\d+)$", re.DOTALL)
-_RANGE = re.compile(r"^\s*(?P<first>-?\d+)(?:\s*-\s*(?P<last>-?\d+)(?:\s*[xX:]\s*(?P<step>\d+))?)?\s*$")
 
 
 @dataclass(frozen=True, order=True)
@@ -112,20 +115,26 @@ def sequences(paths: Iterable[Path]) -> tuple[list[Sequence], list[Path]]:
 def frame_range(text: str) -> set[int]:
     """The frame numbers in a range spec; ValueError with a readable reason if it is malformed.
 
-    `1001-1100` (both ends included), `1001-1100x2` (every second frame from
-    1001), `1001`, and comma-separated lists of those.
+    fileseq's reading, the VFX convention: `1001-1100` (both ends included),
+    `1001-1100x2` (every second frame from 1001), `1100-1001` (the same frames,
+    counted down), `1001-1100y2` (the frames `x2` leaves out), `1001-1100:2`
+    (all of them, in a staggered order), `1001`, and comma-separated lists.
+    Sub-frames (`1-10x0.5`) are refused: frames on disk have whole numbers.
     """
-    numbers: set[int] = set()
-    for part in text.split(","):
-        match = _RANGE.match(part)
-        if match is None:
-            raise ValueError(f"{part.strip()!r} is not a frame range; write FIRST-LAST, FIRST-LASTxSTEP or a number")
-        first = int(match.group("first"))
-        last = int(match.group("last")) if match.group("last") is not None else first
-        step = int(match.group("step") or 1)
-        if step < 1:
-            raise ValueError(f"{part.strip()!r}: the step must be 1 or more")
-        if last < first:
-            raise ValueError(f"{part.strip()!r}: the range ends before it starts")
-        numbers.update(range(first, last + 1, step))
-    return numbers
+    if not text.strip():
+        raise ValueError("an empty frame range; write FIRST-LAST, FIRST-LASTxSTEP or a number")
+    try:
+        frames = fileseq.FrameSet(text)
+    except fileseq.MaxSizeException:
+        raise ValueError(f"{text.strip()!r} holds more than {fileseq.constants.MAX_FRAME_SIZE:,} frames") from None
+    except fileseq.ParseException as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        why = first.rpartition(": ")[2].strip() if ": " in first else ""
+        said = f" ({why})" if why and why != "did not match" else ""
+        raise ValueError(
+            f"{text.strip()!r} is not a frame range{said}; write FIRST-LAST, FIRST-LASTxSTEP or a number"
+        ) from None
+    numbers = set(frames)
+    if any(n != int(n) for n in numbers):
+        raise ValueError(f"{text.strip()!r}: sub-frames are not frames on disk; use whole frame numbers")
+    return {int(n) for n in numbers}

@@ -23,18 +23,35 @@ from dataclasses import dataclass
 
 import cv2
 import numpy as np
+import simplejpeg
 
 from depthwatch.errors import FrameError
 from depthwatch.imaging import formats, refine
 from depthwatch.imaging import normalise as normalise_step
-from depthwatch.imaging.codecwarnings import codec_messages
 from depthwatch.imaging.formats import OUTPUT_FORMATS
 from depthwatch.imaging.levels import Levels
 from depthwatch.imaging.levels import apply as apply_levels
 from depthwatch.model.contract import NCHW, Contract, model_input_size  # noqa: F401 (re-exported)
 from depthwatch.model.profiles import Profile
 
-_REDUCED = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
+#: libjpeg's warnings that mean part of the picture was made up, not decoded (jerror.h). Others
+#: ("extraneous bytes before marker", an unknown JFIF revision) leave the picture whole.
+_JPEG_DAMAGED = ("premature end", "Premature end", "bad Huffman code", "instead of RST", "Invalid SOS")
+
+#: EXIF orientation -> what turns the stored pixels into the picture as a viewer shows it.
+_ORIENT = {
+    2: lambda a: cv2.flip(a, 1),
+    3: lambda a: cv2.rotate(a, cv2.ROTATE_180),
+    4: lambda a: cv2.flip(a, 0),
+    5: lambda a: cv2.transpose(a),
+    6: lambda a: cv2.rotate(a, cv2.ROTATE_90_CLOCKWISE),
+    7: lambda a: cv2.rotate(cv2.transpose(a), cv2.ROTATE_180),
+    8: lambda a: cv2.rotate(a, cv2.ROTATE_90_COUNTERCLOCKWISE),
+}
+
+# OpenCV's own log lines ("[ERROR:0@0.03] global grfmt_tiff.cpp:117 TIFF_Error ...") repeat, raw,
+# what a failed decode's None already says; depthwatch logs the reason itself, naming the file.
+cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_FATAL)
 
 
 @dataclass(frozen=True)
@@ -111,24 +128,51 @@ def decode(
     if fmt == formats.TIFF and formats.tiff_sample_format(data) == 3:
         raise FrameError("the TIFF holds floating-point samples, an unsupported sample type; save it as 8- or 16-bit")
     factor = _reduction(header, min_size)
-    with codec_messages() as messages:  # libjpeg says "damaged" only on stderr
+    image = _decode_jpeg(data, header, factor) if fmt == formats.JPEG else _decode_other(data, fmt)
+    size = (image.shape[1], image.shape[0]) if factor == 1 else header.display_size
+    return Decoded(image, size, fmt)
+
+
+def _decode_jpeg(data: bytes, header: formats.Header, factor: int) -> np.ndarray:
+    """libjpeg-turbo through simplejpeg: a damaged file raises instead of printing to stderr.
+
+    strict=True stops at libjpeg's first warning and raises it as the ValueError's
+    text, so nothing is written to descriptor 2 and decodes run side by side. A
+    warning that leaves the picture whole is decoded again without stopping (rare).
+    The reduced scale is libjpeg's DCT scaling: the smallest M/8 that keeps
+    (width/factor, height/factor), so exactly 1/2, 1/4 or 1/8.
+    """
+    least = {"min_width": -(-header.width // factor), "min_height": -(-header.height // factor)} if factor > 1 else {}
+    try:
+        image = simplejpeg.decode_jpeg(data, "BGR", strict=True, **least)
+    except ValueError as exc:
+        reason = str(exc).strip() or "unknown error"
+        if any(sign in reason for sign in _JPEG_DAMAGED):
+            raise FrameError(f"the JPEG data is damaged ({reason}); the picture is incomplete") from None
         try:
-            image = cv2.imdecode(np.frombuffer(data, np.uint8), _REDUCED[factor])
-        except cv2.error as exc:
-            image, error = None, _cv_reason(exc)
-        else:
-            error = None
-    if error is not None:
-        raise FrameError(f"cannot decode the {fmt.upper()} data: {error}")
+            image = simplejpeg.decode_jpeg(data, "BGR", strict=False, **least)
+        except ValueError as again:
+            raise FrameError(f"cannot decode the JPEG data: {str(again).strip() or reason}") from None
+    if image.size == 0:
+        raise FrameError("cannot decode the JPEG data: the file is corrupt")
+    turn = _ORIENT.get(header.orientation)
+    return turn(image) if turn else image
+
+
+def _decode_other(data: bytes, fmt: str) -> np.ndarray:
+    """PNG, TIFF and WebP through OpenCV: a damaged file decodes to None, which is the reason.
+
+    libpng reports a fatal error by returning to OpenCV, which gives None, and
+    OpenCV's own log (libtiff's errors go through it) is kept at FATAL above, so
+    nothing needs catching from descriptor 2.
+    """
+    try:
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    except cv2.error as exc:
+        raise FrameError(f"cannot decode the {fmt.upper()} data: {_cv_reason(exc)}") from None
     if image is None or image.size == 0:
         raise FrameError(f"cannot decode the {fmt.upper()} data: the file is corrupt")
-    if messages.damaged:
-        raise FrameError(f"the {fmt.upper()} data is damaged ({messages.damaged}); the picture is incomplete")
-    if factor == 1:
-        size = (image.shape[1], image.shape[0])
-    else:
-        size = header.display_size
-    return Decoded(image, size, fmt)
+    return image
 
 
 def _cv_reason(exc: cv2.error) -> str:

@@ -66,8 +66,8 @@ def plist_path(home: Path) -> Path:
 
 
 def log_dir(home: Path) -> Path:
-    """~/Library/Logs/depthwatch, where Console.app looks (the same as paths.log_dir("darwin"))."""
-    return home / "Library" / "Logs" / paths.APP
+    """paths.log_dir("darwin") (~/Library/Logs/depthwatch, where Console.app looks), under `home`."""
+    return home / paths.log_dir("darwin").relative_to(Path.home())
 
 
 def log_path(home: Path) -> Path:

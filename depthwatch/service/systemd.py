@@ -31,6 +31,8 @@ from depthwatch.service.undo import Undo
 UNIT = "depthwatch.service"
 #: Pause before a restart after a crash (exit 78 is never restarted).
 RESTART_SEC = 5
+#: How long systemd waits for READY=1: provider measurement (at most 90 s) plus the model load.
+START_TIMEOUT_S = 300
 #: `systemctl show` properties that `status` reads.
 SHOW_PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "ExecMainCode", "ExecMainStatus", "UnitFileState")
 
@@ -68,8 +70,15 @@ def render(config: Path, *, shutdown_timeout_s: float, executable: str | None = 
         "Description=depthwatch: depth maps for the video frames dropped in watched folders",
         "",
         "[Service]",
-        "Type=simple",
+        "# notify: `systemctl start` returns once the daemon sends READY=1 over $NOTIFY_SOCKET,",
+        "# after the model has loaded, so a bad model fails the start; STOPPING=1 at shutdown.",
+        "Type=notify",
         f"ExecStart={' '.join(quote(a) for a in argv)}",
+        "# SIGHUP reloads the config (and the model, if it changed) without a restart.",
+        "ExecReload=kill -HUP $MAINPID",
+        "# The first load on a machine may measure the providers (up to 90 s) before the",
+        "# serving session loads; READY=1 comes after both.",
+        f"TimeoutStartSec={START_TIMEOUT_S}",
         f"WorkingDirectory={_specifiers(str(supervision.working_directory(config)))}",
         *(f"Environment={quote(f'{k}={v}', dollars=False)}" for k, v in env.items()),
         "# Restart after a crash, not after a clean stop, and never after exit 78",
