@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -77,3 +78,153 @@ def write_clip(
         if stream is not None:
             container.mux(stream.encode(None))
     return count
+
+
+# -- the scenarios ------------------------------------------------------------------------
+
+
+def available() -> bool:
+    """Whether PyAV (the video extra) is installed."""
+    import importlib.util
+
+    return importlib.util.find_spec("av") is not None
+
+
+def _decoded(data: bytes) -> np.ndarray:
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    if image is None:
+        raise RuntimeError("a benchmark frame did not decode")
+    return image
+
+
+def throughput(plan: Any) -> dict[str, Any]:
+    """`once CLIP` against `once` over the same frames as JPEG stills: frames a second beyond the fixed cost.
+
+    The clip is the benchmark's frames encoded as H.264 (B-frames) in .mp4; the
+    stills are the same frames as numbered JPEGs, so both are one shot through
+    the two passes of output.normalise: stable. Each command is timed whole, and
+    its fixed cost (start-up, model load, one frame) is taken out as in the farm
+    rows: `once` on one still, `once` on a one-frame clip.
+    """
+    import shutil
+
+    from benchmarks.farm import _rate, _timed
+    from benchmarks.processes import python
+    from benchmarks.scenarios import _folder, _write_frames, median
+
+    knobs = plan.knobs
+    stills = _write_frames(plan, "clip-stills", plan.count)
+    one = _write_frames(plan, "clip-one", 1)[0]
+    folder = _folder(plan, "clip-source")
+    clip = folder / "shot.mp4"
+    count = write_clip(clip, (_decoded(d) for d in plan.frames.data[: plan.count]), codec="h264", rate=Fraction(24))
+    one_clip = folder / "one.mp4"
+    write_clip(one_clip, [_decoded(plan.frames.data[0])], codec="h264", rate=Fraction(24))
+    base = [python(), "-m", "depthwatch", "once", "--model", str(knobs.model), "--profile", knobs.profile]
+    timeout = 120 + 5 * plan.count
+    out = plan.work / "clip-maps"
+    still_runs, still_fixed, clip_runs, clip_fixed = [], [], [], []
+    for _ in range(plan.repeats):
+        shutil.rmtree(out, ignore_errors=True)
+        still_runs.append(_timed([*base, str(stills[0].parent), "-o", str(out)], knobs, timeout))
+        still_fixed.append(_timed([*base, str(one), "-o", str(plan.work / "clip-one-map.jpg")], knobs, timeout))
+        clip_runs.append(_timed([*base, str(clip), "-o", str(plan.work / "shot_depth.mov")], knobs, timeout))
+        clip_fixed.append(_timed([*base, str(one_clip), "-o", str(plan.work / "one_depth.mov")], knobs, timeout))
+    stills_fps = _rate(count, median(still_runs), median(still_fixed))
+    clip_fps = _rate(count, median(clip_runs), median(clip_fixed))
+    return {
+        "frames": count,
+        "size": list(plan.frames.size),
+        "stills": {"fps": stills_fps, "wall_s": still_runs, "fixed_s": still_fixed},
+        "clip": {"fps": clip_fps, "wall_s": clip_runs, "fixed_s": clip_fixed, "source": "H.264 .mp4", "output": "ProRes 422 HQ .mov"},
+        "clip_vs_stills": clip_fps / stills_fps if stills_fps > 0 else None,
+    }
+
+
+def memory(plan: Any, frames: int, size: tuple[int, int]) -> dict[str, Any]:
+    """RSS of the daemon while it maps one long generated clip, by pass and progress.
+
+    The daemon's status file says which pass the clip job is in and how far;
+    its resident memory is sampled beside it. Pass 1 keeps each frame's
+    prediction (float16, model resolution) up to a fixed budget; pass 2 holds
+    one frame at a time. So memory is flat if pass 2 does not grow, and pass 1
+    grows by no more than its prediction budget. Pass 2's growth is measured
+    from a quarter of the way in (its buffers are allocated at its start).
+    """
+    import os
+    import time
+
+    import psutil
+
+    from benchmarks.daemon import Daemon
+    from benchmarks.processes import BenchError
+    from depthwatch.frames.clips import HOLD_BYTES
+
+    folder = plan.work / "clip-long"
+    folder.mkdir(parents=True, exist_ok=True)
+    source = folder / "long.mp4"
+    count = write_clip(source, pan_clip_frames(size, frames, step=max(1, size[0] // 400), shot=max(1, frames // 3)), codec="h264")
+    d = Daemon(plan.work, "clip-memory", plan.knobs, ["*.mp4"], "depth.jpg")
+    samples: list[tuple[str, int, int]] = []
+    try:
+        d.start()
+        process = psutil.Process(d.proc.pid)
+        ready_rss = process.memory_info().rss
+        os.rename(source, d.folder / "long.mp4")
+        deadline = time.perf_counter() + 60 + frames
+        while d.counts().get("clips", 0) < 1:
+            clip = d.status().get("clip") or {}
+            if clip.get("done"):
+                samples.append((str(clip["phase"]), int(clip["done"]), int(process.memory_info().rss)))
+            if time.perf_counter() > deadline:
+                raise BenchError(f"the long clip was not mapped in time: {d.child.tail() if d.child else ''}")
+            d.child.check_alive()  # type: ignore[union-attr]
+            time.sleep(0.1)  # the sampling period
+        peak = d.peak_rss()
+    finally:
+        d.stop()
+    first = [s for s in samples if s[0] == "depth"]
+    # Pass 2 from a quarter of the way in: its buffers (decoder, encoder threads, the
+    # write-behind queue) are allocated once, at its start; growth after that is what matters.
+    writing = [s for s in samples if s[0] == "writing"]
+    second = writing[len(writing) // 4 :]
+
+    def per_frame(rows: list[tuple[str, int, int]]) -> float | None:
+        if len(rows) < 2 or rows[-1][1] == rows[0][1]:
+            return None
+        return (rows[-1][2] - rows[0][2]) / (rows[-1][1] - rows[0][1])
+
+    return {
+        "frames": count,
+        "size": list(size),
+        "ready_rss_bytes": ready_rss,
+        "peak_rss_bytes": peak,
+        "pass1_bytes_per_frame": per_frame(first),
+        "pass2_bytes_per_frame": per_frame(second),
+        "pass2_rss_bytes": [s[2] for s in writing[:: max(1, len(writing) // 8)]],
+        "hold_bytes": HOLD_BYTES,
+        "samples": len(samples),
+    }
+
+
+def rows(results: dict[str, Any]) -> list[str]:
+    """The report's lines for the clip rows."""
+    s = results["scenarios"]
+    lines = []
+    t = s.get("clip_throughput")
+    if t:
+        w, h = t["size"]
+        lines.append(
+            f"  once CLIP ({t['frames']} frames {w}x{h}, H.264 -> ProRes): {t['clip']['fps']:.1f} frames/s; "
+            f"once over the same frames as JPEG stills: {t['stills']['fps']:.1f} frames/s; ratio {t['clip_vs_stills']:.2f}"
+        )
+    m = s.get("clip_memory")
+    if m:
+        w, h = m["size"]
+        p1, p2 = m["pass1_bytes_per_frame"], m["pass2_bytes_per_frame"]
+        lines.append(
+            f"  daemon RSS over a {m['frames']}-frame {w}x{h} clip: ready {m['ready_rss_bytes'] / 2**20:.0f} MiB, "
+            f"peak {m['peak_rss_bytes'] / 2**20:.0f} MiB; pass 1 {'-' if p1 is None else f'{p1 / 1024:.0f}'} KiB/frame "
+            f"(predictions kept, up to {m['hold_bytes'] / 2**20:.0f} MiB), pass 2 {'-' if p2 is None else f'{p2 / 1024:.1f}'} KiB/frame"
+        )
+    return lines

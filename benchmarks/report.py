@@ -16,6 +16,10 @@ BURST_VS_LIMIT = 0.95
 LATENCY_OVERHEAD_MS = 10.0
 SCRUB_INFERENCE_SHARE = 0.5
 RSS_VS_BARE = 1.10
+#: `once CLIP` against `once` over the same frames as JPEG stills (issue 24).
+CLIP_VS_STILLS = 0.9
+#: Resident memory growth while a long clip's second pass runs: flat, give or take the allocator.
+CLIP_PASS2_KIB = 16.0
 #: refine: edges keeps at least this share of the burst without refinement (issue 15).
 REFINE_BURST_SHARE = 0.95
 
@@ -142,6 +146,12 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     add("burst, normalise stable vs frame", v, None if v is None else v >= 0.95, ">= 0.95")
     v = d.get("latency_stable_minus_frame_ms")
     add("latency p50, normalise stable - frame (ms)", v, None if v is None else v <= 1.0, "<= 1")
+    v = _get(s, "clip_throughput", "clip_vs_stills")
+    if v is not None:
+        add("once CLIP vs once over the same frames as stills", v, v >= CLIP_VS_STILLS, f">= {CLIP_VS_STILLS}")
+    v = _get(s, "clip_memory", "pass2_bytes_per_frame")
+    if v is not None:
+        add("clip RSS growth in pass 2 (KiB/frame)", v / 1024, v / 1024 <= CLIP_PASS2_KIB, f"<= {CLIP_PASS2_KIB:g} (flat)")
     return rows
 
 
@@ -233,6 +243,9 @@ def table(results: dict[str, Any]) -> str:
 
     for label, fps, note in farm_rows(results):
         row(label, fps, note)
+    from benchmarks.clips import rows as clip_rows
+
+    lines += clip_rows(results)
     lines.append("")
     lat = s.get("latency")
     if lat:

@@ -25,7 +25,9 @@ temporary file and leaves the last good output as it was.
 from __future__ import annotations
 
 import os
+import queue
 import shutil
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -250,33 +252,32 @@ def _make(
     try:
         if job.sequence:
             os.mkdir(temp)
+            sink = _WriteBehind(lambda k, depth: _write_still(temp, job.output, k, depth, settings))
         else:
             assert kind is not None
             writer = clipwrite.ClipWriter(temp, kind, meta)
+            sink = _WriteBehind(lambda k, depth: writer.write(depth))  # type: ignore[union-attr]
         bits = 16 if kind is not None else pixels.bits_for(job.output.suffix, settings.png_bits)
         options = replace(settings.render, bits=bits)
         previous: np.ndarray | None = None
         kind_out = info.profile.output
         clip_percent = settings.render.clip_percent
-        for k, (image, prediction) in enumerate(_second_pass(job.source, meta, engine, info, settings, check, gate, held, stable)):
-            if stable:
-                if k >= len(plans):
-                    raise FrameError("the clip changed between the two passes (more frames the second time); drop it again")
-                nearness, previous = stabilise.apply(prediction, kind_out, plans[k], previous, clip_percent)
-                held[k] = None
-            else:
-                nearness = normalise.frame(prediction, kind_out, clip_percent)
-            depth = pixels.render(nearness, (meta.width, meta.height), options, guide=image)
-            if writer is not None:
-                writer.write(depth)
-            else:
-                name = job.output.name.format(frame=k)
-                data = pixels.encode(depth, job.output.suffix, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression)
-                with open(temp / name, "xb") as f:
-                    f.write(data)
-            written += 1
-            progress.done += 1
-            on_progress(progress)
+        try:
+            for k, (image, prediction) in enumerate(_second_pass(job.source, meta, engine, info, settings, check, gate, held, stable)):
+                if stable:
+                    if k >= len(plans):
+                        raise FrameError("the clip changed between the two passes (more frames the second time); drop it again")
+                    nearness, previous = stabilise.apply(prediction, kind_out, plans[k], previous, clip_percent)
+                    held[k] = None
+                else:
+                    nearness = normalise.frame(prediction, kind_out, clip_percent)
+                sink.put(k, pixels.render(nearness, (meta.width, meta.height), options, guide=image))
+                written += 1
+                progress.done += 1
+                on_progress(progress)
+            sink.finish()
+        finally:
+            sink.close()
         if stable and written != len(plans):
             raise FrameError(f"the clip changed between the two passes ({len(plans)} frames, then {written}); drop it again")
         if writer is not None:
@@ -290,6 +291,67 @@ def _make(
         _remove(temp)
         raise
     return written, meta
+
+
+def _write_still(folder: Path, output: Path, k: int, depth: np.ndarray, settings: Settings) -> None:
+    """Frame k of an image sequence, into the sequence's temporary folder."""
+    data = pixels.encode(depth, output.suffix, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression)
+    try:
+        with open(folder / output.name.format(frame=k), "xb") as f:
+            f.write(data)
+    except OSError as exc:
+        raise OutputError(f"cannot write frame {k} of {output.parent.name} in {output.parent.parent}: {exc.strerror or exc}") from None
+
+
+class _WriteBehind:
+    """Encodes and writes pass 2's maps on a thread of its own, in order, a few frames behind.
+
+    So decoding and rendering the next frame overlap encoding this one (the
+    encoders release the GIL). An error on the writing side comes back at the
+    next `put` or at `finish`; `close` always ends the thread.
+    """
+
+    DEPTH = 3
+
+    def __init__(self, write: Callable[[int, np.ndarray], None]) -> None:
+        self._write = write
+        self._queue: queue.Queue[tuple[int, np.ndarray] | None] = queue.Queue(self.DEPTH)
+        self._error: BaseException | None = None
+        self._abandon = False
+        self._thread = threading.Thread(target=self._loop, name="depthwatch-clip-writer", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if self._error is not None or self._abandon:
+                continue
+            try:
+                self._write(*item)
+            except BaseException as exc:  # handed back to the clip thread
+                self._error = exc
+
+    def put(self, k: int, depth: np.ndarray) -> None:
+        if self._error is not None:
+            raise self._error
+        self._queue.put((k, depth))
+
+    def finish(self) -> None:
+        """Wait for every map to be written; raise what went wrong, if anything did."""
+        self._queue.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        """End the thread, dropping what is still queued (after an error or a cancel)."""
+        if not self._thread.is_alive():
+            return
+        self._abandon = True
+        self._queue.put(None)
+        self._thread.join()
 
 
 def _inferred(
