@@ -12,7 +12,10 @@ line each and the daemon keeps going.
 from __future__ import annotations
 
 import os
+import re
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -78,52 +81,63 @@ def _slow_copy(data: bytes, target: Path, chunks: int = 8, pause: float = 0.15) 
 
 
 def test_clip_job_beside_live_frames(tmp_path: Path) -> None:
-    frames = pan_frames(photos()[0], (320, 180), 8, 12)
+    frames = pan_frames(photos()[0], (320, 180), 12, 12)
     d = _daemon(tmp_path)
     source = tmp_path / "A001.mov"
-    count = write_clip(source, pan_clip_frames(SIZE, 480, step=2, shot=120), codec="prores", timecode="10:00:00:00")
+    count = write_clip(source, pan_clip_frames(SIZE, 240, step=2, shot=80), codec="prores", timecode="10:00:00:00")
     try:
         d.start()
         for frame in frames[:2]:  # warm up
             _live_latency(d, frame)
-        idle = [_live_latency(d, frame) for frame in frames * 1]
+        for frame in frames:
+            _live_latency(d, frame)
         target = d.watch / "A001.mov"
         _slow_copy(source.read_bytes(), target)
         wait_for(lambda: (d.status().get("clip") or {}).get("done"), what="the clip job to start")
         output = d.watch / "A001_depth.mov"
-        busy = []
+        during = []
         for frame in frames:
             clip = d.status().get("clip")
-            latency = _live_latency(d, frame)
-            if clip and d.status().get("clip"):  # the clip was in progress before and after
-                busy.append(latency)
+            _live_latency(d, frame)
+            during.append(bool(clip and d.status().get("clip")))  # the clip was in progress before and after
             if output.exists():
                 assert video.is_complete(output, output.stat().st_size), "a partial depth clip under the final name"
         wait_for(lambda: output.exists(), timeout=120, what="the depth clip")
         assert video.is_complete(output, output.stat().st_size)
         wait_for(lambda: d.counts().get("clips") == 1, what="the clip to be counted")
         log = d.log()
+        # The daemon's own latency per frame (found complete -> map written), in drop order.
+        totals = [t["total"] for t in d.frame_timings()]
     finally:
         d.stop()
-    assert len(busy) >= 4, f"the clip finished before enough live frames were measured ({len(busy)}); make it longer"
-    idle_ms, busy_ms = statistics.median(idle) * 1000, statistics.median(busy) * 1000
-    # Live frames first: within 1.5x the idle latency (10 ms of room for a loaded machine's noise).
-    assert busy_ms <= 1.5 * idle_ms + 10, f"live frame {busy_ms:.1f} ms during the clip, {idle_ms:.1f} ms idle"
+    n = len(frames)
+    idle = totals[2 : 2 + n]
+    busy = [t for t, flag in zip(totals[2 + n : 2 + 2 * n], during) if flag]
+    assert len(totals) == 2 + 2 * n
+    assert len(busy) >= 5, f"the clip finished before enough live frames were measured ({len(busy)}); make it longer"
+    idle_ms, busy_ms = statistics.median(idle), statistics.median(busy)
+    # Live frames first: within 1.5x the idle latency, with 10 ms of room: on a loaded
+    # 2-core machine the clip's disk writes still slow a live frame's fsync now and then.
+    assert busy_ms <= 1.5 * idle_ms + 10, f"live frame {busy_ms:.1f} ms during the clip, {idle_ms:.1f} ms idle: {busy} / {idle}"
     info = probe(output)
     assert (info["frames"], info["rate"], info["timecode"]) == (count, "24000/1001", "10:00:00:00")
     assert "clip A001.mov -> A001_depth.mov: started" in log
-    assert "A001.mov -> A001_depth.mov prores 160x90 at 23.976 fps, 480 frames" in log
+    assert "A001.mov -> A001_depth.mov prores 160x90 at 23.976 fps, 240 frames" in log
     assert d.temp_files() == []
 
 
 def test_sigterm_mid_clip_leaves_nothing_and_the_next_start_maps_it(tmp_path: Path) -> None:
     d = _daemon(tmp_path)
     source = d.watch / "B002.mov"
-    count = write_clip(tmp_path / "B002.mov", pan_clip_frames(SIZE, 600, step=2, shot=200), codec="prores")
+    count = write_clip(tmp_path / "B002.mov", pan_clip_frames(SIZE, 240, step=2, shot=80), codec="prores")
     try:
         d.start()
         os.rename(tmp_path / "B002.mov", source)
         wait_for(lambda: (d.status().get("clip") or {}).get("phase") == "writing", what="the clip's second pass")
+        shown = subprocess.run(
+            [sys.executable, "-m", "depthwatch", "status", "--status", str(d.status_path)], capture_output=True, text=True, timeout=60
+        ).stdout
+        assert re.search(r"clip: +B002\.mov -> B002_depth\.mov: pass 2/2 \(writing\) \d+/240 frames, [\d.]+ fps", shown), shown
         assert d.stop() == 0
         assert not (d.watch / "B002_depth.mov").exists() and d.temp_files() == []
         assert "stopped by the daemon's shutdown" in d.log()
@@ -138,7 +152,7 @@ def test_sigterm_mid_clip_leaves_nothing_and_the_next_start_maps_it(tmp_path: Pa
 def test_clip_rewritten_mid_job_starts_over(tmp_path: Path) -> None:
     d = _daemon(tmp_path, clip_template="{stem}_depth.mkv")
     first, second = tmp_path / "one.mov", tmp_path / "two.mov"
-    write_clip(first, pan_clip_frames(SIZE, 600, step=2, shot=200), codec="prores")
+    write_clip(first, pan_clip_frames(SIZE, 300, step=2, shot=100), codec="prores")
     count = write_clip(second, pan_clip_frames(SIZE, 40, step=6, shot=20), codec="prores")
     target = d.watch / "C003.mov"
     try:

@@ -235,3 +235,28 @@ def test_bad_clips_get_one_clear_line_each_and_no_output(tmp_path: Path) -> None
     assert "audio.mov: has no video stream" in said["audio"]
     assert "0 depth clips written (0 frames), 3 failed" in done.stdout
     assert sorted(p.name for p in bad["empty"].parent.iterdir()) == ["audio.mov", "empty.mov", "good.mp4", "truncated.mp4"]
+
+
+def test_frame_mode_maps_each_frame_on_its_own_in_one_pass(sources: dict[str, Path], engine: Engine, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    source = sources["cuts"]
+    steps = []
+    job = ClipJob(source, tmp_path / "cuts_depth.mkv")
+    result = make_clip(job, engine, replace(Settings(), normalise="frame"), on_progress=lambda p: steps.append((p.phase, p.done)))
+    assert result.ok, result.error
+    assert {phase for phase, _ in steps} == {"writing"} and steps[-1][1] == 36  # no pass 1
+    same_timing(source, job.output)
+    assert_frame_exact(depth_frames(job.output), reference_maps(source, engine))
+
+
+def test_without_pyav_a_clip_gets_one_line_saying_what_to_install(sources: dict[str, Path]) -> None:
+    code = (
+        "import sys; sys.modules['av'] = None; from depthwatch.cli import main; "
+        f"raise SystemExit(main(['once', {str(sources['prores'])!r}, '--model', {str(FASTDEPTH)!r}]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 78
+    assert done.stderr.strip() == (
+        "depthwatch: clips need PyAV (FFmpeg in-process), which is not installed; run: pip install 'depthwatch[video]'"
+    )

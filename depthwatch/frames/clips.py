@@ -252,11 +252,11 @@ def _make(
     try:
         if job.sequence:
             os.mkdir(temp)
-            sink = _WriteBehind(lambda k, depth: _write_still(temp, job.output, k, depth, settings))
+            sink = _WriteBehind(lambda k, depth: _write_still(temp, job.output, k, depth, settings), gate)
         else:
             assert kind is not None
             writer = clipwrite.ClipWriter(temp, kind, meta)
-            sink = _WriteBehind(lambda k, depth: writer.write(depth))  # type: ignore[union-attr]
+            sink = _WriteBehind(lambda k, depth: writer.write(depth), gate)  # type: ignore[union-attr]
         bits = 16 if kind is not None else pixels.bits_for(job.output.suffix, settings.png_bits)
         options = replace(settings.render, bits=bits)
         previous: np.ndarray | None = None
@@ -307,14 +307,17 @@ class _WriteBehind:
     """Encodes and writes pass 2's maps on a thread of its own, in order, a few frames behind.
 
     So decoding and rendering the next frame overlap encoding this one (the
-    encoders release the GIL). An error on the writing side comes back at the
-    next `put` or at `finish`; `close` always ends the thread.
+    encoders release the GIL). It waits at the same `gate` as the clip thread:
+    no clip frame is encoded while a live frame is waiting. An error on the
+    writing side comes back at the next `put` or at `finish`; `close` always
+    ends the thread.
     """
 
     DEPTH = 3
 
-    def __init__(self, write: Callable[[int, np.ndarray], None]) -> None:
+    def __init__(self, write: Callable[[int, np.ndarray], None], gate: Callable[[], None] = lambda: None) -> None:
         self._write = write
+        self._gate = gate
         self._queue: queue.Queue[tuple[int, np.ndarray] | None] = queue.Queue(self.DEPTH)
         self._error: BaseException | None = None
         self._abandon = False
@@ -329,6 +332,7 @@ class _WriteBehind:
             if self._error is not None or self._abandon:
                 continue
             try:
+                self._gate()
                 self._write(*item)
             except BaseException as exc:  # handed back to the clip thread
                 self._error = exc
@@ -403,13 +407,19 @@ def _second_pass(
     held: list[np.ndarray | None],
     stable: bool,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Each frame at full size with its prediction: kept from pass 1, or inferred now."""
+    """Each frame with its prediction: kept from pass 1, or inferred now.
+
+    The frame comes at the reduced scale pass 1 used, as a still's JPEG is decoded
+    at reduced scale: it is the guide of the edge-aware upscale (and the model's
+    input), which needs no more pixels than that.
+    """
     if not stable or not held or all(p is None for p in held[: len(held)]):
-        for image, inference in _inferred(source, meta, engine, info, settings, check, gate, reduced=False):
+        for image, inference in _inferred(source, meta, engine, info, settings, check, gate, reduced=True):
             yield image, inference.prediction
         return
+    scale = _reduction((meta.width, meta.height), info.min_frame_size)
     with video.Clip(source) as clip:
-        for k, image in enumerate(clip.frames()):
+        for k, image in enumerate(clip.frames(scale)):
             check(k)
             gate()
             prediction = held[k] if k < len(held) else None
@@ -423,10 +433,14 @@ def _second_pass(
 
 
 def _reduction(size: tuple[int, int], min_size: tuple[int, int] | None) -> int:
-    """The largest of 8, 4, 2 by which the frame can shrink and still give the model its pixels twice over."""
+    """The largest of 8, 4, 2 by which the frame can shrink and still give the model its pixels.
+
+    The same rule as a still JPEG's reduced decode (`pixels`), so a clip's frame
+    and the same frame as a still get the same map.
+    """
     if not min_size:
         return 1
-    need = 2 * max(min_size)
+    need = max(min_size)
     short = min(size)
     for factor in (8, 4, 2):
         if short // factor >= need:
