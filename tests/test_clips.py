@@ -205,7 +205,17 @@ def _bad(tmp_path: Path) -> dict[str, Path]:
     write_clip(good, pan_clip_frames(SIZE, 24, step=5), codec="h264")
     data = good.read_bytes()
     truncated = folder / "truncated.mp4"
-    truncated.write_bytes(data[: len(data) // 2])
+    truncated.write_bytes(data[: len(data) // 2])  # its index (moov, at the end) is missing
+    fast = folder / "good_faststart.mp4"
+    with av.open(str(fast), "w", options={"movflags": "faststart"}) as container:
+        stream = container.add_stream("libx264", rate=24)
+        stream.width, stream.height, stream.pix_fmt = SIZE[0], SIZE[1], "yuv420p"
+        for image in pan_clip_frames(SIZE, 24, step=5):
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="bgr24")))
+        container.mux(stream.encode(None))
+    cut = folder / "cut.mp4"
+    cut.write_bytes(fast.read_bytes()[: fast.stat().st_size * 2 // 3])  # index first, frames cut off
+    fast.unlink()
     empty = folder / "empty.mov"
     empty.write_bytes(b"")
     audio = folder / "audio.mov"
@@ -215,7 +225,7 @@ def _bad(tmp_path: Path) -> dict[str, Path]:
         frame.sample_rate = 8000
         container.mux(stream.encode(frame))
         container.mux(stream.encode(None))
-    return {"truncated": truncated, "empty": empty, "audio": audio}
+    return {"truncated": truncated, "cut": cut, "empty": empty, "audio": audio}
 
 
 def test_bad_clips_get_one_clear_line_each_and_no_output(tmp_path: Path) -> None:
@@ -228,13 +238,14 @@ def test_bad_clips_get_one_clear_line_each_and_no_output(tmp_path: Path) -> None
     )
     assert done.returncode == 1
     lines = [line for line in done.stderr.splitlines() if line.startswith("depthwatch: ")]
-    assert len(lines) == 3, done.stderr
+    assert len(lines) == 4, done.stderr
     said = dict(zip(bad, lines))
-    assert "truncated.mp4: " in said["truncated"] and ("cut short" in said["truncated"] or "index" in said["truncated"])
+    assert said["truncated"].endswith("truncated.mp4: the clip is cut short: its data ends before its boxes do, or its index is missing (an unfinished copy?)")
+    assert said["cut"].endswith("cut.mp4: the clip is cut short: its data ends before its boxes do, or its index is missing (an unfinished copy?)")
     assert said["empty"].endswith("empty.mov: the file is empty (0 bytes)")
     assert "audio.mov: has no video stream" in said["audio"]
-    assert "0 depth clips written (0 frames), 3 failed" in done.stdout
-    assert sorted(p.name for p in bad["empty"].parent.iterdir()) == ["audio.mov", "empty.mov", "good.mp4", "truncated.mp4"]
+    assert "0 depth clips written (0 frames), 4 failed" in done.stdout
+    assert sorted(p.name for p in bad["empty"].parent.iterdir()) == ["audio.mov", "cut.mp4", "empty.mov", "good.mp4", "truncated.mp4"]
 
 
 def test_frame_mode_maps_each_frame_on_its_own_in_one_pass(sources: dict[str, Path], engine: Engine, tmp_path: Path) -> None:

@@ -96,6 +96,8 @@ class Clip:
             raise FrameError(f"cannot read the clip: {exc.strerror or exc}") from None
         if size == 0:
             raise FrameError("the file is empty (0 bytes)")
+        if is_complete(path, size) is False:
+            raise FrameError("the clip is cut short: its data ends before its boxes do, or its index is missing (an unfinished copy?)")
         try:
             self._container = av.open(str(path), "r", metadata_errors="ignore")
         except av.FFmpegError as exc:
@@ -134,8 +136,8 @@ class Clip:
         `scale` > 1: each frame shrunk by that factor (area average) as it is converted,
         cheaper than converting the whole frame and shrinking it after.
 
-        A clip whose container promised more frames than its data holds is cut short (a copy
-        that stopped), and says so rather than yielding a short clip.
+        (A copy that stopped half-way is refused when the clip is opened, by its structure:
+        the container's frame count is no guide, since an edit list may drop frames it lists.)
         """
         av = require_av()
         count = 0
@@ -150,8 +152,6 @@ class Clip:
             raise FrameError(f"the clip is damaged after frame {count}: {_reason(exc)}") from None
         if count == 0:
             raise FrameError("its video stream holds no frames FFmpeg can decode; the file is damaged or cut short")
-        if self.info.frames and count < self.info.frames:
-            raise FrameError(f"the clip is cut short: {count} of the {self.info.frames} frames its index lists")
 
     def close(self) -> None:
         self._container.close()
