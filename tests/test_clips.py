@@ -271,3 +271,21 @@ def test_without_pyav_a_clip_gets_one_line_saying_what_to_install(sources: dict[
     assert done.stderr.strip() == (
         "depthwatch: clips need PyAV (FFmpeg in-process), which is not installed; run: pip install 'depthwatch[video]'"
     )
+
+
+def test_an_edit_list_that_hides_frames_is_followed(sources: dict[str, Path], engine: Engine, tmp_path: Path) -> None:
+    """A trim copied without re-encoding: the container lists 36 frames, its edit list shows 24."""
+    ffmpeg = shutil.which("ffmpeg")
+    if ffmpeg is None:
+        pytest.skip("ffmpeg is missing (Debian's ffmpeg package)")
+    trimmed = tmp_path / "trimmed.mp4"
+    subprocess.run([ffmpeg, "-v", "error", "-ss", "0.5", "-i", str(sources["cuts"]), "-c", "copy", str(trimmed)], check=True, timeout=60)
+    with av.open(str(trimmed)) as container:
+        listed = container.streams.video[0].frames
+    shown = probe(trimmed)["frames"]
+    assert listed > shown > 0  # the edit list hides the frames before the cut point
+    out = tmp_path / "trimmed_depth.mkv"
+    result = make_clip(ClipJob(trimmed, out), engine, Settings())
+    assert result.ok, result.error
+    assert same_timing(trimmed, out)["frames"] == shown
+    assert_frame_exact(depth_frames(out), reference_maps(trimmed, engine))
