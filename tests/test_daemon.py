@@ -117,16 +117,19 @@ def test_rewriting_a_frame_a_hundred_times_never_shows_a_broken_map(daemon):
             and d.status()["queue_depth"] == 0,
             what="the final frame's depth map",
         )
+        # The sentinel: a stop joins every thread, so no older map can land after it. The
+        # reader keeps reading through it.
+        assert d.stop() == 0
     finally:
         stop_reading.set()
         thread.join()
     assert failures == []
     assert reads[0] > 0
-    assert bright_quadrant(read_depth(d.watch / "depth.jpg")) == "bottom-right"
-    counts = d.counts()
+    assert bright_quadrant(read_depth(d.watch / "depth.jpg")) == "bottom-right"  # still the newest
+    counts = d.counts()  # the status file's last word, written as it stopped
     assert counts["failed"] == 0, d.log()
     assert counts["done"] < 100  # latest wins: superseded versions were skipped
-    assert d.stop() == 0
+    assert len(d.frame_lines()) == counts["done"]  # every map written is one logged frame
 
 
 def test_outputs_temp_files_and_sidecars_never_trigger_processing(daemon):

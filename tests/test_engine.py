@@ -11,6 +11,7 @@ import numpy as np
 import onnxruntime
 import pytest
 from conftest import jpeg_bytes, quadrant_frame
+from daemon_process import wait_for
 from onnx import TensorProto
 from onnx_models import brightness_model, failing_model, spec_for
 
@@ -78,21 +79,26 @@ def test_sixteen_threads_during_loading_make_exactly_one_session_on_the_inferenc
 
     engine = Engine(spec_for(model), session_factory=recording_factory).start()
     tensor = np.zeros((1, 3, 32, 32), np.float32)
+    submitted = threading.Semaphore(0)
     results, errors = [], []
-    started = threading.Barrier(17)
 
     def submit() -> None:
-        started.wait(30)
+        future = engine.infer(tensor, generation=1)
+        submitted.release()  # handed to the engine, while the model is still loading
         try:
-            results.append(engine.infer(tensor, generation=1).result(60))
+            results.append(future.result(60))
         except Exception as exc:  # collected and asserted below
             errors.append(exc)
 
     threads = [threading.Thread(target=submit) for _ in range(16)]
     for t in threads:
         t.start()
-    started.wait(30)
-    release.set()  # the load finishes only once all 16 have been submitting
+    for _ in threads:
+        assert submitted.acquire(timeout=30), "a thread never got its inference queued"
+    # All 16 are queued, and the load is still held: it is on the inference thread, nothing has run.
+    wait_for(lambda: calls, what="the load to start")
+    assert calls == ["depthwatch-inference"] and engine.run_count == 0 and engine.info is None
+    release.set()
     for t in threads:
         t.join(60)
     engine.stop()
@@ -336,27 +342,47 @@ def test_a_newer_job_for_the_same_output_abandons_the_older_one(tmp_path, tiny_m
     assert depth[60:, 100:].mean() > depth[:40, :60].mean()  # the newer frame's map
 
 
+class _ObservedSession:
+    """A real session whose run() says when the inference thread has entered it."""
+
+    def __init__(self, session: onnxruntime.InferenceSession, entered: threading.Event) -> None:
+        self._session, self._entered = session, entered
+
+    def run(self, *args, **kwargs):
+        self._entered.set()
+        return self._session.run(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._session, name)
+
+
 def test_a_running_inference_is_stopped_when_its_frame_is_superseded(tmp_path):
     from onnx_models import slow_model
 
-    model = slow_model(tmp_path / "slow.onnx")
-    source = tmp_path / "frame.png"
-    cv2.imwrite(str(source), quadrant_frame(64, 64))
-    with Engine(spec_for(model)) as engine:
+    # About a second a run on a loaded two-core machine: the abort lands while it runs.
+    model = slow_model(tmp_path / "slow.onnx", layers=80, size=192)
+    entered = threading.Event()
+
+    def observed(*args, **kwargs):
+        return _ObservedSession(onnxruntime.InferenceSession(*args, **kwargs), entered)
+
+    with Engine(spec_for(model), session_factory=observed) as engine:
         info = engine.wait_ready()
-        tensor = np.zeros((1, 3, 64, 64), np.float32)
+        entered.clear()  # the load's own warm-up run, if any, is not the one to stop
+        tensor = np.zeros((1, 3, 192, 192), np.float32)
         running = engine.infer(tensor, info.generation)
-        deadline = threading.Event()
-        while not engine.busy and not running.done():
-            deadline.wait(0.001)
+        assert entered.wait(60), "the inference thread never ran the model"
+        assert engine.busy and not running.done()  # inside session.run for this very future
         queued = engine.infer(tensor, info.generation)
         engine.abort(queued)  # not started: cancelled
         engine.abort(running)  # started: stopped between operators
         with pytest.raises(Superseded, match="a newer version arrived during inference"):
             running.result(60)
         assert queued.cancelled()
+        assert engine.run_count == 0  # the run was cut short, not finished
         # The session is fine afterwards.
-        assert engine.infer(tensor, info.generation).result(60).prediction.shape == (64, 64)
+        assert engine.infer(tensor, info.generation).result(120).prediction.shape == (192, 192)
+        assert engine.run_count == 1
 
 
 def test_a_frame_that_straddles_a_model_swap_is_rendered_with_the_model_that_ran_it(tmp_path):

@@ -231,8 +231,9 @@ def test_frame_ranges_pick_numbered_frames_locally_and_on_the_farm(farm: Farm, f
     there = farm.once(str(frames[0].parent), "--frames", "1100-1102,1120", "-o", str(remote))
     assert there.returncode == 0, there.stderr
     assert sorted(maps_in(remote)) == [f"shot_{n}_depth.jpg" for n in (1100, 1101, 1102, 1120)]
-    bad = run_once(str(frames[0].parent), "--frames", "1010-1001", "-c", str(farm.config), cwd=farm.root)
-    assert bad.returncode == 78 and "--frames" in bad.stderr and "ends before it starts" in bad.stderr
+    # 1010-1001 is a range too (counted down, as fileseq reads it); a zero step is not.
+    bad = run_once(str(frames[0].parent), "--frames", "1001-1010x0", "-c", str(farm.config), cwd=farm.root)
+    assert bad.returncode == 78 and "--frames" in bad.stderr and "not a frame range" in bad.stderr
     none = run_once(str(frames[0].parent), "--frames", "1-10", "-c", str(farm.config), cwd=farm.root)
     assert none.returncode == 78 and "no frames numbered 1-10" in none.stderr
 

@@ -61,9 +61,113 @@ def test_mutated_images_decode_or_fail_cleanly(data):
     assert (depth.shape[1], depth.shape[0]) == decoded.size
 
 
-@settings(max_examples=200, deadline=None)
+# -- past the sniff: mutations that keep a real header and end marker, so the decoders run --------
+
+def _textured(width: int = 96, height: int = 64) -> np.ndarray:
+    """Blurred noise: real entropy-coded data to damage, unlike a flat frame's few bytes."""
+    noise = (np.random.default_rng(7).random((height, width, 3)) * 255).astype(np.uint8)
+    return cv2.GaussianBlur(noise, (0, 0), 1.5)
+
+
+_PNG_IEND = b"\x00\x00\x00\x00IEND\xaeB`\x82"
+BODY_SEEDS = {
+    "jpeg": [jpeg_bytes(_textured()), jpeg_bytes(_textured(80, 80)[:, :, 0])],
+    "png": [cv2.imencode(".png", _textured())[1].tobytes(),
+            cv2.imencode(".png", (_textured()[:, :, 0].astype(np.uint16) * 257))[1].tobytes()],
+    "tiff": [cv2.imencode(".tif", _textured())[1].tobytes()],
+    "webp": [cv2.imencode(".webp", _textured(), [cv2.IMWRITE_WEBP_QUALITY, 80])[1].tobytes()],
+}
+
+
+def _body(data: bytes, fmt: str) -> tuple[int, int]:
+    """The span of coded pixel data: past the headers the size check reads, before the end marker."""
+    if fmt == "jpeg":
+        return data.index(b"\xff\xda") + 2, len(data) - 2
+    if fmt == "png":
+        return data.index(b"IDAT") + 4, len(data) - len(_PNG_IEND)
+    if fmt == "tiff":
+        return 8, int.from_bytes(data[4:8], "little")  # OpenCV writes the strips before the IFD
+    return 30, len(data)  # WebP: past the VP8/VP8L header
+
+
+def body_mutation(fmt: str, rnd) -> bytes:
+    """A real image of `fmt` with its coded data flipped, cut, spliced or padded; header and end
+    marker kept (a cut JPEG or PNG gets its end marker back, WebP its length), so it is sniffed,
+    sized and seen complete, and only the decoder can tell."""
+    data = bytearray(rnd.choice(BODY_SEEDS[fmt]))
+    start, end = _body(bytes(data), fmt)
+    tail = bytes(data[end:])
+    body = data[start:end]
+    for _ in range(rnd.randint(1, 4)):
+        kind = rnd.choice(["flip", "cut", "splice", "insert", "delete"])
+        if not body:
+            break
+        at = rnd.randrange(len(body))
+        if kind == "flip":
+            body[at] ^= rnd.randint(1, 255)
+        elif kind == "cut":
+            del body[at:]
+        elif kind == "splice":  # the rest from another image of the same format
+            other = rnd.choice(BODY_SEEDS[fmt])
+            o_start, o_end = _body(other, fmt)
+            body[at:] = other[o_start + rnd.randrange(max(1, o_end - o_start)) : o_end]
+        elif kind == "insert":
+            body[at:at] = bytes(rnd.randrange(256) for _ in range(rnd.randint(1, 16)))
+        else:
+            del body[at : at + rnd.randint(1, 64)]
+    if fmt == "tiff":  # keep the strips' length, so the IFD stays where its offset says
+        body = (bytes(body) + bytes(end - start))[: end - start]
+    out = bytearray(data[:start]) + body + tail
+    if fmt == "webp":
+        out[4:8] = (len(out) - 8).to_bytes(4, "little")
+    return bytes(out)
+
+
+#: Messages from before the decoder (sniff, header, size and completeness checks).
+_BEFORE_DECODER = ("the file is empty", "not a JPEG", "header is damaged", "header declares an empty",
+                   "megapixels", "cut short (no end marker)", "floating-point samples")
+
+
+def _decode_once(data: bytes) -> str:
+    """'decoded', 'refused by the decoder' or 'refused before it'; anything else escapes."""
+    try:
+        decoded = pixels.decode(data, max_pixels=4_000_000, min_size=(32, 32))
+    except FrameError as exc:
+        reason = str(exc)
+        assert reason and "\n" not in reason
+        return "before" if any(sign in reason for sign in _BEFORE_DECODER) else "decoder"
+    tensor = pixels.prepare(decoded, CONTRACT, PROFILES["midas-v21-small"])
+    assert tensor.shape == (1, 3, 32, 32) and np.isfinite(tensor).all()
+    options = pixels.RenderOptions()
+    depth = pixels.render(pixels.normalise(tensor[0, 0], INVERSE_DEPTH, options), decoded.size, options, guide=decoded.image)
+    assert (depth.shape[1], depth.shape[0]) == decoded.size
+    return "decoded"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(sorted(BODY_SEEDS)), st.randoms(use_true_random=False))
+def test_damaged_coded_data_reaches_the_decoder_and_fails_cleanly(fmt, rnd):
+    _decode_once(body_mutation(fmt, rnd))
+
+
+def test_the_body_mutations_really_reach_each_decoder():
+    """The fuzzing above is only worth something if the decoders see its inputs: counted here,
+    per format, over a fixed sequence of mutations."""
+    import random
+
+    rnd = random.Random(2112)
+    for fmt in sorted(BODY_SEEDS):
+        outcomes = [_decode_once(body_mutation(fmt, rnd)) for _ in range(60)]
+        reached = outcomes.count("decoded") + outcomes.count("decoder")
+        assert reached >= 50, (fmt, outcomes)
+        if fmt != "tiff":  # LZW strips decode whatever their bytes; the others notice damage
+            assert outcomes.count("decoder") >= 5, (fmt, outcomes)  # damage the decoder itself refused
+
+
+@settings(max_examples=100, deadline=None)
 @given(st.binary(max_size=2048))
 def test_arbitrary_bytes_never_escape_as_anything_but_frame_errors(data):
+    """Random bytes stop at the sniff (the tests above are the ones that reach the decoders)."""
     try:
         pixels.decode(data, max_pixels=4_000_000)
     except FrameError:

@@ -517,13 +517,20 @@ def test_logs_of_an_empty_log_say_so(home: Path, tools, capsys):
     assert capsys.readouterr() == ("", f"depthwatch: the log is empty: the daemon has written nothing to {log} yet\n")
 
 
-def test_logs_follow_prints_new_lines_until_interrupted(home: Path, tmp_path: Path):
+@pytest.mark.parametrize("sigint", ["as inherited", "ignored"])
+def test_logs_follow_prints_new_lines_until_interrupted(home: Path, tmp_path: Path, sigint: str):
+    """Ctrl-C ends it, even when it was started with SIGINT ignored: what a program started in the
+    background by a non-interactive shell inherits (a CI runner's suite, `cmd &` in a script), and
+    then Python installs no KeyboardInterrupt of its own. That is how it once never exited."""
     log = launchd.log_path(home)
     log.parent.mkdir(parents=True)
     log.write_text("old\n")
     env = {**os.environ, "HOME": str(home)}
+    argv = [sys.executable, "-m", "depthwatch", "service", "logs", "-f", "-n", "1", "--manager", "launchd"]
+    if sigint == "ignored":  # `trap '' INT` ignores it, and exec keeps it ignored
+        argv = ["/bin/sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "depthwatch", "service", "logs", "-f", "-n", "1", "--manager", "launchd"],
+        argv,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

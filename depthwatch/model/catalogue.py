@@ -197,8 +197,7 @@ def resolve(model: ModelConfig, base: Path) -> ModelSpec:
     if model.profile != "auto":
         profile = profile_for(model.profile, path)
     else:
-        known_files = [(e.size, e.sha256, e.profile) for e in load().values()]
-        recognised = recognise.by_checksum(path, known_files)
+        recognised = recognise.by_checksum(path, _checksum_candidates(path))
         if recognised is not None:
             profile = PROFILES[recognised]
             log.info("%s: profile %s, recognised by its checksum", path.name, recognised)
@@ -214,3 +213,24 @@ def resolve(model: ModelConfig, base: Path) -> ModelSpec:
         coreml_cache=model.coreml_cache,
         choose_profile=choice,
     )
+
+
+def _checksum_candidates(path: Path) -> list[tuple[int | None, str | None, str]]:
+    """The catalogue's (size, sha256, profile) for recognising `path` by its checksum.
+
+    An entry with a checksum but no exact size is a candidate only for a file
+    within a factor of two of its rough size, so a start does not hash every
+    model file whatever it is.
+    """
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return []
+    found: list[tuple[int | None, str | None, str]] = []
+    for entry in load().values():
+        if entry.size is None and entry.approx_mb:
+            rough = entry.approx_mb * (1 << 20)
+            if not rough / 2 <= size <= rough * 2:
+                continue
+        found.append((entry.size, entry.sha256, entry.profile))
+    return found

@@ -102,7 +102,10 @@ def by_checksum(path: Path, known: Iterable[tuple[int | None, str | None, str]] 
     candidates = [(digest, profile) for s, digest, profile in table if s is None or s == size]
     if not candidates:
         return None
-    digest = _sha256(path)
+    try:
+        digest = _sha256(path)
+    except OSError:
+        return None  # unreadable: the engine's load says so in its own words
     return next((profile for d, profile in candidates if d == digest), None)
 
 

@@ -2,14 +2,23 @@
 
 Logs grow without bound, so they are read from the end; following polls the
 sizes, as `tail -F` does, and starts a file over when it shrank (rotated).
+
+Following ends with Ctrl-C, so SIGINT must raise KeyboardInterrupt whatever the
+process inherited: a program started in the background by a non-interactive
+shell (a CI runner, `cmd &` in a script, nohup-style launchers) inherits SIGINT
+*ignored*, and Python then installs no handler of its own, so `logs -f` would
+never stop. The handler is put in place before the first line is printed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from depthwatch.errors import DepthwatchError
@@ -25,6 +34,25 @@ def show(files: Sequence[Path], lines: int, *, follow: bool, interval: float = 0
     present = [f for f in files if f.is_file()]
     if not present:
         raise DepthwatchError(f"no log yet: {files[0]} does not exist; is the service installed?")
+    with interruptible() if follow else contextlib.nullcontext():
+        return _show(files, present, lines, follow=follow, interval=interval)
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt here even if this process was started with it ignored
+    (and a program started meanwhile, journalctl, gets it at its default, not ignored)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers; its owner decides
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _show(files: Sequence[Path], present: list[Path], lines: int, *, follow: bool, interval: float) -> int:
     # Measured once: the tail ends and the follow starts at the same byte, so no line is lost or shown twice.
     sizes = {f: f.stat().st_size for f in present}
     shown = [f for f in present if sizes[f] > 0]

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from depthwatch.errors import EX_CONFIG, DepthwatchError
-from depthwatch.service import supervision
+from depthwatch.service import logfiles, supervision
 from depthwatch.service.manager import Manager
 from depthwatch.service.supervision import Ran, State, describe_exit, run
 from depthwatch.service.undo import Undo
@@ -343,8 +343,9 @@ class Systemd(Manager):
         return 0
 
     def logs(self, lines: int, *, follow: bool) -> int:
-        if follow:  # journalctl writes to the terminal itself until Ctrl-C
-            return run(journal(lines, follow=True), check=False, capture=False).returncode
+        if follow:  # journalctl writes to the terminal itself until Ctrl-C (see logfiles.interruptible)
+            with logfiles.interruptible():
+                return run(journal(lines, follow=True), check=False, capture=False).returncode
         ran = run(journal(lines), check=False)
         text = "".join(line for line in ran.stdout.splitlines(keepends=True) if line.strip() != _NO_ENTRIES)
         if ran.ok and lines > 0 and not text.strip():
