@@ -289,3 +289,19 @@ def test_an_edit_list_that_hides_frames_is_followed(sources: dict[str, Path], en
     assert result.ok, result.error
     assert same_timing(trimmed, out)["frames"] == shown
     assert_frame_exact(depth_frames(out), reference_maps(trimmed, engine))
+
+
+def test_a_dead_writers_temporary_sequence_folder_is_swept(tmp_path: Path) -> None:
+    """An image sequence is written into a hidden folder; one a killed writer left goes at the next start."""
+    import os
+
+    from depthwatch.frames.writer import sweep_temp_files, temp_name_for
+
+    dead = tmp_path / ".shot_depth.999999999-0123abcd.dwtmp"
+    dead.mkdir()
+    (dead / "0000.png").write_bytes(b"half")
+    live = temp_name_for(tmp_path / "other_depth")  # this process's: still being written
+    live.mkdir()
+    assert str(os.getpid()) in live.name
+    assert sweep_temp_files(tmp_path) == 1
+    assert not dead.exists() and live.is_dir()
