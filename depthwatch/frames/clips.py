@@ -230,7 +230,7 @@ def _make(
 
         def summaries() -> Iterator[stabilise.Summary]:
             nonlocal held_bytes
-            for image, inference in _inferred(job.source, meta, engine, info, settings, check, gate, reduced=True):
+            for image, inference in _inferred(job.source, meta, engine, info, check, gate, reduced=True):
                 prediction = inference.prediction
                 yield stabilise.summarise(prediction, info.profile.output, image, settings.render.clip_percent)
                 kept = prediction.astype(np.float16)
@@ -251,7 +251,10 @@ def _make(
     written = 0
     try:
         if job.sequence:
-            os.mkdir(temp)
+            try:
+                os.mkdir(temp)
+            except OSError as exc:
+                raise OutputError(f"cannot write in {folder}: {exc.strerror or exc}") from None
             sink = _WriteBehind(lambda k, depth: _write_still(temp, job.output, k, depth, settings), gate)
         else:
             assert kind is not None
@@ -263,7 +266,7 @@ def _make(
         kind_out = info.profile.output
         clip_percent = settings.render.clip_percent
         try:
-            for k, (image, prediction) in enumerate(_second_pass(job.source, meta, engine, info, settings, check, gate, held, stable)):
+            for k, (image, prediction) in enumerate(_second_pass(job.source, meta, engine, info, check, gate, held, stable)):
                 if stable:
                     if k >= len(plans):
                         raise FrameError("the clip changed between the two passes (more frames the second time); drop it again")
@@ -363,7 +366,6 @@ def _inferred(
     meta: video.ClipInfo,
     engine: Engine,
     info: ModelInfo,
-    settings: Settings,
     check: Callable[[int], None],
     gate: Callable[[], None],
     *,
@@ -401,7 +403,6 @@ def _second_pass(
     meta: video.ClipInfo,
     engine: Engine,
     info: ModelInfo,
-    settings: Settings,
     check: Callable[[int], None],
     gate: Callable[[], None],
     held: list[np.ndarray | None],
@@ -414,7 +415,7 @@ def _second_pass(
     input), which needs no more pixels than that.
     """
     if not stable or not held or all(p is None for p in held[: len(held)]):
-        for image, inference in _inferred(source, meta, engine, info, settings, check, gate, reduced=True):
+        for image, inference in _inferred(source, meta, engine, info, check, gate, reduced=True):
             yield image, inference.prediction
         return
     scale = _reduction((meta.width, meta.height), info.min_frame_size)

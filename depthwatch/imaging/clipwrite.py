@@ -105,7 +105,11 @@ class ClipWriter:
         frame.pts = self._count
         frame.time_base = self._time_base
         self._count += 1
-        self._mux(self._stream.encode(frame))
+        try:
+            packets = self._stream.encode(frame)
+        except self._av.FFmpegError as exc:
+            raise FrameError(f"the {self.kind.label} encoder failed: {exc.strerror or exc}") from None
+        self._mux(packets)
 
     def frame_for(self, depth: np.ndarray) -> Any:
         """The encoder's frame for a map: grey as is, or luma in video range with neutral chroma.
@@ -142,10 +146,16 @@ class ClipWriter:
             self._container.mux(packets)
         except OSError as exc:
             raise OutputError(f"cannot write the depth clip: {exc.strerror or exc}") from None
+        except self._av.FFmpegError as exc:
+            raise FrameError(f"the {self.kind.label} encoder failed: {exc.strerror or exc}") from None
 
     def close(self) -> None:
         try:
-            self._mux(self._stream.encode(None))
+            try:
+                packets = self._stream.encode(None)
+            except self._av.FFmpegError as exc:
+                raise FrameError(f"the {self.kind.label} encoder failed: {exc.strerror or exc}") from None
+            self._mux(packets)
         finally:
             try:
                 self._container.close()
