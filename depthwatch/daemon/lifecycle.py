@@ -69,6 +69,8 @@ frames_log = logging.getLogger("depthwatch.frames")
 _RETRY_MAX_DELAY = 60.0
 #: Superseded frames are summarised in one log line at most this often.
 SUPERSEDED_SUMMARY_S = 5.0
+#: A clip job's progress reaches the status file at most this often.
+CLIP_STATUS_S = 1.0
 _SUPERSEDED_STAGES = ("replaced while queued", "before inference", "after inference had started")
 
 
@@ -141,6 +143,7 @@ class Daemon:
         self.api: ApiServer | None = None
         #: The clip thread (clips matching watch.patterns become clip jobs).
         self.clips: ClipRunner | None = None
+        self._clip_status_at = 0.0
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -573,7 +576,15 @@ class Daemon:
             pipeline.wait_idle(0.05)
 
     def _clip_progress(self) -> None:
-        self._status_dirty = True
+        """A clip frame done (clip thread): the status file says so at most once a second.
+
+        Rewriting it is an fsync; four a second of those would slow the live frames'
+        own fsyncs, which share the filesystem's journal.
+        """
+        now = time.monotonic()
+        if now - self._clip_status_at >= CLIP_STATUS_S or self.clips is None or self.clips.progress is None:
+            self._clip_status_at = now
+            self._status_dirty = True
 
     def _clip_finished(self, job: ClipJob, result: ClipResult) -> None:
         """A clip job's end (clip thread): its log line and counts."""

@@ -182,10 +182,11 @@ class _SyncedFile:
     page cache until writeback, and an fsync of a live frame's map (ext4's
     journal commits in order) can then wait behind a large part of it: a
     frame dropped while a clip is written waited 200 ms for its map. Synced as
-    it goes, there is never much of the clip left to flush.
+    it goes (a megabyte at a time, on the clip's writer thread, which holds back
+    while a live frame is in flight), there is never much of the clip to flush.
     """
 
-    SYNC_BYTES = 4 << 20
+    SYNC_BYTES = 1 << 20
 
     def __init__(self, f: Any) -> None:
         self._f = f
