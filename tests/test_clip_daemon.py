@@ -129,7 +129,8 @@ def test_clip_job_beside_live_frames(tmp_path: Path) -> None:
 def test_sigterm_mid_clip_leaves_nothing_and_the_next_start_maps_it(tmp_path: Path) -> None:
     d = _daemon(tmp_path)
     source = d.watch / "B002.mov"
-    count = write_clip(tmp_path / "B002.mov", pan_clip_frames(SIZE, 240, step=2, shot=80), codec="prores")
+    # Larger frames, so the second pass lasts long enough to be caught in the middle.
+    count = write_clip(tmp_path / "B002.mov", pan_clip_frames((480, 270), 240, step=4, shot=80), codec="prores")
     try:
         d.start()
         os.rename(tmp_path / "B002.mov", source)

@@ -144,6 +144,7 @@ class Daemon:
         #: The clip thread (clips matching watch.patterns become clip jobs).
         self.clips: ClipRunner | None = None
         self._clip_status_at = 0.0
+        self._clip_status_phase: str | None = None
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -582,8 +583,10 @@ class Daemon:
         own fsyncs, which share the filesystem's journal.
         """
         now = time.monotonic()
-        if now - self._clip_status_at >= CLIP_STATUS_S or self.clips is None or self.clips.progress is None:
-            self._clip_status_at = now
+        progress = self.clips.progress if self.clips is not None else None
+        phase = progress.phase if progress is not None else None
+        if now - self._clip_status_at >= CLIP_STATUS_S or phase != self._clip_status_phase:
+            self._clip_status_at, self._clip_status_phase = now, phase
             self._status_dirty = True
 
     def _clip_finished(self, job: ClipJob, result: ClipResult) -> None:
