@@ -243,7 +243,7 @@ def _bench(args: argparse.Namespace, work: Path) -> int:
             _progress("render farm skipped: it needs the farm extra (pip install -e '.[farm]')")
         if "clips" not in args.skip and clip_bench.available():
             s["clip_throughput"] = _run(results, "once CLIP vs once over stills", lambda: clip_bench.throughput(plan))
-            long_clip = (48, (320, 180)) if args.quick else (args.clip_frames, framesets.FULL_HD)
+            long_clip = (120, (320, 180)) if args.quick else (args.clip_frames, framesets.FULL_HD)
             s["clip_memory"] = _run(results, "daemon RSS over a long clip", lambda: clip_bench.memory(plan, *long_clip))
         elif "clips" not in args.skip:
             _progress("clips skipped: they need the video extra (pip install -e '.[video]')")

@@ -179,7 +179,7 @@ def memory(plan: Any, frames: int, size: tuple[int, int]) -> dict[str, Any]:
             if time.perf_counter() > deadline:
                 raise BenchError(f"the long clip was not mapped in time: {d.child.tail() if d.child else ''}")
             d.child.check_alive()  # type: ignore[union-attr]
-            time.sleep(0.1)  # the sampling period
+            time.sleep(0.05)  # the sampling period
         peak = d.peak_rss()
     finally:
         d.stop()

@@ -125,8 +125,8 @@ def test_quick_benchmark_runs_every_scenario(tmp_path: Path) -> None:
         assert clip["frames"] > 0 and _positive(clip["clip"]["fps"]) and _positive(clip["stills"]["fps"])
         assert _positive(clip["clip_vs_stills"]) and "once CLIP (" in stdout
         memory = s["clip_memory"]
-        assert memory["frames"] == 48 and _positive(memory["peak_rss_bytes"]) and memory["samples"] > 0
-        assert "daemon RSS over a 48-frame 320x180 clip" in stdout
+        assert memory["frames"] == 120 and _positive(memory["peak_rss_bytes"]) and memory["samples"] > 0
+        assert "daemon RSS over a 120-frame 320x180 clip" in stdout
 
     # refine: edges (the default, in burst and latency above) against none, in the same run.
     plain = s["refine_none"]
