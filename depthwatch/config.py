@@ -21,8 +21,10 @@ import yaml
 
 from depthwatch import paths
 from depthwatch.errors import ConfigError
+from depthwatch.imaging.exr import COMPRESSIONS as EXR_COMPRESSIONS
 from depthwatch.imaging.formats import OUTPUT_FORMATS
 from depthwatch.imaging.levels import parse_level
+from depthwatch.imaging.view import DISPLAY, LINEAR
 from depthwatch.model import providers
 from depthwatch.model.profiles import DEPTH, INVERSE_DEPTH, PROFILES
 from depthwatch.pathmap import PathMap
@@ -153,16 +155,6 @@ def _template(value: Any, base: Path) -> str:
     suffix = Path(rendered).suffix.lower()
     if "{ext}" not in text and suffix not in OUTPUT_FORMATS:
         raise ValueError(f"{text!r} must end in .jpg, .png, .tif or .exr (or {{ext}} for the frame's own)")
-    if suffix == ".exr":
-        from depthwatch.imaging.pixels import (
-            can_encode,  # OpenCV is only loaded for this check
-        )
-
-        if not can_encode(".exr"):
-            raise ValueError(
-                f"{text!r}: this OpenCV build cannot write .exr (no OpenEXR in it); "
-                "use .tif with png_bits: 32 for 32-bit float maps"
-            )
     if ".." in Path(rendered).parts:
         raise ValueError(f"{text!r} climbs out of the watch folder with '..'; use an absolute folder instead")
     folder, name = os.path.split(text)
@@ -260,6 +252,16 @@ class OutputConfig:
     near: float | str = field(default=1.0, metadata=_spec(_level))
     far: float | str = field(default=0.0, metadata=_spec(_level))
     gamma: float = field(default=1.0, metadata=_spec(_number(0.1, 10)))
+    # EXR maps (issue 25): channel Z as float32, or half; and how the file is compressed.
+    exr_half: bool = field(default=False, metadata=_spec(_bool))
+    exr_compression: str = field(default="zip", metadata=_spec(_choice(*EXR_COMPRESSIONS)))
+
+
+@dataclass(frozen=True)
+class InputConfig:
+    """How frames are read (EXR frames: scene-linear or already display-referred)."""
+
+    exr_colour: str = field(default=LINEAR, metadata=_spec(_choice(LINEAR, DISPLAY)))
 
 
 @dataclass(frozen=True)
@@ -323,6 +325,7 @@ class FarmConfig:
 class Config:
     model: ModelConfig = ModelConfig()
     watch: WatchConfig = WatchConfig()
+    input: InputConfig = InputConfig()
     output: OutputConfig = OutputConfig()
     daemon: DaemonConfig = DaemonConfig()
     api: ApiConfig = ApiConfig()
@@ -344,6 +347,7 @@ class Config:
 SECTIONS: dict[str, type] = {
     "model": ModelConfig,
     "watch": WatchConfig,
+    "input": InputConfig,
     "output": OutputConfig,
     "daemon": DaemonConfig,
     "api": ApiConfig,

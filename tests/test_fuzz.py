@@ -13,7 +13,28 @@ from depthwatch.imaging import formats, pixels
 from depthwatch.model.contract import Contract
 from depthwatch.model.profiles import INVERSE_DEPTH, PROFILES
 
+def _exr(tiled: bool) -> bytes:
+    """A small RGB EXR (float scanline, or half tiled) written by the OpenEXR package."""
+    import io
+
+    import OpenEXR
+
+    rgb = quadrant_frame(64, 48)[..., ::-1].astype(np.float32) / 255
+    header: dict[str, object] = {"compression": OpenEXR.ZIP_COMPRESSION, "type": OpenEXR.scanlineimage}
+    if tiled:
+        tiles = OpenEXR.TileDescription()
+        tiles.xSize, tiles.ySize, tiles.mode = 16, 16, OpenEXR.ONE_LEVEL
+        header.update(type=OpenEXR.tiledimage, tiles=tiles, compression=OpenEXR.PIZ_COMPRESSION)
+        rgb = rgb.astype(np.float16)
+    out = io.BytesIO()
+    with OpenEXR.File(header, {"RGB": rgb}) as image:
+        image.write(out)
+    return out.getvalue()
+
+
 SEEDS = [
+    _exr(tiled=False),
+    _exr(tiled=True),
     jpeg_bytes(quadrant_frame(64, 48)),
     cv2.imencode(".png", quadrant_frame(64, 48))[1].tobytes(),
     cv2.imencode(".png", (np.arange(48 * 64).reshape(48, 64) * 20).astype(np.uint16))[1].tobytes(),
@@ -48,6 +69,9 @@ def mutated(draw) -> bytes:
 @given(mutated())
 def test_mutated_images_decode_or_fail_cleanly(data):
     formats.read_header(data)  # never raises
+    fmt = formats.sniff(data)
+    if fmt is not None:  # the watcher's completeness check never raises either
+        assert formats.is_complete_at(fmt, lambda o, n: data[o : o + n], len(data)) in (True, False, None)
     try:
         decoded = pixels.decode(data, max_pixels=4_000_000, min_size=(32, 32))
     except FrameError as exc:

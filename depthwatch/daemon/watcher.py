@@ -382,10 +382,9 @@ class Watcher:
         if complete is False:
             if now - state.since >= self.config.incomplete_timeout_s:
                 self.incomplete += 1
-                what = "a clip cut short, or without its index" if fmt == CLIP else "no end marker"
                 self._report(
                     path,
-                    f"still incomplete after {self.config.incomplete_timeout_s:g} s ({what}); "
+                    f"still incomplete after {self.config.incomplete_timeout_s:g} s ({_what_is_missing(fmt)}); "
                     "not processed until it is written again",
                 )
                 return
@@ -456,8 +455,17 @@ def _mtime(path: Path) -> int:
         return 0
 
 
+def _what_is_missing(fmt: str | None) -> str:
+    if fmt == CLIP:
+        return "a clip cut short, or without its index"
+    if fmt == formats.EXR:
+        return "not every chunk its offset table lists is there"
+    return "no end marker"
+
+
 def _probe(path: Path, size: int) -> tuple[str | None, bool | None]:
-    """The file's format by its magic bytes, and whether it carries the format's end marker.
+    """The file's format by its magic bytes, and whether it carries the format's end marker
+    (an EXR: every chunk its offset table lists).
 
     (None, None): not an image depthwatch reads (the pipeline says why); (None,
     True): unreadable, taken at once so the pipeline reports why. (fmt, None):
@@ -469,15 +477,14 @@ def _probe(path: Path, size: int) -> tuple[str | None, bool | None]:
     except DepthwatchError:
         return None, True  # unreadable or not a file: let the pipeline report why
     try:
-        head = os.pread(fd, 16, 0)
-        tail = os.pread(fd, 16, max(0, size - 16))
+        if video.is_clip_name(path):  # a whole clip: its boxes add up, with its index in them
+            return CLIP, video.is_complete_at(lambda offset, n: os.pread(fd, n, offset), size)
+        fmt = formats.sniff(os.pread(fd, 16, 0))
+        if fmt is None:
+            return None, None
+        # An EXR's header and offset table are read too (bounded), to see every chunk is there.
+        return fmt, formats.is_complete_at(fmt, lambda offset, n: os.pread(fd, n, offset), size)
     except OSError:
         return None, True
     finally:
         os.close(fd)
-    if video.is_clip_name(path):  # a whole clip: its boxes add up, with its index in them
-        return CLIP, video.is_complete(path, size)
-    fmt = formats.sniff(head)
-    if fmt is None:
-        return None, None
-    return fmt, formats.is_complete(fmt, tail, size, head)

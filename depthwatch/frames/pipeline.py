@@ -75,6 +75,8 @@ class Settings:
     max_file_bytes: int = reading.DEFAULT_MAX_BYTES
     #: output.normalise: stable (per-output shot state) or frame (each map on its own).
     normalise: str = normalise.STABLE
+    #: input.exr_colour and output.exr_half / exr_compression.
+    exr: pixels.ExrOptions = pixels.ExrOptions()
 
     @classmethod
     def from_config(cls, config: Config) -> Settings:
@@ -92,6 +94,7 @@ class Settings:
             sidecar=out.sidecar,
             max_file_bytes=int(config.daemon.max_file_mb * 2**20),
             normalise=out.normalise,
+            exr=pixels.ExrOptions(config.input.exr_colour, out.exr_half, out.exr_compression),
         )
 
 
@@ -484,8 +487,16 @@ class Pipeline:
                 max_pixels=frame.settings.max_pixels,
                 min_size=info.min_frame_size,
                 checked_format=job.format,
+                exr_colour=frame.settings.exr.colour,
             )
             del data
+            if frame.decoded.not_finite:
+                log.warning(
+                    "%s: %d NaN or infinite values in the EXR were made finite before the model "
+                    "(NaN and -Inf as black, +Inf as white)",
+                    shown(job.source),
+                    frame.decoded.not_finite,
+                )
             if job.nearness is not None:  # once, pass 2: the map is made, only write it
                 frame.lap("decode")
                 done: Future[Inference] = Future()
@@ -614,7 +625,12 @@ class Pipeline:
         """decode, prepare, hand to the engine (worker thread)."""
         try:
             info = self._model_info()
-            image.decoded = pixels.decode(image.data, max_pixels=image.settings.max_pixels, min_size=info.min_frame_size)
+            image.decoded = pixels.decode(
+                image.data,
+                max_pixels=image.settings.max_pixels,
+                min_size=info.min_frame_size,
+                exr_colour=image.settings.exr.colour,
+            )
             image.data = b""
             self._image_to_engine(image, info)
         except Exception as exc:
@@ -700,7 +716,14 @@ def _render_encode(
     if nearness is None:
         nearness = pixels.normalise(inference.prediction, info.profile.output, options)
     depth = pixels.render(nearness, decoded.size, options, guide=decoded.image)
-    return pixels.encode(depth, ext, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression)
+    return pixels.encode(
+        depth,
+        ext,
+        jpeg_quality=settings.jpeg_quality,
+        png_compression=settings.png_compression,
+        exr_options=settings.exr,
+        exr_windows=decoded.windows,
+    )
 
 
 def _record(job: Job, source_stat: os.stat_result, info: ModelInfo, settings: Settings) -> dict[str, Any]:

@@ -10,9 +10,9 @@ same record to check which frame a map shows.
 
 Where the record lives: JPEG, a COM segment right after SOI/APP0; PNG, a
 `tEXt` chunk with keyword `depthwatch` right after IHDR; TIFF, the
-ImageDescription tag (270) of the first image. The text is
-`depthwatch ` + compact JSON (ASCII). Formats without a slot (EXR, if
-written) carry no record; see `embed`.
+ImageDescription tag (270) of the first image; EXR, a string attribute named
+`depthwatch` in the header (Nuke shows it as `exr/depthwatch`). The text is
+`depthwatch ` + compact JSON (ASCII).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any, BinaryIO
 from depthwatch import __version__
 from depthwatch.errors import FrameError
 from depthwatch.frames.reading import open_checked
-from depthwatch.imaging import formats
+from depthwatch.imaging import exrlayout, formats
 
 KEYWORD = "depthwatch"
 _PREFIX = (KEYWORD + " ").encode()
@@ -64,7 +64,7 @@ def _text(record: dict[str, Any]) -> bytes:
 
 
 def embed(encoded: bytes, record: dict[str, Any]) -> bytes:
-    """`encoded` (a JPEG, PNG or TIFF file) with `record` inside; other formats unchanged."""
+    """`encoded` (a JPEG, PNG, TIFF or EXR file) with `record` inside; other formats unchanged."""
     fmt = formats.sniff(encoded)
     text = _text(record)
     if fmt == formats.JPEG:
@@ -73,6 +73,8 @@ def embed(encoded: bytes, record: dict[str, Any]) -> bytes:
         return _png_embed(encoded, text)
     if fmt == formats.TIFF and encoded[2:4] in (b"*\x00", b"\x00*"):
         return _tiff_embed(encoded, text)
+    if fmt == formats.EXR:
+        return exrlayout.with_string_attribute(encoded, KEYWORD, text)
     return encoded
 
 
@@ -106,9 +108,11 @@ def _read(f: BinaryIO) -> dict[str, Any] | None:
             text = _png_read(f)
         elif fmt == formats.TIFF:
             text = _tiff_read(f)
+        elif fmt == formats.EXR:
+            text = _exr_read(f)
         else:
             return None
-    except (struct.error, ValueError, IndexError):
+    except (struct.error, ValueError, IndexError, exrlayout.Incomplete):
         return None
     if not text or not text.startswith(_PREFIX):
         return None
@@ -223,3 +227,19 @@ def _tiff_read(f: BinaryIO) -> bytes | None:
             f.seek(offset)
             return f.read(n)
     return None
+
+
+# -- EXR: a string attribute in the header -------------------------------------------------
+
+
+def _exr_read(f: BinaryIO) -> bytes | None:
+    def read(offset: int, n: int) -> bytes:
+        f.seek(offset)
+        return f.read(n)
+
+    size = f.seek(0, io.SEEK_END)
+    layout = exrlayout.read_layout(read, size)  # the header only, bounded (exrlayout.MAX_HEADER)
+    found = layout.attributes.get(KEYWORD)
+    if found is None or found.type != "string" or found.size > _MAX_RECORD:
+        return None
+    return read(found.offset, found.size)

@@ -3,16 +3,20 @@
 Two jobs need this before any pixel is decoded: refusing a decompression bomb
 (a small file that declares a huge image) and telling a completely written
 file from one still being written (JPEG ends with EOI, PNG with IEND, WebP
-declares its length). On macOS there is no "file closed" event, so the end
+declares its length, an EXR has every chunk its offset table lists: see
+`exrlayout`). On macOS there is no "file closed" event, so the end
 marker is how a dropped frame is accepted at once.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
-JPEG, PNG, TIFF, WEBP = "jpeg", "png", "tiff", "webp"
+from depthwatch.imaging import exrlayout
+
+JPEG, PNG, TIFF, WEBP, EXR = "jpeg", "png", "tiff", "webp", "exr"
 
 #: File extensions and the format each one promises.
 EXTENSIONS = {
@@ -22,10 +26,12 @@ EXTENSIONS = {
     ".tif": TIFF,
     ".tiff": TIFF,
     ".webp": WEBP,
+    ".exr": EXR,
 }
 
-#: Depth map formats by output file extension (the value is OpenCV's encoder name); JPEG is 8-bit
-#: only, PNG up to 16, TIFF 8, 16 or 32-bit float, EXR 32-bit float (when OpenCV has OpenEXR).
+#: Depth map formats by output file extension (the value is OpenCV's encoder name; EXR is written
+#: by the OpenEXR package): JPEG is 8-bit only, PNG up to 16, TIFF 8, 16 or 32-bit float, EXR
+#: float32 or half in channel Z.
 OUTPUT_FORMATS = {".jpg": ".jpg", ".jpeg": ".jpg", ".png": ".png", ".tif": ".tiff", ".tiff": ".tiff", ".exr": ".exr"}
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -65,14 +71,16 @@ def sniff(data: bytes) -> str | None:
         return TIFF
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return WEBP
+    if data[:4] == exrlayout.MAGIC:
+        return EXR
     return None
 
 
 def is_complete(fmt: str, tail: bytes, size: int, head: bytes = b"") -> bool | None:
     """Whether a file of `size` bytes ending in `tail` is completely written.
 
-    None means the format has no end marker (TIFF): the caller must rely on the
-    file having settled.
+    None means the format has no end marker (TIFF), or that its ends do not
+    tell (EXR: ask `is_complete_at`): the caller must rely on the file having settled.
     """
     if fmt == JPEG:
         return tail.rstrip(b"\x00")[-2:] == b"\xff\xd9"
@@ -81,6 +89,17 @@ def is_complete(fmt: str, tail: bytes, size: int, head: bytes = b"") -> bool | N
     if fmt == WEBP:
         return len(head) >= 8 and struct.unpack("<I", head[4:8])[0] + 8 <= size
     return None
+
+
+def is_complete_at(fmt: str, read: Callable[[int, int], bytes], size: int) -> bool | None:
+    """Whether a file of `size` bytes is completely written, reading what it needs with `read(offset, n)`.
+
+    For formats whose ends tell, only the ends are read; an EXR's header and
+    offset table are read too (bounded: `exrlayout.MAX_HEADER`, 8 bytes a chunk).
+    """
+    if fmt == EXR:
+        return exrlayout.is_complete(read, size)
+    return is_complete(fmt, read(max(0, size - 16), 16), size, read(0, 16))
 
 
 def read_header(data: bytes, fmt: str | None = None) -> Header | None:
@@ -99,6 +118,11 @@ def read_header(data: bytes, fmt: str | None = None) -> Header | None:
             return _tiff_header(data)
         if fmt == WEBP:
             return _webp_header(data)
+        if fmt == EXR:
+            layout = exrlayout.read_layout(lambda o, n: data[o : o + n], len(data))
+            return Header(EXR, layout.width, layout.height)
+    except exrlayout.Incomplete:
+        return None
     except (struct.error, IndexError, ValueError):
         return None
     return None

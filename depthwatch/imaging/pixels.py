@@ -17,7 +17,6 @@ frame-sized image.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -26,7 +25,7 @@ import numpy as np
 import simplejpeg
 
 from depthwatch.errors import FrameError
-from depthwatch.imaging import formats, refine
+from depthwatch.imaging import exr, formats, refine
 from depthwatch.imaging import normalise as normalise_step
 from depthwatch.imaging.formats import OUTPUT_FORMATS
 from depthwatch.imaging.levels import Levels
@@ -62,10 +61,24 @@ class Decoded:
     #: (width, height) of the frame as an editor displays it (EXIF orientation applied).
     size: tuple[int, int]
     format: str
+    #: EXR: how many NaN or infinite values were made finite before the model (see `view`).
+    not_finite: int = 0
+    #: EXR: its data and display windows when they are not plain (the map's EXR gets the same).
+    windows: exr.Windows | None = None
 
 
 #: `output.refine` values: today's plain bilinear upscale, or edges from the frame.
 REFINE_NONE, REFINE_EDGES = "none", "edges"
+
+
+@dataclass(frozen=True)
+class ExrOptions:
+    """How EXR frames are read and EXR maps written (`input.exr_colour`, `output.exr_*`)."""
+
+    #: linear: scene-linear frames get the view transform (`view`); display: taken as they are.
+    colour: str = "linear"
+    half: bool = False
+    compression: str = "zip"
 
 
 @dataclass(frozen=True)
@@ -99,6 +112,7 @@ def decode(
     max_pixels: int,
     min_size: tuple[int, int] | None = None,
     checked_format: str | None = None,
+    exr_colour: str = "linear",
 ) -> Decoded:
     """Decode image bytes already in memory; FrameError says why a file is unusable.
 
@@ -106,23 +120,22 @@ def decode(
     before any memory is spent on it. `min_size` lets a JPEG decode at reduced
     scale when the model needs far fewer pixels than the frame has.
     `checked_format`: the watcher already sniffed these bytes as that format and
-    saw its end marker, so neither is looked for again.
+    saw its end marker, so neither is looked for again. `exr_colour`: whether
+    EXR frames are scene-linear ("linear") or display-referred ("display").
     """
     if not data:
         raise FrameError("the file is empty (0 bytes)")
     fmt = checked_format or formats.sniff(data)
     if fmt is None:
-        raise FrameError("not a JPEG, PNG, TIFF or WebP image")
+        raise FrameError("not a JPEG, PNG, TIFF, WebP or EXR image")
+    if fmt == formats.EXR:
+        return _decode_exr(data, max_pixels, exr_colour)
     header = formats.read_header(data, fmt)
     if header is None:
         raise FrameError(f"the {fmt.upper()} header is damaged or cut short")
     if header.width == 0 or header.height == 0:
         raise FrameError(f"the {fmt.upper()} header declares an empty {header.width}x{header.height} image")
-    if header.pixels > max_pixels:
-        raise FrameError(
-            f"{header.width}x{header.height} is {header.pixels / 1e6:.0f} megapixels, over the "
-            f"limit of {max_pixels / 1e6:.0f}; raise daemon.max_megapixels to accept it"
-        )
+    _check_pixels(header.width, header.height, max_pixels)
     if checked_format is None and formats.is_complete(fmt, data[-16:], len(data), data[:16]) is False:
         raise FrameError(f"the {fmt.upper()} data is cut short (no end marker): the file is incomplete")
     if fmt == formats.TIFF and formats.tiff_sample_format(data) == 3:
@@ -173,6 +186,22 @@ def _decode_other(data: bytes, fmt: str) -> np.ndarray:
     if image is None or image.size == 0:
         raise FrameError(f"cannot decode the {fmt.upper()} data: the file is corrupt")
     return image
+
+
+def _check_pixels(width: int, height: int, max_pixels: int) -> None:
+    if width * height > max_pixels:
+        raise FrameError(
+            f"{width}x{height} is {width * height / 1e6:.0f} megapixels, over the "
+            f"limit of {max_pixels / 1e6:.0f}; raise daemon.max_megapixels to accept it"
+        )
+
+
+def _decode_exr(data: bytes, max_pixels: int, colour: str) -> Decoded:
+    """An EXR frame: its structure checked (size, channels, every chunk there) before decoding."""
+    found = exr.layout(data)
+    _check_pixels(found.width, found.height, max_pixels)
+    picture = exr.decode(data, found, colour, max_pixels)
+    return Decoded(picture.image, (found.width, found.height), formats.EXR, picture.not_finite, picture.windows)
 
 
 def _cv_reason(exc: cv2.error) -> str:
@@ -234,19 +263,27 @@ def render(
     return cv2.resize(q, size, interpolation=cv2.INTER_LINEAR)
 
 
-def encode(depth: np.ndarray, ext: str, *, jpeg_quality: int = 95, png_compression: int = 1) -> bytes:
+def encode(
+    depth: np.ndarray,
+    ext: str,
+    *,
+    jpeg_quality: int = 95,
+    png_compression: int = 1,
+    exr_options: ExrOptions = ExrOptions(),
+    exr_windows: exr.Windows | None = None,
+) -> bytes:
     """Encode a depth map for an output whose name ends in `ext`, at the depth the format holds.
 
     uint8, uint16 or float32 maps (float in [0, 1]); JPEG takes 8 bits, PNG up to
-    16, TIFF and EXR keep float32 as it is (no quantisation).
+    16, TIFF keeps float32 as it is (no quantisation), EXR too (channel Z, float32
+    or half: `exr.encode`), with an EXR frame's data and display windows if given.
     """
     kind = OUTPUT_FORMATS.get(ext.lower())
     if kind is None:
         raise FrameError(f"cannot write depth maps as {ext!r}; use .jpg, .png, .tif or .exr")
     if kind == ".exr":
-        depth = _as_float(depth)
-        params = [cv2.IMWRITE_EXR_TYPE, cv2.IMWRITE_EXR_TYPE_FLOAT]
-    elif kind == ".jpg":
+        return exr.encode(_as_float(depth), half=exr_options.half, compression=exr_options.compression, windows=exr_windows)
+    if kind == ".jpg":
         depth = _as_integer(depth, 8)
         params = [cv2.IMWRITE_JPEG_QUALITY, int(jpeg_quality)]
     elif kind == ".png":
@@ -275,22 +312,9 @@ def _as_float(depth: np.ndarray) -> np.ndarray:
     return depth.astype(np.float32) * np.float32(1 / np.iinfo(depth.dtype).max)
 
 
-@functools.lru_cache(maxsize=None)
-def can_encode(ext: str) -> bool:
-    """Whether this OpenCV build writes `ext` (wheels without OpenEXR cannot write .exr)."""
-    kind = OUTPUT_FORMATS.get(ext.lower())
-    if kind is None:
-        return False
-    sample = np.zeros((2, 2), np.float32 if kind == ".exr" else np.uint8)
-    try:
-        return bool(cv2.imencode(kind, sample)[0])
-    except cv2.error:
-        return False
-
-
 def bits_for(ext: str, png_bits: int) -> int:
     """Bit depth an output file gets: 8 for JPEG, at most 16 for PNG, the configured
-    depth for TIFF (32 = float), 32 (float) for EXR."""
+    depth for TIFF (32 = float), 32 (float; written as half with output.exr_half) for EXR."""
     kind = OUTPUT_FORMATS.get(ext.lower())
     if kind == ".jpg":
         return 8

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -178,35 +178,50 @@ def _timecode(container: object) -> str | None:
 
 
 def is_complete(path: Path, size: int) -> bool | None:
-    """Whether the clip file of `size` bytes is completely written, from its own structure.
-
-    QuickTime and MP4: the top-level boxes must add up to exactly the file's size,
-    with a `moov` (the index FFmpeg needs) among them: a copy in progress ends in
-    the middle of a box, and a recording not yet finished has no index. Matroska:
-    a Segment of declared size must end at the file's end. None: the format has
-    no such structure (MXF, AVI...), and settling is all the watcher can go by.
-    """
-    if size < 8:
-        return None  # empty or nearly: the job says what is wrong with it
+    """`is_complete_at` for a file opened here (not by the watcher: see there)."""
     try:
         with open(path, "rb") as f:
-            head = f.read(16)
-            if len(head) < 8:
-                return False
-            if head[4:8] in _TOP_BOXES:
-                return _boxes_complete(f, size)
-            if head[:4] == _EBML:
-                return _matroska_complete(f, size)
+
+            def read(offset: int, n: int) -> bytes:
+                f.seek(offset)
+                return f.read(n)
+
+            return is_complete_at(read, size)
+    except OSError:
+        return None
+
+
+def is_complete_at(read: Callable[[int, int], bytes], size: int) -> bool | None:
+    """Whether the clip file of `size` bytes is completely written, from its own structure.
+
+    `read(offset, n)` reads the file (the watcher's pread on a descriptor it opened
+    without blocking). QuickTime and MP4: the top-level boxes must add up to
+    exactly the file's size, with a `moov` (the index FFmpeg needs) among them: a
+    copy in progress ends in the middle of a box, and a recording not yet
+    finished has no index. Matroska: a Segment of declared size must end at the
+    file's end. None: the format has no such structure (MXF, AVI...), and
+    settling is all the watcher can go by; or the file is (nearly) empty, and
+    the job says what is wrong with it.
+    """
+    if size < 8:
+        return None
+    try:
+        head = read(0, 16)
+        if len(head) < 8:
+            return False
+        if head[4:8] in _TOP_BOXES:
+            return _boxes_complete(read, size)
+        if head[:4] == _EBML:
+            return _matroska_complete(read, size)
     except OSError:
         return None
     return None
 
 
-def _boxes_complete(f: object, size: int) -> bool:
+def _boxes_complete(read: Callable[[int, int], bytes], size: int) -> bool:
     pos, moov = 0, False
     while pos < size:
-        f.seek(pos)  # type: ignore[attr-defined]
-        header = f.read(16)  # type: ignore[attr-defined]
+        header = read(pos, 16)
         if len(header) < 8:
             return False
         length, kind = struct.unpack(">I4s", header[:8])
@@ -225,36 +240,32 @@ def _boxes_complete(f: object, size: int) -> bool:
     return pos == size and moov
 
 
-def _ebml_size(f: object) -> tuple[int | None, int]:
-    """An EBML variable-size integer: (value or None for 'unknown', bytes read)."""
-    first = f.read(1)  # type: ignore[attr-defined]
-    if not first:
+def _ebml_size(data: bytes) -> tuple[int | None, int]:
+    """An EBML variable-size integer at the start of `data`: (value or None for 'unknown', its width)."""
+    if not data:
         return None, 0
-    b = first[0]
+    b = data[0]
     width = 1
     while width <= 8 and not b & (0x80 >> (width - 1)):
         width += 1
-    if width > 8:
+    if width > 8 or len(data) < width:
         return None, 1
-    rest = f.read(width - 1)  # type: ignore[attr-defined]
     value = b & (0xFF >> width)
-    for byte in rest:
+    for byte in data[1:width]:
         value = (value << 8) | byte
     if value == (1 << (7 * width)) - 1:
         return None, width
     return value, width
 
 
-def _matroska_complete(f: object, size: int) -> bool | None:
-    f.seek(4)  # type: ignore[attr-defined]
-    header_size, n = _ebml_size(f)
+def _matroska_complete(read: Callable[[int, int], bytes], size: int) -> bool | None:
+    header_size, n = _ebml_size(read(4, 8))
     if header_size is None:
         return None
     pos = 4 + n + header_size
-    f.seek(pos)  # type: ignore[attr-defined]
-    if f.read(4) != _SEGMENT:  # type: ignore[attr-defined]
+    if read(pos, 4) != _SEGMENT:
         return False
-    segment, n = _ebml_size(f)
+    segment, n = _ebml_size(read(pos + 4, 8))
     if segment is None:
         return None  # a live-written Matroska of unknown size: settling decides
     return pos + 4 + n + segment == size
