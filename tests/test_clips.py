@@ -115,11 +115,19 @@ def reference_maps(source: Path, engine: Engine) -> list[np.ndarray]:
 def depth_frames(path: Path) -> list[np.ndarray]:
     """The depth clip's frames as grey (luma), shrunk like the references; or a folder of images."""
     if path.is_dir():
-        images = [cv2.imread(str(p), cv2.IMREAD_UNCHANGED) for p in sorted(path.iterdir())]
+        images = [_read_image(p) for p in sorted(path.iterdir())]
     else:
         with av.open(str(path)) as container:
             images = [f.to_ndarray(format="gray16le") for f in container.decode(video=0)]
     return [cv2.resize(i.astype(np.float32), COMPARE, interpolation=cv2.INTER_AREA) for i in images]
+
+
+def _read_image(path: Path) -> np.ndarray:
+    if path.suffix == ".exr":
+        import OpenEXR
+
+        return OpenEXR.File(str(path)).channels()["Z"].pixels
+    return cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
 
 
 def _corr(a: np.ndarray, b: np.ndarray) -> float:
@@ -167,7 +175,9 @@ def test_once_h264_with_b_frames_and_cuts(sources: dict[str, Path], engine: Engi
     assert_frame_exact(depth_frames(out), reference_maps(source, engine))
 
 
-@pytest.mark.parametrize("name", ["preview.mp4", "{stem}_depth/{frame:04d}.png", "{stem}_depth/{frame:04d}.tif"])
+@pytest.mark.parametrize(
+    "name", ["preview.mp4", "{stem}_depth/{frame:04d}.png", "{stem}_depth/{frame:04d}.tif", "{stem}_depth/{frame:04d}.exr"]
+)
 def test_other_outputs(sources: dict[str, Path], engine: Engine, tmp_path: Path, name: str) -> None:
     source = sources["cuts"]
     job = ClipJob(source, tmp_path / (name.replace("{stem}", source.stem)))
@@ -178,7 +188,7 @@ def test_other_outputs(sources: dict[str, Path], engine: Engine, tmp_path: Path,
         files = sorted(job.final.iterdir())
         assert [f.name for f in files][:2] == ["0000" + job.output.suffix, "0001" + job.output.suffix]
         assert len(files) == len(refs)
-        assert cv2.imread(str(files[0]), cv2.IMREAD_UNCHANGED).dtype == np.uint16
+        assert _read_image(files[0]).dtype == (np.float32 if job.output.suffix == ".exr" else np.uint16)
     else:
         info = same_timing(source, job.output)
         assert info["codec"] == "h264"

@@ -298,7 +298,9 @@ def _make(
 
 def _write_still(folder: Path, output: Path, k: int, depth: np.ndarray, settings: Settings) -> None:
     """Frame k of an image sequence, into the sequence's temporary folder."""
-    data = pixels.encode(depth, output.suffix, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression)
+    data = pixels.encode(
+        depth, output.suffix, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression, exr_options=settings.exr
+    )
     try:
         with open(folder / output.name.format(frame=k), "xb") as f:
             f.write(data)

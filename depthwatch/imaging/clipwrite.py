@@ -269,11 +269,6 @@ def template_problem(template: str) -> str | None:
             return f"{template!r}: an image sequence needs a folder of its own, like '{{stem}}_depth/{{frame:04d}}.png'"
         if suffix not in SEQUENCE_EXTENSIONS:
             return f"{template!r}: an image sequence must end in .png, .tif or .exr"
-        if suffix == ".exr":
-            from depthwatch.imaging.pixels import can_encode
-
-            if not can_encode(".exr"):
-                return f"{template!r}: this install cannot write .exr; use .tif or .png"
         return None
     if suffix not in KINDS:
         return (
