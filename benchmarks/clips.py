@@ -102,7 +102,7 @@ def throughput(plan: Any) -> dict[str, Any]:
 
     The clip is the benchmark's frames encoded as H.264 (B-frames) in .mp4; the
     stills are the same frames as numbered JPEGs, so both are one shot through
-    the two passes of output.normalise: stable. Each command is timed whole, and
+    the shot planner of output.normalise: stable. Each command is timed whole, and
     its fixed cost (start-up, model load, one frame) is taken out as in the farm
     rows: `once` on one still, `once` on a one-frame clip.
     """
@@ -144,12 +144,11 @@ def throughput(plan: Any) -> dict[str, Any]:
 def memory(plan: Any, frames: int, size: tuple[int, int]) -> dict[str, Any]:
     """RSS of the daemon while it maps one long generated clip, by pass and progress.
 
-    The daemon's status file says which pass the clip job is in and how far;
-    its resident memory is sampled beside it. Pass 1 keeps each frame's
-    prediction (float16, model resolution) up to a fixed budget; pass 2 holds
-    one frame at a time. So memory is flat if pass 2 does not grow, and pass 1
-    grows by no more than its prediction budget. Pass 2's growth is measured
-    from a quarter of the way in (its buffers are allocated at its start).
+    The daemon's status file says how far the clip job is; its resident memory
+    is sampled beside it. The job holds the shot planner's window of frames
+    (`stabilise.held_at_most`) and a few being encoded, however long the clip,
+    so memory must stay flat: the growth per frame is measured from a quarter
+    of the way in (the job's buffers are allocated at its start).
     """
     import os
     import time
@@ -158,7 +157,7 @@ def memory(plan: Any, frames: int, size: tuple[int, int]) -> dict[str, Any]:
 
     from benchmarks.daemon import Daemon
     from benchmarks.processes import BenchError
-    from depthwatch.frames.clips import HOLD_BYTES
+    from depthwatch.imaging.stabilise import held_at_most
 
     folder = plan.work / "clip-long"
     folder.mkdir(parents=True, exist_ok=True)
@@ -183,11 +182,10 @@ def memory(plan: Any, frames: int, size: tuple[int, int]) -> dict[str, Any]:
         peak = d.peak_rss()
     finally:
         d.stop()
-    first = [s for s in samples if s[0] == "depth"]
-    # Pass 2 from a quarter of the way in: its buffers (decoder, encoder threads, the
-    # write-behind queue) are allocated once, at its start; growth after that is what matters.
-    writing = [s for s in samples if s[0] == "writing"]
-    second = writing[len(writing) // 4 :]
+    # From a quarter of the way in: the job's buffers (decoder, encoder threads, the write-behind
+    # queue, the shot planner's window) are allocated once, at its start; growth after is what matters.
+    mapping = [s for s in samples if s[0] == "mapping"]
+    steady = mapping[len(mapping) // 4 :]
 
     def per_frame(rows: list[tuple[str, int, int]]) -> float | None:
         if len(rows) < 2 or rows[-1][1] == rows[0][1]:
@@ -199,10 +197,9 @@ def memory(plan: Any, frames: int, size: tuple[int, int]) -> dict[str, Any]:
         "size": list(size),
         "ready_rss_bytes": ready_rss,
         "peak_rss_bytes": peak,
-        "pass1_bytes_per_frame": per_frame(first),
-        "pass2_bytes_per_frame": per_frame(second),
-        "pass2_rss_bytes": [s[2] for s in writing[:: max(1, len(writing) // 8)]],
-        "hold_bytes": HOLD_BYTES,
+        "bytes_per_frame": per_frame(steady),
+        "rss_bytes": [s[2] for s in mapping[:: max(1, len(mapping) // 8)]],
+        "held_frames": held_at_most(),
         "samples": len(samples),
     }
 
@@ -221,10 +218,10 @@ def rows(results: dict[str, Any]) -> list[str]:
     m = s.get("clip_memory")
     if m:
         w, h = m["size"]
-        p1, p2 = m["pass1_bytes_per_frame"], m["pass2_bytes_per_frame"]
+        g = m["bytes_per_frame"]
         lines.append(
             f"  daemon RSS over a {m['frames']}-frame {w}x{h} clip: ready {m['ready_rss_bytes'] / 2**20:.0f} MiB, "
-            f"peak {m['peak_rss_bytes'] / 2**20:.0f} MiB; pass 1 {'-' if p1 is None else f'{p1 / 1024:.0f}'} KiB/frame "
-            f"(predictions kept, up to {m['hold_bytes'] / 2**20:.0f} MiB), pass 2 {'-' if p2 is None else f'{p2 / 1024:.1f}'} KiB/frame"
+            f"peak {m['peak_rss_bytes'] / 2**20:.0f} MiB; {'-' if g is None else f'{g / 1024:.1f}'} KiB/frame "
+            f"from a quarter of the way in (the shot planner holds {m['held_frames']} frames)"
         )
     return lines

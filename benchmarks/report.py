@@ -18,8 +18,8 @@ SCRUB_INFERENCE_SHARE = 0.5
 RSS_VS_BARE = 1.10
 #: `once CLIP` against `once` over the same frames as JPEG stills (issue 24).
 CLIP_VS_STILLS = 0.9
-#: Resident memory growth while a long clip's second pass runs: flat, give or take the allocator.
-CLIP_PASS2_KIB = 16.0
+#: Resident memory growth while a long clip is mapped: flat, give or take the allocator.
+CLIP_RSS_KIB = 16.0
 #: refine: edges keeps at least this share of the burst without refinement (issue 15).
 REFINE_BURST_SHARE = 0.95
 
@@ -87,7 +87,7 @@ def derive(results: dict[str, Any]) -> dict[str, Any]:
         if p50 is None or _get(s, "refine_none", "latency", "p50_ms") is None
         else p50 - _get(s, "refine_none", "latency", "p50_ms"),
         # output.normalise: the burst (default, stable) against the same burst with frame,
-        # and the latency on a pan, stable minus frame.
+        # and the latency on a real shot, stable minus frame.
         "burst_stable_vs_frame": _ratio(burst, _get(s, "normalise", "burst_frame", "fps")),
         "latency_stable_minus_frame_ms": _minus(
             _get(s, "normalise", "latency_stable", "p50_ms"), _get(s, "normalise", "latency_frame", "p50_ms")
@@ -145,13 +145,13 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     v = d.get("burst_stable_vs_frame")
     add("burst, normalise stable vs frame", v, None if v is None else v >= 0.95, ">= 0.95")
     v = d.get("latency_stable_minus_frame_ms")
-    add("latency p50, normalise stable - frame (ms)", v, None if v is None else v <= 1.0, "<= 1")
+    add("latency p50, normalise stable - frame (ms)", v, None if v is None else v <= 2.0, "<= 2")
     v = _get(s, "clip_throughput", "clip_vs_stills")
     if v is not None:
         add("once CLIP vs once over the same frames as stills", v, v >= CLIP_VS_STILLS, f">= {CLIP_VS_STILLS}")
-    v = _get(s, "clip_memory", "pass2_bytes_per_frame")
+    v = _get(s, "clip_memory", "bytes_per_frame")
     if v is not None:
-        add("clip RSS growth in pass 2 (KiB/frame)", v / 1024, v / 1024 <= CLIP_PASS2_KIB, f"<= {CLIP_PASS2_KIB:g} (flat)")
+        add("clip RSS growth (KiB/frame)", v / 1024, v / 1024 <= CLIP_RSS_KIB, f"<= {CLIP_RSS_KIB:g} (flat)")
     return rows
 
 
@@ -168,11 +168,20 @@ def _mib(value: Any) -> str:
     return "-" if not value else f"{value / 2**20:.0f} MiB"
 
 
+def loaded(machine: dict[str, Any]) -> bool:
+    """Whether the machine was busy with other work when the run began (load average over half its cores)."""
+    try:
+        return float(machine["load_before"]) > 0.5 * float(machine["cores"])
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 def table(results: dict[str, Any]) -> str:
     m, s, d = results["machine"], results["scenarios"], results["derived"]
     model, frames, knobs = results["model"], results["frames"], results["settings"]
     lines = [
-        f"depthwatch benchmark: {m['cores']} cores ({m['cpu']}), {m['platform']}, load average {m['load_before']} -> {m['load_after']}",
+        f"depthwatch benchmark: {m['cores']} cores ({m['cpu']}), {m['platform']}, load average {m['load_before']} -> {m['load_after']}"
+        + (" -- LOADED MACHINE: other work was running, timings are distorted" if loaded(m) else ""),
         f"providers {', '.join(m['providers_applied'])} (available: {', '.join(m['providers_available'])}); "
         f"onnxruntime {m['onnxruntime']}, OpenCV {m['opencv']}",
         f"model {model['name']}{' (%.2f GFLOPs/frame)' % (model['gflops']) if model.get('gflops') else ''}: {model['contract']}",
@@ -293,7 +302,7 @@ def table(results: dict[str, Any]) -> str:
         ls, lf = n.get("latency_stable") or {}, n.get("latency_frame") or {}
         lines.append(
             f"output.normalise: burst stable {_f(_get(s, 'burst', 'fps'))} vs frame {_f(_get(n, 'burst_frame', 'fps'))} frames/s "
-            f"({_f(d.get('burst_stable_vs_frame'), '.3f')}x); latency on a pan p50 stable {_f(ls.get('p50_ms'))} vs frame "
+            f"({_f(d.get('burst_stable_vs_frame'), '.3f')}x); latency on a real shot p50 stable {_f(ls.get('p50_ms'))} vs frame "
             f"{_f(lf.get('p50_ms'))} ms ({_f(d.get('latency_stable_minus_frame_ms'), '+.2f')} ms), encode stage "
             f"{_f(_get(ls, 'daemon_stage_ms', 'encode'), '.2f')} vs {_f(_get(lf, 'daemon_stage_ms', 'encode'), '.2f')} ms"
         )

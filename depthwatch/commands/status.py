@@ -52,20 +52,13 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _clip_line(clip: dict[str, Any]) -> str:
-    """`A001.mov -> A001_depth.mov: pass 2/2 (writing) 120/300 frames, 45.0 fps, about 4 s left`."""
-    frames, done, total = int(clip.get("frames") or 0), int(clip.get("done") or 0), int(clip.get("total") or 0)
-    two = total > frames > 0
-    phase = clip.get("phase")
-    if two:
-        step = "pass 1/2 (depth)" if phase == "depth" else "pass 2/2 (writing)"
-        done = done if phase == "depth" else done - frames
-    else:
-        step = str(phase)
+    """`A001.mov -> A001_depth.mov: 120/300 frames, 45.0 fps, about 4 s left`."""
+    done, total = int(clip.get("done") or 0), int(clip.get("total") or 0)
     eta = clip.get("eta_s")
     left = f", about {eta:.0f} s left" if isinstance(eta, (int, float)) else ""
     name = Path(str(clip.get("source"))).name
     output = Path(str(clip.get("output"))).name
-    return f"{name} -> {output}: {step} {done}/{frames or '?'} frames, {float(clip.get('rate') or 0):.1f} fps{left}"
+    return f"{name} -> {output}: {done}/{total or '?'} frames, {float(clip.get('rate') or 0):.1f} fps{left}"
 
 
 def _mtime(path: Path) -> float:

@@ -72,8 +72,8 @@ class Status:
     #: The HTTP API's address (http://HOST:PORT) when it listens.
     api: str | None = None
     counts: Counters = field(default_factory=Counters)
-    #: The clip job in progress: source, output, phase (depth / writing), frames, done and
-    #: total steps (both passes), rate (steps a second), eta_s; None when no clip is in progress.
+    #: The clip job in progress: source, output, phase, frames, done and total (frames),
+    #: rate (frames a second), eta_s; None when no clip is in progress.
     clip: dict[str, Any] | None = None
     clips_waiting: int = 0
 

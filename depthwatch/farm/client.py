@@ -13,10 +13,11 @@ written are found up to date and not done twice.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -115,33 +116,21 @@ def run(
         _say_if_no_workers(client, scheduler, report)
         plain_settings = replace(settings, normalise=normalise.FRAME)  # stills: each its own map
         batch_of: dict[str, list[FrameTask]] = {}
-        shot_of: dict[str, int] = {}
-        waiting: dict[int, set[str]] = {}
         futures = []
         for batch in tasks_for(jobs, plain, config):
             future = submit(render_frames, batch, plain_settings, force)
             batch_of[future.key] = batch
             futures.append(future)
-        for n, shot in enumerate(shots):  # first pass: every frame of the sequence, for its plan
-            waiting[n] = set()
-            for batch in tasks_for(jobs, shot, config):
-                future = submit(collect_frames, batch, settings)
-                batch_of[future.key], shot_of[future.key] = batch, n
-                waiting[n].add(future.key)
-                futures.append(future)
-        collected: dict[int, list[Any]] = {n: [] for n in waiting}
+        firsts = []  # first pass: every frame of each sequence, for its plan; all queued at once
+        for shot in shots:
+            firsts.append([(batch, submit(collect_frames, batch, settings)) for batch in tasks_for(jobs, shot, config)])
         completed = distributed.as_completed(futures, loop=client.loop)
+        for shot_tasks in firsts:  # second pass: each sequence's maps, a task at a time as the planner gives them
+            for batch in _second_pass(jobs, shot_tasks, todo_set, config, tally):
+                second = submit(render_frames, batch, settings, force)
+                batch_of[second.key] = batch
+                completed.add(second)
         for future in completed:
-            if future.key in shot_of:  # a first-pass task: held on its worker until its whole shot is in
-                n = shot_of.pop(future.key)
-                collected[n].append(future)
-                waiting[n].discard(future.key)
-                if not waiting[n]:
-                    for batch in _second_pass(jobs, shots[n], collected.pop(n), batch_of, todo_set, config, tally):
-                        second = submit(render_frames, batch, settings, force)
-                        batch_of[second.key] = batch
-                        completed.add(second)
-                continue
             outcomes = _outcomes(future, batch_of.pop(future.key))
             future.release()
             for outcome in outcomes:
@@ -175,37 +164,49 @@ def _split(jobs: Sequence[Job], todo: Sequence[int], settings: Settings) -> tupl
 
 def _second_pass(
     jobs: Sequence[Job],
-    shot: list[int],
-    collected: list[Any],
-    batch_of: dict[str, list[FrameTask]],
+    first_pass: list[tuple[list[FrameTask], Any]],
     todo: set[int],
     config: Config,
     tally: Callable[[Outcome], None],
-) -> list[list[FrameTask]]:
-    """Plan a sequence from its first pass, make each frame's [0, 1] map in frame order, batch the writes."""
+) -> Iterator[list[FrameTask]]:
+    """A sequence's render tasks, each as soon as the shot planner has made its frames' maps.
+
+    The first-pass results are taken in frame order, one task's at a time, and
+    go through `stabilise.stabilised` (the planner local `once` uses), so the
+    client holds a bounded number of predictions whatever the sequence's length.
+    """
     from depthwatch.imaging import stabilise
 
-    outcomes: dict[int, Outcome] = {}
-    for future in collected:
-        for outcome in _outcomes(future, batch_of.pop(future.key)):
-            outcomes[outcome.index] = outcome
-        future.release()
-    usable = [i for i in shot if outcomes.get(i) is not None and outcomes[i].ok and outcomes[i].summary is not None]
-    for i in shot:
-        if i not in usable and i in todo:  # it failed alone, with its line; the shot is planned without it
-            tally(outcomes.get(i) or Outcome(i, "the farm returned nothing for it; run the command again to retry"))
-    plans = stabilise.plan([outcomes[i].summary for i in usable])
-    clip = config.output.clip_percent
-    previous = None
+    size = config.farm.frames_per_task
     path_map = config.farm.path_map
-    frames = []
-    for i, params in zip(usable, plans):
-        outcome = outcomes.pop(i)
-        nearness, previous = stabilise.apply(outcome.prediction, outcome.kind, params, previous, clip)
+
+    def collected() -> Iterator[tuple[int, Any, Any, str]]:
+        for batch, future in first_pass:
+            outcomes = {o.index: o for o in _outcomes(future, batch)}
+            future.release()
+            for frame in batch:
+                outcome = outcomes.get(frame.index)
+                if outcome is None or not outcome.ok or outcome.summary is None:
+                    if frame.index in todo:  # it fails alone, with its line; the shot is planned without it
+                        tally(outcome or Outcome(frame.index, "the farm returned nothing for it; run the command again to retry"))
+                    continue
+                yield frame.index, outcome.summary, outcome.prediction, outcome.kind
+
+    frames: list[FrameTask] = []
+    source = collected()
+    first = next(source, None)  # what the model's output means comes with the first frame's result
+    if first is None:
+        return
+    kind = first[3]
+    results = ((i, summary, prediction) for i, summary, prediction, _kind in itertools.chain([first], source))
+    for i, nearness, _start in stabilise.stabilised(results, kind, config.output.clip_percent):
         if i in todo:
             frames.append(FrameTask(i, path_map.to_worker(jobs[i].source), path_map.to_worker(jobs[i].output), nearness))
-    size = config.farm.frames_per_task
-    return [frames[n : n + size] for n in range(0, len(frames), size)]
+        if len(frames) == size:
+            yield frames
+            frames = []
+    if frames:
+        yield frames
 
 
 def _outcomes(future: Any, batch: list[FrameTask]) -> list[Outcome]:

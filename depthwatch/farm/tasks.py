@@ -9,11 +9,12 @@ task never loads a model or starts a thread of its own.
 Shot-stable maps (`output.normalise: stable`, see `stabilise`) take two passes
 over a numbered sequence, so a shot split over several workers still gets one
 shot's grey levels: `collect_frames` runs the model and returns each frame's
-small summary and its prediction at model resolution (float16, about 128 KB:
-the model's output, never the frame's pixels) without writing anything; the
-client plans each shot from the summaries and makes each frame's [0, 1] map in
-frame order (cheap, at model resolution); `render_frames` with those maps in
-the tasks then only decodes the frames (the edge-aware upscale needs them),
+small summary (a 160-pixel thumbnail, for the optical flow and the cuts) and its
+prediction at model resolution (float16, about 100 KB: the model's output,
+never the frame's pixels) without writing anything; the client takes them in
+frame order through the shot planner (`stabilise.stabilised`) and makes each
+frame's [0, 1] map (cheap, at model resolution); `render_frames` with those maps
+in the tasks then only decodes the frames (the edge-aware upscale needs them),
 renders and writes.
 """
 

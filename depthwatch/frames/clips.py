@@ -1,19 +1,14 @@
-"""A clip's way through: decode -> infer -> plan the shots -> decode again -> render -> encode -> rename.
+"""A clip's way through: decode -> infer -> shot planner -> render -> encode -> rename, in one pass.
 
-Shot-stable over the whole clip is the batch path of `imaging.stabilise`, in
-two passes over a stream, so memory stays bounded however long the clip:
-
-  pass 1  decode each frame (at reduced scale: the model needs few pixels), run
-          the model on the engine's thread (priority BACKGROUND: live frames go
-          first), and feed its small Summary straight into `stabilise.plan`,
-          which finds the cuts and each shot's range as the frames go by. The
-          prediction is kept (float16, model resolution) while the clip's hold
-          stays under `hold_bytes`; past it, pass 2 runs the model again.
-  pass 2  decode again, `stabilise.apply` frame by frame in order, render at
-          the clip's size (refined along the frame's edges) and encode.
-
-Nothing holds the clip: one decoded frame at a time, plus a window of
-`WINDOW` frames waiting on the model. In `frame` mode there is no pass 1.
+Shot-stable over the whole clip is the offline path of `imaging.stabilise`:
+each frame is decoded (at the reduced scale a still's JPEG would be: the
+model and the edge-aware upscale need no more pixels), run through the model
+on the engine's thread (priority BACKGROUND: live frames go first), and fed
+with its small Summary to `stabilise.stabilised`, the shot planner `once` and
+the farm share. The planner finds the cuts and each shot's range and hands
+back each frame's map as soon as the frames it depends on are in, so at most
+`stabilise.held_at_most()` frames (with their reduced images) are held however
+long the clip: the clip is decoded once, as a stream, and never held.
 
 The depth clip is written under a temporary name beside its final one (the
 writer's pid in it, so a start-up sweep removes only a dead writer's) and
@@ -47,9 +42,6 @@ from depthwatch.model.spec import ModelInfo
 
 #: Frames handed to the engine ahead of the one being finished: the model never waits on decoding.
 WINDOW = 2
-#: Predictions kept between the passes (float16 at model resolution: about 2600 frames of a
-#: 224x224 model); frames past it are run through the model again in pass 2.
-HOLD_BYTES = 256 * 1024 * 1024
 #: The source is checked for a rewrite every this many frames (and at the end).
 CHECK_EVERY = 24
 #: Times a clip is started over when the model is swapped mid-job.
@@ -81,7 +73,7 @@ class ClipJob:
 
 @dataclass
 class Progress:
-    """Where a clip job stands; both passes count, so `total` is twice the frames (once in frame mode)."""
+    """Where a clip job stands: frames mapped (`done`) of `total` (0: the container does not say)."""
 
     job: ClipJob
     phase: str = "opening"
@@ -151,7 +143,6 @@ def make_clip(
     cancelled: Callable[[], str | None] = lambda: None,
     gate: Callable[[], None] = lambda: None,
     on_progress: Callable[[Progress], None] = lambda progress: None,
-    hold_bytes: int = HOLD_BYTES,
 ) -> ClipResult:
     """Make `job`'s depth clip; the result says what happened (errors included, never raised).
 
@@ -165,7 +156,7 @@ def make_clip(
     progress = Progress(job)
     for attempt in range(RESTARTS + 1):
         try:
-            result.frames, result.info = _make(job, engine, settings, cancelled, gate, on_progress, progress, hold_bytes)
+            result.frames, result.info = _make(job, engine, settings, cancelled, gate, on_progress, progress)
             break
         except _Restart:
             if attempt == RESTARTS:
@@ -198,7 +189,6 @@ def _make(
     gate: Callable[[], None],
     on_progress: Callable[[Progress], None],
     progress: Progress,
-    hold_bytes: int,
 ) -> tuple[int, video.ClipInfo]:
     signature = job.signature or _signature(job.source)
 
@@ -220,29 +210,8 @@ def _make(
         raise FrameError(
             f"{meta.width}x{meta.height} is over the limit of {settings.max_pixels / 1e6:.0f} megapixels; raise daemon.max_megapixels"
         )
-    held: list[np.ndarray | None] = []
-    plans: list[stabilise.Params] = []
-    frames = meta.frames
-    progress.frames, progress.total = frames, frames * (2 if stable else 1)
-    if stable:
-        progress.phase = "depth"
-        held_bytes = 0
-
-        def summaries() -> Iterator[stabilise.Summary]:
-            nonlocal held_bytes
-            for image, inference in _inferred(job.source, meta, engine, info, check, gate, reduced=True):
-                prediction = inference.prediction
-                yield stabilise.summarise(prediction, info.profile.output, image, settings.render.clip_percent)
-                kept = prediction.astype(np.float16)
-                held_bytes += kept.nbytes
-                held.append(kept if held_bytes <= hold_bytes else None)
-                progress.done += 1
-                on_progress(progress)
-
-        plans = stabilise.plan(summaries())
-        frames = len(plans)
-        progress.frames, progress.total, progress.done = frames, 2 * frames, frames
-    progress.phase = "writing"
+    progress.frames = progress.total = meta.frames
+    progress.phase = "mapping"
     on_progress(progress)
     folder = job.final.parent
     _ensure_folder(folder, job.output_roots)
@@ -262,27 +231,18 @@ def _make(
             sink = _WriteBehind(lambda k, depth: writer.write(depth), gate)  # type: ignore[union-attr]
         bits = 16 if kind is not None else pixels.bits_for(job.output.suffix, settings.png_bits)
         options = replace(settings.render, bits=bits)
-        previous: np.ndarray | None = None
-        kind_out = info.profile.output
         clip_percent = settings.render.clip_percent
+        size = (meta.width, meta.height)
         try:
-            for k, (image, prediction) in enumerate(_second_pass(job.source, meta, engine, info, check, gate, held, stable)):
-                if stable:
-                    if k >= len(plans):
-                        raise FrameError("the clip changed between the two passes (more frames the second time); drop it again")
-                    nearness, previous = stabilise.apply(prediction, kind_out, plans[k], previous, clip_percent)
-                    held[k] = None
-                else:
-                    nearness = normalise.frame(prediction, kind_out, clip_percent)
-                sink.put(k, pixels.render(nearness, (meta.width, meta.height), options, guide=image))
+            for k, image, nearness in _maps(job.source, meta, engine, info, check, gate, stable, clip_percent):
+                sink.put(k, pixels.render(nearness, size, options, guide=image))
                 written += 1
-                progress.done += 1
+                progress.done = written
+                progress.frames = max(progress.frames, written)
                 on_progress(progress)
             sink.finish()
         finally:
             sink.close()
-        if stable and written != len(plans):
-            raise FrameError(f"the clip changed between the two passes ({len(plans)} frames, then {written}); drop it again")
         if writer is not None:
             writer.close()
             writer = None
@@ -309,9 +269,9 @@ def _write_still(folder: Path, output: Path, k: int, depth: np.ndarray, settings
 
 
 class _WriteBehind:
-    """Encodes and writes pass 2's maps on a thread of its own, in order, a few frames behind.
+    """Encodes and writes the maps on a thread of its own, in order, a few frames behind.
 
-    So decoding and rendering the next frame overlap encoding this one (the
+    So decoding, inferring and rendering the next frame overlap encoding this one (the
     encoders release the GIL). It waits at the same `gate` as the clip thread:
     no clip frame is encoded while a live frame is waiting. An error on the
     writing side comes back at the next `put` or at `finish`; `close` always
@@ -400,39 +360,36 @@ def _finish(item: tuple[np.ndarray, Future[Inference]], info: ModelInfo) -> tupl
     return image, inference
 
 
-def _second_pass(
+def _maps(
     source: Path,
     meta: video.ClipInfo,
     engine: Engine,
     info: ModelInfo,
     check: Callable[[int], None],
     gate: Callable[[], None],
-    held: list[np.ndarray | None],
     stable: bool,
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Each frame with its prediction: kept from pass 1, or inferred now.
+    clip_percent: tuple[float, float] | None,
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """(k, frame at reduced scale, [0, 1] nearness map) for each frame, in order.
 
-    The frame comes at the reduced scale pass 1 used, as a still's JPEG is decoded
-    at reduced scale: it is the guide of the edge-aware upscale (and the model's
-    input), which needs no more pixels than that.
+    Stable: through the shot planner, which holds a bounded window of frames
+    (each with its reduced image, the guide of the upscale) and gives back each
+    map once its shot's neighbourhood is in. Frame: each map on its own.
     """
-    if not stable or not held or all(p is None for p in held[: len(held)]):
-        for image, inference in _inferred(source, meta, engine, info, check, gate, reduced=True):
-            yield image, inference.prediction
+    kind = info.profile.output
+    inferred = _inferred(source, meta, engine, info, check, gate, reduced=True)
+    if not stable:
+        for k, (image, inference) in enumerate(inferred):
+            yield k, image, normalise.frame(inference.prediction, kind, clip_percent)
         return
-    scale = _reduction((meta.width, meta.height), info.min_frame_size)
-    with video.Clip(source) as clip:
-        for k, image in enumerate(clip.frames(scale)):
-            check(k)
-            gate()
-            prediction = held[k] if k < len(held) else None
-            if prediction is None:
-                if k >= len(held):
-                    raise FrameError("the clip changed between the two passes (more frames the second time); drop it again")
-                tensor = pixels.prepare(pixels.Decoded(image, (meta.width, meta.height), "clip"), info.contract, info.profile)
-                _, inference = _finish((image, engine.infer(tensor, info.generation, priority=BACKGROUND)), info)
-                prediction = inference.prediction
-            yield image, prediction
+
+    def frames() -> Iterator[tuple[tuple[int, np.ndarray], stabilise.Summary, np.ndarray]]:
+        for k, (image, inference) in enumerate(inferred):
+            prediction = inference.prediction
+            yield (k, image), stabilise.summarise(prediction, kind, image, clip_percent), prediction
+
+    for (k, image), nearness, _first in stabilise.stabilised(frames(), kind, clip_percent):
+        yield k, image, nearness
 
 
 def _reduction(size: tuple[int, int], min_size: tuple[int, int] | None) -> int:

