@@ -21,6 +21,7 @@ import yaml
 
 from depthwatch import paths
 from depthwatch.errors import ConfigError
+from depthwatch.files import kind_of
 from depthwatch.imaging.exr import COMPRESSIONS as EXR_COMPRESSIONS
 from depthwatch.imaging.formats import OUTPUT_FORMATS
 from depthwatch.imaging.levels import parse_level
@@ -369,6 +370,15 @@ def defaults(base: Path | None = None) -> Config:
 LOCAL_FILE = "config.yaml"
 
 
+def _why_not_a_file(path: Path) -> str:
+    """Why `path` is no config file: missing, or a FIFO, folder or device in its place."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "does not exist"
+    return f"is {kind_of(mode)}, not a file"
+
+
 def find(explicit: str | os.PathLike[str] | None = None, platform: str | None = None, *, here: bool = False) -> Path | None:
     """The config file to use: -c PATH, then $DEPTHWATCH_CONFIG, then the user's folder,
     then (with `here`) `config.yaml` in the current folder; None: built-in defaults.
@@ -380,13 +390,13 @@ def find(explicit: str | os.PathLike[str] | None = None, platform: str | None = 
     if explicit:
         path = Path(os.path.expanduser(str(explicit)))
         if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist; check the -c path")
+            raise ConfigError(f"config file {path} {_why_not_a_file(path)}; check the -c path")
         return Path(os.path.abspath(path))  # the path given: a symlink relinked is seen
     env = os.environ.get(ENV_VAR)
     if env:
         path = Path(os.path.expanduser(env))
         if not path.is_file():
-            raise ConfigError(f"${ENV_VAR} names {path}, which does not exist; fix or unset it")
+            raise ConfigError(f"${ENV_VAR} names {path}, which {_why_not_a_file(path)}; fix or unset it")
         return Path(os.path.abspath(path))  # the path given: a symlink relinked is seen
     user = paths.default_config_file(platform)
     if user.is_file():

@@ -2,7 +2,8 @@
 
 A frame's name is chosen by whoever writes into the watch folder. A newline in
 it must not start a forged log line, and bytes that are not UTF-8 must not
-break the log stream; so control characters, backslashes and undecodable bytes
+break the log stream, and a bidirectional control must not make a name read
+backwards; so control characters, bidi controls, backslashes and undecodable bytes
 are written as Python escapes (`\\n`, `\\x1b`, `\\udcff`). Ordinary names,
 spaces and non-ASCII letters included, are shown as they are.
 """
@@ -12,7 +13,9 @@ from __future__ import annotations
 import os
 import re
 
-_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\\\u2028\u2029\ud800-\udfff]")
+#: Control characters, backslashes, line and paragraph separators, undecodable bytes, and
+#: the bidirectional controls (U+202E turns "gpj.exe" into "exe.jpg" on screen).
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\\\u061c\u200e\u200f\u202a-\u202e\u2028\u2029\u2066-\u2069\ud800-\udfff]")
 
 
 def _escape(match: re.Match[str]) -> str:

@@ -541,6 +541,11 @@ def test_the_waitress_internals_the_shutdown_drives_are_where_it_expects():
     assert {"map", "ignore_all"} <= set(inspect.signature(wasyncore.close_all).parameters)
     assert {"cancel_pending", "timeout"} <= set(inspect.signature(ThreadedTaskDispatcher.shutdown).parameters)
     assert isinstance(HTTPChannel.total_outbufs_len, int)
+    # Making room at the connection limit and the request deadline read a channel's request state.
+    assert HTTPChannel.request is None and HTTPChannel.will_close is False
+    assert callable(HTTPChannel.received) and callable(HTTPChannel.handle_close)
+    dispatcher = ThreadedTaskDispatcher()
+    assert len(dispatcher.queue) == 0 and dispatcher.active_count == 0  # close() waits for both to drain
     assert issubclass(BaseWSGIServer, wasyncore.dispatcher)
     server = create_server(lambda environ, start: [], host="127.0.0.1", port=0, threads=1)
     try:

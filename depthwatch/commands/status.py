@@ -104,7 +104,8 @@ def _show(path: Path) -> bool:
     rows.append((
         "frames",
         f"{counts.get('done', 0)} done, {counts.get('failed', 0)} failed, {counts.get('superseded', 0)} superseded, "
-        f"{counts.get('incomplete', 0)} incomplete, {counts.get('retried', 0)} retried; "
+        f"{counts.get('incomplete', 0)} incomplete, {counts.get('retried', 0)} retried, "
+        f"{counts.get('own_maps', 0)} depth maps skipped; "
         f"{data.get('queue_depth', 0)} queued, {data.get('in_progress', 0)} in progress",
     ))
     clip = data.get("clip")

@@ -12,6 +12,14 @@ Waitress reads a whole request before a request thread sees it and buffers the
 answer, so a slow or stuck client holds only its own connection, never the
 inference thread, the workers or the watcher. Request threads only wait.
 
+Connections are a resource a local program can hoard: waitress stops accepting
+at its connection limit, so 100 idle, half-sent connections would lock every
+plugin out, and a byte every few seconds defeats its idle timeout. So, on the
+loop thread between polls: a request must arrive whole within REQUEST_DEADLINE_S
+of its first byte (trickling does not extend it), and at the limit, while a new
+connection is waiting, the connection that has waited longest without a request
+in flight is closed to make room.
+
 Only this module imports waitress, and only when `api.enabled` (the `api` extra).
 """
 
@@ -20,10 +28,11 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import select
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +58,12 @@ log = logging.getLogger("depthwatch.daemon.api")
 THREADS = 16
 #: An idle keep-alive connection is closed after this long.
 CHANNEL_TIMEOUT_S = 60
+#: Open connections at most; at the limit the stalest idle one makes room for a new one.
+CONNECTION_LIMIT = 100
+#: A request (headers and body) must arrive whole within this long of its first byte.
+REQUEST_DEADLINE_S = 30.0
+#: How often overdue requests are looked for, and evictions summed up in the log.
+_POLICE_S = 1.0
 
 #: Body content types taken as images, and the answer formats (`?format=` or Accept).
 IMAGE_TYPES = {"image/jpeg": formats.JPEG, "image/jpg": formats.JPEG, "image/png": formats.PNG}
@@ -241,6 +256,8 @@ class PredictApp:
         try:
             future = self.backend.render_image(data, ext, bits)
             rendered = future.result(timeout=self.config.timeout_s)
+        except CancelledError:  # the daemon stopped before it ran
+            raise Refused(503, "the daemon is stopping; try again once it is back") from None
         except FutureTimeout:  # the job still finishes; nobody reads it
             raise Refused(504, f"no depth map within api.timeout_s ({self.config.timeout_s:g} s); the daemon may be overloaded") from None
         except FrameError as exc:
@@ -300,8 +317,35 @@ class _LoggedErrorTask(ErrorTask):
         super().execute()
 
 
+#: waitress's own notes ("connection limit reached", "canceling pending tasks") would reach
+#: stderr raw through logging's last resort; the API makes room and answers itself, so only
+#: its errors are worth a line, in the daemon's format.
+_WAITRESS_LOG = logging.getLogger("depthwatch.daemon.api.waitress")
+
+
 class _Channel(HTTPChannel):
     error_task_class = _LoggedErrorTask
+    logger = _WAITRESS_LOG
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        #: When the request being received began (monotonic), or the connection was made.
+        self.since = time.monotonic()
+        super().__init__(*args, **kwargs)
+
+    def received(self, data: bytes) -> bool:
+        if self.request is None and data:
+            self.since = time.monotonic()  # the first bytes of a new request
+        return bool(super().received(data))
+
+    @property
+    def evictable(self) -> bool:
+        """No request in flight and nothing being sent: closing it costs nobody an answer."""
+        return not self.requests and not self.total_outbufs_len and not self.will_close
+
+    @property
+    def partial(self) -> bool:
+        """Part of a request received, the rest still awaited."""
+        return self.request is not None and self.evictable
 
 
 #: How often the loop thread looks at the stop flags between network events.
@@ -327,6 +371,7 @@ class ApiServer:
         self._thread: threading.Thread | None = None
         self._deaf = threading.Event()
         self._closing = threading.Event()
+        self._evicted = 0
         self.url = ""
 
     def start(self) -> None:
@@ -338,12 +383,15 @@ class ApiServer:
             port=self.config.port,
             threads=THREADS,
             channel_timeout=CHANNEL_TIMEOUT_S,
+            connection_limit=CONNECTION_LIMIT,
             max_request_body_size=self.app.max_body,
             clear_untrusted_proxy_headers=True,
             expose_tracebacks=False,
             ident="depthwatch",
         )
         server.channel_class = _Channel
+        _WAITRESS_LOG.setLevel(logging.ERROR)
+        server.logger = server.task_dispatcher.logger = server.task_dispatcher.queue_logger = _WAITRESS_LOG
         self._server = server
         shown = f"[{server.effective_host}]" if ":" in server.effective_host else server.effective_host
         self.url = f"http://{shown}:{server.effective_port}"
@@ -355,6 +403,9 @@ class ApiServer:
         channels = server._map
         use_poll = server.adj.asyncore_use_poll
         listening = True
+        waiting = select.poll()
+        waiting.register(server.socket.fileno(), select.POLLIN)
+        next_police = time.monotonic() + _POLICE_S
         while channels:
             if self._closing.is_set():
                 wasyncore.close_all(channels, ignore_all=True)
@@ -362,11 +413,34 @@ class ApiServer:
             if listening and self._deaf.is_set():
                 listening = False
                 wasyncore.dispatcher.close(server)  # the listener only, not the trigger
+            if listening and len(channels) >= CONNECTION_LIMIT and waiting.poll(0):
+                self._make_room(channels)
+            if time.monotonic() >= next_police:
+                self._close_overdue(channels)
+                next_police = time.monotonic() + _POLICE_S
             wasyncore.loop(timeout=_LOOP_TICK_S, use_poll=use_poll, map=channels, count=1)
 
-    def stop_listening(self) -> None:
-        """Stop accepting connections; requests already in flight go on."""
-        self._deaf.set()
+    def _make_room(self, channels: dict[int, Any]) -> None:
+        """A connection is waiting at the limit: close the one that has waited longest for nothing."""
+        idle = [c for c in channels.values() if isinstance(c, _Channel) and c.evictable]
+        if idle:
+            min(idle, key=lambda c: c.since).handle_close()
+            self._evicted += 1
+
+    def _close_overdue(self, channels: dict[int, Any]) -> None:
+        """Close connections whose request has not arrived whole in time; one line for them all."""
+        cutoff = time.monotonic() - REQUEST_DEADLINE_S
+        overdue = [c for c in channels.values() if isinstance(c, _Channel) and c.partial and c.since < cutoff]
+        for channel in overdue:
+            channel.handle_close()
+        if overdue:
+            log.warning("api: closed %d connection(s) whose request did not arrive whole within %g s", len(overdue), REQUEST_DEADLINE_S)
+        if self._evicted:
+            log.warning(
+                "api: closed %d idle connection(s) to make room for new ones (at most %d are kept open)",
+                self._evicted, CONNECTION_LIMIT,
+            )
+            self._evicted = 0
 
     def close(self, timeout: float) -> None:
         """Let the request threads finish their answers, flush them, close every connection, join."""
@@ -374,8 +448,13 @@ class ApiServer:
         if server is None or self._thread is None:
             return
         deadline = time.monotonic() + timeout
+        dispatcher = server.task_dispatcher
+        # Requests still queued or running get their answer (503 now the daemon is stopping)
+        # rather than a dropped connection: waitress cancels what is still queued at shutdown.
+        while time.monotonic() < deadline and (dispatcher.queue or dispatcher.active_count):
+            time.sleep(0.01)
         self._deaf.set()
-        server.task_dispatcher.shutdown(cancel_pending=True, timeout=max(0.1, timeout))
+        dispatcher.shutdown(cancel_pending=True, timeout=max(0.1, deadline - time.monotonic()))
         channels = server._map
         while time.monotonic() < deadline and any(getattr(c, "total_outbufs_len", 0) for c in list(channels.values())):
             time.sleep(0.01)

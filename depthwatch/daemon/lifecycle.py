@@ -1,10 +1,11 @@
 """The daemon's lifecycle: startup -> main loop -> shutdown, in one process, never forked.
 
 Threads, and what each one does:
-  main          waits for a stop flag (signal handlers only set it), writes the status file
+  main          acts on the signals (their handlers only record them), writes the status file
   inference     owns the ONNX Runtime session (see `engine`)
   observer      watchdog's; hands paths to the settler and returns
   settle        decides when a dropped file is complete, queues its job, watches the folders' health
+  scan          scans a folder moved in, or watched again, for frames whose maps are missing
   workers (N)   read, decode, render, encode, write; the pipeline pulls queued jobs as slots free
   clip          one clip job at a time, after the live frames (see `daemon.clips`)
   api           only with `api.enabled`: waitress's loop and its request threads (see `api`)
@@ -21,7 +22,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import replace
@@ -32,6 +33,7 @@ from depthwatch.config import Config
 from depthwatch.daemon.clips import ClipRunner
 from depthwatch.daemon.locks import FolderLocks
 from depthwatch.daemon.notify import notify
+from depthwatch.daemon.parked import Parked
 from depthwatch.daemon.status import (
     Status,
     is_running,
@@ -67,8 +69,12 @@ log = logging.getLogger("depthwatch")
 frames_log = logging.getLogger("depthwatch.frames")
 
 _RETRY_MAX_DELAY = 60.0
+#: How often the lock files are touched (see `locks`).
+_LOCK_REFRESH_S = 3600.0
 #: Superseded frames are summarised in one log line at most this often.
 SUPERSEDED_SUMMARY_S = 5.0
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_NONE = object()
 #: A clip job's progress reaches the status file at most this often.
 CLIP_STATUS_S = 1.0
 _SUPERSEDED_STAGES = ("replaced while queued", "before inference", "after inference had started")
@@ -93,8 +99,25 @@ def _frame_signature(path: Path) -> tuple[int, int, int] | None:
     return st.st_size, st.st_mtime_ns, st.st_ino
 
 
+def _make_folders(roots: Iterable[Path]) -> None:
+    """Make each watch folder whose parent is there (a folder on a volume not mounted yet is
+    waited for instead); ConfigError, one line, for one that cannot be made."""
+    for root in roots:
+        if root.exists() or not root.parent.is_dir():
+            continue
+        try:
+            root.mkdir()
+        except FileExistsError:
+            pass  # made meanwhile, or a dangling link: the watcher says which
+        except OSError as exc:
+            reason = (exc.strerror or str(exc)).lower()
+            raise ConfigError(
+                f"cannot make the watch folder {shown(root)}: {reason}; make it yourself or fix the permissions of {shown(root.parent)}"
+            ) from None
+
+
 class Daemon:
-    """`depthwatch run`: call `run()` from the main thread; `request_stop()` from a signal handler.
+    """`depthwatch run`: call `run()` from the main thread; `request_stop()` from any thread.
 
     `loader` reads the config again for a live reload (the config file changed,
     or SIGHUP); without one the daemon keeps the config it was given.
@@ -111,9 +134,12 @@ class Daemon:
         self._loader = loader
         self._session_factory = session_factory
         self._reload = threading.Event()
+        #: Signal number -> the frame it interrupted, as left by the handlers (see `_capture_signals`).
+        self._caught: dict[int, object] = {}
         self._config_signature = _file_signature(config.source) if config.source else None
         self._config_settling: tuple[int, ...] | None = None
         self._locks = FolderLocks()
+        self._locks_touched = time.monotonic()
         self._swap: Future[ModelInfo] | None = None
         self._stop = threading.Event()
         #: A second stop request: shorten every remaining wait of the shutdown.
@@ -122,6 +148,8 @@ class Daemon:
         self.status = Status(config=str(config.source) if config.source else None)
         self._status_dirty = True
         self._attempts: dict[Path, int] = {}
+        #: Frames whose tries ran out on an output error, by output folder (see `Parked`).
+        self._parked = Parked()
         self._settings = Settings.from_config(config)
         self.engine: Engine | None = None
         self.pipeline: Pipeline | None = None
@@ -168,26 +196,39 @@ class Daemon:
         if threading.current_thread() is not threading.main_thread():
             yield  # embedded in a test or another program: its owner stops us
             return
-        handlers = {
-            signal.SIGTERM: lambda signum, frame: self.request_stop(),
-            signal.SIGINT: lambda signum, frame: self.request_stop(),
-            signal.SIGHUP: lambda signum, frame: self.request_reload(),
-        }
-        previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+        # The handler is a builtin (dict.__setitem__), not Python code: no frame of ours runs
+        # per signal, so a flood of them can neither nest handlers (RecursionError, "lost
+        # sys.stderr") nor re-enter a lock a handler holds (a deadlock of the main thread).
+        # It only records that the signal came; the main loop acts on it (`_take_signals`),
+        # so a thousand SIGHUPs between two looks are one reload.
+        handler = self._caught.__setitem__
+        previous = {sig: signal.signal(sig, handler) for sig in (*_STOP_SIGNALS, signal.SIGHUP)}
         try:
             yield
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+            self._caught.clear()
+
+    def _take_signals(self) -> None:
+        """What the signal handlers recorded since the last look (main thread only)."""
+        caught = self._caught
+        if not caught:
+            return
+        for sig in _STOP_SIGNALS:
+            if caught.pop(sig, _NONE) is not _NONE:
+                self.request_stop()
+        if caught.pop(signal.SIGHUP, _NONE) is not _NONE:
+            self._reload.set()
 
     def request_stop(self) -> None:
-        """Safe from a signal handler: only sets flags. A second request forces a quick exit."""
+        """Stop (from another thread, or the main loop for SIGTERM/SIGINT). A second request forces a quick exit."""
         if self._stop.is_set():
             self._force.set()
         self._stop.set()
 
     def request_reload(self) -> None:
-        """Safe from a signal handler (SIGHUP): only sets a flag."""
+        """Reload the config at the main loop's next look (what SIGHUP asks for)."""
         self._reload.set()
 
     @property
@@ -196,6 +237,7 @@ class Daemon:
 
     def startup(self) -> None:
         config = self.config
+        _make_folders(self.rules.roots)  # ConfigError (78): one it cannot make
         self._locks.hold(self.rules.roots)  # AlreadyRunning: another daemon has one of them
         spec = catalogue.resolve(config.model, config.base)
         self._announce(config)
@@ -251,12 +293,20 @@ class Daemon:
         log.info("HTTP API on %s", api.url)
 
     def main_loop(self) -> None:
-        while not self._stop.wait(0.25):
+        while True:
+            self._take_signals()
+            if self._stop.wait(0.25):
+                return
+            self._take_signals()
             self._poll_config()
             self._report_swap()
             self._rescan_after_overflow()
+            self._retry_parked()
             self._report_superseded()
             self._write_status()
+            if time.monotonic() >= self._locks_touched + _LOCK_REFRESH_S:
+                self._locks_touched = time.monotonic()
+                self._locks.refresh()
 
     def _announce(self, config: Config) -> None:
         """Which config and which status file, first thing: the answers to "why is it doing that?"."""
@@ -280,11 +330,11 @@ class Daemon:
 
     def _start_watching(self, rules: Rules, config: Config) -> None:
         for root in rules.roots:
-            if not root.exists() and root.parent.is_dir():
-                root.mkdir()
-            swept = sweep_temp_files(root)
+            swept, left = sweep_temp_files(root)
             if swept:
                 log.info("removed %d temporary file(s) left in %s", swept, shown(root))
+            if left:
+                log.warning("cannot remove %d temporary file(s) left in %s (is the folder writable?)", left, shown(root))
         self.rules = rules
         self.watcher = Watcher(rules, config.watch, self._on_complete, self._on_unusable)
         self.watcher.start()
@@ -345,6 +395,7 @@ class Daemon:
         if (new.watch, new.output.template, new.output.error_sidecar) != (old.watch, old.output.template, old.output.error_sidecar):
             rules = Rules(new.watch, new.output)
             try:
+                _make_folders(rules.roots)
                 self._locks.hold(rules.roots)
             except DepthwatchError as exc:
                 log.error("%s; keeping the watch folders of the last good config", exc)
@@ -389,6 +440,7 @@ class Daemon:
         deadline = time.monotonic() + self.config.daemon.shutdown_timeout_s
 
         def left() -> float:
+            self._take_signals()  # a second SIGTERM cuts the rest short
             if self._force.is_set():
                 return 0.1
             return max(0.1, deadline - time.monotonic())
@@ -397,9 +449,7 @@ class Daemon:
         self._status_dirty = True
         self._write_status()
         notify("STOPPING=1")
-        self._stop.set()
-        if self.api is not None:
-            self.api.stop_listening()  # no new connections; requests in flight get their answers
+        self._stop.set()  # from now on the API answers 503 to new requests; it listens until api.close
         if self.watcher is not None:
             self.watcher.stop(left())
         dropped = self.queue.close()
@@ -446,7 +496,13 @@ class Daemon:
         """A complete frame (settle thread): make its job, queue it, let the pipeline pull it."""
         rules = self.rules
         if not rules.is_clip(source) and provenance.read(source) is not None:
-            log.debug("%s is a depth map depthwatch made; not taken as input", shown(source))
+            with self._lock:
+                self.status.counts.own_maps += 1
+            self._status_dirty = True
+            log.warning(
+                "%s carries depthwatch's record (a depth map, or an image saved from one); not taken as a frame",
+                shown(source),
+            )
             return
         try:
             output = rules.output_for(source)
@@ -564,8 +620,12 @@ class Daemon:
             frames_log.debug("%s", result.describe())  # summarised by _report_superseded
         elif retrying:
             pass
+        elif result.retryable and not self._stop.is_set() and self._park(job):
+            self._count_failure(f"{result.describe()}; made again once {shown(job.output.parent)} can be written")
         else:
             self._count_failure(result.describe())
+        if result.ok:
+            self._parked.written(job.output.parent, job.source)
         self._status_dirty = True
 
     # -- clips --------------------------------------------------------------------
@@ -616,6 +676,22 @@ class Daemon:
         self.waiters.forget(job.source)
         self.watcher.poke(job.source, delay=delay)
         return True
+
+    def _park(self, job: Job) -> bool:
+        """Keep a frame whose tries ran out (disk full, no permission) for when its folder can be written."""
+        if self.watcher is None:
+            return False
+        return self._parked.park(job.output.parent, job.source)
+
+    def _retry_parked(self) -> None:
+        """Hand the parked frames of each folder that can be written again back to the watcher."""
+        watcher = self.watcher
+        if watcher is None:
+            return
+        for source in self._parked.due():
+            watcher.forget(source)
+            self.waiters.forget(source)
+            watcher.poke(source)
 
     def _count_failure(self, line: str) -> None:
         with self._lock:

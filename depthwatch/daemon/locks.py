@@ -1,14 +1,26 @@
-"""One daemon per watch folder: a lock held for the process's life.
+"""One daemon per watch folder, and no two daemons on folders inside one another.
 
-Two daemons on one folder would race for every frame and redo most of them.
-Each watch folder gets a lock file in the user's runtime folder, named by a
-hash of the folder's real path (so `tmp`, `./tmp` and a symlink to it are one
-folder), held with `flock` from start-up until the process ends. The kernel
-drops the lock when the process dies, however it dies, so a crash or SIGKILL
-leaves nothing stale behind and the next start simply takes it. The lock lives
-outside the watched folder so nothing appears among the user's frames; it
-therefore guards against a second daemon of the same user on the same machine,
-not against one on another machine sharing a network volume.
+Two daemons on one folder would race for every frame and redo most of them; so
+would one watching a parent folder recursively beside one on its child. Each
+folder has a lock file, named by a hash of its real path (so `tmp`, `./tmp` and
+a symlink to it are one folder), in one per-user folder whatever the
+environment: `/tmp/depthwatch-<uid>` (not $XDG_RUNTIME_DIR or $TMPDIR, which
+differ between a service and a terminal), or the user's runtime folder on
+macOS. A daemon holds, with `flock`, from start-up until the process ends:
+
+- an exclusive lock on each watch folder's file, which records its pid for the
+  message a second daemon gives;
+- a shared lock on the file of each of their parent folders, so a daemon on a
+  parent and one on its child collide whichever starts first, while daemons
+  on sibling folders share their parents' locks.
+
+The kernel drops the locks when the process dies, however it dies, so a crash or
+SIGKILL leaves nothing stale behind and the next start simply takes them. Held
+files are touched hourly, so a cleaner of old files in /tmp leaves them alone.
+The locks live outside the watched folders: nothing appears among the user's
+frames and no open file keeps a volume from being ejected. They guard against a
+second daemon of the same user on the same machine, not one of another user or
+on another machine sharing a network volume.
 """
 
 from __future__ import annotations
@@ -19,7 +31,6 @@ import hashlib
 import os
 import stat
 import sys
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -33,6 +44,8 @@ from depthwatch.logtext import shown
 #: systemd never to retry, though nothing in the config is wrong).
 EX_TEMPFAIL = 75
 
+_FIX = "stop it first, or list both folders in one daemon's watch.folders"
+
 
 class AlreadyRunning(DepthwatchError):
     """Another depthwatch process holds a watch folder's lock."""
@@ -41,20 +54,16 @@ class AlreadyRunning(DepthwatchError):
 
 
 def lock_folder() -> Path:
-    """Where the lock files live: the user's runtime folder, else a per-user temp folder."""
+    """Where the lock files live: the same folder for every daemon of this user."""
     if sys.platform == "darwin":
-        candidate: str | None = platformdirs.user_runtime_dir("depthwatch", appauthor=False)
-    else:  # $XDG_RUNTIME_DIR only where the session set it (platformdirs warns otherwise)
-        runtime = os.environ.get("XDG_RUNTIME_DIR")
-        candidate = os.path.join(runtime, "depthwatch") if runtime else None
-    if candidate:
+        candidate = Path(platformdirs.user_runtime_dir("depthwatch", appauthor=False))
         try:
-            Path(candidate).mkdir(parents=True, exist_ok=True, mode=0o700)
+            candidate.mkdir(parents=True, exist_ok=True, mode=0o700)
             if os.access(candidate, os.W_OK):
-                return Path(candidate)
+                return candidate
         except OSError:
             pass
-    base = Path(tempfile.gettempdir()) / f"depthwatch-{os.getuid()}"
+    base = Path("/tmp") / f"depthwatch-{os.getuid()}"
     try:
         base.mkdir(exist_ok=True, mode=0o700)
         st = os.lstat(base)
@@ -65,61 +74,157 @@ def lock_folder() -> Path:
     return base
 
 
-def lock_path(folder: Path) -> Path:
+def lock_path(folder: Path | str) -> Path:
     key = hashlib.sha256(os.fsencode(os.path.realpath(folder))).hexdigest()[:24]
     return lock_folder() / f"watch-{key}.lock"
 
 
-def _acquire(folder: Path) -> int:
-    path = lock_path(folder)
+def _lock(real: str, mode: int) -> int:
+    """An fd of `real`'s lock file holding a flock in `mode`; BlockingIOError if one conflicts."""
+    path = lock_path(real)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
     except OSError as exc:
-        owner = _owner(fd)
         os.close(fd)
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise AlreadyRunning(
-                f"another depthwatch (pid {owner or 'unknown'}) is already watching {shown(folder)}; "
-                "stop it first, or watch another folder"
-            ) from None
+            raise BlockingIOError(exc.errno, exc.strerror) from None
         raise DepthwatchError(f"cannot lock {shown(path)}: {exc.strerror or exc}") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n{os.path.realpath(folder)}\n".encode(errors="surrogateescape"))
+    if mode == fcntl.LOCK_EX:
+        _record(fd, real)
     return fd
 
 
-def _owner(fd: int) -> str | None:
+def _record(fd: int, real: str) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n{real}\n".encode(errors="surrogateescape"), 0)
+
+
+def _owner(real: str) -> str | None:
+    """The pid recorded in `real`'s lock file by the daemon that watches it."""
     try:
-        first = os.pread(fd, 64, 0).split(b"\n", 1)[0].strip()
-    except OSError:
+        with open(lock_path(real), "rb") as f:
+            first = f.read(64).split(b"\n", 1)[0].strip()
+    except (OSError, DepthwatchError):
         return None
     return first.decode() if first.isdigit() else None
 
 
+def _readers(real: str) -> list[str]:
+    """The pids holding a shared lock on `real`'s lock file (from /proc/locks: Linux only)."""
+    try:
+        st = os.stat(lock_path(real))
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            lines = f.read().splitlines()
+    except (OSError, DepthwatchError):
+        return []
+    where = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    pids = set()
+    for line in lines:
+        fields = line.split()  # "1: FLOCK ADVISORY READ 1234 08:01:5678 0 EOF"; a waiter has "->"
+        if len(fields) < 6 or fields[1] != "FLOCK" or fields[3] != "READ":
+            continue
+        try:
+            major, minor, ino = fields[5].split(":")
+            found = (int(major, 16), int(minor, 16), int(ino))
+        except ValueError:
+            continue
+        if found == where and fields[4] != str(os.getpid()):
+            pids.add(fields[4])
+    return sorted(pids, key=int)
+
+
+def _pids(pids: list[str]) -> str:
+    return f"pid {', '.join(pids)}" if pids else "pid unknown"
+
+
+def _refusal(folder: Path, taken: str, mode: int) -> AlreadyRunning:
+    """Why `taken`'s lock (watch folder `folder` itself, or a parent of it) could not be had."""
+    if mode == fcntl.LOCK_SH:  # a parent folder another daemon watches
+        return AlreadyRunning(
+            f"another depthwatch ({_pids([p for p in [_owner(taken)] if p])}) is watching {shown(taken)}, "
+            f"which holds {shown(folder)}; {_FIX}"
+        )
+    try:
+        probe = _lock(taken, fcntl.LOCK_SH)
+    except BlockingIOError:  # held exclusively: a daemon on this very folder
+        owner = _owner(taken)
+        return AlreadyRunning(
+            f"another depthwatch (pid {owner or 'unknown'}) is already watching {shown(folder)}; "
+            "stop it first, or watch another folder"
+        )
+    os.close(probe)  # only shared holders: daemons on folders inside this one
+    return AlreadyRunning(f"another depthwatch ({_pids(_readers(taken))}) is watching a folder inside {shown(folder)}; {_FIX}")
+
+
+def _wanted(folders: Iterable[Path]) -> dict[str, int]:
+    """Real path -> flock mode: exclusive for each watch folder, shared for each of their parents."""
+    exclusive = {os.path.realpath(f) for f in folders}
+    wanted = dict.fromkeys(exclusive, fcntl.LOCK_EX)
+    for real in exclusive:
+        child, parent = real, os.path.dirname(real)
+        while parent != child:
+            wanted.setdefault(parent, fcntl.LOCK_SH)
+            child, parent = parent, os.path.dirname(parent)
+    return wanted
+
+
 class FolderLocks:
-    """The locks this process holds, one per watch folder."""
+    """The locks this process holds: real path -> (fd, mode)."""
 
     def __init__(self) -> None:
-        self._held: dict[str, int] = {}
+        self._held: dict[str, tuple[int, int]] = {}
 
     def hold(self, folders: Iterable[Path]) -> None:
-        """Hold exactly the locks of `folders`; AlreadyRunning (holding none new) if one is taken."""
-        wanted = {os.path.realpath(f): Path(f) for f in folders}
-        new: dict[str, int] = {}
+        """Hold exactly the locks of `folders`; AlreadyRunning (holding none new) if one is taken.
+
+        A lock held in the other mode (a watch folder that was a parent before a
+        reload, or the reverse) is changed in place, and changed back on failure.
+        """
+        folders = [Path(f) for f in folders]
+        wanted = _wanted(folders)
+        new: dict[str, tuple[int, int]] = {}
+        changed: dict[str, int] = {}
         try:
-            for key, folder in wanted.items():
-                if key not in self._held:
-                    new[key] = _acquire(folder)
+            for real, mode in sorted(wanted.items(), key=lambda item: (item[1] == fcntl.LOCK_SH, item[0])):
+                held = self._held.get(real)
+                if held is not None and held[1] == mode:
+                    continue
+                try:
+                    if held is None:
+                        new[real] = (_lock(real, mode), mode)
+                    else:
+                        changed[real] = held[1]
+                        fcntl.flock(held[0], mode | fcntl.LOCK_NB)
+                        if mode == fcntl.LOCK_EX:
+                            _record(held[0], real)
+                except BlockingIOError:
+                    folder = next(f for f in folders if os.path.commonpath([real, os.path.realpath(f)]) == real)
+                    raise _refusal(folder, real, mode) from None
         except BaseException:
-            for fd in new.values():
+            for fd, _ in new.values():
                 os.close(fd)
+            for real, mode in changed.items():
+                try:
+                    fcntl.flock(self._held[real][0], mode | fcntl.LOCK_NB)
+                except OSError:
+                    pass  # taken meanwhile: this process no longer holds it
             raise
-        for key in [k for k in self._held if k not in wanted]:
-            os.close(self._held.pop(key))
+        for real, mode in changed.items():
+            self._held[real] = (self._held[real][0], wanted[real])
+        for real in [r for r in self._held if r not in wanted]:
+            os.close(self._held.pop(real)[0])
         self._held.update(new)
 
+    def refresh(self) -> None:
+        """Touch the held lock files, so that cleaners of old files in /tmp leave them be."""
+        for fd, _ in self._held.values():
+            try:
+                os.utime(fd)
+            except OSError:
+                pass
+
     def release(self) -> None:
-        for fd in self._held.values():
+        for fd, _ in self._held.values():
             os.close(fd)
         self._held.clear()

@@ -33,6 +33,9 @@ class Counters:
     superseded: int = 0
     incomplete: int = 0
     retried: int = 0
+    #: Files taken for frames that carry depthwatch's own record: a depth map copied in
+    #: under a frame's name (or a photo saved from one). Skipped, never mapped again.
+    own_maps: int = 0
     #: Shots started (output.normalise: stable): an output's first map, a cut, a model swap;
     #: and of those, the cuts, with the last one as "<frame> -> <output>: shot N (cut)".
     shots: int = 0

@@ -32,6 +32,7 @@ from watchdog.observers.polling import PollingObserver
 
 from depthwatch.config import WatchConfig
 from depthwatch.errors import DepthwatchError
+from depthwatch.files import kind_of
 from depthwatch.frames.reading import link_problem, open_checked
 from depthwatch.frames.rules import Rules, map_is_current
 from depthwatch.imaging import formats, video
@@ -124,6 +125,28 @@ class _Handler(FileSystemEventHandler):
         self.watcher.on_event(event)
 
 
+#: watchdog's loggers for inotify: it says only there that the kernel dropped events.
+_WATCHDOG_LOGGERS = ("watchdog.observers.inotify_c", "watchdog.observers.inotify")
+#: A rescan for lost events at most this often.
+_LOST_RESCAN_S = 5.0
+
+
+class _WatchdogLog(logging.Handler):
+    """watchdog's own warnings as depthwatch lines; one about lost events (inotify's queue
+    overflowed: every event beyond it, a frame's among them, is gone) also starts a rescan."""
+
+    def __init__(self, watcher: Watcher) -> None:
+        super().__init__(logging.WARNING)
+        self.watcher = watcher
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "overflow" in message.lower():
+            self.watcher.events_lost()
+        else:
+            log.log(record.levelno, "watchdog: %s", shown(message))
+
+
 class Watcher:
     """Watches the configured folders and calls `emit(path, signature, format)` once per complete frame.
 
@@ -152,9 +175,16 @@ class Watcher:
         self._taken_at_creation: OrderedDict[str, Signature] = OrderedDict()
         #: The version last handed over, per path, whichever way.
         self._handed: OrderedDict[str, Signature] = OrderedDict()
+        #: Files under a frame's name that are no regular file, as reported: (inode, type, 0).
+        self._special: OrderedDict[str, Signature] = OrderedDict()
         self._counter = itertools.count()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="depthwatch-settle", daemon=True)
+        #: Folders to scan on their own thread (moved in, or watched again), in order.
+        self._scans: dict[Path, bool] = {}
+        self._scanning: tuple[Path, ...] = ()
+        self._scan_cond = threading.Condition()
+        self._scanner = threading.Thread(target=self._scan_loop, name="depthwatch-scan", daemon=True)
         self._observer: Any = None
         self._watches: dict[Path, tuple[Any, tuple[int, int]]] = {}
         #: Watch folders whose own deletion was reported: their watch is dead even if a
@@ -162,24 +192,34 @@ class Watcher:
         self._lost: set[Path] = set()
         self._trust_close = False
         self._handler = _Handler(self)
+        self._watchdog_log = _WatchdogLog(self)
+        self._last_lost = 0.0
         #: Frames reported as never completed.
         self.incomplete = 0
 
     # -- lifecycle -----------------------------------------------------------------
 
     def start(self) -> None:
+        for name in _WATCHDOG_LOGGERS:
+            logging.getLogger(name).addHandler(self._watchdog_log)
         self._new_observer()
         for root in self.rules.roots:
             self._watch(root)
         self._thread.start()
+        self._scanner.start()
 
     def stop(self, timeout: float | None = None) -> None:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+        with self._scan_cond:
+            self._scan_cond.notify_all()
         self._stop_observer(timeout)
-        if self._thread.ident is not None:
-            self._thread.join(timeout)
+        for name in _WATCHDOG_LOGGERS:
+            logging.getLogger(name).removeHandler(self._watchdog_log)
+        for thread in (self._thread, self._scanner):
+            if thread.ident is not None:
+                thread.join(timeout)
 
     def _new_observer(self) -> None:
         cls = _observer_class(self.config.observer)
@@ -230,8 +270,11 @@ class Watcher:
             return  # moved out of the watched folders
         path = Path(os.fsdecode(raw))
         if event.is_directory:
-            if kind in ("created", "moved") and self.rules.recursive:
-                self.scan(path)  # files moved in with a folder raise no events of their own
+            if kind in ("created", "moved"):
+                if self.rules.is_frame(path):
+                    self.poke(path, Mode.NOW)  # a folder under a frame's name: the settler reports it
+                if self.rules.recursive:
+                    self.scan_later(path, moved_in=True)  # files moved in with a folder raise no events of their own
             return
         if not self.rules.is_frame(path):
             return
@@ -261,11 +304,55 @@ class Watcher:
             heapq.heappush(self._heap, (state.due, next(self._counter), path))
             self._cond.notify()
 
+    def events_lost(self) -> None:
+        """The kernel dropped file events (watchdog's thread): scan every watch folder again, soon."""
+        now = time.monotonic()
+        if now - self._last_lost < _LOST_RESCAN_S:
+            return
+        self._last_lost = now
+        log.warning("file events were lost (the kernel's inotify queue overflowed); rescanning the watch folders")
+        for root in self.rules.roots:
+            self.scan_later(root)
+
+    def scan_later(self, folder: Path, moved_in: bool = False) -> None:
+        """Scan `folder` on the scan thread: a big one must stall neither watchdog's
+        thread (event delivery) nor the settler (frames dropped elsewhere meanwhile)."""
+        with self._scan_cond:
+            if any(folder.is_relative_to(f) for f in (*self._scans, *self._scanning)):
+                return  # its subfolders' own events, for a folder whose scan covers them
+            self._scans[folder] = moved_in
+            self._scan_cond.notify()
+
+    def _scan_loop(self) -> None:
+        while True:
+            with self._scan_cond:
+                while not self._scans and not self._stopping:
+                    self._scan_cond.wait()
+                if self._stopping:
+                    return
+                folder, moved_in = next(iter(self._scans.items()))
+                del self._scans[folder]
+                self._scanning = (folder,)
+            started = time.monotonic()
+            try:
+                count = self.scan(folder)
+            except Exception:  # one odd folder must not end the scans
+                log.exception("error scanning %s", shown(folder))
+                continue
+            finally:
+                with self._scan_cond:
+                    self._scanning = ()
+            if not self._stopping:
+                how = "moved in" if moved_in else "scanned again"
+                log.info("%s %s: %d frame(s) to map (scanned in %.1f s)", shown(folder), how, count, time.monotonic() - started)
+
     def scan(self, folder: Path | None = None) -> int:
         """Queue every frame whose depth map is missing or older than it; returns how many."""
         count = 0
         for root in [folder] if folder else self.rules.roots:
             for path in self._walk(root):
+                if self._stopping:
+                    return count
                 if self._needs_output(path):
                     self.poke(path, Mode.SETTLE, scanned=True)
                     count += 1
@@ -344,6 +431,7 @@ class Watcher:
         except OSError:
             return  # vanished: nothing to do
         if not stat.S_ISREG(st.st_mode):
+            self._not_a_file(path, st)
             return
         signature = (st.st_size, st.st_mtime_ns, st.st_ino)
         settle = self.config.settle_ms / 1000
@@ -391,8 +479,12 @@ class Watcher:
             state.mode, state.signature = Mode.SETTLE, signature
             self._again(path, state, max(settle, 0.05))
             return
-        if state.scanned and not self._needs_output(path):
-            return  # its depth map was written since the scan found it
+        if (state.scanned or state.mode == Mode.CREATED) and not self._needs_output(path):
+            # Found by a scan, its map written since; or "created" with a map of this very
+            # version: watchdog reports each file of a folder moved in as created, and a
+            # finished shot moved into the watch needs nothing. A file really created new
+            # has no such map (its record names another inode or mtime).
+            return
         key = str(path)
         if state.mode == Mode.NOW:
             if self._taken_at_creation.pop(key, None) == signature or self._seen.get(key) == signature:
@@ -408,6 +500,14 @@ class Watcher:
             _remember(self._seen, key, signature)
         _remember(self._handed, key, signature)
         self._emit(path, signature, fmt)
+
+    def _not_a_file(self, path: Path, st: os.stat_result) -> None:
+        """A FIFO, folder, socket or device under a frame's name: one report per file, never read."""
+        key, what = str(path), (st.st_ino, stat.S_IFMT(st.st_mode), 0)
+        if self._special.get(key) == what:
+            return  # this very file was reported already (a write to a FIFO raises events too)
+        _remember(self._special, key, what)
+        self._report(path, f"is {kind_of(st.st_mode)}, not an image file; not read")
 
     def forget(self, path: Path) -> None:
         """Let the next event for `path` through even if the file looks unchanged (retries)."""
@@ -438,7 +538,7 @@ class Watcher:
                     pass
                 del self._watches[root]
             if ino is not None and self._watch(root):
-                self.scan(root)
+                self.scan_later(root)
 
 
 def _remember(memory: OrderedDict[str, Signature], key: str, signature: Signature) -> None:

@@ -141,17 +141,17 @@ def atomic_write(target: Path, data: bytes, roots: tuple[Path, ...] = ()) -> Non
         os.close(folder)
 
 
-def sweep_temp_files(folder: Path) -> int:
-    """Remove temporary files that dead processes left in `folder`; returns how many.
+def sweep_temp_files(folder: Path) -> tuple[int, int]:
+    """Remove temporary files that dead processes left in `folder`: (removed, could not remove).
 
     A file whose writer is still alive (this process in the middle of a write,
     or a `depthwatch once` beside it) is left alone.
     """
-    removed = 0
+    removed = failed = 0
     try:
         entries = list(os.scandir(folder))
     except OSError:
-        return 0
+        return 0, 0
     for entry in entries:
         if not is_temp_name(entry.name):
             continue
@@ -163,10 +163,14 @@ def sweep_temp_files(folder: Path) -> int:
             continue
         if folder_of_frames:
             shutil.rmtree(entry.path, ignore_errors=True)
+            gone = not os.path.lexists(entry.path)
         else:
-            _remove_quietly(entry.path)
-        removed += 1
-    return removed
+            gone = _remove_quietly(entry.path)
+        if gone:
+            removed += 1
+        else:
+            failed += 1
+    return removed, failed
 
 
 def sweep_temp_files_for(targets: Iterable[Path]) -> int:
@@ -192,11 +196,15 @@ def sweep_temp_files_for(targets: Iterable[Path]) -> int:
     return removed
 
 
-def _remove_quietly(path: str, folder: int | None = None) -> None:
+def _remove_quietly(path: str, folder: int | None = None) -> bool:
+    """Whether `path` is gone (removed now, or already)."""
     try:
         os.unlink(path, dir_fd=folder)
+    except FileNotFoundError:
+        return True
     except OSError:
-        pass
+        return False
+    return True
 
 
 def _reason(exc: OSError) -> str:

@@ -179,6 +179,8 @@ def _decode_other(data: bytes, fmt: str) -> np.ndarray:
     OpenCV's own log (libtiff's errors go through it) is kept at FATAL above, so
     nothing needs catching from descriptor 2.
     """
+    if fmt == formats.PNG:
+        data = _png_pixels_only(data)
     try:
         image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
     except cv2.error as exc:
@@ -186,6 +188,33 @@ def _decode_other(data: bytes, fmt: str) -> np.ndarray:
     if image is None or image.size == 0:
         raise FrameError(f"cannot decode the {fmt.upper()} data: the file is corrupt")
     return image
+
+
+#: The PNG chunks that make the picture; the rest (text, colour profiles, times) is not read.
+_PNG_PIXEL_CHUNKS = (b"IHDR", b"PLTE", b"tRNS", b"IDAT", b"IEND")
+
+
+def _png_pixels_only(data: bytes) -> bytes:
+    """The PNG without its ancillary chunks, which OpenCV does not use.
+
+    libpng prints its warnings about them ("libpng warning: tEXt: CRC error",
+    "iCCP: known incorrect sRGB profile") from C straight to descriptor 2, into
+    the daemon's log; without the chunks there is nothing to warn about. A file
+    whose chunks do not add up is passed on as it is, for libpng to refuse.
+    """
+    kept, at, end = [data[:8]], 8, len(data)
+    while at + 12 <= end:
+        length = int.from_bytes(data[at : at + 4], "big")
+        kind = data[at + 4 : at + 8]
+        stop = at + 12 + length
+        if stop > end:
+            return data
+        if kind in _PNG_PIXEL_CHUNKS or not kind[:1].islower():  # critical chunks are capitalised
+            kept.append(data[at:stop])
+        at = stop
+        if kind == b"IEND":
+            break
+    return b"".join(kept)
 
 
 def _check_pixels(width: int, height: int, max_pixels: int) -> None:

@@ -1,0 +1,498 @@
+"""The daemon's process against a hostile machine: signal floods, idle sockets, unwritable
+folders, a second daemon from another environment, a full disk. Real process, real sockets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import jpeg_bytes, quadrant_frame, write_by_rename
+from daemon_process import DaemonProcess, wait_for
+
+from depthwatch.daemon.locks import EX_TEMPFAIL
+from depthwatch.errors import EX_CONFIG
+
+
+def error_lines(d: DaemonProcess) -> list[str]:
+    return [line for line in d.log().splitlines() if " ERROR " in line]
+
+
+# -- signals -----------------------------------------------------------------------------------------
+
+
+def test_fifty_thousand_sighups_are_survived_and_coalesced(tmp_path, tiny_model):
+    d = DaemonProcess(tmp_path, tiny_model).start()
+    try:
+        # Four senders at once, as runaway scripts would: 12,500 each in a tight loop, all
+        # let go together: each says it is ready, then waits for its stdin to close.
+        flood = (
+            "import os, signal, sys\nprint('ready', flush=True)\nsys.stdin.read()\n"
+            f"for _ in range(12_500): os.kill({d.proc.pid}, signal.SIGHUP)"
+        )
+        senders = [
+            subprocess.Popen([sys.executable, "-c", flood], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            for _ in range(4)
+        ]
+        assert [sender.stdout.readline() for sender in senders] == ["ready\n"] * 4
+        start = time.monotonic()
+        for sender in senders:
+            sender.stdin.close()
+        assert [sender.wait(120) for sender in senders] == [0, 0, 0, 0]
+        for sender in senders:
+            sender.stdout.close()
+        burst_s = time.monotonic() - start
+        assert d.proc.poll() is None, f"the daemon died in the flood:\n{d.log()[-3000:]}"
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: d.counts().get("done") == 1, what="a map after the flood")
+        loads = wait_for(lambda: d.status().get("config_loads"), what="the status")
+        # Reloads are coalesced: at most one per main-loop tick (0.25 s) over the burst, and a few more.
+        assert 1 <= loads - 1 <= burst_s / 0.25 + 4, (loads, burst_s)
+    finally:
+        assert d.stop(timeout=30) == 0
+    assert "RecursionError" not in d.log() and "lost sys.stderr" not in d.log()
+
+
+# -- folders the daemon cannot make --------------------------------------------------------------------
+
+
+def test_a_watch_folder_under_an_unwritable_parent_exits_78_at_start_and_is_refused_on_reload(tmp_path, tiny_model):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        d = DaemonProcess(tmp_path / "a", tiny_model, restricted=True, watch={"folders": [str(locked / "shots")]})
+        d.start(wait=False)
+        try:
+            assert d.proc.wait(60) == EX_CONFIG, d.log()
+        finally:
+            d.close()
+        lines = d.log().strip().splitlines()
+        assert "Traceback" not in d.log()
+        assert lines[-1] == f"depthwatch: cannot make the watch folder {locked / 'shots'}: permission denied; make it yourself or fix the permissions of {locked}", lines[-1]
+
+        good = DaemonProcess(tmp_path / "b", tiny_model, restricted=True).start()
+        try:
+            config = yaml.safe_load(good.config_path.read_text())
+            config["watch"]["folders"] = [str(locked / "shots")]
+            good.config_path.write_text(yaml.safe_dump(config))
+            wait_for(lambda: good.status().get("config_error"), what="the refused reload")
+            assert "cannot make the watch folder" in good.status()["config_error"]
+            assert good.status()["watching"] == [str(good.watch)]
+            write_by_rename(good.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+            wait_for(lambda: good.counts().get("done") == 1, what="the old folder still served")
+        finally:
+            assert good.stop() == 0
+        assert "Traceback" not in good.log()
+        assert sum("keeping the watch folders of the last good config" in line for line in good.log().splitlines()) == 1
+    finally:
+        locked.chmod(0o755)
+
+
+# -- the HTTP API against idle connections ---------------------------------------------------------------
+
+requests = pytest.importorskip("requests")
+
+
+@pytest.fixture
+def api_daemon(tmp_path, tiny_model):
+    started: list[DaemonProcess] = []
+
+    def start(**sections) -> DaemonProcess:
+        sections["api"] = {"enabled": True, "port": 0, **sections.get("api", {})}
+        d = DaemonProcess(tmp_path / f"d{len(started)}", tiny_model, **sections)
+        started.append(d)
+        d.start()
+        d.url = wait_for(lambda: d.status().get("api"), what="the API address in the status file")
+        return d
+
+    yield start
+    for d in started:
+        d.close()
+
+
+def _raise_fd_limit(wanted: int) -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard), hard))
+
+
+def test_a_plugin_gets_through_while_another_program_holds_two_hundred_idle_connections(api_daemon):
+    pytest.importorskip("waitress")
+    _raise_fd_limit(4096)
+    d = api_daemon()
+    host, port = d.url.removeprefix("http://").rsplit(":", 1)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def trickle() -> None:
+        """One byte on each connection every second: never idle long enough for an idle timeout."""
+        while not stop.wait(1.0):
+            for s in list(held):
+                try:
+                    s.send(b"x")
+                except OSError:
+                    pass  # closed by the daemon: what it should do
+
+    for _ in range(200):
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex((host, int(port)))  # completes in the listen backlog even while not accepted
+        held.append(s)
+    for s in held:
+        try:
+            socket.socket.setblocking(s, True)
+            s.settimeout(5)
+            s.send(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\nContent-Length: 100000\r\n\r\n\xff\xd8")
+        except OSError:
+            pass
+    trickler = threading.Thread(target=trickle, name="trickler")
+    trickler.start()
+    try:
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        answer = requests.post(f"{d.url}/predict", timeout=60)
+        assert (answer.status_code, answer.text) == (200, "DONE")
+        assert requests.get(f"{d.url}/health", timeout=60).status_code == 200
+    finally:
+        stop.set()
+        trickler.join()
+        for s in held:
+            s.close()
+    assert d.stop() == 0
+    assert "Traceback" not in d.log()
+
+
+def test_requests_during_a_graceful_stop_get_503_not_a_dropped_connection(tmp_path):
+    pytest.importorskip("waitress")
+    from onnx_models import slow_model
+
+    model = slow_model(tmp_path / "slow.onnx", layers=120, size=256)  # over half a second per frame
+    d = DaemonProcess(
+        tmp_path / "d", model, watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_depth.jpg"},
+        api={"enabled": True, "port": 0}, daemon={"shutdown_timeout_s": 19},
+    ).start()
+    url = wait_for(lambda: d.status().get("api"), what="the API address")
+    image = jpeg_bytes(quadrant_frame(64, 64))
+    answers: list[object] = []
+
+    def post_image() -> None:
+        try:
+            answers.append(requests.post(f"{url}/predict", data=image, headers={"Content-Type": "image/jpeg"}, timeout=60))
+        except requests.RequestException as exc:
+            answers.append(exc)
+
+    try:
+        for i in range(4):
+            write_by_rename(d.watch / f"f{i}.jpg", image)
+        wait_for(lambda: d.status().get("in_progress", 0) >= 2, what="frames in flight")
+        early = [threading.Thread(target=post_image) for _ in range(3)]
+        for t in early:
+            t.start()
+        d.send(signal.SIGTERM)
+        wait_for(lambda: d.state() == "stopping", what="the graceful stop to begin")
+        late = [threading.Thread(target=post_image) for _ in range(3)]
+        for t in late:
+            t.start()
+        for t in early + late:
+            t.join(120)
+        assert d.proc.wait(120) == 0
+    finally:
+        d.close()
+    dropped = [a for a in answers if not isinstance(a, requests.Response)]
+    assert dropped == [], dropped
+    codes = sorted(a.status_code for a in answers)
+    assert set(codes) <= {200, 503} and codes.count(503) >= 3, codes
+    for a in answers:
+        if a.status_code == 503:
+            assert a.text == "the daemon is stopping; try again once it is back\n", a.text
+    log = d.log()
+    assert "Traceback" not in log and "internal error" not in log and "CancelledError" not in log, log[-3000:]
+
+
+# -- one daemon per folder, whatever the environment --------------------------------------------------------
+
+
+def _refused(d: DaemonProcess) -> str:
+    d.start(wait=False)
+    try:
+        assert d.proc.wait(60) == EX_TEMPFAIL, d.log()
+    finally:
+        d.close()
+    return d.log().strip().splitlines()[-1]
+
+
+def test_a_second_daemon_with_another_runtime_folder_is_refused(tmp_path, tiny_model):
+    first = DaemonProcess(tmp_path / "first", tiny_model).start()
+    try:
+        runtime = tmp_path / "runtime"
+        runtime.mkdir(mode=0o700)
+        second = DaemonProcess(tmp_path / "second", tiny_model, watch={"folders": [str(first.watch)]})
+        second.env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "TMPDIR": str(runtime)}
+        assert _refused(second) == (
+            f"depthwatch: another depthwatch (pid {first.proc.pid}) is already watching {first.watch}; "
+            "stop it first, or watch another folder"
+        )
+    finally:
+        assert first.stop() == 0
+
+
+def test_a_recursive_parent_and_a_daemon_on_its_child_are_refused_whichever_starts_first(tmp_path, tiny_model):
+    shows = tmp_path / "shows"
+    child = shows / "watch"
+    parent = DaemonProcess(tmp_path / "parent", tiny_model, watch={"folders": [str(shows)], "recursive": True}).start()
+    try:
+        line = _refused(DaemonProcess(shows, tiny_model))
+        assert line == (
+            f"depthwatch: another depthwatch (pid {parent.proc.pid}) is watching {shows}, which holds {child}; "
+            "stop it first, or list both folders in one daemon's watch.folders"
+        ), line
+    finally:
+        assert parent.stop() == 0
+    inner = DaemonProcess(shows, tiny_model).start()
+    try:
+        line = _refused(DaemonProcess(tmp_path / "parent", tiny_model, watch={"folders": [str(shows)], "recursive": True}))
+        assert line.startswith(f"depthwatch: another depthwatch (pid {inner.proc.pid}) is watching a folder inside {shows};"), line
+        sibling = DaemonProcess(tmp_path / "sibling", tiny_model).start()  # beside it, not inside: fine
+        assert sibling.stop() == 0
+    finally:
+        assert inner.stop() == 0
+
+
+# -- special files dropped under a frame pattern ----------------------------------------------------------------
+
+
+def test_a_fifo_a_folder_and_a_socket_dropped_directly_get_one_line_and_one_record_each(tmp_path, tiny_model):
+    d = DaemonProcess(tmp_path, tiny_model, watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_depth.png", "error_sidecar": True}).start()
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        os.mkfifo(d.watch / "pipe.jpg")
+        (d.watch / "folder.jpg").mkdir()
+        sock.bind(str(d.watch / "sock.jpg"))
+        wait_for(lambda: d.counts().get("failed") == 3, what="three special files reported")
+        fd = os.open(d.watch / "pipe.jpg", os.O_RDWR | os.O_NONBLOCK)  # written to and closed: no second line
+        os.write(fd, b"x")
+        os.close(fd)
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: d.counts().get("done") == 1, what="a good frame after them: nothing hung")
+    finally:
+        sock.close()
+        assert d.stop() == 0
+    lines = error_lines(d)
+    assert len(lines) == 3, lines
+    assert any(line.endswith("pipe.jpg: is a FIFO (named pipe), not an image file; not read") for line in lines), lines
+    assert any(line.endswith("folder.jpg: is a folder, not an image file; not read") for line in lines), lines
+    assert any(line.endswith("sock.jpg: is a socket, not an image file; not read") for line in lines), lines
+    for name in ("pipe.jpg", "folder.jpg", "sock.jpg"):
+        assert (d.watch / f"{name}.error.json").is_file(), name
+
+
+# -- a big folder scanned --------------------------------------------------------------------------------------
+
+
+def test_a_frame_elsewhere_is_mapped_while_a_big_folder_is_scanned_again(tmp_path, tiny_model):
+    """A watch folder replaced by one holding thousands of frames (a volume remounted, a
+    folder restored) is scanned on its own thread: the other folder's frames go on meanwhile."""
+    shots, other = tmp_path / "shots", tmp_path / "other"
+    other.mkdir()
+    d = DaemonProcess(tmp_path, tiny_model, watch={"folders": [str(shots), str(other)], "patterns": ["*.jpg"]},
+                      output={"template": "{stem}_depth.png"})
+    restored = tmp_path / "restored"
+    restored.mkdir()
+    # Six thousand frames whose maps are already there (newer, so current): the scan must
+    # look at each of them and finds nothing to do. That takes a while; a frame elsewhere must not wait for it.
+    for i in range(6_000):
+        (restored / f"f{i:05d}.jpg").write_bytes(b"x")
+    for i in range(6_000):
+        (restored / f"f{i:05d}_depth.png").write_bytes(b"")
+    d.start()
+    try:
+        shots.rename(tmp_path / "gone")
+        os.rename(restored, shots)
+        wait_for(lambda: f"watch folder {shots} disappeared or was replaced" in d.log(), what="the swap to be noticed")
+        write_by_rename(other / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: f"{shots} scanned again: 0 frame(s) to map" in d.log(), what="the big folder's scan")
+        wait_for(lambda: d.counts().get("done") == 1, what="the other frame's map")
+    finally:
+        assert d.stop() == 0
+    lines = d.log().splitlines()
+    mapped = next(i for i, line in enumerate(lines) if "frame.jpg -> frame_depth.png" in line)
+    scanned = next(i for i, line in enumerate(lines) if "scanned again:" in line)
+    assert mapped < scanned, "the frame elsewhere waited for the scan:\n" + "\n".join(lines[-6:])
+
+
+def test_a_folder_moved_into_a_recursive_watch_is_scanned_once_off_the_event_thread(tmp_path, tiny_model):
+    d = DaemonProcess(tmp_path, tiny_model, watch={"patterns": ["*.jpg"], "recursive": True}, output={"template": "{stem}_depth.png"})
+    deep = tmp_path / "take"
+    (deep / "a" / "b" / "c").mkdir(parents=True)
+    for folder in (deep, deep / "a", deep / "a" / "b", deep / "a" / "b" / "c"):
+        write_by_rename(folder / "frame.jpg", jpeg_bytes(quadrant_frame()))
+    d.start()
+    try:
+        os.rename(deep, d.watch / "take")
+        wait_for(lambda: d.counts().get("done") == 4, what="the four moved-in frames")
+        wait_for(lambda: "take moved in:" in d.log(), what="the scan's line")
+    finally:
+        assert d.stop() == 0
+    assert sum("moved in:" in line for line in d.log().splitlines()) == 1  # its subfolders' events add no scans
+    assert d.counts().get("done") == 4 and d.counts().get("failed", 0) == 0
+
+
+# -- a full disk, then space again ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real, small filesystem: a 1 MiB tmpfs (needs root, as in CI)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_frame_whose_tries_ran_out_on_a_full_disk_is_made_once_space_is_back(tmp_path, tiny_model, small_disk):
+    d = DaemonProcess(tmp_path, tiny_model, watch={"folders": [str(small_disk)]}, daemon={"retries": 1})
+    d.watch = small_disk
+    d.start()
+    depth = small_disk / "depth.jpg"
+    try:
+        write_by_rename(small_disk / "frame.jpg", jpeg_bytes(quadrant_frame(320, 180)))
+        wait_for(lambda: d.counts().get("done") == 1, what="the first map")
+        frame = jpeg_bytes(quadrant_frame(320, 180, "bottom-right"))
+        write_by_rename(small_disk / "frame.jpg", frame)
+        wait_for(lambda: d.counts().get("done") == 2, what="the second map")
+        filler = small_disk / "filler"
+        with open(filler, "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\0" * 4096)
+            except OSError:
+                pass  # full
+        stale = depth.read_bytes()
+        with open(small_disk / "frame.jpg", "r+b") as f:
+            f.write(frame)  # rewritten in place: needs no new space, so it lands even now
+        wait_for(lambda: d.counts().get("failed") == 1, what="the tries to run out")
+        assert depth.read_bytes() == stale and d.temp_files() == []
+        filler.unlink()
+        wait_for(lambda: d.counts().get("done") == 3, what="the frame made again once space is back")
+        assert depth.read_bytes() != stale and d.temp_files() == []
+    finally:
+        assert d.stop() == 0
+    assert "made again once" in d.log()
+
+
+# -- minor: what reaches the log --------------------------------------------------------------------------------
+
+
+def _png_with_a_bad_text_chunk() -> bytes:
+    """A PNG libpng decodes whole, after warning on stderr that a tEXt chunk fails its CRC."""
+    import struct
+    import zlib
+
+    import cv2
+
+    png = cv2.imencode(".png", quadrant_frame(64, 48))[1].tobytes()
+    chunk = b"tEXt" + b"Comment\x00hello"
+    bad = struct.pack(">I", len(chunk) - 4) + chunk + struct.pack(">I", (zlib.crc32(chunk) ^ 1) & 0xFFFFFFFF)
+    return png[:33] + bad + png[33:]
+
+
+def test_a_bidi_name_a_libpng_warning_and_a_photo_of_a_map_each_get_one_clean_line(tmp_path, tiny_model):
+    from depthwatch.frames import provenance
+
+    d = DaemonProcess(tmp_path, tiny_model, watch={"patterns": ["*.jpg", "*.png"]}, output={"template": "maps/{stem}.png"}).start()
+    try:
+        write_by_rename(d.watch / "shot\u202egnp.jpg", jpeg_bytes(quadrant_frame()))
+        write_by_rename(d.watch / "crc.png", _png_with_a_bad_text_chunk())
+        wait_for(lambda: d.counts().get("done") == 2, what="both maps")
+        record = {"source": "elsewhere.jpg", "size": 1, "mtime_ns": 1, "ino": 1}
+        write_by_rename(d.watch / "copied.jpg", provenance.embed(jpeg_bytes(quadrant_frame()), record))
+        wait_for(lambda: d.counts().get("own_maps") == 1, what="the copied map counted")
+    finally:
+        assert d.stop() == 0
+    log = d.log()
+    assert "\u202e" not in log and "shot\\u202egnp.jpg" in log
+    assert "libpng warning" not in log and "CRC error" not in log
+    warnings = [line for line in log.splitlines() if " WARNING " in line and "copied.jpg" in line]
+    assert len(warnings) == 1 and warnings[0].endswith(
+        "copied.jpg carries depthwatch's record (a depth map, or an image saved from one); not taken as a frame"
+    ), warnings
+
+
+def test_a_config_path_that_is_a_fifo_is_called_one(tmp_path):
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    done = subprocess.run([sys.executable, "-m", "depthwatch", "run", "-c", str(fifo)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == EX_CONFIG
+    assert done.stderr.strip().splitlines()[-1] == f"depthwatch: config file {fifo} is a FIFO (named pipe), not a file; check the -c path"
+
+
+def test_temporary_files_that_cannot_be_removed_are_not_reported_as_removed(tmp_path, tiny_model):
+    d = DaemonProcess(tmp_path, tiny_model, restricted=True)
+    left = d.watch / ".depth.jpg.999999-0123abcd.dwtmp"
+    left.write_bytes(b"half a map")
+    d.watch.chmod(0o555)
+    try:
+        d.start()
+        assert d.stop() == 0
+    finally:
+        d.watch.chmod(0o755)
+    assert left.exists()
+    assert "removed 1 temporary file(s)" not in d.log()
+    assert f"cannot remove 1 temporary file(s) left in {d.watch} (is the folder writable?)" in d.log()
+
+
+def test_file_events_the_kernel_dropped_are_made_up_by_a_rescan(tmp_path, tiny_model):
+    """inotify's queue overflows while the daemon cannot read it (stopped here, busy in life):
+    the events beyond it, the frame's among them, are lost; watchdog says so only in a log record."""
+    limit = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
+    d = DaemonProcess(tmp_path, tiny_model).start()
+    try:
+        d.send(signal.SIGSTOP)
+        try:
+            for i in range(limit // 2):  # each raises at least create, open and close-after-write
+                (d.watch / f"notes{i:05d}.txt").write_bytes(b"")
+            write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))  # beyond the queue: lost
+        finally:
+            d.send(signal.SIGCONT)
+        wait_for(lambda: d.counts().get("done") == 1, what="the frame whose event was lost")
+    finally:
+        assert d.stop() == 0
+    lines = d.log().splitlines()
+    assert any(line.endswith("file events were lost (the kernel's inotify queue overflowed); rescanning the watch folders") for line in lines)
+    assert not any(line.startswith("Inotify queue overflowed") for line in lines), "watchdog's raw line reached the log"
+
+
+def test_a_finished_shot_folder_moved_into_a_recursive_watch_is_not_mapped_again(tmp_path, tiny_model):
+    """watchdog reports each file of a folder moved in as created; those whose maps are
+    current (their record names this very version) need nothing."""
+    first = DaemonProcess(tmp_path / "first", tiny_model, watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_depth.png"}).start()
+    try:
+        for i in range(3):
+            write_by_rename(first.watch / f"f{i}.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: first.counts().get("done") == 3, what="the shot's maps")
+    finally:
+        assert first.stop() == 0
+    d = DaemonProcess(tmp_path / "second", tiny_model, watch={"patterns": ["*.jpg"], "recursive": True},
+                      output={"template": "{stem}_depth.png"}).start()
+    try:
+        os.rename(first.watch, d.watch / "shot")
+        wait_for(lambda: "shot moved in: 0 frame(s) to map" in d.log(), what="the moved-in folder's scan")
+        write_by_rename(d.watch / "shot" / "new.jpg", jpeg_bytes(quadrant_frame()))  # after the others' events
+        wait_for(lambda: (d.watch / "shot" / "new_depth.png").exists(), what="the new frame's map")
+        wait_for(lambda: d.counts().get("done") == 1, what="the count")
+    finally:
+        assert d.stop() == 0
+    mapped = [line for line in d.frame_lines()]
+    assert len(mapped) == 1 and "new.jpg" in mapped[0], mapped
