@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from benchmarks.processes import BenchError, Child, python
-from depthwatch.frames.pipeline import STAGES, parse_frame_line
+from depthwatch.frames.frameline import STAGES, parse_frame_line
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class DaemonProcess:
     The one harness for every test and benchmark that drives the daemon: it
     writes the config (`config` as a dict of sections; the status file is set
     here), starts the process, waits for its status to say running, reads its
-    status and its per-frame log lines (through `depthwatch.frames.pipeline.parse_frame_line`,
+    status and its per-frame log lines (through `depthwatch.frames.frameline.parse_frame_line`,
     the reader that lives beside the writer), and always stops it.
     `prefix` goes before the command (e.g. a privilege drop); the log is
     appended to across restarts.

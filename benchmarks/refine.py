@@ -35,8 +35,8 @@ def micro(prediction_side: int = 256, repeats: int = 30) -> dict[str, Any]:
     """Median ms on one core of refine.edges and of the render with/without it, per frame size."""
     from skimage import data
 
-    from depthwatch.imaging import pixels, refine
-    from depthwatch.imaging.pixels import RenderOptions
+    from depthwatch.imaging import codec, refine, render
+    from depthwatch.imaging.render import RenderOptions
 
     rng = np.random.default_rng(0)
     nearness = cv2.GaussianBlur(rng.random((prediction_side, prediction_side)).astype(np.float32), (0, 0), 6)
@@ -49,14 +49,14 @@ def micro(prediction_side: int = 256, repeats: int = 30) -> dict[str, Any]:
         for name, size in SIZES.items():
             frame = cv2.resize(photo, size, interpolation=cv2.INTER_CUBIC)
             jpeg = cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes()
-            reduced = pixels.decode(jpeg, max_pixels=10**9, min_size=(prediction_side, prediction_side)).image
+            reduced = codec.decode(jpeg, max_pixels=10**9, min_size=(prediction_side, prediction_side)).image
             for guide_name, guide in (("jpeg", reduced), ("full", frame)):
                 row = {"guide": f"{guide.shape[1]}x{guide.shape[0]}"}
                 row["refine_ms"] = _median_ms(lambda: refine.edges(nearness, guide), repeats)
                 for mode in ("edges", "none"):
                     options = RenderOptions(bits=8, refine=mode)
                     row[f"render_{mode}_ms"] = _median_ms(
-                        lambda: pixels.render(nearness, size, options, guide=guide), repeats
+                        lambda: render.render(nearness, size, options, guide=guide), repeats
                     )
                 out[f"{name}_{guide_name}"] = row
     finally:

@@ -303,8 +303,8 @@ def table(results: dict[str, Any]) -> str:
         lines.append(
             f"output.normalise: burst stable {_f(_get(s, 'burst', 'fps'))} vs frame {_f(_get(n, 'burst_frame', 'fps'))} frames/s "
             f"({_f(d.get('burst_stable_vs_frame'), '.3f')}x); latency on a real shot p50 stable {_f(ls.get('p50_ms'))} vs frame "
-            f"{_f(lf.get('p50_ms'))} ms ({_f(d.get('latency_stable_minus_frame_ms'), '+.2f')} ms), encode stage "
-            f"{_f(_get(ls, 'daemon_stage_ms', 'encode'), '.2f')} vs {_f(_get(lf, 'daemon_stage_ms', 'encode'), '.2f')} ms"
+            f"{_f(lf.get('p50_ms'))} ms ({_f(d.get('latency_stable_minus_frame_ms'), '+.2f')} ms), normalise stage "
+            f"{_f(_get(ls, 'daemon_stage_ms', 'normalise'), '.2f')} vs {_f(_get(lf, 'daemon_stage_ms', 'normalise'), '.2f')} ms"
         )
     lines += ["", "targets (not assertions):"]
     for t in results["targets"]:

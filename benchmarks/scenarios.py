@@ -115,53 +115,65 @@ def costs(plan: Plan, config: Any, single: sessions.Captured) -> dict[str, Any]:
     """CPU seconds per frame of inference (one intra-op thread) and of the daemon's image work.
 
     `single` is the model loaded by depthwatch with one intra-op thread, from
-    `config`. The image work is depthwatch's own: read the file, decode (at
-    reduced scale), prepare the tensor, render the map at the frame's size,
-    encode it and write it atomically, with OpenCV on one thread.
+    `config`. The image work is depthwatch's own, stage by stage as the
+    daemon's log line names them: read the file, decode (at reduced scale),
+    prepare the tensor, then the render chain (normalise, render at the
+    frame's size, encode) and the atomic write, with OpenCV on one thread.
     """
-    from depthwatch.frames.pipeline import Settings, read_source
+    from depthwatch.frames.frameline import STAGES
+    from depthwatch.frames.reading import read_source
+    from depthwatch.frames.settings import Settings
     from depthwatch.frames.writer import atomic_write
-    from depthwatch.imaging import pixels
+    from depthwatch.imaging import codec, render, tensor
     from depthwatch.model.contract import depth_map
 
     settings = Settings.from_config(config)
     info = single.info
     contract, profile = info.contract, info.profile
-    min_size = pixels.model_input_size(contract, profile, (4096, 4096))
-    options = dataclasses.replace(settings.render, bits=pixels.bits_for(".jpg", settings.png_bits))
     paths = _write_frames(plan, "costs", max(plan.count, WARM_UP + 1))
     samples = min(max(plan.count, 3), 40)
     order = [paths[i % len(paths)] for i in range(WARM_UP + samples)]
-    stages: dict[str, list[float]] = {k: [] for k in ("read", "decode", "infer", "encode", "write")}
+    stages: dict[str, list[float]] = {k: [] for k in STAGES}
     wall: list[float] = []
     threads = cv2.getNumThreads()
     cv2.setNumThreads(1)
     try:
         for n, path in enumerate(order):
+            cpu: dict[str, float] = {}
+            clock = [time.process_time()]
+
+            def lap(stage: str) -> None:  # CPU ms per stage, as the daemon's laps take wall ms
+                now = time.process_time()
+                cpu[stage] = cpu.get(stage, 0.0) + (now - clock[0]) * 1000
+                clock[0] = now
+
             w0 = time.perf_counter()
-            c0 = time.process_time()
             data, _ = read_source(path)
-            c1 = time.process_time()
-            decoded = pixels.decode(data, max_pixels=settings.max_pixels, min_size=min_size)
-            tensor = pixels.prepare(decoded, contract, profile)
-            c2 = time.process_time()
+            lap("read")
+            decoded = codec.decode(data, max_pixels=settings.max_pixels, min_size=info.min_frame_size)
+            lap("decode")
+            prepared = tensor.prepare(decoded, contract, profile)
+            lap("prepare")
             w2 = time.perf_counter()
-            output = single.session.run([contract.output_name], {contract.input_name: tensor})[0]
-            c3 = time.process_time()
+            output = single.session.run([contract.output_name], {contract.input_name: prepared})[0]
+            lap("infer")
             w3 = time.perf_counter()
-            nearness = pixels.normalise(depth_map(output), profile.output, options)
-            depth = pixels.render(nearness, decoded.size, options, guide=decoded.image)
-            encoded = pixels.encode(
-                depth, ".jpg", jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression
+            made = render.depth_map(
+                depth_map(output),
+                profile.predicts,
+                decoded,
+                ext=".jpg",
+                options=settings.render,
+                encoding=settings.encoding,
+                lap=lap,
             )
-            c4 = time.process_time()
-            atomic_write(path.with_name(path.stem + "_depth.jpg"), encoded)
-            c5 = time.process_time()
+            atomic_write(path.with_name(path.stem + "_depth.jpg"), made.data)
+            lap("write")
             w5 = time.perf_counter()
             if n < WARM_UP:
                 continue
-            for key, value in zip(stages, (c1 - c0, c2 - c1, c3 - c2, c4 - c3, c5 - c4)):
-                stages[key].append(value * 1000)
+            for key in stages:
+                stages[key].append(cpu.get(key, 0.0))
             wall.append(((w2 - w0) + (w5 - w3)) * 1000)
     finally:
         cv2.setNumThreads(threads)
@@ -235,12 +247,11 @@ def parallel_ceiling(plan: Plan, single: sessions.Captured, threads: int) -> dic
 
 
 def _tensors(plan: Plan, captured: sessions.Captured) -> list[np.ndarray]:
-    from depthwatch.imaging import pixels
+    from depthwatch.imaging import codec, tensor
 
-    contract, profile = captured.info.contract, captured.info.profile
-    min_size = pixels.model_input_size(contract, profile, (4096, 4096))
+    info = captured.info
     return [
-        pixels.prepare(pixels.decode(d, max_pixels=10**9, min_size=min_size), contract, profile)
+        tensor.prepare(codec.decode(d, max_pixels=10**9, min_size=info.min_frame_size), info.contract, info.profile)
         for d in plan.frames.data[: max(1, min(plan.count, 16))]
     ]
 
@@ -273,10 +284,10 @@ def _wait_http(child: Child, port: int, timeout: float = 120.0) -> float:
 
 def prep_for(captured: sessions.Captured, frame_size: tuple[int, int]) -> dict[str, Any]:
     """What the classic server needs to feed the model, from depthwatch's contract and profile."""
-    from depthwatch.imaging import pixels
+    from depthwatch.model.contract import model_input_size
 
     info = captured.info
-    w, h = pixels.model_input_size(info.contract, info.profile, frame_size)
+    w, h = model_input_size(info.contract, info.profile, frame_size)
     return {
         "width": w,
         "height": h,
@@ -284,7 +295,7 @@ def prep_for(captured: sessions.Captured, frame_size: tuple[int, int]) -> dict[s
         "dtype": np.dtype(info.contract.input_dtype).name,
         "mean": list(info.profile.mean),
         "std": list(info.profile.std),
-        "output": info.profile.output,
+        "output": info.profile.predicts,
     }
 
 

@@ -494,6 +494,38 @@ def _section(cls: type, name: str, data: Any, node: yaml.Node, path: Path, base:
     return cls(**values)
 
 
+def map_format_problem(template: str, frame_ext: str, png_bits: int, frame: str = "the frame") -> str | None:
+    """Why the map `template` names for a frame ending in `frame_ext` cannot be written as configured.
+
+    None when it can. Matters for templates that take the frame's own extension
+    (`{ext}`, `{name}`): a WebP frame would get a .webp map, which no encoder
+    here writes, and a PNG frame a PNG map, which cannot hold png_bits 32.
+    `frame` names the frame in the message ("a *.webp frame", "the frame").
+    """
+    if "{ext}" not in template and "{name}" not in template:
+        return None  # a fixed extension, checked as the template is read
+    ext = frame_ext.lower()
+    suffix = Path(template.format(stem="frame", name=f"frame{ext}", ext=ext.lstrip("."))).suffix.lower()
+    if suffix not in OUTPUT_FORMATS:
+        return (
+            f"output.template {template!r} names the map after {frame}'s extension, and depth maps cannot be "
+            f"written as {suffix or 'a file without one'}; give the template its own: .jpg, .png, .tif or .exr "
+            "(e.g. '{stem}_depth.png')"
+        )
+    if png_bits == 32 and OUTPUT_FORMATS[suffix] == ".png":
+        return (
+            f"output.png_bits 32 (float) needs .tif or .exr maps, and output.template {template!r} makes {frame}'s "
+            "map a PNG, which holds at most 16 bits; use a .tif or .exr template, or png_bits 16"
+        )
+    return None
+
+
+def _pattern_ext(pattern: str) -> str | None:
+    """The extension every file `pattern` matches ends in, or None where the pattern leaves it open."""
+    ext = os.path.splitext(pattern)[1]
+    return ext if ext and not set(ext) & set("*?[") else None
+
+
 def check_combinations(config: Config, where: str = "command line") -> None:
     """Settings that are fine alone but impossible together (also after command-line overrides)."""
     if (config.model.mean is None) != (config.model.std is None):
@@ -510,6 +542,11 @@ def check_combinations(config: Config, where: str = "command line") -> None:
             f"{where}: output.png_bits 32 (float) needs a .tif or .exr template, not {out.template!r}; "
             "PNG holds at most 16 bits"
         )
+    for pattern in config.watch.patterns:  # patterns that leave the extension open: each frame's job checks
+        ext = _pattern_ext(pattern)
+        problem = ext and map_format_problem(out.template, ext, out.png_bits, f"a {pattern} frame")
+        if problem:
+            raise ConfigError(f"{where}: {problem}")
     if config.output.template in config.watch.patterns:
         raise ConfigError(
             f"{where}: output.template {config.output.template!r} is also a watch pattern; "

@@ -22,7 +22,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from depthwatch.imaging import normalise, pixels, stabilise
+from depthwatch.imaging import codec, normalise, stabilise, tensor
 from depthwatch.model.engine import Engine
 from depthwatch.model.profiles import PROFILES
 from depthwatch.model.spec import ModelSpec
@@ -48,16 +48,16 @@ def main() -> None:
         info = engine.wait_ready()
         predictions = []
         for image in frames:
-            decoded = pixels.Decoded(image, (image.shape[1], image.shape[0]), "jpeg")
-            tensor = pixels.prepare(decoded, info.contract, profile)
-            predictions.append(engine.infer(tensor, info.generation).result().prediction)
-    kind = profile.output
+            decoded = codec.Decoded(image, (image.shape[1], image.shape[0]), "jpeg")
+            prepared = tensor.prepare(decoded, info.contract, profile)
+            predictions.append(engine.infer(prepared, info.generation).result().prediction)
+    kind = profile.predicts
     per_frame = [normalise.frame(p, kind) for p in predictions]
     stabiliser, live, out = stabilise.Stabiliser(), [], Path("depth.jpg")
     for i, (image, p) in enumerate(zip(frames, predictions)):
-        outcome = stabiliser.map(out, p, kind, image, key=0, seq=i + 1)
-        stabiliser.landed(out, outcome)
-        live.append(outcome.map)
+        shot_map = stabiliser.map(out, p, kind, image, key=0, seq=i + 1)
+        stabiliser.landed(out, shot_map)
+        live.append(shot_map.map)
     items = ((i, stabilise.summarise(p, kind, f), p) for i, (p, f) in enumerate(zip(predictions, frames)))
     offline = [m for _i, m, _first in stabilise.stabilised(items, kind)]
 

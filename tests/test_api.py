@@ -21,11 +21,12 @@ from daemon_process import DaemonProcess, wait_for
 requests = pytest.importorskip("requests")
 pytest.importorskip("waitress")
 
-from depthwatch.imaging import pixels  # noqa: E402
+from depthwatch.imaging import codec, normalise, render, tensor  # noqa: E402
 from depthwatch.config import ApiConfig, Config, OutputConfig, WatchConfig  # noqa: E402
 from depthwatch.daemon.waiters import DONE, TIMEOUT, MapWaiters  # noqa: E402
 from depthwatch.frames.job import Job  # noqa: E402
-from depthwatch.frames.pipeline import Result, Settings  # noqa: E402
+from depthwatch.frames.result import Result  # noqa: E402
+from depthwatch.frames.settings import Settings  # noqa: E402
 from depthwatch.frames.rules import Rules  # noqa: E402
 from depthwatch.model.engine import Engine  # noqa: E402
 from depthwatch.model.profiles import PROFILES  # noqa: E402
@@ -51,12 +52,12 @@ class Reference:
 
     def depth(self, data: bytes, bits: int = 8) -> np.ndarray:
         """The map with the daemon's default output settings (refine, levels) at `bits`."""
-        decoded = pixels.decode(data, max_pixels=10**8, min_size=self.info.min_frame_size)
-        tensor = pixels.prepare(decoded, self.info.contract, self.info.profile)
-        prediction = self.engine.infer(tensor, self.info.generation).result(HTTP_TIMEOUT).prediction
+        decoded = codec.decode(data, max_pixels=10**8, min_size=self.info.min_frame_size)
+        prepared = tensor.prepare(decoded, self.info.contract, self.info.profile)
+        prediction = self.engine.infer(prepared, self.info.generation).result(HTTP_TIMEOUT).prediction
         options = dataclasses.replace(Settings.from_config(Config()).render, bits=bits)
-        nearness = pixels.normalise(prediction, self.info.profile.output, options)
-        return pixels.render(nearness, decoded.size, options, guide=decoded.image)
+        nearness = normalise.frame(prediction, self.info.profile.predicts, options.clip_percent)
+        return render.render(nearness, decoded.size, options, guide=decoded.image)
 
     def close(self) -> None:
         self.engine.stop()
@@ -161,6 +162,16 @@ def test_a_finished_frame_is_answered_without_running_it_again(api_daemon):
         assert (answer.status_code, answer.text) == (200, "DONE")
     assert d.stop() == 0
     assert len(d.frame_lines()) == 1, d.log()
+
+
+def test_the_classic_frame_is_the_pattern_as_written(api_daemon):
+    """`patterns: [Frame.JPG]` on a case-sensitive disk: the frame is Frame.JPG, not frame.jpg."""
+    d = api_daemon(watch={"patterns": ["Frame.JPG"]}, output={"template": "depth.jpg"})
+    write_by_rename(d.watch / "Frame.JPG", jpeg_bytes(block_frame(3)))
+    answer = requests.post(f"{d.url}/predict", timeout=HTTP_TIMEOUT)
+    assert (answer.status_code, answer.text) == (200, "DONE")
+    assert (d.watch / "depth.jpg").is_file()
+    assert d.stop() == 0
 
 
 def test_frame_parameter_names_another_frame(api_daemon, reference):

@@ -27,8 +27,8 @@ from benchmarks.clips import pan_clip_frames, write_clip  # noqa: E402
 from conftest import FASTDEPTH  # noqa: E402
 from depthwatch.config import ModelConfig  # noqa: E402
 from depthwatch.frames.clips import ClipJob, make_clip  # noqa: E402
-from depthwatch.frames.pipeline import Settings  # noqa: E402
-from depthwatch.imaging import normalise, pixels  # noqa: E402
+from depthwatch.frames.settings import Settings  # noqa: E402
+from depthwatch.imaging import codec, normalise, tensor  # noqa: E402
 from depthwatch.model import catalogue  # noqa: E402
 from depthwatch.model.engine import Engine  # noqa: E402
 
@@ -105,9 +105,9 @@ def reference_maps(source: Path, engine: Engine) -> list[np.ndarray]:
     with av.open(str(source)) as container:
         for frame in container.decode(video=0):
             image = frame.to_ndarray(format="bgr24")
-            tensor = pixels.prepare(pixels.Decoded(image, (image.shape[1], image.shape[0]), "clip"), info.contract, info.profile)
-            prediction = engine.infer(tensor, info.generation).result().prediction
-            nearness = normalise.frame(prediction, info.profile.output)
+            model_input = tensor.prepare(codec.Decoded(image, (image.shape[1], image.shape[0]), "clip"), info.contract, info.profile)
+            prediction = engine.infer(model_input, info.generation).result().prediction
+            nearness = normalise.frame(prediction, info.profile.predicts)
             maps.append(cv2.resize(cv2.resize(nearness, SIZE, interpolation=cv2.INTER_LINEAR), COMPARE, interpolation=cv2.INTER_AREA))
     return maps
 

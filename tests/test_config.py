@@ -47,6 +47,14 @@ BAD_CONFIGS = {
     "near below far": ("output:\n  near: 0.2\n  far: 0.5\n", ":1:1: output.near (0.2) must be above output.far (0.5); to make near black, set output.invert: true"),
     "float png": ("output:\n  template: depth.png\n  png_bits: 32\n", ":1:1: output.png_bits 32 (float) needs a .tif or .exr template"),
     "mean without std": ("model:\n  mean: [0.5, 0.5, 0.5]\n", ":1:1: model.mean and model.std go together"),
+    "ext webp": (
+        "watch:\n  patterns: ['*.webp', '*.jpg']\noutput:\n  template: '{stem}_depth.{ext}'\n",
+        ":1:1: output.template '{stem}_depth.{ext}' names the map after a *.webp frame's extension, and depth maps cannot be written as .webp",
+    ),
+    "ext png 32": (
+        "watch:\n  patterns: ['*.PNG']\noutput:\n  template: '{stem}_depth.{ext}'\n  png_bits: 32\n",
+        ":1:1: output.png_bits 32 (float) needs .tif or .exr maps, and output.template '{stem}_depth.{ext}' makes a *.PNG frame's map a PNG",
+    ),
     "output is input": ("watch:\n  patterns: [frame.jpg]\noutput:\n  template: frame.jpg\n", "output.template 'frame.jpg' is also a watch pattern"),
 }
 

@@ -16,6 +16,8 @@ import pytest
 from conftest import jpeg_bytes, quadrant_frame, write_by_rename
 from daemon_process import DaemonProcess, wait_for
 
+from depthwatch.frames.frameline import STAGES, parse_frame_line
+
 QUADRANTS = ("top-left", "top-right", "bottom-left", "bottom-right")
 
 
@@ -65,6 +67,10 @@ def test_frame_dropped_by_rename_gives_exactly_one_depth_map(daemon, observer):
     assert d.stop() == 0
     assert len(d.frame_lines()) == 1, d.log()
     assert d.counts()["failed"] == 0
+    # The stages the log line names, one per module a frame goes through, in the status file too.
+    line = parse_frame_line(d.frame_lines()[0])
+    assert line is not None and line["size"] == (320, 180) and set(STAGES) <= set(line), d.frame_lines()
+    assert list(d.counts()["last_stage_ms"]) == list(STAGES)
 
 
 @pytest.mark.parametrize("observer", ["native", "polling"])
@@ -228,6 +234,25 @@ def test_a_thousand_frames_all_get_maps_and_the_counts_agree(daemon):
     assert counts["failed"] == 0 and counts["superseded"] == 0
     assert d.status()["model_loads"] == 1
     assert len(d.frame_lines()) == count
+
+
+def test_two_frames_that_would_share_one_map_are_both_refused(tmp_path, tiny_model):
+    """`A.jpg` and `A.tif` under `{stem}_depth.png`: neither map would last, so neither is made.
+
+    One line each, naming the other frame; a frame of its own (`B.jpg`) is mapped as ever.
+    """
+    d = DaemonProcess(tmp_path, tiny_model, watch={"patterns": ["*.jpg", "*.tif"]}, output={"template": "{stem}_depth.png"})
+    for name in ("A.jpg", "A.tif", "B.jpg"):
+        cv2.imwrite(str(d.watch / name), quadrant_frame())
+    d.start()
+    try:
+        wait_for(lambda: d.counts().get("done") == 1 and d.counts().get("failed") == 2, what="B mapped, both A refused")
+        log = d.log()
+        assert "A.jpg: A.tif maps to A_depth.png too" in log and "A.tif: A.jpg maps to A_depth.png too" in log, log
+        assert (d.watch / "B_depth.png").is_file() and not (d.watch / "A_depth.png").exists()
+        assert d.stop() == 0
+    finally:
+        d.close()
 
 
 def test_frames_waiting_at_start_are_processed(tmp_path, tiny_model):

@@ -17,9 +17,10 @@ from onnx_models import brightness_model, failing_model, spec_for
 
 from depthwatch.errors import ModelError, Superseded
 from depthwatch.frames.job import Job
-from depthwatch.frames.pipeline import Pipeline, Settings
+from depthwatch.frames.pipeline import Pipeline
+from depthwatch.frames.settings import Settings
 from depthwatch.imaging.levels import Levels
-from depthwatch.imaging.pixels import RenderOptions
+from depthwatch.imaging.render import RenderOptions
 from depthwatch.model import providers
 from depthwatch.model.engine import Engine
 from depthwatch.model.profiles import PROFILES
@@ -396,7 +397,7 @@ def test_a_frame_that_straddles_a_model_swap_is_rendered_with_the_model_that_ran
     model_a = brightness_model(tmp_path / "a.onnx")
     model_b = brightness_model(tmp_path / "b.onnx")
     spec_a = spec_for(model_a)
-    spec_b = ModelSpec(path=model_b, profile=spec_a.profile.with_overrides(output=DEPTH), providers=("cpu",))
+    spec_b = ModelSpec(path=model_b, profile=spec_a.profile.with_overrides(predicts=DEPTH), providers=("cpu",))
     gate, worker_free = threading.Event(), threading.Event()
 
     def gated(path, sess_options=None, providers=None):

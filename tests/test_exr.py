@@ -26,7 +26,7 @@ from depthwatch import config as configuration
 from depthwatch.errors import ConfigError, FrameError
 from depthwatch.frames import provenance
 from depthwatch.frames.rules import map_is_current
-from depthwatch.imaging import exrlayout, formats, pixels, view
+from depthwatch.imaging import codec, exrlayout, formats, view
 
 
 def exr_bytes(channels: dict[str, np.ndarray], *, tiled: bool = False, compression: object = None) -> bytes:
@@ -131,8 +131,8 @@ def test_the_map_of_a_cropped_exr_render_keeps_its_data_and_display_windows(tmp_
 def test_exr_maps_are_half_or_float_in_each_compression(compression):
     depth = cv2.GaussianBlur(np.random.default_rng(1).random((48, 64)).astype(np.float32), (0, 0), 2)
     for half in (False, True):
-        options = pixels.ExrOptions(half=half, compression=compression)
-        header, channels = read_exr(pixels.encode(depth, ".exr", exr_options=options))
+        options = codec.ExrOptions(half=half, compression=compression)
+        header, channels = read_exr(codec.encode(depth, ".exr", exr_options=options))
         z = channels["Z"]
         assert z.dtype == (np.float16 if half else np.float32)
         assert header["compression"].name.lower().startswith(compression if compression != "none" else "no_")
@@ -211,7 +211,7 @@ def test_the_view_transform_rolls_highlights_off_and_keeps_every_pixel_finite():
 def test_sixteen_bit_png_and_tiff_frames_still_decode_as_before():
     frame = (np.random.default_rng(2).random((40, 60, 3)) * 65535).astype(np.uint16)
     for ext in (".png", ".tif"):
-        decoded = pixels.decode(cv2.imencode(ext, frame)[1].tobytes(), max_pixels=10**6)
+        decoded = codec.decode(cv2.imencode(ext, frame)[1].tobytes(), max_pixels=10**6)
         assert decoded.image.dtype == np.uint8 and decoded.size == (60, 40) and decoded.not_finite == 0
         np.testing.assert_allclose(decoded.image, frame / 257, atol=1)
 
@@ -276,13 +276,13 @@ def test_bad_exrs_are_refused_with_their_reason_before_decoding():
         if not reason:
             continue
         with pytest.raises(FrameError) as caught:
-            pixels.decode(data, max_pixels=100_000_000)
+            codec.decode(data, max_pixels=100_000_000)
         assert str(caught.value).startswith(reason), (name, str(caught.value))
 
 
 def test_nan_and_inf_pixels_are_made_finite_and_counted():
     data, _ = bad_exrs()["poisoned.exr"]
-    decoded = pixels.decode(data, max_pixels=10**6)
+    decoded = codec.decode(data, max_pixels=10**6)
     assert decoded.not_finite == 8 * 8 * 3 + 4 * 4 * 3
     assert (decoded.image[:8, :8] == 0).all() and (decoded.image[-4:, -4:] == 255).all()
 

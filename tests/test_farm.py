@@ -274,7 +274,7 @@ def test_an_interrupted_job_resumes_with_only_the_missing_maps(farm: Farm, frame
         assert worker.stop(signal.SIGTERM) == 0, worker.log()
         assert "stopping: finishing the tasks in hand" in worker.log()
         status = worker.status()
-        assert status["state"] == "stopped" and status["counts"]["in_flight"] == 0  # every frame it took, finished
+        assert status["state"] == "stopped" and status["in_progress"] == 0  # every frame it took, finished
         assert status["counts"]["done"] == len(worker.frame_lines())
     assert temp_files(out) == []
     kept = {name: (p.stat().st_ino, p.stat().st_mtime_ns) for name, p in maps_in(out).items()}

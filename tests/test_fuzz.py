@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from depthwatch.errors import FrameError
-from depthwatch.imaging import formats, pixels
+from depthwatch.imaging import codec, formats, normalise, render, tensor
 from depthwatch.model.contract import Contract
 from depthwatch.model.profiles import INVERSE_DEPTH, PROFILES
 
@@ -72,17 +72,7 @@ def test_mutated_images_decode_or_fail_cleanly(data):
     fmt = formats.sniff(data)
     if fmt is not None:  # the watcher's completeness check never raises either
         assert formats.is_complete_at(fmt, lambda o, n: data[o : o + n], len(data)) in (True, False, None)
-    try:
-        decoded = pixels.decode(data, max_pixels=4_000_000, min_size=(32, 32))
-    except FrameError as exc:
-        assert str(exc) and "\n" not in str(exc)
-        return
-    tensor = pixels.prepare(decoded, CONTRACT, PROFILES["midas-v21-small"])
-    assert tensor.shape == (1, 3, 32, 32) and np.isfinite(tensor).all()
-    options = pixels.RenderOptions()
-    nearness = pixels.normalise(tensor[0, 0], INVERSE_DEPTH, options)
-    depth = pixels.render(nearness, decoded.size, options, guide=decoded.image)
-    assert (depth.shape[1], depth.shape[0]) == decoded.size
+    _decode_once(data)
 
 
 # -- past the sniff: mutations that keep a real header and end marker, so the decoders run --------
@@ -155,15 +145,15 @@ _BEFORE_DECODER = ("the file is empty", "not a JPEG", "header is damaged", "head
 def _decode_once(data: bytes) -> str:
     """'decoded', 'refused by the decoder' or 'refused before it'; anything else escapes."""
     try:
-        decoded = pixels.decode(data, max_pixels=4_000_000, min_size=(32, 32))
+        decoded = codec.decode(data, max_pixels=4_000_000, min_size=(32, 32))
     except FrameError as exc:
         reason = str(exc)
         assert reason and "\n" not in reason
         return "before" if any(sign in reason for sign in _BEFORE_DECODER) else "decoder"
-    tensor = pixels.prepare(decoded, CONTRACT, PROFILES["midas-v21-small"])
-    assert tensor.shape == (1, 3, 32, 32) and np.isfinite(tensor).all()
-    options = pixels.RenderOptions()
-    depth = pixels.render(pixels.normalise(tensor[0, 0], INVERSE_DEPTH, options), decoded.size, options, guide=decoded.image)
+    prepared = tensor.prepare(decoded, CONTRACT, PROFILES["midas-v21-small"])
+    assert prepared.shape == (1, 3, 32, 32) and np.isfinite(prepared).all()
+    options = render.RenderOptions()
+    depth = render.render(normalise.frame(prepared[0, 0], INVERSE_DEPTH), decoded.size, options, guide=decoded.image)
     assert (depth.shape[1], depth.shape[0]) == decoded.size
     return "decoded"
 
@@ -193,7 +183,7 @@ def test_the_body_mutations_really_reach_each_decoder():
 def test_arbitrary_bytes_never_escape_as_anything_but_frame_errors(data):
     """Random bytes stop at the sniff (the tests above are the ones that reach the decoders)."""
     try:
-        pixels.decode(data, max_pixels=4_000_000)
+        codec.decode(data, max_pixels=4_000_000)
     except FrameError:
         pass
 
@@ -261,7 +251,7 @@ def test_whatever_sits_at_a_frames_path_is_read_or_refused_in_one_line_never_han
     from pathlib import Path
 
     from depthwatch.frames import provenance
-    from depthwatch.frames.pipeline import read_source
+    from depthwatch.frames.reading import read_source
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

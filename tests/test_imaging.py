@@ -8,9 +8,9 @@ import pytest
 from conftest import jpeg_bytes, quadrant_frame
 
 from depthwatch.errors import FrameError
-from depthwatch.imaging import pixels
+from depthwatch.imaging import codec, normalise, render
 from depthwatch.imaging.levels import Levels
-from depthwatch.imaging.pixels import RenderOptions
+from depthwatch.imaging.render import RenderOptions
 from depthwatch.model.profiles import DEPTH, INVERSE_DEPTH
 
 LIMIT = 100_000_000
@@ -19,31 +19,31 @@ LIMIT = 100_000_000
 def test_normalise_uses_the_range_not_the_maximum():
     # The classic example's 255/max*(x-min) gives 255/1*(x+3) here: wrong and wrapping.
     prediction = np.array([[-3.0, -1.0], [0.0, 1.0]], np.float32)
-    n = pixels.normalise(prediction, INVERSE_DEPTH, RenderOptions())
+    n = normalise.frame(prediction, INVERSE_DEPTH)
     np.testing.assert_allclose(n, [[0.0, 0.5], [0.75, 1.0]])
 
 
 def test_flat_prediction_gives_black_not_nan():
-    n = pixels.normalise(np.full((4, 4), 7.0, np.float32), INVERSE_DEPTH, RenderOptions())
+    n = normalise.frame(np.full((4, 4), 7.0, np.float32), INVERSE_DEPTH)
     assert np.all(n == 0.0)
 
 
 def test_depth_models_are_inverted_so_white_is_near_either_way():
     nearness = np.array([[0.0, 1.0]], np.float32)  # inverse depth: right is near
     metres = np.array([[5.0, 1.0]], np.float32)  # depth: right is near
-    a = pixels.normalise(nearness, INVERSE_DEPTH, RenderOptions())
-    b = pixels.normalise(metres, DEPTH, RenderOptions())
+    a = normalise.frame(nearness, INVERSE_DEPTH)
+    b = normalise.frame(metres, DEPTH)
     np.testing.assert_allclose(a, [[0.0, 1.0]])
     np.testing.assert_allclose(b, [[0.0, 1.0]])
     # Inverting is a level now, after normalising: white = far.
-    inverted = pixels.render(a, (2, 1), RenderOptions(levels=Levels(invert=True)))
+    inverted = render.render(a, (2, 1), RenderOptions(levels=Levels(invert=True)))
     np.testing.assert_array_equal(inverted, [[255, 0]])
 
 
 def test_percentile_clip_saturates_outliers():
     prediction = np.linspace(0, 1, 101, dtype=np.float32).reshape(1, -1)
     prediction[0, -1] = 1000.0  # one hot pixel would squash everything else to black
-    n = pixels.normalise(prediction, INVERSE_DEPTH, RenderOptions(clip_percent=(0, 98)))
+    n = normalise.frame(prediction, INVERSE_DEPTH, (0, 98))
     assert n[0, 50] == pytest.approx(0.5, abs=0.02)
     assert n[0, -1] == 1.0
 
@@ -55,7 +55,7 @@ def test_quantise_then_upscale_matches_upscale_then_quantise(bits):
     prediction = cv2.GaussianBlur(rng.random((256, 256)).astype(np.float32), (0, 0), 5)
     size = (1920, 1080)
     options = RenderOptions(bits=bits, refine="none")
-    fast = pixels.render(pixels.normalise(prediction, INVERSE_DEPTH, options), size, options)
+    fast = render.render(normalise.frame(prediction, INVERSE_DEPTH, options.clip_percent), size, options)
     top = 255 if bits == 8 else 65535
     big = cv2.resize(prediction, size, interpolation=cv2.INTER_LINEAR)
     lo, hi = prediction.min(), prediction.max()
@@ -71,8 +71,8 @@ def test_reduced_jpeg_decode_gives_the_same_model_input():
 
     frame = cv2.resize(data.astronaut()[:, :, ::-1], (1920, 1080), interpolation=cv2.INTER_CUBIC)
     encoded = jpeg_bytes(frame)
-    reduced = pixels.decode(encoded, max_pixels=LIMIT, min_size=(256, 256))
-    full = pixels.decode(encoded, max_pixels=LIMIT)
+    reduced = codec.decode(encoded, max_pixels=LIMIT, min_size=(256, 256))
+    full = codec.decode(encoded, max_pixels=LIMIT)
     assert reduced.image.shape == (270, 480, 3)
     assert full.image.shape == (1080, 1920, 3)
     assert reduced.size == full.size == (1920, 1080)
@@ -86,7 +86,7 @@ def test_decode_refuses_a_decompression_bomb_before_decoding():
     # A valid PNG header declaring 60000 x 60000 pixels: refused from the header alone.
     header = b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\rIHDR" + (60000).to_bytes(4, "big") * 2 + b"\x08\x02\x00\x00\x00"
     with pytest.raises(FrameError, match="3600 megapixels, over the limit of 100"):
-        pixels.decode(header + b"\x00" * 64, max_pixels=LIMIT)
+        codec.decode(header + b"\x00" * 64, max_pixels=LIMIT)
 
 
 @pytest.mark.parametrize(
@@ -100,14 +100,14 @@ def test_decode_refuses_a_decompression_bomb_before_decoding():
 )
 def test_decode_says_why_a_file_is_unusable(data, reason):
     with pytest.raises(FrameError, match=reason):
-        pixels.decode(data, max_pixels=LIMIT)
+        codec.decode(data, max_pixels=LIMIT)
 
 
 def test_decode_handles_gray_sixteen_bit_and_alpha():
     gray16 = (np.linspace(0, 65535, 64 * 48).reshape(48, 64)).astype(np.uint16)
     rgba = np.dstack([quadrant_frame(64, 48), np.full((48, 64), 128, np.uint8)])
     for image, ext in ((gray16, ".png"), (gray16, ".tif"), (rgba, ".png"), (quadrant_frame(64, 48)[:, :, 0], ".jpg")):
-        decoded = pixels.decode(cv2.imencode(ext, image)[1].tobytes(), max_pixels=LIMIT)
+        decoded = codec.decode(cv2.imencode(ext, image)[1].tobytes(), max_pixels=LIMIT)
         assert decoded.image.dtype == np.uint8
         assert decoded.image.shape == (48, 64, 3)
         assert decoded.size == (64, 48)
@@ -133,7 +133,7 @@ def test_jpeg_decode_applies_every_exif_orientation_as_opencv_does(orientation):
     stored = cv2.GaussianBlur((np.random.default_rng(1).random((120, 200, 3)) * 255).astype(np.uint8), (0, 0), 3)
     data = _exif_jpeg(stored, orientation)
     for min_size, flag in ((None, cv2.IMREAD_COLOR), ((30, 30), cv2.IMREAD_REDUCED_COLOR_4)):
-        decoded = pixels.decode(data, max_pixels=LIMIT, min_size=min_size)
+        decoded = codec.decode(data, max_pixels=LIMIT, min_size=min_size)
         reference = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
         assert decoded.image.shape == reference.shape
         assert np.array_equal(decoded.image, reference)
@@ -162,7 +162,7 @@ def test_a_damaged_jpeg_raises_and_descriptor_2_is_never_touched(capfd):
     try:
         for _ in range(100):
             with pytest.raises(FrameError, match=r"damaged \(Corrupt JPEG data: premature end of data segment\)"):
-                pixels.decode(damaged, max_pixels=LIMIT)
+                codec.decode(damaged, max_pixels=LIMIT)
     finally:
         stop.set()
         watcher.join(10)
@@ -174,6 +174,6 @@ def test_a_harmless_libjpeg_warning_still_decodes():
     """Extraneous bytes before the end marker: libjpeg warns, the picture is whole."""
     good = jpeg_bytes(quadrant_frame())
     padded = good[:-2] + b"\x00\x11\x22" + good[-2:]
-    decoded = pixels.decode(padded, max_pixels=LIMIT)
+    decoded = codec.decode(padded, max_pixels=LIMIT)
     reference = cv2.imdecode(np.frombuffer(good, np.uint8), cv2.IMREAD_COLOR)
     assert np.array_equal(decoded.image, reference)

@@ -12,16 +12,16 @@ import yaml
 from conftest import write_by_rename
 from daemon_process import DaemonProcess, wait_for
 
-from depthwatch.imaging import pixels
+from depthwatch.imaging import codec, render
 from depthwatch.imaging.levels import Level, Levels, apply, parse_level
-from depthwatch.imaging.pixels import RenderOptions
+from depthwatch.imaging.render import RenderOptions
 
 EX_CONFIG = 78
 RAMP = np.array([[0.0, 0.25, 0.5, 0.75, 1.0]], np.float32)
 
 
 def grey(levels: Levels, bits: int = 8, n: np.ndarray = RAMP) -> np.ndarray:
-    return pixels.render(n, (n.shape[1], n.shape[0]), RenderOptions(bits=bits, refine="none", levels=levels))
+    return render.render(n, (n.shape[1], n.shape[0]), RenderOptions(bits=bits, refine="none", levels=levels))
 
 
 def test_default_levels_leave_the_map_as_it_is():
@@ -65,7 +65,7 @@ def test_percentile_levels_follow_the_frames_pixels():
 
 def test_levels_are_applied_before_the_upscale_and_keep_edges_clean():
     n = np.array([[0.0, 1.0]], np.float32)
-    v = pixels.render(n, (8, 1), RenderOptions(bits=8, refine="none", levels=Levels(near=Level(0.5))))
+    v = render.render(n, (8, 1), RenderOptions(bits=8, refine="none", levels=Levels(near=Level(0.5))))
     assert v.shape == (1, 8) and v[0, 0] == 0 and v[0, -1] == 255
     assert np.all(np.diff(v.astype(int)) >= 0)  # a monotone step, no overshoot
 
@@ -76,10 +76,10 @@ def test_levels_are_applied_before_the_upscale_and_keep_edges_clean():
 def test_float_tiff_round_trips_the_map_exactly():
     n = cv2.GaussianBlur(np.random.default_rng(4).random((224, 224)).astype(np.float32), (0, 0), 3)
     n = (n - n.min()) / (n.max() - n.min())
-    options = RenderOptions(bits=pixels.bits_for(".tif", 32), refine="none", levels=Levels(gamma=1.7))
-    depth = pixels.render(n, (640, 360), options)
+    options = RenderOptions(bits=codec.bits_for(".tif", 32), refine="none", levels=Levels(gamma=1.7))
+    depth = render.render(n, (640, 360), options)
     assert depth.dtype == np.float32
-    back = cv2.imdecode(np.frombuffer(pixels.encode(depth, ".tif"), np.uint8), cv2.IMREAD_UNCHANGED)
+    back = cv2.imdecode(np.frombuffer(codec.encode(depth, ".tif"), np.uint8), cv2.IMREAD_UNCHANGED)
     assert back.dtype == np.float32
     np.testing.assert_array_equal(back, depth)
     # Not quantised: far more distinct values than 16 bits would leave on this map.
@@ -166,7 +166,8 @@ def test_once_takes_near_far_and_gamma(tmp_path, tiny_model):
 
 def test_the_pipeline_writes_float_tiff_without_quantising(tmp_path, tiny_model):
     from depthwatch.frames.job import Job
-    from depthwatch.frames.pipeline import Pipeline, Settings
+    from depthwatch.frames.pipeline import Pipeline
+    from depthwatch.frames.settings import Settings
     from depthwatch.model.engine import Engine
     from depthwatch.model.profiles import PROFILES
     from depthwatch.model.spec import ModelSpec

@@ -74,3 +74,29 @@ def test_the_summary_counts_failures_too(tmp_path, tiny_model):
     assert done.returncode == 1
     assert done.stdout.startswith("1 depth map written, 1 failed, in ")
     assert "b.jpg" in done.stderr
+
+
+def test_two_frames_that_map_to_one_output_are_refused_before_anything_is_written(tmp_path, tiny_model):
+    """`A.0001.jpg` and `A.0001.tif` under `{stem}_depth.jpg`: one map would replace the other.
+
+    Refused as a whole, with one line naming both frames, before the model
+    loads (the broken model would exit 78 first) and before any map is written.
+    """
+    shots = tmp_path / "shots"
+    frames(shots, "A.0001.jpg", "A.0001.tif", "B.0001.jpg")
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not a model")
+
+    done = once(tmp_path, "shots", "--model", str(broken))
+
+    assert done.returncode == 78, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "A.0001.jpg" in lines[0] and "A.0001.tif" in lines[0] and "A.0001_depth.jpg" in lines[0], lines
+    assert done.stdout == ""
+    assert sorted(p.name for p in shots.iterdir()) == ["A.0001.jpg", "A.0001.tif", "B.0001.jpg"]
+
+    by_name = once(tmp_path, "shots", "-o", "{name}_depth.png", "--model", str(tiny_model))
+
+    assert by_name.returncode == 0, by_name.stderr
+    assert by_name.stdout.startswith("3 depth maps written, 0 failed, in ")

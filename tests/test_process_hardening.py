@@ -252,7 +252,7 @@ def test_a_recursive_parent_and_a_daemon_on_its_child_are_refused_whichever_star
     try:
         line = _refused(DaemonProcess(shows, tiny_model))
         assert line == (
-            f"depthwatch: another depthwatch (pid {parent.proc.pid}) is watching {shows}, which holds {child}; "
+            f"depthwatch: another depthwatch (pid {parent.proc.pid}) is watching {shows} with its subfolders, which holds {child}; "
             "stop it first, or list both folders in one daemon's watch.folders"
         ), line
     finally:
@@ -265,6 +265,22 @@ def test_a_recursive_parent_and_a_daemon_on_its_child_are_refused_whichever_star
         assert sibling.stop() == 0
     finally:
         assert inner.stop() == 0
+
+
+def test_a_parent_watched_without_subfolders_and_a_daemon_on_its_child_both_run(tmp_path, tiny_model):
+    """Without `recursive` the parent's daemon never sees the child's frames: nothing to refuse."""
+    shows = tmp_path / "shows"
+    parent = DaemonProcess(tmp_path / "parent", tiny_model, watch={"folders": [str(shows)]}).start()
+    try:
+        inner = DaemonProcess(shows, tiny_model).start()
+        try:
+            write_by_rename(inner.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+            wait_for(lambda: inner.counts().get("done") == 1, what="the child's map")
+            assert parent.proc.poll() is None
+        finally:
+            assert inner.stop() == 0
+    finally:
+        assert parent.stop() == 0
 
 
 # -- special files dropped under a frame pattern ----------------------------------------------------------------

@@ -224,7 +224,7 @@ def test_the_model_digest_is_remembered_until_the_file_changes(tmp_path):
     assert caches.model_digest(model, tmp_path) == real
 
 
-def test_node_counts_read_the_provider_of_each_node_from_a_real_profile(tmp_path):
+def test_node_counts_read_the_provider_of_each_node_from_a_real_trace(tmp_path):
     model = brightness_model(tmp_path / "m.onnx")
     options = onnxruntime.SessionOptions()
     options.enable_profiling = True

@@ -13,7 +13,8 @@ from scipy.stats import spearmanr
 from skimage import data
 
 from depthwatch.frames.job import Job
-from depthwatch.frames.pipeline import Pipeline, Settings
+from depthwatch.frames.pipeline import Pipeline
+from depthwatch.frames.settings import Settings
 from depthwatch.model.engine import Engine
 from depthwatch.model.profiles import PROFILES
 from depthwatch.model.spec import ModelSpec

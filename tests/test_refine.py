@@ -11,9 +11,10 @@ from scipy.stats import spearmanr
 from skimage import data
 
 from depthwatch.frames.job import Job
-from depthwatch.frames.pipeline import Pipeline, Settings
-from depthwatch.imaging import pixels, refine
-from depthwatch.imaging.pixels import RenderOptions
+from depthwatch.frames.pipeline import Pipeline
+from depthwatch.frames.settings import Settings
+from depthwatch.imaging import codec, normalise, refine, render
+from depthwatch.imaging.render import RenderOptions
 from depthwatch.model.engine import Engine
 from depthwatch.model.profiles import DEPTH, PROFILES
 from depthwatch.model.spec import ModelSpec
@@ -31,19 +32,19 @@ def session(request):
     return onnxruntime.InferenceSession(str(FASTDEPTH), providers=["CPUExecutionProvider"])
 
 
-def model_nearness(session, decoded: pixels.Decoded) -> np.ndarray:
+def model_nearness(session, decoded: codec.Decoded) -> np.ndarray:
     """The normalised map ([0, 1], 1 = nearest) the pipeline makes from this decoded frame."""
     x = cv2.cvtColor(cv2.resize(decoded.image, (224, 224), interpolation=cv2.INTER_AREA), cv2.COLOR_BGR2RGB)[None]
     depth = session.run(None, {session.get_inputs()[0].name: x})[0][0, :, :, 0]
-    return pixels.normalise(depth, DEPTH, RenderOptions())
+    return normalise.frame(depth, DEPTH)
 
 
 def both_maps(session, frame: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(refined, plain) float maps at the frame's size, from the frame as a 1080p-style JPEG would come."""
-    decoded = pixels.decode(jpeg_bytes(frame), max_pixels=LIMIT, min_size=(224, 224))
+    decoded = codec.decode(jpeg_bytes(frame), max_pixels=LIMIT, min_size=(224, 224))
     n = model_nearness(session, decoded)
-    edges = pixels.render(n, decoded.size, RenderOptions(bits=32, refine="edges"), guide=decoded.image)
-    plain = pixels.render(n, decoded.size, RenderOptions(bits=32, refine="none"), guide=decoded.image)
+    edges = render.render(n, decoded.size, RenderOptions(bits=32, refine="edges"), guide=decoded.image)
+    plain = render.render(n, decoded.size, RenderOptions(bits=32, refine="none"), guide=decoded.image)
     return edges, plain
 
 
@@ -127,19 +128,19 @@ def test_refined_map_stays_the_plain_upscale_on_real_photos(session, photo):
 def test_flat_depth_on_a_textured_photo_stays_flat():
     """A flat prediction has no edges to move: the texture of the photo must not leak in."""
     frame = cv2.resize(data.astronaut()[:, :, ::-1], (1920, 1080), interpolation=cv2.INTER_CUBIC)
-    decoded = pixels.decode(jpeg_bytes(frame), max_pixels=LIMIT, min_size=(224, 224))
+    decoded = codec.decode(jpeg_bytes(frame), max_pixels=LIMIT, min_size=(224, 224))
     flat = np.full((224, 224), 0.6, np.float32)
-    out = pixels.render(flat, decoded.size, RenderOptions(bits=32, refine="edges"), guide=decoded.image)
+    out = render.render(flat, decoded.size, RenderOptions(bits=32, refine="edges"), guide=decoded.image)
     assert np.abs(out - 0.6).max() < 1e-4
 
 
 def test_smooth_depth_on_a_textured_photo_gets_no_edges():
     """A smooth slope (a floor, a wall at an angle) stays a slope: no texture copied into it."""
     frame = cv2.resize(data.astronaut()[:, :, ::-1], (1920, 1080), interpolation=cv2.INTER_CUBIC)
-    decoded = pixels.decode(jpeg_bytes(frame), max_pixels=LIMIT, min_size=(224, 224))
+    decoded = codec.decode(jpeg_bytes(frame), max_pixels=LIMIT, min_size=(224, 224))
     slope = np.repeat(np.linspace(0, 1, 224, dtype=np.float32)[:, None], 224, axis=1)
-    edges = pixels.render(slope, decoded.size, RenderOptions(bits=32, refine="edges"), guide=decoded.image)
-    plain = pixels.render(slope, decoded.size, RenderOptions(bits=32, refine="none"), guide=decoded.image)
+    edges = render.render(slope, decoded.size, RenderOptions(bits=32, refine="edges"), guide=decoded.image)
+    plain = render.render(slope, decoded.size, RenderOptions(bits=32, refine="none"), guide=decoded.image)
     deviation = np.abs(edges - plain)
     print(f"slope: largest deviation {deviation.max():.4f}, mean {deviation.mean():.5f}")
     assert deviation.max() < 0.03 and deviation.mean() < 0.003
@@ -148,7 +149,7 @@ def test_smooth_depth_on_a_textured_photo_gets_no_edges():
 def test_refine_guides_at_the_decoded_scale_without_a_full_decode():
     """A 1080p JPEG decodes at 1/4 for a 224-px model; the refined map comes back at that scale."""
     frame = cv2.resize(data.astronaut()[:, :, ::-1], (1920, 1080), interpolation=cv2.INTER_CUBIC)
-    decoded = pixels.decode(jpeg_bytes(frame), max_pixels=LIMIT, min_size=(224, 224))
+    decoded = codec.decode(jpeg_bytes(frame), max_pixels=LIMIT, min_size=(224, 224))
     assert decoded.image.shape == (270, 480, 3)
     n = np.random.default_rng(0).random((224, 224)).astype(np.float32)
     assert refine.edges(n, decoded.image).shape == (270, 480)
@@ -161,6 +162,6 @@ def test_refine_none_is_todays_plain_upscale_exactly():
     n = cv2.GaussianBlur(rng.random((224, 224)).astype(np.float32), (0, 0), 4)
     n = (n - n.min()) / (n.max() - n.min())
     guide = np.zeros((270, 480, 3), np.uint8)
-    out = pixels.render(n, (1920, 1080), RenderOptions(bits=8, refine="none"), guide=guide)
+    out = render.render(n, (1920, 1080), RenderOptions(bits=8, refine="none"), guide=guide)
     today = cv2.resize((n * 255 + 0.5).astype(np.uint8), (1920, 1080), interpolation=cv2.INTER_LINEAR)
     np.testing.assert_array_equal(out, today)

@@ -19,7 +19,9 @@ from onnx_models import failing_model, spec_for
 
 from depthwatch.errors import EX_CONFIG
 from depthwatch.frames.job import Job
-from depthwatch.frames.pipeline import Pipeline, Settings, read_source
+from depthwatch.frames.pipeline import Pipeline
+from depthwatch.frames.reading import read_source
+from depthwatch.frames.settings import Settings
 from depthwatch.model.engine import Engine
 
 

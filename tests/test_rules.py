@@ -93,3 +93,37 @@ def test_error_records_sit_beside_the_output(tmp_path: Path) -> None:
     output = r.output_for(tmp_path / "a.jpg")
     assert r.error_record_for(tmp_path / "a.jpg", output) == tmp_path / "maps" / "a.jpg.error.json"
     assert os.path.basename(str(output)) == "a.png"
+
+
+def test_every_job_gets_its_roots_from_the_one_factory(tmp_path: Path) -> None:
+    """The watcher's, the API's, `once`'s and the farm's jobs all come from `Rules.job_for`."""
+    maps = tmp_path / "maps"
+    r = rules(tmp_path, f"{maps}/{{stem}}.png")
+    job = r.job_for(tmp_path / "a.jpg", (1, 2, 3), "jpeg")
+    assert (job.output, job.signature, job.format) == (maps / "a.png", (1, 2, 3), "jpeg")
+    assert job.link_root == tmp_path and job.output_roots == (tmp_path, maps)
+    assert rules(tmp_path, follow_symlinks=True).job_for(tmp_path / "a.jpg").link_root is None
+    with pytest.raises(FrameError, match="outside the configured folders"):
+        rules(tmp_path, "../{stem}.png").job_for(tmp_path / "a.jpg")
+
+
+def test_an_ext_template_refuses_a_frame_whose_format_no_map_can_have(tmp_path: Path) -> None:
+    """Patterns that do not name an extension ('*') leave it to each frame: refused when its job is made."""
+    r = rules(tmp_path, "{stem}_depth.{ext}", patterns=("*",))
+    assert r.output_for(tmp_path / "a.jpg") == tmp_path / "a_depth.jpg"
+    with pytest.raises(FrameError, match=r"depth maps cannot be written as \.webp"):
+        r.job_for(tmp_path / "a.webp")
+    floats = Rules(WatchConfig(folders=(tmp_path,), patterns=("*",)), OutputConfig(template="{stem}_depth.{ext}", png_bits=32))
+    assert floats.output_for(tmp_path / "a.tif") == tmp_path / "a_depth.tif"  # a 32-bit float TIFF
+    with pytest.raises(FrameError, match="png_bits 32"):
+        floats.job_for(tmp_path / "a.png")
+
+
+def test_a_batch_refuses_two_frames_with_one_output_and_takes_a_frame_named_twice_once(tmp_path: Path) -> None:
+    from depthwatch.errors import ConfigError
+
+    r = rules(tmp_path, patterns=("*",))
+    jobs, refused = r.jobs_for([tmp_path / "a.jpg", tmp_path / "b.jpg", tmp_path / "a.jpg"])
+    assert [job.source.name for job in jobs] == ["a.jpg", "b.jpg"] and refused == []
+    with pytest.raises(ConfigError, match="a.jpg and .*a.tif both map to .*a_depth.jpg"):
+        r.jobs_for([tmp_path / "a.jpg", tmp_path / "a.tif"])

@@ -27,8 +27,10 @@ from pans import pan
 from skimage import data
 
 from benchmarks import footage
-from depthwatch.frames.pipeline import Job, Pipeline, Settings
-from depthwatch.imaging import normalise, pixels, stabilise
+from depthwatch.frames.job import Job
+from depthwatch.frames.pipeline import Pipeline
+from depthwatch.frames.settings import Settings
+from depthwatch.imaging import codec, normalise, stabilise, tensor
 from depthwatch.model.engine import Engine
 from depthwatch.model.profiles import DEPTH, INVERSE_DEPTH, PROFILES
 from depthwatch.model.spec import ModelSpec
@@ -169,8 +171,8 @@ def predict(model: Path, frames: list[np.ndarray]) -> list[np.ndarray]:
     with Engine(ModelSpec(model, profile, ("cpu",))) as engine:
         info = engine.wait_ready()
         for image in frames:
-            decoded = pixels.Decoded(image, (image.shape[1], image.shape[0]), "jpeg")
-            out.append(engine.infer(pixels.prepare(decoded, info.contract, profile), info.generation).result().prediction)
+            decoded = codec.Decoded(image, (image.shape[1], image.shape[0]), "jpeg")
+            out.append(engine.infer(tensor.prepare(decoded, info.contract, profile), info.generation).result().prediction)
     return out
 
 

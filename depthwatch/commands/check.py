@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -30,8 +31,8 @@ def main(args: argparse.Namespace) -> int:
     import cv2
 
     from depthwatch.config import check_combinations
-    from depthwatch.frames.pipeline import Settings
-    from depthwatch.imaging import pixels
+    from depthwatch.frames.settings import Settings
+    from depthwatch.imaging import codec, render, tensor
     from depthwatch.model import catalogue
     from depthwatch.model.engine import Engine
 
@@ -58,19 +59,35 @@ def main(args: argparse.Namespace) -> int:
         if measuring:
             print(provider_table(info.trials, info.providers[0]))
         print(f"contract:  {info.contract.describe()}")
-        # A synthetic 1080p frame through the same steps as a real one.
+        # A synthetic 1080p frame through the same steps as a real one: decoded at the
+        # daemon's scale, the model, then the render chain for the configured output.
         frame = np.zeros((1080, 1920, 3), np.uint8)
         frame[:, :, :] = np.linspace(0, 255, 1920, dtype=np.uint8)[None, :, None]
         data = cv2.imencode(".jpg", frame)[1].tobytes()
         settings = Settings.from_config(config)
-        decoded = pixels.decode(data, max_pixels=settings.max_pixels, min_size=(info.contract.width or 512, info.contract.height or 512))
-        inference = engine.infer(pixels.prepare(decoded, info.contract, info.profile), info.generation).result()
-        nearness = pixels.normalise(inference.prediction, info.profile.output, settings.render)
-        depth = pixels.render(nearness, decoded.size, settings.render, guide=decoded.image)
-        encoded = pixels.encode(depth, ".jpg", jpeg_quality=settings.jpeg_quality)
-        print(f"frame:     1920x1080 synthetic frame -> {len(encoded)} byte depth map, inference {inference.seconds * 1000:.1f} ms")
+        decoded = codec.decode(data, max_pixels=settings.max_pixels, min_size=info.min_frame_size)
+        inference = engine.infer(tensor.prepare(decoded, info.contract, info.profile), info.generation).result()
+        ext = _output_ext(config.output.template)
+        made = render.depth_map(
+            inference.prediction,
+            info.profile.predicts,
+            decoded,
+            ext=ext,
+            options=settings.render,
+            encoding=settings.encoding,
+        )
+        print(
+            f"frame:     1920x1080 synthetic frame -> {len(made.data)} byte {ext} depth map, "
+            f"inference {inference.seconds * 1000:.1f} ms"
+        )
     print("ok")
     return 0
+
+
+def _output_ext(template: str) -> str:
+    """The extension maps get under `template` (`{ext}`: the frame's own; a JPEG here)."""
+    suffix = os.path.splitext(template)[1].lower()
+    return ".jpg" if "{" in suffix or not suffix else suffix
 
 
 def _compiled(info: ModelInfo) -> str:

@@ -124,7 +124,11 @@ def rules_for(folders: Iterable[Path], template: str, clip_template: str = DEFAU
     its own earlier outputs from frames exactly as the daemon does.
     """
     roots = tuple(dict.fromkeys(Path(os.path.abspath(f)) for f in folders)) or (Path.cwd(),)
-    return Rules(WatchConfig(folders=roots, patterns=("*",)), OutputConfig(template=template, clip_template=clip_template))
+    # A frame named on the command line is taken where its link leads: the user chose it.
+    return Rules(
+        WatchConfig(folders=roots, patterns=("*",), follow_symlinks=True),
+        OutputConfig(template=template, clip_template=clip_template),
+    )
 
 
 def collect_inputs(inputs: list[str], template: str, clip_template: str = DEFAULT_CLIP_TEMPLATE) -> list[Path]:
@@ -159,8 +163,9 @@ def collect_inputs(inputs: list[str], template: str, clip_template: str = DEFAUL
 def main(args: argparse.Namespace) -> int:
     from depthwatch.config import check_combinations, override
     from depthwatch.frames import sequences
-    from depthwatch.frames.job import Job
-    from depthwatch.frames.pipeline import Pipeline, Result, Settings
+    from depthwatch.frames.pipeline import Pipeline
+    from depthwatch.frames.result import Result
+    from depthwatch.frames.settings import Settings
     from depthwatch.model import catalogue
     from depthwatch.model.engine import Engine
 
@@ -202,17 +207,8 @@ def main(args: argparse.Namespace) -> int:
             raise ConfigError(f"no frames numbered {args.frames} in " + ", ".join(args.inputs) + "; check the range and the names")
     rules = rules_for((s.parent for s in sources), config.output.template, config.output.clip_template)
     settings = Settings.from_config(config)
-    failures: list[str] = []
-    jobs = []
-    inputs = {os.path.realpath(s) for s in sources}
-    for source in sources:
-        try:
-            output = rules.output_for(source)
-            if os.path.realpath(output) in inputs:  # another input's name, or this one's by another path
-                raise FrameError(f"its output {shown(output)} is an input frame; writing it would replace that frame: give another -o")
-            jobs.append(Job(source, output))
-        except FrameError as exc:
-            failures.append(f"{shown(source)}: {exc}")
+    jobs, refused = rules.jobs_for(sources)  # ConfigError if two frames share an output
+    failures = [f"{shown(source)}: {why}" for source, why in refused]
     began = time.monotonic()
     progress = _progress(len(sources))
     for line in failures:
@@ -271,7 +267,7 @@ def _names_clip_output(output: str) -> bool:
 def _clips(clips: list[Path], config: Any, engine: Any = None) -> int:
     """Each clip to its depth clip, one after the other, with a progress bar; returns the failures."""
     from depthwatch.frames.clips import ClipJob, make_clip
-    from depthwatch.frames.pipeline import Settings
+    from depthwatch.frames.settings import Settings
     from depthwatch.model import catalogue
     from depthwatch.model.engine import Engine
 
@@ -346,7 +342,7 @@ def _sequence(pipeline: Any, jobs: list[Any], settings: Any, report: Any) -> Non
     """
     from depthwatch.imaging import stabilise
 
-    kind = pipeline.engine.wait_ready().profile.output
+    kind = pipeline.engine.wait_ready().profile.predicts
     maps = stabilise.stabilised(_collected(pipeline, jobs, settings, report), kind, settings.render.clip_percent)
     for job, nearness, _first in maps:
         pipeline.submit(replace(job, nearness=nearness), settings).add_done_callback(report)

@@ -47,9 +47,11 @@ from waitress.task import ErrorTask
 from depthwatch.config import ApiConfig
 from depthwatch.daemon.waiters import DONE, FAILED, TIMEOUT, Ticket
 from depthwatch.errors import DepthwatchError, FrameError
-from depthwatch.frames.pipeline import Rendered
+from depthwatch.frames.frameline import timings
+from depthwatch.frames.result import Result
 from depthwatch.frames.rules import Rules
 from depthwatch.imaging import formats
+from depthwatch.logtext import shown
 
 log = logging.getLogger("depthwatch.daemon.api")
 
@@ -83,7 +85,7 @@ class Backend(Protocol):
 
     def request_map(self, source: Path) -> Ticket: ...
 
-    def render_image(self, data: bytes, ext: str, png_bits: int | None = None) -> Future[Rendered]: ...
+    def render_image(self, data: bytes, ext: str, png_bits: int | None = None) -> Future[Result]: ...
 
     def give_up(self, ticket: Ticket) -> None: ...
 
@@ -114,11 +116,6 @@ _REASONS = {
 }
 
 
-def _show(text: str) -> str:
-    """A name from a request, safe for one log line (control characters escaped, the rest as is)."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 @dataclass(frozen=True)
 class _Answer:
     status: int
@@ -140,11 +137,11 @@ class PredictApp:
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO", "")
         query = environ.get("QUERY_STRING", "")
-        what = _show(f"{method} {path}" + (f"?{query}" if query else ""))
+        what = shown(f"{method} {path}" + (f"?{query}" if query else ""))
         try:
             answer = self._route(method, path, query, environ)
         except Refused as exc:
-            log.warning("api: %s: %d %s", what, exc.status, _show(str(exc)))
+            log.warning("api: %s: %d %s", what, exc.status, shown(str(exc)))
             answer = _Answer(exc.status, f"{exc}\n".encode())
             if exc.status == 401:
                 answer = _Answer(401, answer.body, headers=(("WWW-Authenticate", 'Bearer realm="depthwatch"'),))
@@ -225,14 +222,14 @@ class PredictApp:
     def _resolve(self, name: str, rules: Rules) -> Path:
         """`frame=NAME` as a frame inside a watch folder; 403 for anything that leads outside."""
         if not name or "\x00" in name:
-            raise Refused(403, f"frame={_show(name)!s} is not a file name")
+            raise Refused(403, f"frame={shown(name)!s} is not a file name")
         if os.path.isabs(name):
             candidates = [Path(os.path.abspath(name))]
         else:
             candidates = [Path(os.path.abspath(root / name)) for root in rules.roots]
         inside = [path for path in candidates if _contained(path, rules)]
         if not inside:
-            raise Refused(403, f"frame={_show(name)} is outside the watch folders")
+            raise Refused(403, f"frame={shown(name)} is outside the watch folders")
         path = next((p for p in inside if p.exists()), inside[0])
         if not rules.link_allowed(path):
             raise Refused(403, f"{path} is a symlink to outside its watch folder")
@@ -255,29 +252,32 @@ class PredictApp:
         start = time.perf_counter()
         try:
             future = self.backend.render_image(data, ext, bits)
-            rendered = future.result(timeout=self.config.timeout_s)
+            result = future.result(timeout=self.config.timeout_s)
         except CancelledError:  # the daemon stopped before it ran
             raise Refused(503, "the daemon is stopping; try again once it is back") from None
         except FutureTimeout:  # the job still finishes; nobody reads it
             raise Refused(504, f"no depth map within api.timeout_s ({self.config.timeout_s:g} s); the daemon may be overloaded") from None
-        except FrameError as exc:
-            raise Refused(422, f"the {content_type} body cannot be used: {exc}") from None
-        except (DepthwatchError, RuntimeError) as exc:
+        except (DepthwatchError, RuntimeError) as exc:  # the pipeline was already shut down
             if self.backend.stopping:
                 raise Refused(503, "the daemon is stopping; try again once it is back") from None
             raise Refused(500, f"{exc}") from None
-        w, h = rendered.size
-        timings = " ".join(f"{stage} {ms:.1f}" for stage, ms in rendered.ms.items())
-        log.info("api: image body %dx%d -> %s ms: %s total %.1f", w, h, label, timings, (time.perf_counter() - start) * 1000)
+        if not result.ok or result.data is None:
+            if self.backend.stopping:
+                raise Refused(503, "the daemon is stopping; try again once it is back")
+            if result.unusable:
+                raise Refused(422, f"the {content_type} body cannot be used: {result.error}")
+            raise Refused(500, f"{result.error}")
+        w, h = result.size or (0, 0)
+        log.info("api: image body %dx%d -> %s ms: %s total %.1f", w, h, label, timings(result.ms), (time.perf_counter() - start) * 1000)
         mime = "image/jpeg" if ext == ".jpg" else "image/png"
-        return _Answer(200, rendered.data, mime, (("X-Depthwatch-Size", f"{w}x{h}"),))
+        return _Answer(200, result.data, mime, (("X-Depthwatch-Size", f"{w}x{h}"),))
 
     def _answer_format(self, params: dict[str, list[str]], accept: str) -> tuple[str, int | None, str]:
         chosen = params.get("format")
         if chosen:
             key = chosen[-1].lower()
             if key not in ANSWER_FORMATS:
-                raise Refused(400, f"format={_show(key)} is not one of {', '.join(ANSWER_FORMATS)}")
+                raise Refused(400, f"format={shown(key)} is not one of {', '.join(ANSWER_FORMATS)}")
             ext, bits = ANSWER_FORMATS[key]
             return ext, bits, key
         for item in accept.split(","):
@@ -313,7 +313,7 @@ class _LoggedErrorTask(ErrorTask):
         limit = self.channel.server.adj.max_request_body_size
         if error.code == 413:
             error.body = f"the body is over api.max_body_mb ({limit / 1024 / 1024:.3g} MB); send a smaller image or raise api.max_body_mb"
-        log.warning("api: %s %s: %d %s", _show(self.request.command or "?"), _show(self.request.path or "?"), error.code, error.body)
+        log.warning("api: %s %s: %d %s", shown(self.request.command or "?"), shown(self.request.path or "?"), error.code, error.body)
         super().execute()
 
 

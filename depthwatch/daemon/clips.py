@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from depthwatch.frames.clips import ClipJob, ClipResult, Progress, make_clip
-from depthwatch.frames.pipeline import Settings
+from depthwatch.frames.settings import Settings
 from depthwatch.logtext import shown
 from depthwatch.model.engine import Engine
 

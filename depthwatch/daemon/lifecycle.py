@@ -46,15 +46,13 @@ from depthwatch.daemon.watcher import Watcher
 from depthwatch.errors import ConfigError, DepthwatchError, FrameError, OutputError
 from depthwatch.frames import provenance
 from depthwatch.frames.clips import ClipJob, ClipResult
-from depthwatch.frames.job import Job
+from depthwatch.frames.job import Job, Signature, signature_of
 from depthwatch.frames.jobqueue import LatestWinsQueue
-from depthwatch.frames.pipeline import (
-    Pipeline,
-    Rendered,
-    Result,
-    Settings,
-    write_error_record,
-)
+from depthwatch.frames.errorrecords import write_error_record
+from depthwatch.frames.frameline import STAGES
+from depthwatch.frames.pipeline import Pipeline
+from depthwatch.frames.result import Result
+from depthwatch.frames.settings import Settings
 from depthwatch.frames.rules import Rules
 from depthwatch.frames.writer import sweep_temp_files
 from depthwatch.logtext import shown
@@ -80,23 +78,14 @@ CLIP_STATUS_S = 1.0
 _SUPERSEDED_STAGES = ("replaced while queued", "before inference", "after inference had started")
 
 
-def _file_signature(path: Path) -> tuple[int, ...] | None:
+def _stamp_of(path: Path) -> tuple[int, ...] | None:
     """The config file as given and what it leads to: relinking a symlink, or replacing
-    the link or its target, changes one of the two."""
+    the link or its target, changes one of the two. (A frame's version is its `signature`.)"""
     try:
         link, st = os.lstat(path), os.stat(path)
     except OSError:
         return None
     return link.st_ino, link.st_mtime_ns, link.st_ctime_ns, st.st_ino, st.st_mtime_ns, st.st_size
-
-
-def _frame_signature(path: Path) -> tuple[int, int, int] | None:
-    """(size, mtime_ns, inode), as the watcher and the jobs sign a version of a frame."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_size, st.st_mtime_ns, st.st_ino
 
 
 def _make_folders(roots: Iterable[Path]) -> None:
@@ -136,7 +125,7 @@ class Daemon:
         self._reload = threading.Event()
         #: Signal number -> the frame it interrupted, as left by the handlers (see `_capture_signals`).
         self._caught: dict[int, object] = {}
-        self._config_signature = _file_signature(config.source) if config.source else None
+        self._config_stamp = _stamp_of(config.source) if config.source else None
         self._config_settling: tuple[int, ...] | None = None
         self._locks = FolderLocks()
         self._locks_touched = time.monotonic()
@@ -238,7 +227,7 @@ class Daemon:
     def startup(self) -> None:
         config = self.config
         _make_folders(self.rules.roots)  # ConfigError (78): one it cannot make
-        self._locks.hold(self.rules.roots)  # AlreadyRunning: another daemon has one of them
+        self._locks.hold(self.rules.roots, recursive=config.watch.recursive)  # AlreadyRunning: another daemon has one of them
         spec = catalogue.resolve(config.model, config.base)
         self._announce(config)
         self.engine = Engine(spec, session_factory=self._session_factory).start()
@@ -354,13 +343,13 @@ class Daemon:
         path = self.config.source
         if path is None or self._loader is None:
             return
-        signature = _file_signature(path)
-        if signature == self._config_signature:
+        stamp = _stamp_of(path)
+        if stamp == self._config_stamp:
             self._config_settling = None
-        elif signature != self._config_settling:
-            self._config_settling = signature  # an editor may still be writing: look again next time
+        elif stamp != self._config_settling:
+            self._config_settling = stamp  # an editor may still be writing: look again next time
         else:
-            self._config_signature, self._config_settling = signature, None
+            self._config_stamp, self._config_settling = stamp, None
             self.reload(f"{path.name} changed")
 
     def reload(self, why: str) -> bool:
@@ -396,7 +385,7 @@ class Daemon:
             rules = Rules(new.watch, new.output)
             try:
                 _make_folders(rules.roots)
-                self._locks.hold(rules.roots)
+                self._locks.hold(rules.roots, recursive=new.watch.recursive)
             except DepthwatchError as exc:
                 log.error("%s; keeping the watch folders of the last good config", exc)
                 self.status.config_error = str(exc)
@@ -492,7 +481,7 @@ class Daemon:
 
     # -- frames -------------------------------------------------------------------
 
-    def _on_complete(self, source: Path, signature: tuple[int, int, int], fmt: str | None = None) -> None:
+    def _on_complete(self, source: Path, signature: Signature, fmt: str | None = None) -> None:
         """A complete frame (settle thread): make its job, queue it, let the pipeline pull it."""
         rules = self.rules
         if not rules.is_clip(source) and provenance.read(source) is not None:
@@ -504,25 +493,21 @@ class Daemon:
                 shown(source),
             )
             return
-        try:
-            output = rules.output_for(source)
-        except FrameError as exc:
-            self._count_failure(f"{shown(source)}: {exc}")
-            return
-        if rules.is_clip(source):
+        if rules.is_clip(source):  # a clip job, on the clip thread
+            try:
+                output = rules.output_for(source)
+            except FrameError as exc:
+                self._count_failure(f"{shown(source)}: {exc}")
+                return
             if self.clips is not None:
                 self.clips.submit(ClipJob(source, output, signature, rules.output_roots(source)))
                 self._status_dirty = True
             return
-        job = Job(
-            source,
-            output,
-            rules.error_record_for(source, output),
-            signature,
-            fmt,
-            link_root=None if rules.follow_symlinks else rules.root_of(source),
-            output_roots=rules.output_roots(source),
-        )
+        try:
+            job = rules.job_for(source, signature, fmt)
+        except FrameError as exc:
+            self._count_failure(f"{shown(source)}: {exc}")
+            return
         if self.api is None:
             self._enqueue(job)
             return
@@ -530,7 +515,7 @@ class Daemon:
             if self.waiters.absorb(source, signature):
                 log.debug("%s: the watcher found the version a request already queued", source.name)
                 return
-            if _frame_signature(source) != signature:
+            if signature_of(source) != signature:
                 return  # changed since: that newer version comes by its own event or request
             self._enqueue(job)
 
@@ -557,23 +542,22 @@ class Daemon:
         frame's output would leave the allowed folders; FileNotFoundError if
         there is no such frame.
         """
-        output = self.rules.output_for(source)
+        job = self.rules.job_for(source)  # the watcher's own job, roots and all
         with self.waiters.hold():
-            signature = _frame_signature(source)
+            signature = signature_of(source)
             if signature is None:
                 raise FileNotFoundError(source)
-            job = Job(source, output, self.rules.error_record_for(source, output), signature)
-            return self.waiters.attach(job, self._enqueue)
+            return self.waiters.attach(replace(job, signature=signature), self._enqueue)
 
     def give_up(self, ticket: Ticket) -> None:
         """A request stopped waiting for its map."""
         self.waiters.give_up(ticket)
 
-    def render_image(self, data: bytes, ext: str, png_bits: int | None = None) -> Future[Rendered]:
-        """The depth map of image bytes in memory, encoded for `ext`; written nowhere."""
+    def render_image(self, data: bytes, ext: str, png_bits: int | None = None) -> Future[Result]:
+        """The depth map of image bytes in memory, encoded for `ext` (in `Result.data`); written nowhere."""
         assert self.pipeline is not None
         settings = self._settings if png_bits is None else replace(self._settings, png_bits=png_bits)
-        return self.pipeline.submit_image(data, ext, settings)
+        return self.pipeline.submit(Job.held(data, ext), settings)
 
     def health(self) -> tuple[bool, bytes]:
         """(serving, the status file's JSON) as of now."""
@@ -584,12 +568,11 @@ class Daemon:
         """A file the watcher will not hand over (never completed, forbidden link): report it."""
         self._count_failure(f"{shown(source)}: {reason}")
         try:
-            output = self.rules.output_for(source)
+            job = self.rules.job_for(source)
         except FrameError:
             return
-        record = self.rules.error_record_for(source, output)
-        if record is not None:
-            write_error_record(record, source, reason, self.rules.output_roots(source))
+        if job.error_record is not None:
+            write_error_record(job.error_record, source, reason, job.output_roots)
 
     def _finished(self, job: Job, result: Result) -> None:
         """A job's result (worker thread): count it, log its line, retry an output error later."""
@@ -603,6 +586,7 @@ class Daemon:
                 self._attempts.pop(job.output, None)
                 counts.done += 1
                 counts.last_latency_ms = round(latency_ms, 2)
+                counts.last_stage_ms = {stage: round(result.ms.get(stage, 0.0), 2) for stage in STAGES}
                 counts.last_frame = str(job.source)
                 if result.started:
                     counts.shots += 1

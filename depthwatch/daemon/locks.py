@@ -8,11 +8,15 @@ environment: `/tmp/depthwatch-<uid>` (not $XDG_RUNTIME_DIR or $TMPDIR, which
 differ between a service and a terminal), or the user's runtime folder on
 macOS. A daemon holds, with `flock`, from start-up until the process ends:
 
-- an exclusive lock on each watch folder's file, which records its pid for the
-  message a second daemon gives;
-- a shared lock on the file of each of their parent folders, so a daemon on a
-  parent and one on its child collide whichever starts first, while daemons
-  on sibling folders share their parents' locks.
+- an exclusive lock on each watch folder's "watch" file, which records its pid
+  for the message a second daemon gives;
+- with `watch.recursive`, an exclusive lock on each watch folder's "tree" file
+  too: the folder and everything inside it are this daemon's;
+- a shared lock on the "tree" file of each of their parent folders, so a
+  recursive daemon on a parent and any daemon on a folder inside it collide
+  whichever starts first, while daemons on sibling folders, or on a folder and
+  its child without `recursive`, watch different files and share the parents'
+  locks.
 
 The kernel drops the locks when the process dies, however it dies, so a crash or
 SIGKILL leaves nothing stale behind and the next start simply takes them. Held
@@ -74,14 +78,27 @@ def lock_folder() -> Path:
     return base
 
 
-def lock_path(folder: Path | str) -> Path:
-    key = hashlib.sha256(os.fsencode(os.path.realpath(folder))).hexdigest()[:24]
-    return lock_folder() / f"watch-{key}.lock"
+#: The two locks a folder has (see the module's docstring): a key is a kind and a real path.
+WATCH, TREE = "watch", "tree"
 
 
-def _lock(real: str, mode: int) -> int:
-    """An fd of `real`'s lock file holding a flock in `mode`; BlockingIOError if one conflicts."""
-    path = lock_path(real)
+def _key(kind: str, real: str) -> str:
+    return f"{kind}:{real}"
+
+
+def _real(key: str) -> str:
+    return key.split(":", 1)[1]
+
+
+def lock_path(key: str) -> Path:
+    kind, real = key.split(":", 1)
+    digest = hashlib.sha256(os.fsencode(os.path.realpath(real))).hexdigest()[:24]
+    return lock_folder() / f"{kind}-{digest}.lock"
+
+
+def _lock(key: str, mode: int) -> int:
+    """An fd of `key`'s lock file holding a flock in `mode`; BlockingIOError if one conflicts."""
+    path = lock_path(key)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, mode | fcntl.LOCK_NB)
@@ -91,29 +108,29 @@ def _lock(real: str, mode: int) -> int:
             raise BlockingIOError(exc.errno, exc.strerror) from None
         raise DepthwatchError(f"cannot lock {shown(path)}: {exc.strerror or exc}") from None
     if mode == fcntl.LOCK_EX:
-        _record(fd, real)
+        _record(fd, key)
     return fd
 
 
-def _record(fd: int, real: str) -> None:
+def _record(fd: int, key: str) -> None:
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n{real}\n".encode(errors="surrogateescape"), 0)
+    os.pwrite(fd, f"{os.getpid()}\n{_real(key)}\n".encode(errors="surrogateescape"), 0)
 
 
-def _owner(real: str) -> str | None:
-    """The pid recorded in `real`'s lock file by the daemon that watches it."""
+def _owner(key: str) -> str | None:
+    """The pid recorded in `key`'s lock file by the daemon that holds it exclusively."""
     try:
-        with open(lock_path(real), "rb") as f:
+        with open(lock_path(key), "rb") as f:
             first = f.read(64).split(b"\n", 1)[0].strip()
     except (OSError, DepthwatchError):
         return None
     return first.decode() if first.isdigit() else None
 
 
-def _readers(real: str) -> list[str]:
-    """The pids holding a shared lock on `real`'s lock file (from /proc/locks: Linux only)."""
+def _readers(key: str) -> list[str]:
+    """The pids holding a shared lock on `key`'s lock file (from /proc/locks: Linux only)."""
     try:
-        st = os.stat(lock_path(real))
+        st = os.stat(lock_path(key))
         with open("/proc/locks", encoding="ascii", errors="replace") as f:
             lines = f.read().splitlines()
     except (OSError, DepthwatchError):
@@ -139,32 +156,32 @@ def _pids(pids: list[str]) -> str:
 
 
 def _refusal(folder: Path, taken: str, mode: int) -> AlreadyRunning:
-    """Why `taken`'s lock (watch folder `folder` itself, or a parent of it) could not be had."""
-    if mode == fcntl.LOCK_SH:  # a parent folder another daemon watches
+    """Why `taken`'s lock (of watch folder `folder` itself, or of a parent of it) could not be had."""
+    real = _real(taken)
+    if mode == fcntl.LOCK_SH:  # a parent folder another daemon watches recursively
         return AlreadyRunning(
-            f"another depthwatch ({_pids([p for p in [_owner(taken)] if p])}) is watching {shown(taken)}, "
-            f"which holds {shown(folder)}; {_FIX}"
+            f"another depthwatch ({_pids([p for p in [_owner(taken)] if p])}) is watching {shown(real)} "
+            f"with its subfolders, which holds {shown(folder)}; {_FIX}"
         )
-    try:
-        probe = _lock(taken, fcntl.LOCK_SH)
-    except BlockingIOError:  # held exclusively: a daemon on this very folder
-        owner = _owner(taken)
+    if taken.startswith(WATCH):  # a daemon on this very folder
         return AlreadyRunning(
-            f"another depthwatch (pid {owner or 'unknown'}) is already watching {shown(folder)}; "
+            f"another depthwatch (pid {_owner(taken) or 'unknown'}) is already watching {shown(folder)}; "
             "stop it first, or watch another folder"
         )
-    os.close(probe)  # only shared holders: daemons on folders inside this one
     return AlreadyRunning(f"another depthwatch ({_pids(_readers(taken))}) is watching a folder inside {shown(folder)}; {_FIX}")
 
 
-def _wanted(folders: Iterable[Path]) -> dict[str, int]:
-    """Real path -> flock mode: exclusive for each watch folder, shared for each of their parents."""
-    exclusive = {os.path.realpath(f) for f in folders}
-    wanted = dict.fromkeys(exclusive, fcntl.LOCK_EX)
-    for real in exclusive:
+def _wanted(folders: Iterable[Path], recursive: bool) -> dict[str, int]:
+    """Lock key -> flock mode: exclusive for each watch folder (and its tree when recursive),
+    shared for the tree of each of their parents."""
+    reals = {os.path.realpath(f) for f in folders}
+    wanted = {_key(WATCH, real): fcntl.LOCK_EX for real in reals}
+    if recursive:
+        wanted.update({_key(TREE, real): fcntl.LOCK_EX for real in reals})
+    for real in reals:
         child, parent = real, os.path.dirname(real)
         while parent != child:
-            wanted.setdefault(parent, fcntl.LOCK_SH)
+            wanted.setdefault(_key(TREE, parent), fcntl.LOCK_SH)
             child, parent = parent, os.path.dirname(parent)
     return wanted
 
@@ -175,18 +192,19 @@ class FolderLocks:
     def __init__(self) -> None:
         self._held: dict[str, tuple[int, int]] = {}
 
-    def hold(self, folders: Iterable[Path]) -> None:
+    def hold(self, folders: Iterable[Path], *, recursive: bool = False) -> None:
         """Hold exactly the locks of `folders`; AlreadyRunning (holding none new) if one is taken.
 
         A lock held in the other mode (a watch folder that was a parent before a
         reload, or the reverse) is changed in place, and changed back on failure.
         """
         folders = [Path(f) for f in folders]
-        wanted = _wanted(folders)
+        wanted = _wanted(folders, recursive)
         new: dict[str, tuple[int, int]] = {}
         changed: dict[str, int] = {}
         try:
-            for real, mode in sorted(wanted.items(), key=lambda item: (item[1] == fcntl.LOCK_SH, item[0])):
+            # The watch locks first: a second daemon on the very folder is told so, not of a tree.
+            for real, mode in sorted(wanted.items(), key=lambda item: (item[1] == fcntl.LOCK_SH, not item[0].startswith(WATCH), item[0])):
                 held = self._held.get(real)
                 if held is not None and held[1] == mode:
                     continue
@@ -199,7 +217,7 @@ class FolderLocks:
                         if mode == fcntl.LOCK_EX:
                             _record(held[0], real)
                 except BlockingIOError:
-                    folder = next(f for f in folders if os.path.commonpath([real, os.path.realpath(f)]) == real)
+                    folder = next(f for f in folders if os.path.commonpath([_real(real), os.path.realpath(f)]) == _real(real))
                     raise _refusal(folder, real, mode) from None
         except BaseException:
             for fd, _ in new.values():

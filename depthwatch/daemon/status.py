@@ -1,5 +1,9 @@
 """The status file: a small JSON snapshot a plugin, a script or `depthwatch status` can poll.
 
+One schema for the daemon and the farm's worker (`depthwatch worker`, which
+also sends it to the scheduler with each heartbeat); the fields one of them
+has no use for stay at their defaults.
+
 Rewritten atomically (see `writer`), so a reader never sees half of it. Every
 daemon keeps one: where the config says (`daemon.status_file`), else in the
 user's state folder under a name of its own (see `default_path`), so two
@@ -44,8 +48,13 @@ class Counters:
     #: Depth clips written (whole clips; their frames are not in `done`).
     clips: int = 0
     last_latency_ms: float | None = None
+    #: The last map's milliseconds per stage, named as in the log line (`frameline.STAGES`).
+    last_stage_ms: dict[str, float] = field(default_factory=dict)
     last_frame: str | None = None
     last_error: str | None = None
+    #: A farm worker: the tasks it took, and frames whose map was already up to date.
+    tasks: int = 0
+    up_to_date: int = 0
 
 
 def iso_time(epoch: float) -> str:
@@ -74,6 +83,11 @@ class Status:
     config_error: str | None = None
     #: The HTTP API's address (http://HOST:PORT) when it listens.
     api: str | None = None
+    #: A farm worker: its scheduler, its own address on the farm, and when the model
+    #: finished loading (epoch seconds): nothing forks after this.
+    scheduler: str | None = None
+    address: str | None = None
+    loaded_at: float | None = None
     counts: Counters = field(default_factory=Counters)
     #: The clip job in progress: source, output, phase, frames, done and total (frames),
     #: rate (frames a second), eta_s; None when no clip is in progress.
@@ -84,10 +98,14 @@ class Status:
         if not self.started_at:
             self.started_at = iso_time(self.started)
 
-    def to_json(self) -> bytes:
+    def as_dict(self) -> dict[str, Any]:
+        """The snapshot, stamped with the time it was taken (`updated`)."""
         data: dict[str, Any] = asdict(self)
         data["updated"] = time.time()
-        return json.dumps(data, indent=2).encode() + b"\n"
+        return data
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.as_dict(), indent=2).encode() + b"\n"
 
 
 def write_status(path: Path, status: Status) -> None:

@@ -28,10 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from depthwatch.frames.job import Job
-from depthwatch.frames.pipeline import Result
+from depthwatch.frames.job import Job, Signature
+from depthwatch.frames.result import Result
 
-Signature = tuple[int, int, int]
 
 _MEMORY = 1024
 
@@ -39,7 +38,7 @@ DONE, FAILED, STOPPING, REFUSED, TIMEOUT = "done", "failed", "stopping", "refuse
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Release:
     """How a wait ended: `kind` is one of DONE, FAILED, STOPPING, REFUSED, TIMEOUT."""
 
     kind: str
@@ -56,14 +55,14 @@ class Ticket:
     output: Path
     signature: Signature
     since: float = field(default_factory=time.monotonic)
-    outcome: Outcome | None = None
+    outcome: Release | None = None
     _event: threading.Event = field(default_factory=threading.Event)
 
-    def wait(self, timeout: float) -> Outcome:
+    def wait(self, timeout: float) -> Release:
         self._event.wait(timeout)
-        return self.outcome or Outcome(TIMEOUT)
+        return self.outcome or Release(TIMEOUT)
 
-    def _release(self, outcome: Outcome) -> None:
+    def _release(self, outcome: Release) -> None:
         if self.outcome is None:
             self.outcome = outcome
             self._event.set()
@@ -81,7 +80,7 @@ class MapWaiters:
         self._lock = threading.RLock()
         self._waiting: dict[Path, list[Ticket]] = {}
         #: The (source, signature, outcome) of the last job finished, per output.
-        self._last: OrderedDict[Path, tuple[Path, Signature | None, Outcome]] = OrderedDict()
+        self._last: OrderedDict[Path, tuple[Path, Signature | None, Release]] = OrderedDict()
         #: Versions a request queued, per source, so the watcher's event for them is dropped once.
         self._taken: OrderedDict[Path, Signature] = OrderedDict()
         self._closed = False
@@ -100,7 +99,7 @@ class MapWaiters:
         ticket = Ticket(job.source, job.output, job.signature)
         with self._lock:
             if self._closed:
-                ticket._release(Outcome(STOPPING, "the daemon is stopping"))
+                ticket._release(Release(STOPPING, "the daemon is stopping"))
                 return ticket
             last = self._last.get(job.output)
             if last is not None and last[:2] == (job.source, job.signature):
@@ -111,7 +110,7 @@ class MapWaiters:
                 _remember(self._taken, job.source, job.signature)
             else:
                 self._drop(ticket)
-                ticket._release(Outcome(REFUSED, "the queue is full; try again shortly"))
+                ticket._release(Release(REFUSED, "the queue is full; try again shortly"))
         return ticket
 
     def give_up(self, ticket: Ticket) -> None:
@@ -138,9 +137,9 @@ class MapWaiters:
             if result.superseded or not (result.ok or final):
                 return
             if result.ok:
-                outcome = Outcome(DONE)
+                outcome = Release(DONE)
             else:
-                outcome = Outcome(FAILED, result.error, frame_error=not result.retryable)
+                outcome = Release(FAILED, result.error, frame_error=not result.retryable)
             _remember(self._last, job.output, (job.source, job.signature, outcome))
             tickets = self._waiting.get(job.output, [])
             for ticket in list(tickets):
@@ -157,7 +156,7 @@ class MapWaiters:
             self._closed = True
             for tickets in self._waiting.values():
                 for ticket in tickets:
-                    ticket._release(Outcome(STOPPING, "the daemon stopped before the depth map was written"))
+                    ticket._release(Release(STOPPING, "the daemon stopped before the depth map was written"))
             self._waiting.clear()
 
     def _drop(self, ticket: Ticket) -> None:

@@ -32,8 +32,9 @@ from watchdog.observers.polling import PollingObserver
 
 from depthwatch.config import WatchConfig
 from depthwatch.errors import DepthwatchError
-from depthwatch.files import kind_of
-from depthwatch.frames.reading import link_problem, open_checked
+from depthwatch.files import kind_of, link_problem
+from depthwatch.frames.job import Signature, signature_from
+from depthwatch.frames.reading import open_checked
 from depthwatch.frames.rules import Rules, map_is_current
 from depthwatch.imaging import formats, video
 from depthwatch.logtext import shown
@@ -68,7 +69,6 @@ _HEALTH_INTERVAL = 1.0
 #: size within one clock tick has the same (size, mtime, inode) but is new.
 _SEEN_MEMORY = 1024
 
-Signature = tuple[int, int, int]
 
 #: The "format" a clip is handed over with (its completeness judged by `video.is_complete`).
 CLIP = "clip"
@@ -433,7 +433,7 @@ class Watcher:
         if not stat.S_ISREG(st.st_mode):
             self._not_a_file(path, st)
             return
-        signature = (st.st_size, st.st_mtime_ns, st.st_ino)
+        signature = signature_from(st)
         settle = self.config.settle_ms / 1000
         now = time.monotonic()
         if st.st_size == 0 and (state.mode != Mode.SETTLE or signature != state.signature):

@@ -27,13 +27,13 @@ from depthwatch.farm import require_distributed
 from depthwatch.farm.tasks import (
     RESOURCE,
     FrameTask,
-    Outcome,
+    FrameReport,
     collect_frames,
     render_frames,
 )
 from depthwatch.frames import sequences
 from depthwatch.frames.job import Job
-from depthwatch.frames.pipeline import Settings
+from depthwatch.frames.settings import Settings
 from depthwatch.frames.rules import map_is_current
 from depthwatch.frames.writer import sweep_temp_files_for
 from depthwatch.imaging import normalise
@@ -52,7 +52,7 @@ def plan(jobs: Sequence[Job], force: bool) -> list[int]:
 def tasks_for(jobs: Sequence[Job], todo: Sequence[int], config: Config) -> list[list[FrameTask]]:
     """`frames_per_task` frames per task, in order, with paths in the workers' view."""
     path_map = config.farm.path_map
-    frames = [FrameTask(i, path_map.to_worker(jobs[i].source), path_map.to_worker(jobs[i].output)) for i in todo]
+    frames = [FrameTask.of(i, jobs[i], path_map) for i in todo]
     size = config.farm.frames_per_task
     return [frames[n : n + size] for n in range(0, len(frames), size)]
 
@@ -97,7 +97,7 @@ def run(
             key=f"depthwatch-{function.__name__}-{run_id}-{next(serial)}", pure=False, resources={RESOURCE: 1},
         )
 
-    def tally(outcome: Outcome) -> None:
+    def tally(outcome: FrameReport) -> None:
         nonlocal failures
         job = jobs[outcome.index]
         if outcome.ok:
@@ -167,7 +167,7 @@ def _second_pass(
     first_pass: list[tuple[list[FrameTask], Any]],
     todo: set[int],
     config: Config,
-    tally: Callable[[Outcome], None],
+    tally: Callable[[FrameReport], None],
 ) -> Iterator[list[FrameTask]]:
     """A sequence's render tasks, each as soon as the shot planner has made its frames' maps.
 
@@ -188,7 +188,7 @@ def _second_pass(
                 outcome = outcomes.get(frame.index)
                 if outcome is None or not outcome.ok or outcome.summary is None:
                     if frame.index in todo:  # it fails alone, with its line; the shot is planned without it
-                        tally(outcome or Outcome(frame.index, "the farm returned nothing for it; run the command again to retry"))
+                        tally(outcome or FrameReport(frame.index, "the farm returned nothing for it; run the command again to retry"))
                     continue
                 yield frame.index, outcome.summary, outcome.prediction, outcome.kind
 
@@ -201,7 +201,7 @@ def _second_pass(
     results = ((i, summary, prediction) for i, summary, prediction, _kind in itertools.chain([first], source))
     for i, nearness, _start in stabilise.stabilised(results, kind, config.output.clip_percent):
         if i in todo:
-            frames.append(FrameTask(i, path_map.to_worker(jobs[i].source), path_map.to_worker(jobs[i].output), nearness))
+            frames.append(FrameTask.of(i, jobs[i], path_map, nearness))
         if len(frames) == size:
             yield frames
             frames = []
@@ -209,7 +209,7 @@ def _second_pass(
         yield frames
 
 
-def _outcomes(future: Any, batch: list[FrameTask]) -> list[Outcome]:
+def _outcomes(future: Any, batch: list[FrameTask]) -> list[FrameReport]:
     """The task's outcomes; a task that failed as a whole fails each of its frames with the reason."""
     try:
         return future.result()
@@ -217,7 +217,7 @@ def _outcomes(future: Any, batch: list[FrameTask]) -> list[Outcome]:
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
         # KilledWorker: every worker that took the task died (distributed.scheduler.allowed-failures).
         reason = f"the farm could not map it ({type(exc).__name__}{': ' + first if first else ''}); run the command again to retry"
-        return [Outcome(frame.index, reason) for frame in batch]
+        return [FrameReport(frame.index, reason) for frame in batch]
 
 
 def _say_if_no_workers(client: Any, scheduler: str, report: Callable[[str], None]) -> None:

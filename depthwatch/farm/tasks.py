@@ -2,7 +2,7 @@
 
 Pixels never cross the network: a task names frames and outputs on storage
 every worker sees (already in the workers' view of it, see `pathmap`), and its
-result is one small `Outcome` per frame. The work itself is done by the
+result is one small `FrameReport` per frame. The work itself is done by the
 worker's `FrameRunner` (see `worker`), found through the worker's plugin, so a
 task never loads a model or starts a thread of its own.
 
@@ -21,11 +21,14 @@ renders and writes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from depthwatch.frames.pipeline import Settings
+from depthwatch.frames.job import Job
+from depthwatch.frames.settings import Settings
+from depthwatch.pathmap import PathMap
 
 #: The plugin's name on the worker, and the resource a depthwatch worker offers
 #: (tasks ask for it, so a plain Dask worker on the same scheduler never gets one).
@@ -35,7 +38,11 @@ RESOURCE = "depthwatch"
 
 @dataclass(frozen=True)
 class FrameTask:
-    """One frame to map: its index in the client's list, and both paths in the workers' view."""
+    """One frame to map: its index in the client's list, and its job's paths in the workers' view.
+
+    The job itself is made once, by the client's rules (`Rules.job_for`); a
+    task carries it across, roots included, and `job()` makes it again on the worker.
+    """
 
     index: int
     source: str
@@ -43,10 +50,36 @@ class FrameTask:
     #: The second pass of a shot-stable sequence: the frame's [0, 1] nearness map, made
     #: by the client from the shot's plan (model resolution); None: the usual way.
     nearness: np.ndarray | None = field(default=None, compare=False, repr=False)
+    #: The job's `link_root` and `output_roots`, in the workers' view.
+    link_root: str | None = None
+    output_roots: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, index: int, job: Job, path_map: PathMap, nearness: np.ndarray | None = None) -> FrameTask:
+        """The task for the client's `job`, with every path in the workers' view."""
+        return cls(
+            index,
+            path_map.to_worker(job.source),
+            path_map.to_worker(job.output),
+            nearness,
+            None if job.link_root is None else path_map.to_worker(job.link_root),
+            tuple(path_map.to_worker(root) for root in job.output_roots),
+        )
+
+    def job(self, collect: bool = False) -> Job:
+        """The client's job again, on the worker (`collect`: a shot-stable sequence's first pass)."""
+        return Job(
+            Path(self.source),
+            Path(self.output),
+            link_root=None if self.link_root is None else Path(self.link_root),
+            output_roots=tuple(Path(root) for root in self.output_roots),
+            collect=collect,
+            nearness=self.nearness,
+        )
 
 
 @dataclass(frozen=True)
-class Outcome:
+class FrameReport:
     """What became of one frame, as the client needs it for its line and its tally."""
 
     index: int
@@ -59,7 +92,7 @@ class Outcome:
     line: str = ""
     worker: str = ""
     #: `collect_frames` only: the frame's stabilise.Summary, its prediction (float16, model
-    #: resolution) and what the prediction means (the profile's output kind).
+    #: resolution) and what the prediction means (the profile's `predicts`).
     summary: Any = None
     prediction: np.ndarray | None = field(default=None, repr=False)
     kind: str = ""
@@ -69,12 +102,12 @@ class Outcome:
         return self.error is None
 
 
-def render_frames(frames: list[FrameTask], settings: Settings, force: bool = False) -> list[Outcome]:
+def render_frames(frames: list[FrameTask], settings: Settings, force: bool = False) -> list[FrameReport]:
     """The task: map `frames` on this worker with the client's output `settings`."""
     return _runner().render(frames, settings, force)
 
 
-def collect_frames(frames: list[FrameTask], settings: Settings) -> list[Outcome]:
+def collect_frames(frames: list[FrameTask], settings: Settings) -> list[FrameReport]:
     """The task of a shot-stable sequence's first pass: the model's view of each frame, nothing written."""
     return _runner().render(frames, settings, force=True, collect=True)
 

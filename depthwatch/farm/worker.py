@@ -20,23 +20,22 @@ exits at once. Tasks it never finished are rescheduled by the scheduler.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from depthwatch.config import Config
+from depthwatch.daemon.status import Status
 from depthwatch.errors import OutputError
 from depthwatch.farm import require_distributed
-from depthwatch.farm.tasks import PLUGIN, RESOURCE, FrameTask, Outcome
-from depthwatch.frames.job import Job
-from depthwatch.frames.pipeline import Pipeline, Settings
+from depthwatch.farm.tasks import PLUGIN, RESOURCE, FrameTask, FrameReport
+from depthwatch.frames.pipeline import Pipeline
+from depthwatch.frames.settings import Settings
 from depthwatch.frames.rules import map_is_current
 from depthwatch.frames.writer import atomic_write
 from depthwatch.model import catalogue
@@ -46,38 +45,10 @@ log = logging.getLogger("depthwatch")
 frames_log = logging.getLogger("depthwatch.frames")
 
 
-@dataclass
-class Counts:
-    done: int = 0
-    failed: int = 0
-    up_to_date: int = 0
-    tasks: int = 0
-    in_flight: int = 0
-    last_error: str | None = None
-
-
-@dataclass
-class WorkerStatus:
-    """The worker's status file, and what it reports to the scheduler with each heartbeat."""
-
-    pid: int = field(default_factory=os.getpid)
-    started: float = field(default_factory=time.time)
-    state: str = "starting"
-    scheduler: str = ""
-    address: str | None = None
-    model: str | None = None
-    profile: str | None = None
-    providers: list[str] = field(default_factory=list)
-    model_loads: int = 0
-    #: When the model finished loading (epoch seconds): nothing forks after this.
-    loaded_at: float | None = None
-    counts: Counts = field(default_factory=Counts)
-
-
 class FrameRunner:
     """The per-worker state tasks use: the engine (loaded once), the pipeline, the counts."""
 
-    def __init__(self, engine: Engine, pipeline: Pipeline, status: WorkerStatus, status_file: Path | None) -> None:
+    def __init__(self, engine: Engine, pipeline: Pipeline, status: Status, status_file: Path | None) -> None:
         self.engine = engine
         self.pipeline = pipeline  # bounds the frames in flight (decoded frames in memory) across tasks
         self.status = status
@@ -85,7 +56,7 @@ class FrameRunner:
         self._lock = threading.Lock()
         self._status_lock = threading.Lock()
 
-    def render(self, frames: Sequence[FrameTask], settings: Settings, force: bool, collect: bool = False) -> list[Outcome]:
+    def render(self, frames: Sequence[FrameTask], settings: Settings, force: bool, collect: bool = False) -> list[FrameReport]:
         """Run one task's frames through the pipeline (a Dask executor thread) and wait for them.
 
         `collect`: a shot-stable sequence's first pass; each frame stops after the
@@ -93,7 +64,7 @@ class FrameRunner:
         """
         counts = self.status.counts
         address = self.status.address or ""
-        outcomes: list[Outcome] = []
+        outcomes: list[FrameReport] = []
         submitted = []
         with self._lock:
             counts.tasks += 1
@@ -101,20 +72,19 @@ class FrameRunner:
             source, output = Path(frame.source), Path(frame.output)
             if not force and map_is_current(source, output):
                 frames_log.info("%s -> %s up to date", source.name, output.name)
-                outcomes.append(Outcome(frame.index, up_to_date=True, line=f"{source.name}: up to date", worker=address))
+                outcomes.append(FrameReport(frame.index, up_to_date=True, line=f"{source.name}: up to date", worker=address))
                 with self._lock:
                     counts.up_to_date += 1
                 continue
             with self._lock:
-                counts.in_flight += 1
-            job = Job(source, output, collect=collect, nearness=frame.nearness)
-            future = self.pipeline.submit(job, settings)  # waits while the pipeline is full
+                self.status.in_progress += 1
+            future = self.pipeline.submit(frame.job(collect), settings)  # waits while the pipeline is full
             submitted.append((frame, future, time.monotonic()))
         for frame, future, started in submitted:
             result = future.result()
             line = result.describe()
             with self._lock:
-                counts.in_flight -= 1
+                self.status.in_progress -= 1
                 if not result.ok:
                     counts.failed += 1
                     counts.last_error = line
@@ -127,21 +97,19 @@ class FrameRunner:
             else:
                 frames_log.info("%s total %.1f", line, (time.monotonic() - started) * 1000)
             if collect and result.ok:
-                kind = self.engine.wait_ready().profile.output
+                kind = self.engine.wait_ready().profile.predicts
                 outcomes.append(
-                    Outcome(frame.index, line=line, worker=address, summary=result.summary, prediction=result.prediction, kind=kind)
+                    FrameReport(frame.index, line=line, worker=address, summary=result.summary, prediction=result.prediction, kind=kind)
                 )
             else:
-                outcomes.append(Outcome(frame.index, result.error, line=line, worker=address))
+                outcomes.append(FrameReport(frame.index, result.error, line=line, worker=address))
         self.write_status()
         return sorted(outcomes, key=lambda o: o.index)
 
     def metrics(self, worker: Any = None) -> dict[str, Any]:
         """Sent to the scheduler with each heartbeat: the dashboard's worker pages show it."""
         with self._lock:
-            data = asdict(self.status)
-        data["updated"] = time.time()
-        return data
+            return self.status.as_dict()
 
     def write_status(self, state: str | None = None) -> None:
         if state is not None:
@@ -149,9 +117,10 @@ class FrameRunner:
         if self._status_file is None:
             return
         with self._status_lock:  # snapshot and write as one, so an older snapshot never lands last
-            data = self.metrics()
+            with self._lock:
+                data = self.status.to_json()
             try:
-                atomic_write(self._status_file, json.dumps(data, indent=2).encode() + b"\n")
+                atomic_write(self._status_file, data)
             except OutputError as exc:
                 log.warning("status file: %s", exc)
 
@@ -175,11 +144,12 @@ def serve(config: Config, scheduler: str, *, threads: int | None = None, name: s
     loaded_at = time.time()
     log.info("%s", info.describe())
     pipeline = Pipeline(engine, workers=config.daemon.workers, niceness=config.daemon.worker_niceness)
-    status = WorkerStatus(
+    status = Status(
         scheduler=scheduler,
         model=str(info.spec.path),
         profile=info.profile.name,
         providers=list(info.providers),
+        contract=info.contract.describe(),
         model_loads=engine.load_count,
         loaded_at=loaded_at,
     )

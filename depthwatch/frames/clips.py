@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 
 from depthwatch.errors import DepthwatchError, FrameError, ModelChanged, OutputError, Superseded
-from depthwatch.frames.pipeline import Settings
+from depthwatch.frames.settings import Settings
 from depthwatch.frames.writer import really_inside, temp_name_for
-from depthwatch.imaging import clipwrite, normalise, pixels, stabilise, video
+from depthwatch.imaging import clipwrite, codec, normalise, render, stabilise, tensor, video
 from depthwatch.logtext import shown
 from depthwatch.model.engine import BACKGROUND, Engine, Inference
 from depthwatch.model.spec import ModelInfo
@@ -229,13 +229,13 @@ def _make(
             assert kind is not None
             writer = clipwrite.ClipWriter(temp, kind, meta)
             sink = _WriteBehind(lambda k, depth: writer.write(depth), gate)  # type: ignore[union-attr]
-        bits = 16 if kind is not None else pixels.bits_for(job.output.suffix, settings.png_bits)
+        bits = 16 if kind is not None else codec.bits_for(job.output.suffix, settings.png_bits)
         options = replace(settings.render, bits=bits)
         clip_percent = settings.render.clip_percent
         size = (meta.width, meta.height)
         try:
             for k, image, nearness in _maps(job.source, meta, engine, info, check, gate, stable, clip_percent):
-                sink.put(k, pixels.render(nearness, size, options, guide=image))
+                sink.put(k, render.render(nearness, size, options, guide=image))
                 written += 1
                 progress.done = written
                 progress.frames = max(progress.frames, written)
@@ -258,7 +258,7 @@ def _make(
 
 def _write_still(folder: Path, output: Path, k: int, depth: np.ndarray, settings: Settings) -> None:
     """Frame k of an image sequence, into the sequence's temporary folder."""
-    data = pixels.encode(
+    data = codec.encode(
         depth, output.suffix, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression, exr_options=settings.exr
     )
     try:
@@ -341,8 +341,8 @@ def _inferred(
         for k, image in enumerate(clip.frames(scale)):
             check(k)
             gate()
-            tensor = pixels.prepare(pixels.Decoded(image, size, "clip"), info.contract, info.profile)
-            window.append((image, engine.infer(tensor, info.generation, priority=BACKGROUND)))
+            model_input = tensor.prepare(codec.Decoded(image, size, "clip"), info.contract, info.profile)
+            window.append((image, engine.infer(model_input, info.generation, priority=BACKGROUND)))
             if len(window) > WINDOW:
                 yield _finish(window.popleft(), info)
         while window:
@@ -376,7 +376,7 @@ def _maps(
     (each with its reduced image, the guide of the upscale) and gives back each
     map once its shot's neighbourhood is in. Frame: each map on its own.
     """
-    kind = info.profile.output
+    kind = info.profile.predicts
     inferred = _inferred(source, meta, engine, info, check, gate, reduced=True)
     if not stable:
         for k, (image, inference) in enumerate(inferred):
@@ -395,7 +395,7 @@ def _maps(
 def _reduction(size: tuple[int, int], min_size: tuple[int, int] | None) -> int:
     """The largest of 8, 4, 2 by which the frame can shrink and still give the model its pixels.
 
-    The same rule as a still JPEG's reduced decode (`pixels`), so a clip's frame
+    The same rule as a still JPEG's reduced decode (`codec`), so a clip's frame
     and the same frame as a still get the same map.
     """
     if not min_size:

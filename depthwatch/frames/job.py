@@ -4,10 +4,15 @@ A job carries what the watcher already learned about the file, so nothing
 downstream finds it out again: the version it judged complete (size, mtime,
 inode) and the format its magic bytes name, whose end marker the watcher has
 already seen. The worker reads the file once and decodes it.
+
+An image held in memory (the API's image bodies) is a job too: its source is
+bytes, not a file, and it has no output, so its map comes back in the Result
+instead of being written. It goes the same way through the pipeline.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,17 +22,36 @@ if TYPE_CHECKING:
     import numpy as np
 
 
+#: A version of a frame: (size, mtime_ns, inode). A config file's version is a "stamp" instead.
+Signature = tuple[int, int, int]
+
+
+def signature_from(st: os.stat_result) -> Signature:
+    """The signature of the file version `st` describes."""
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def signature_of(path: Path) -> Signature | None:
+    """The signature of the frame at `path` now (following links), or None if it is not there."""
+    try:
+        return signature_from(os.stat(path))
+    except OSError:
+        return None
+
+
 @dataclass(frozen=True)
 class Job:
     """Jobs are keyed by `output`: a newer job for the same output replaces an older one."""
 
+    #: The frame's file; for an image in memory, a name for it in log lines.
     source: Path
-    output: Path
+    #: Where the map goes; None: nowhere, the map comes back in the Result (see `held`).
+    output: Path | None
     #: Where an error record goes if error sidecars are on (None: not written).
     error_record: Path | None = None
     #: (size, mtime_ns, inode) when the frame was found complete; a different file at
     #: read time means a newer version is on its way (None: take what is there).
-    signature: tuple[int, int, int] | None = None
+    signature: Signature | None = None
     #: The format the watcher sniffed, its end marker (if the format has one) checked;
     #: None: not looked at yet (`once`, or a file the watcher could not place).
     format: str | None = None
@@ -43,3 +67,17 @@ class Job:
     collect: bool = field(default=False, compare=False)
     #: Pass 2: the [0, 1] nearness map is already made (model resolution): no inference.
     nearness: np.ndarray | None = field(default=None, compare=False, repr=False)
+    #: The frame's bytes, already in memory (an image body): nothing is read from disk.
+    data: bytes | None = field(default=None, compare=False, repr=False)
+    #: The map's format for a job with no output (".jpg", ".png").
+    ext: str = ""
+
+    @classmethod
+    def held(cls, data: bytes, ext: str, name: str = "image body") -> Job:
+        """A job for image bytes in memory whose map, encoded for `ext`, is written nowhere."""
+        return cls(Path(name), None, data=data, ext=ext)
+
+    @property
+    def map_ext(self) -> str:
+        """The extension the map is encoded for: the output's, or `ext` for a job with no output."""
+        return self.output.suffix if self.output is not None else self.ext

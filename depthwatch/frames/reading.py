@@ -17,7 +17,8 @@ import stat
 from pathlib import Path
 
 from depthwatch.errors import FrameError, Superseded
-from depthwatch.files import kind_of, link_problem, why_not_a_file  # noqa: F401 (re-exported)
+from depthwatch.files import kind_of, link_problem
+from depthwatch.frames.job import Signature, signature_from
 
 #: Default for `daemon.max_file_mb`: far above any frame, far below a machine's memory.
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
@@ -122,3 +123,39 @@ def read_head(path: Path, size: int = 65536) -> tuple[bytes, os.stat_result] | N
         return None
     finally:
         os.close(fd)
+
+
+def read_source(
+    path: Path,
+    signature: Signature | None = None,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    link_root: Path | None = None,
+) -> tuple[bytes, os.stat_result]:
+    """A frame's bytes, read once; FrameError if it vanished or is unreadable.
+
+    Whatever now sits at `path` is checked on its open descriptor before a byte
+    is read: a regular file (not a FIFO, a device, a socket) of at most
+    `max_bytes`. With `link_root`, a symlink is followed only to a file inside
+    that folder, checked now, not when the frame was found. Superseded if it
+    is no longer the version that was found complete (`signature`), or changed
+    while being read: an editor rewriting a frame in place will have the newer
+    version picked up by its own event.
+    """
+    follow = True
+    if link_root is not None and os.path.islink(path):
+        problem = link_problem(path)
+        if problem:
+            raise FrameError(problem)
+        real = os.path.realpath(path)
+        top = os.path.realpath(link_root)
+        if not real.startswith(top.rstrip(os.sep) + os.sep):
+            raise FrameError("a symlink to outside the watch folder; not followed (set watch.follow_symlinks to allow it)")
+        path, follow = Path(real), False  # the target itself, without following another link
+    before = os.stat(path) if os.path.exists(path) else None
+    data, after = read_file(path, follow_links=follow, max_bytes=max_bytes)
+    if before is None or (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns) or len(data) != after.st_size:
+        raise Superseded("the file changed while it was being read")
+    if signature is not None and signature != signature_from(after):
+        raise Superseded("the file changed after it was found complete")
+    return data, after

@@ -1,8 +1,10 @@
-"""Which files are frames, and where each frame's depth map goes.
+"""Which files are frames, where each frame's depth map goes, and the job that says so.
 
-Pure path logic, shared by the watcher, the start-up scan and `once`. It also
-keeps depthwatch from feeding on itself: its outputs, temporary files and
-sidecars are never frames, even in the watched folder with a matching pattern.
+Pure path logic, shared by the watcher, the start-up scan, the API, `once` and
+the farm. `Rules.job_for` is the one place a frame's Job is made, with the
+folders its reads and writes must stay in. It also keeps depthwatch from
+feeding on itself: its outputs, temporary files and sidecars are never frames,
+even in the watched folder with a matching pattern.
 """
 
 from __future__ import annotations
@@ -11,15 +13,21 @@ import fnmatch
 import os
 import re
 import string
+from collections.abc import Iterable
 from pathlib import Path
 
-from depthwatch.config import OutputConfig, WatchConfig
-from depthwatch.errors import FrameError
+from depthwatch.config import OutputConfig, WatchConfig, map_format_problem
+from depthwatch.errors import ConfigError, FrameError
 from depthwatch.frames import provenance
+from depthwatch.frames.job import Job, Signature
 from depthwatch.frames.writer import is_temp_name
 from depthwatch.imaging import clipwrite, video
+from depthwatch.imaging.formats import EXTENSIONS
+from depthwatch.logtext import shown
 
 _SIDECAR_SUFFIXES = (".json",)
+#: The extensions a frame can have, as written in either case.
+_FRAME_EXTENSIONS = tuple(dict.fromkeys(e for ext in EXTENSIONS for e in (ext, ext.upper())))
 
 
 def _template_regex(template: str) -> re.Pattern[str]:
@@ -38,10 +46,14 @@ class Rules:
 
     def __init__(self, watch: WatchConfig, output: OutputConfig) -> None:
         self.roots = tuple(Path(os.path.abspath(f)) for f in watch.folders)
-        self.patterns = tuple(p.lower() for p in watch.patterns)
+        #: As written (`POST /predict` with no frame named takes the first as the file name);
+        #: matched without regard to case.
+        self.patterns = tuple(watch.patterns)
+        self._lower_patterns = tuple(p.lower() for p in watch.patterns)
         self.recursive = watch.recursive
         self.follow_symlinks = watch.follow_symlinks
         self.template = output.template
+        self.png_bits = output.png_bits
         self._output_name = _template_regex(output.template)
         # A clip's depth clip: a file, or an image sequence's frames in a folder of their own.
         self.clip_template = output.clip_template
@@ -110,7 +122,7 @@ class Rules:
         if name.startswith(".") and not any(p.startswith(".") for p in self.patterns):
             return False  # hidden files (editor temporaries, .DS_Store) unless asked for
         lower = name.lower()
-        return any(fnmatch.fnmatchcase(lower, pattern) for pattern in self.patterns)
+        return any(fnmatch.fnmatchcase(lower, pattern) for pattern in self._lower_patterns)
 
     def output_for(self, source: Path) -> Path:
         """Where the depth map of `source` goes; FrameError if that leaves the allowed folders."""
@@ -127,6 +139,9 @@ class Rules:
             raise FrameError(f"its output {output} would be outside the configured folders; not writing it")
         if output == source:
             raise FrameError("its output would overwrite the frame itself; change output.template")
+        problem = map_format_problem(self.template, source.suffix, self.png_bits)
+        if problem:  # before a byte is read, not as the map is encoded
+            raise FrameError(problem)
         return output
 
     def output_roots(self, source: Path) -> tuple[Path, ...]:
@@ -138,6 +153,93 @@ class Rules:
         if not self.error_records:
             return None
         return output.with_name(f"{source.name}.error.json")
+
+    def job_for(
+        self, source: Path, signature: Signature | None = None, format: str | None = None
+    ) -> Job:
+        """The job for frame `source`: its output, error record, and the folders its read and write stay in.
+
+        A symlinked frame is followed only to inside its watch folder (unless
+        watch.follow_symlinks), and the map only lands inside the folders the
+        rules allow, both checked again when the frame is read and the map
+        written. FrameError if the output would leave those folders, or if
+        another frame beside it would get the same map (see `_sharing`).
+        `signature` and `format`: what the watcher learned of this version.
+        """
+        job = self._job(source, signature, format)
+        other = self._sharing(source)
+        if other is not None:
+            raise FrameError(
+                f"{shown(other.name)} maps to {shown(job.output.name)} too; one map would replace the other: "
+                "rename one, or name maps with {name} in output.template (e.g. '{name}_depth.png')"
+            )
+        return job
+
+    def _job(self, source: Path, signature: Signature | None = None, format: str | None = None) -> Job:
+        output = self.output_for(source)
+        return Job(
+            source,
+            output,
+            self.error_record_for(source, output),
+            signature,
+            format,
+            link_root=None if self.follow_symlinks else self.root_of(source),
+            output_roots=self.output_roots(source),
+        )
+
+    def _sharing(self, source: Path) -> Path | None:
+        """Another frame beside `source` whose map would be the same file (`A.jpg`, `A.tif` under `{stem}`).
+
+        Only where the name comes from the stem alone: a fixed name (`depth.jpg`)
+        is one map for every frame on purpose, the classic live preview.
+        """
+        template = self.template
+        if "{stem}" not in template or "{ext}" in template or "{name}" in template:
+            return None
+        for ext in _FRAME_EXTENSIONS:
+            other = source.with_suffix(ext)
+            if other.name == source.name or not os.path.exists(other) or not self.is_frame(other):
+                continue
+            try:
+                if os.path.samefile(other, source):  # the same file by another case (a case-blind disk)
+                    continue
+            except OSError:
+                continue
+            return other
+        return None
+
+    def jobs_for(self, sources: Iterable[Path]) -> tuple[list[Job], list[tuple[Path, str]]]:
+        """Jobs for a batch of frames named at once (`once`), and the frames refused, with why.
+
+        ConfigError, before anything is written, if two frames map to one output
+        (`A.0001.jpg` and `A.0001.tif` under `{stem}_depth.jpg`): one map would
+        replace the other. A frame whose output is another input is refused too.
+        """
+        jobs: list[Job] = []
+        refused: list[tuple[Path, str]] = []
+        sources = list(sources)
+        inputs = {os.path.realpath(s) for s in sources}
+        owner: dict[str, Path] = {}
+        for source in sources:
+            try:
+                job = self._job(source)  # frames named together: compared with each other below
+            except FrameError as exc:
+                refused.append((source, str(exc)))
+                continue
+            real = os.path.realpath(job.output)
+            if real in inputs:  # another input's name, or this one's by another path
+                refused.append((source, f"its output {shown(job.output)} is an input frame; writing it would replace that frame: give another -o"))
+                continue
+            first = owner.setdefault(real, source)
+            if first is not source:
+                if os.path.realpath(first) == os.path.realpath(source):
+                    continue  # the same frame named twice: one job
+                raise ConfigError(
+                    f"{shown(first)} and {shown(source)} both map to {shown(job.output)}; "
+                    "one map would replace the other: name outputs with {name} (e.g. -o '{name}_depth.jpg') or leave one out"
+                )
+            jobs.append(job)
+        return jobs, refused
 
     def link_allowed(self, path: Path) -> bool:
         """A symlink is followed only if it stays inside its watch folder (or if allowed)."""

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from depthwatch.errors import OutputError
+from depthwatch.files import fsync_folder, write_all
+from depthwatch.logtext import shown
 
 #: Temporary names look like `.depth.jpg.4242-3f9a1c0b.dwtmp`: hidden, recognisable so
 #: the watcher never takes them for input, and carrying the writer's pid so only a
@@ -105,6 +107,24 @@ def really_inside(path: Path, roots: tuple[Path, ...]) -> bool:
     return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in map(os.path.realpath, roots))
 
 
+def ensure_folder(folder: Path, roots: tuple[Path, ...] = ()) -> None:
+    """Outputs may go to a folder of their own (output.template 'depth/{stem}.png'): make it.
+
+    Not created through a link that now leads outside `roots` (a folder outside is a write too).
+    """
+    if folder.is_dir():
+        return
+    if roots and not really_inside(folder, roots):
+        raise OutputError(
+            f"the output folder {shown(folder)} now leads outside the configured folders (replaced by a link?); not writing",
+            retryable=False,
+        )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create the output folder {folder}: {exc.strerror or exc}") from None
+
+
 def atomic_write(target: Path, data: bytes, roots: tuple[Path, ...] = ()) -> None:
     """Replace `target` with `data` atomically; OutputError (one line) on failure.
 
@@ -116,11 +136,7 @@ def atomic_write(target: Path, data: bytes, roots: tuple[Path, ...] = ()) -> Non
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC | _NOFOLLOW, 0o644, dir_fd=folder)
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fsync(fd)
+            write_all(fd, data)
         finally:
             os.close(fd)
         os.replace(tmp, target.name, src_dir_fd=folder, dst_dir_fd=folder)
@@ -134,9 +150,7 @@ def atomic_write(target: Path, data: bytes, roots: tuple[Path, ...] = ()) -> Non
         os.close(folder)
         raise
     try:
-        os.fsync(folder)  # so the rename survives a power cut
-    except OSError:
-        pass
+        fsync_folder(folder)  # so the rename survives a power cut
     finally:
         os.close(folder)
 

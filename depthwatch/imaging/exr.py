@@ -6,7 +6,7 @@ After Effects look for it, float32 or half, in a single-part scanline file.
 so an EXR map goes through the same atomic writer as every other map and
 carries its provenance record the same way (`frames/provenance.py` adds it as
 a string attribute). `encode` is the one EXR encoder: `depthwatch once` and
-the daemon use it through `pixels.encode`, and image-sequence writers may call
+the daemon use it through `codec.encode`, and image-sequence writers may call
 it directly.
 
 In: RGB(A) float, half (or Y) frames. The file's structure is checked first

@@ -437,7 +437,7 @@ class _Shot:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ShotMap:
     """A map, the shot it belongs to, why a new shot began with it ('' if none: 'new', 'cut',
     'model'), and the state it leaves for `Stabiliser.landed`."""
 
@@ -484,7 +484,7 @@ class Stabiliser:
         key: Hashable,
         seq: int,
         clip_percent: tuple[float, float] | None = None,
-    ) -> Outcome:
+    ) -> ShotMap:
         """The [0, 1] nearness map of frame `seq` of `output`, consistent with its shot so far."""
         n = normalise.nearness(prediction, output_kind)
         clip = _nearness_clip(clip_percent, output_kind)
@@ -499,17 +499,17 @@ class Stabiliser:
             number, why = (1, "new") if shot is None else (shot.number + 1, "cut" if shot.key == key else "model")
             lo, hi = normalise.bounds(n, clip)
             state = _Shot(key, seq, number, small, (n, n), lo, hi)
-            return Outcome(normalise.frame(prediction, output_kind, clip_percent), number, why, state)
+            return ShotMap(normalise.frame(prediction, output_kind, clip_percent), number, why, state)
         aligned, filtered = _follow(n, shot.previous, motion, shot.hi - shot.lo)
         flo, fhi = normalise.bounds(filtered, clip)
         lo = shot.lo + RANGE_RATE * (flo - shot.lo)
         hi = shot.hi + RANGE_RATE * (fhi - shot.hi)
         state = _Shot(key, seq, shot.number, small, (aligned, filtered), lo, hi)
-        return Outcome(_stretch(filtered, lo, hi), shot.number, "", state)
+        return ShotMap(_stretch(filtered, lo, hi), shot.number, "", state)
 
-    def landed(self, output: Path, outcome: Outcome) -> bool:
-        """The map of `outcome` was written: its state becomes the output's, unless a newer one's did."""
-        state = outcome.state
+    def landed(self, output: Path, shot_map: ShotMap) -> bool:
+        """The map of `shot_map` was written: its state becomes the output's, unless a newer one's did."""
+        state = shot_map.state
         if state is None:
             return False
         with self._lock:

@@ -21,11 +21,12 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from depthwatch.files import atomic_write, sha256_of
 
 log = logging.getLogger("depthwatch.cache")
 
@@ -38,19 +39,6 @@ MAX_DIGESTS = 64
 MARKER = "depthwatch-entry.json"
 
 
-def _write_json(path: Path, data: Any) -> None:
-    """Atomically, so a reader (another depthwatch) never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(data, out, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def read_json(path: Path) -> dict[str, Any]:
     """The file's object, or {} if it is missing or damaged (it is only a cache)."""
     try:
@@ -61,8 +49,10 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def write_json(path: Path, data: Any) -> None:
+    """Atomically, so a reader (another depthwatch) never sees half a file; a failure is a warning."""
     try:
-        _write_json(path, data)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps(data, indent=1, sort_keys=True).encode())
     except OSError as exc:
         log.warning("could not write %s (%s); it will be computed again next time", path, exc.strerror or exc)
 
@@ -80,11 +70,7 @@ def model_digest(path: Path, state_dir: Path) -> str:
     known = digests.get(str(path))
     if isinstance(known, dict) and {k: known.get(k) for k in ("size", "mtime_ns", "inode")} == _stat_key(stat):
         return str(known["sha256"])
-    sha = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            sha.update(block)
-    digest = sha.hexdigest()
+    digest = sha256_of(path)
     digests[str(path)] = {**_stat_key(stat), "sha256": digest, "used": time.time()}
     if len(digests) > MAX_DIGESTS:
         for old in sorted(digests, key=lambda k: digests[k].get("used", 0))[: len(digests) - MAX_DIGESTS]:

@@ -191,7 +191,7 @@ def resolve(model: ModelConfig, base: Path) -> ModelSpec:
         multiple_of=model.multiple_of,
         mean=model.mean,
         std=model.std,
-        output=model.output,
+        predicts=model.output,
     )
     choice: ProfileChoice | None = None
     if model.profile != "auto":

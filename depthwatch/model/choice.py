@@ -53,7 +53,7 @@ class Trial:
     run_ms: float | None = None
     runs: int = 0
     peak_mib: float | None = None
-    #: Nodes the provider ran in the profiled run, and all nodes of that run.
+    #: Nodes the provider ran in the traced run, and all nodes of that run.
     nodes: int | None = None
     total_nodes: int | None = None
     error: str | None = None
@@ -131,17 +131,17 @@ def _max_rss() -> int:
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
-# -- profiling: which provider ran each node ------------------------------------------
+# -- tracing (ORT profiling): which provider ran each node ------------------------------------------
 
 
-def node_counts(profile_file: str | Path) -> Counter[str]:
-    """Nodes per provider in an onnxruntime profile (one count per node that ran).
+def node_counts(trace_file: str | Path) -> Counter[str]:
+    """Nodes per provider in an onnxruntime trace (its profiling output: one count per node that ran).
 
     A compiling provider (CoreML) shows each of its partitions as one fused
     node, so its count is partitions, not the original nodes it took.
     """
     try:
-        events = json.loads(Path(profile_file).read_text())
+        events = json.loads(Path(trace_file).read_text())
     except (OSError, ValueError):
         return Counter()
     seen: dict[str, str] = {}
@@ -166,11 +166,11 @@ def measure(
     *,
     budget_s: float = BUDGET_S,
     runs: int = RUNS,
-    profile: bool = False,
+    trace_nodes: bool = False,
 ) -> list[Trial]:
     """Time each candidate: load, one warm-up run, then up to `runs` timed runs.
 
-    `create(provider, profile)` makes a session whose first provider is
+    `create(provider, trace_nodes)` makes a session whose first provider is
     `provider` (raising if it cannot), `run(session)` runs one frame. Each
     session is released before the next is made. A provider that fails, or
     whose load and warm-up overrun its share of the budget, is dropped; CPU is
@@ -181,22 +181,22 @@ def measure(
     trials = []
     for index, provider in enumerate(order):
         share = max(0.0, deadline - time.perf_counter()) / (len(order) - index)
-        trials.append(_trial(provider, create, run, share, runs, profile, must_finish=provider == "CPUExecutionProvider"))
+        trials.append(_trial(provider, create, run, share, runs, trace_nodes, must_finish=provider == "CPUExecutionProvider"))
     return trials
 
 
-def _trial(provider: str, create: Create, run: Run, share: float, runs: int, profile: bool, must_finish: bool) -> Trial:
+def _trial(provider: str, create: Create, run: Run, share: float, runs: int, trace_nodes: bool, must_finish: bool) -> Trial:
     session = None
     try:
         with PeakMemory() as memory:
             start = time.perf_counter()
-            session = create(provider, profile)
+            session = create(provider, trace_nodes)
             load_s = time.perf_counter() - start
             applied = list(session.get_providers())
             if not applied or applied[0] != provider:
                 return Trial(provider, load_s, error=f"it did not take the model (ran on {', '.join(applied)})")
             run(session)  # warm-up: first-run allocations and any lazy compilation
-            counts = node_counts(session.end_profiling()) if profile else Counter()
+            counts = node_counts(session.end_profiling()) if trace_nodes else Counter()
             end = start + share
             times: list[float] = []
             while len(times) < runs:
@@ -213,8 +213,8 @@ def _trial(provider: str, create: Create, run: Run, share: float, runs: int, pro
             statistics.median(times),
             len(times),
             memory.mib,
-            counts.get(provider) if profile else None,
-            sum(counts.values()) if profile else None,
+            counts.get(provider) if trace_nodes else None,
+            sum(counts.values()) if trace_nodes else None,
         )
     except Exception as exc:  # onnxruntime raises its own types; a failing provider is dropped, not fatal
         if must_finish:

@@ -432,7 +432,7 @@ class Engine:
         log.info("loaded %s in %.2f s; applied providers: %s", path.name, info.load_seconds, ", ".join(applied))
         return session, info
 
-    def _session_options(self, spec: ModelSpec, profile_prefix: str | None = None, pins: dict[str, int] | None = None) -> Any:
+    def _session_options(self, spec: ModelSpec, trace_prefix: str | None = None, pins: dict[str, int] | None = None) -> Any:
         import onnxruntime
 
         options = onnxruntime.SessionOptions()
@@ -444,9 +444,9 @@ class Engine:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         for name, value in (pins or {}).items():
             options.add_free_dimension_override_by_name(name, value)
-        if profile_prefix is not None:
+        if trace_prefix is not None:  # ORT profiling: a trace of which provider ran each node
             options.enable_profiling = True
-            options.profile_file_prefix = profile_prefix
+            options.profile_file_prefix = trace_prefix
         return options
 
     def _chain(self, wanted: list[str], spec: ModelSpec) -> tuple[list[tuple[str, dict[str, Any]]], caches.Entry | None, dict[str, int]]:
@@ -502,12 +502,12 @@ class Engine:
             chosen = known["provider"]
             log.info("providers: auto uses %s for %s (measured %s)", chosen, spec.path.name, known.get("measured", "before"))
             return _with_cpu(chosen), "remembered", []
-        with tempfile.TemporaryDirectory(prefix="depthwatch-profile-") as folder:
-            profile_prefix = str(Path(folder) / "profile") if self._measure == "always" else None
+        with tempfile.TemporaryDirectory(prefix="depthwatch-trace-") as folder:
+            trace_prefix = str(Path(folder) / "trace") if self._measure == "always" else None
 
-            def create(provider: str, profile: bool) -> Session:
+            def create(provider: str, traced: bool) -> Session:
                 chain, _, pins = self._chain(_with_cpu(provider), spec)
-                options = self._session_options(spec, profile_prefix if profile else None, pins)
+                options = self._session_options(spec, trace_prefix if traced else None, pins)
                 return self._factory(str(spec.path), sess_options=options, providers=chain)
 
             def run(session: Session) -> None:
@@ -515,7 +515,7 @@ class Engine:
                 self._warm_up(session, contract, spec.profile)
 
             try:
-                trials = choice.measure(candidates, create, run, profile=profile_prefix is not None)
+                trials = choice.measure(candidates, create, run, trace_nodes=trace_prefix is not None)
             except DepthwatchError:
                 raise
             except Exception as exc:  # CPU itself failed: the model is unusable

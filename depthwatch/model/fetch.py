@@ -35,6 +35,7 @@ from typing import IO, Any, BinaryIO
 
 from depthwatch import __version__
 from depthwatch.errors import DepthwatchError
+from depthwatch.files import atomic_write, sha256_of
 from depthwatch.model.catalogue import Entry
 
 log = logging.getLogger("depthwatch.model.fetch")
@@ -89,8 +90,8 @@ class Fetched:
     resumed_from: int
 
 
-def lock_file(model: Path) -> Path:
-    """The sha256 recorded for a model whose catalogue entry has none."""
+def checksum_file(model: Path) -> Path:
+    """`FILE.sha256` beside `model`: the sha256 recorded for a model whose catalogue entry has none."""
     return model.with_name(model.name + ".sha256")
 
 
@@ -100,31 +101,23 @@ def part_file(model: Path) -> Path:
 
 
 def recorded_sha256(model: Path) -> str | None:
-    """The sha256 in the lock file beside `model`, or None if there is none."""
-    lock = lock_file(model)
+    """The sha256 in the checksum file beside `model`, or None if there is none."""
+    record = checksum_file(model)
     try:
-        text = lock.read_text(encoding="utf-8")
+        text = record.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:
-        raise IntegrityError(f"cannot read {lock}: {exc}; delete it to record a new checksum") from None
+        raise IntegrityError(f"cannot read {record}: {exc}; delete it to record a new checksum") from None
     words = text.split()
     if not words or not _SHA256.match(words[0].lower()):
-        raise IntegrityError(f"{lock} does not hold a sha256; delete it to record a new checksum")
+        raise IntegrityError(f"{record} does not hold a sha256; delete it to record a new checksum")
     return words[0].lower()
 
 
 def expected_sha256(entry: Entry, model: Path) -> str | None:
     """What the model's bytes must hash to: the catalogue's checksum, else the recorded one."""
     return entry.sha256 or recorded_sha256(model)
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 #: A file outside this factor of the catalogue's rough size is not taken for the model without asking.
@@ -221,7 +214,7 @@ def fetch(
         except OSError as exc:
             raise FolderError(f"cannot put the model in place at {target}: {_reason(exc)}") from None
     if entry.sha256 is None:
-        _write_lock(target, sha256)
+        _record_checksum(target, sha256)
     log.debug("saved %s (%d bytes, sha256 %s)", target, download.size, sha256)
     return Fetched(target, sha256, download.size, download.received, download.start)
 
@@ -250,7 +243,7 @@ def _keep_existing(entry: Entry, target: Path, expected: str | None, accept: boo
     except IntegrityError as exc:
         log.warning("%s cannot be used (%s); downloading it again", target, exc)
         return None
-    _write_lock(target, sha256)
+    _record_checksum(target, sha256)
     log.debug("kept %s, which was already there; recorded its sha256 %s", target, sha256)
     return Fetched(target, sha256, size, 0, 0)
 
@@ -264,8 +257,8 @@ def _check(entry: Entry, part: Path, size: int, sha256: str, expected: str | Non
             where = "the catalogue's"
             what_now = "the file on the server is not the one the catalogue names"
         else:
-            where = f"the one recorded in {lock_file(target)}"
-            what_now = f"the file on the server has changed; delete {lock_file(target).name} to accept it"
+            where = f"the one recorded in {checksum_file(target)}"
+            what_now = f"the file on the server has changed; delete {checksum_file(target).name} to accept it"
         raise IntegrityError(f"checksum mismatch for {entry.name}: got sha256 {sha256}, not {where} ({expected}); {kept}; {what_now}")
     try:
         _load_check(entry, part)
@@ -303,15 +296,13 @@ def _lock(handle: BinaryIO, entry: Entry, folder: Path) -> None:
         raise BusyError(f"another `depthwatch models fetch {entry.name}` is downloading into {folder}; wait for it to finish") from None
 
 
-def _write_lock(target: Path, sha256: str) -> None:
-    lock = lock_file(target)
-    temp = lock.with_name(f".{lock.name}.tmp")
+def _record_checksum(target: Path, sha256: str) -> None:
+    """`FILE.sha256` beside the model, in the format `shasum -a 256 -c` reads."""
+    record = checksum_file(target)
     try:
-        temp.write_text(f"{sha256}  {target.name}\n", encoding="utf-8")
-        os.replace(temp, lock)
+        atomic_write(record, f"{sha256}  {target.name}\n".encode())
     except OSError as exc:
-        temp.unlink(missing_ok=True)
-        raise FolderError(f"cannot record the checksum in {lock}: {_reason(exc)}") from None
+        raise FolderError(f"cannot record the checksum in {record}: {_reason(exc)}") from None
 
 
 class _Download:

@@ -39,8 +39,9 @@ class Profile:
     keep_aspect: bool = True
     mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
     std: tuple[float, float, float] = (1.0, 1.0, 1.0)
-    #: inverse_depth (larger = nearer) or depth (larger = farther).
-    output: str = INVERSE_DEPTH
+    #: What the model's output means: inverse_depth (larger = nearer) or depth (larger = farther);
+    #: the config's `model.output`.
+    predicts: str = INVERSE_DEPTH
     #: File names by which `auto` recognises this profile.
     files: tuple[str, ...] = ()
 
@@ -87,7 +88,7 @@ PROFILES: dict[str, Profile] = {
         Profile(
             "fastdepth-nyu",
             input_size=224,
-            output=DEPTH,
+            predicts=DEPTH,
             files=("fastdepth_224_nyu_int8.onnx",),
         ),
     )

@@ -18,7 +18,6 @@ Anything else is refused in one line naming the profiles to choose from.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from depthwatch.errors import ModelError
+from depthwatch.files import sha256_of
 from depthwatch.model.contract import NCHW, NHWC, Contract
 from depthwatch.model.profiles import PROFILES, Profile
 
@@ -103,18 +103,10 @@ def by_checksum(path: Path, known: Iterable[tuple[int | None, str | None, str]] 
     if not candidates:
         return None
     try:
-        digest = _sha256(path)
+        digest = sha256_of(path)
     except OSError:
-        return None  # unreadable: the engine's load says so in its own words
+        return None  # unreadable: loading it says why, in the words a model error uses
     return next((profile for d, profile in candidates if d == digest), None)
-
-
-def _sha256(path: Path) -> str:
-    hasher = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            hasher.update(block)
-    return hasher.hexdigest()
 
 
 @dataclass(frozen=True)

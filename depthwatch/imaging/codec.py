@@ -1,18 +1,12 @@
-"""Pixels in, pixels out: pure functions around the model, no I/O, no state.
+"""Image files to pixels and depth maps to image files: decode and encode, no I/O, no state.
 
-decode (bytes -> image) and prepare (image -> tensor) come before inference;
-after it, on a worker thread, the render chain: normalise (prediction ->
-nearness in [0, 1], 1 = nearest), upsample (plain, or refined along the
-frame's edges: `refine`), levels (near/far/gamma/invert: `levels`) and
-quantise, then encode (map -> bytes). None of it runs on the inference thread.
+decode (bytes -> image: JPEG, PNG, TIFF, WebP, and EXR through `exr`) comes
+before the model; encode (map -> bytes) is the last step of the render chain
+(see `render`). None of it runs on the inference thread.
 
-Two choices here are made for speed and tested to give the same result as the
+One choice here is made for speed and tested to give the same result as the
 obvious path: JPEGs are decoded at 1/2, 1/4 or 1/8 scale (libjpeg's DCT
-scaling) when the model's input is that much smaller than the frame, and the
-map is levelled and quantised at its working resolution (the model's, or the
-refine guide's) before the one upscale to the frame's size, so that upscale
-works on 8- or 16-bit integers instead of floats and is the only pass over a
-frame-sized image.
+scaling) when the model's input is that much smaller than the frame.
 """
 
 from __future__ import annotations
@@ -25,13 +19,8 @@ import numpy as np
 import simplejpeg
 
 from depthwatch.errors import FrameError
-from depthwatch.imaging import exr, formats, refine
-from depthwatch.imaging import normalise as normalise_step
+from depthwatch.imaging import exr, formats
 from depthwatch.imaging.formats import OUTPUT_FORMATS
-from depthwatch.imaging.levels import Levels
-from depthwatch.imaging.levels import apply as apply_levels
-from depthwatch.model.contract import NCHW, Contract, model_input_size  # noqa: F401 (re-exported)
-from depthwatch.model.profiles import Profile
 
 #: libjpeg's warnings that mean part of the picture was made up, not decoded (jerror.h). Others
 #: ("extraneous bytes before marker", an unknown JFIF revision) leave the picture whole.
@@ -67,10 +56,6 @@ class Decoded:
     windows: exr.Windows | None = None
 
 
-#: `output.refine` values: today's plain bilinear upscale, or edges from the frame.
-REFINE_NONE, REFINE_EDGES = "none", "edges"
-
-
 @dataclass(frozen=True)
 class ExrOptions:
     """How EXR frames are read and EXR maps written (`input.exr_colour`, `output.exr_*`)."""
@@ -79,19 +64,6 @@ class ExrOptions:
     colour: str = "linear"
     half: bool = False
     compression: str = "zip"
-
-
-@dataclass(frozen=True)
-class RenderOptions:
-    """How the depth map looks: optional percentile clip, refinement, levels, bit depth.
-
-    `bits` is 8 or 16 (integers) or 32 (float32, not quantised).
-    """
-
-    clip_percent: tuple[float, float] | None = None
-    bits: int = 8
-    refine: str = REFINE_EDGES
-    levels: Levels = Levels()
 
 
 def _reduction(header: formats.Header, min_size: tuple[int, int] | None) -> int:
@@ -236,60 +208,6 @@ def _decode_exr(data: bytes, max_pixels: int, colour: str) -> Decoded:
 def _cv_reason(exc: cv2.error) -> str:
     lines = [line for line in str(exc).splitlines() if line.strip()]
     return lines[-1].strip() if lines else "unknown error"
-
-
-def prepare(decoded: Decoded, contract: Contract, profile: Profile) -> np.ndarray:
-    """The model's input tensor for a decoded frame: resized, RGB, normalised, batched."""
-    w, h = model_input_size(contract, profile, decoded.size)
-    image = decoded.image
-    shrinking = w * h < image.shape[0] * image.shape[1]
-    small = cv2.resize(image, (w, h), interpolation=cv2.INTER_AREA if shrinking else cv2.INTER_CUBIC)
-    rgb = cv2.cvtColor(small, cv2.COLOR_BGR2RGB)
-    if contract.input_dtype == np.uint8:
-        x = rgb
-    else:
-        x = rgb.astype(np.float32) * np.float32(1 / 255)
-        if profile.mean != (0.0, 0.0, 0.0) or profile.std != (1.0, 1.0, 1.0):
-            x = (x - np.asarray(profile.mean, np.float32)) / np.asarray(profile.std, np.float32)
-        x = x.astype(contract.input_dtype, copy=False)
-    if contract.layout == NCHW:
-        x = x.transpose(2, 0, 1)
-    return np.ascontiguousarray(x[None])
-
-
-def normalise(prediction: np.ndarray, output_kind: str, options: RenderOptions) -> np.ndarray:
-    """The per-frame map: nearness in [0, 1], 1 = nearest, at the model's resolution.
-
-    Step 1 of the render chain lives in `depthwatch.normalise` (`frame` here;
-    `stable` in `stabilise`); inverting (white = far) is a level, applied later.
-    """
-    return normalise_step.frame(prediction, output_kind, options.clip_percent)
-
-
-def render(
-    nearness: np.ndarray, size: tuple[int, int], options: RenderOptions, guide: np.ndarray | None = None
-) -> np.ndarray:
-    """The depth map at the frame's (width, height): uint8/uint16, or float32 for bits 32.
-
-    `nearness` is the normalised map ([0, 1], 1 = nearest) at the model's
-    resolution; `guide` the decoded frame (maybe at reduced scale) that
-    `refine: edges` follows. Levels and quantisation happen at the working
-    resolution, before the one upscale to `size`: quantising first and
-    upscaling integers gives the same map as upscaling floats first (within
-    one level) at a fraction of the cost.
-    """
-    m = nearness.astype(np.float32, copy=False)
-    if options.refine == REFINE_EDGES and guide is not None:
-        m = refine.edges(m, guide)
-    m = apply_levels(m, options.levels, reference=nearness)
-    if options.bits == 32:
-        q = np.ascontiguousarray(m, dtype=np.float32)
-    else:
-        top, dtype = (255, np.uint8) if options.bits == 8 else (65535, np.uint16)
-        q = (m * np.float32(top) + np.float32(0.5)).astype(dtype)
-    if (q.shape[1], q.shape[0]) == size:
-        return q
-    return cv2.resize(q, size, interpolation=cv2.INTER_LINEAR)
 
 
 def encode(

@@ -1,0 +1,63 @@
+"""What happened to one job: its map (or why not), its timings, and its one log line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from depthwatch.frames.frameline import frame_line
+from depthwatch.frames.job import Job
+from depthwatch.imaging import stabilise
+from depthwatch.logtext import shown
+
+
+@dataclass
+class Result:
+    """`retryable` marks output errors worth another try; `unusable` an input that can never make a map."""
+
+    job: Job
+    error: str | None = None
+    retryable: bool = False
+    #: The frame itself cannot be used (a FrameError: damaged, too large, not an image),
+    #: as opposed to a failure of depthwatch's own (the API answers 422 against 500).
+    unusable: bool = False
+    #: A newer version of the frame turned up meanwhile; not a failure.
+    superseded: bool = False
+    #: The model ran (or was running) for this job; false for one dropped before inference.
+    inferred: bool = False
+    size: tuple[int, int] | None = None
+    model: str | None = None
+    providers: tuple[str, ...] = ()
+    #: Milliseconds per stage (see `frameline.STAGES`).
+    ms: dict[str, float] = field(default_factory=dict)
+    #: The shot this map belongs to (stable normalisation), and why it started with this
+    #: frame: "new" (the output's first), "cut", "model" (a model swap), or "" (it did not).
+    shot: int | None = None
+    started: str = ""
+    #: Job.collect: what planning a sequence needs of this frame.
+    summary: stabilise.Summary | None = None
+    prediction: np.ndarray | None = None
+    #: A job with no output (image bytes held in memory): its encoded map.
+    data: bytes | None = field(default=None, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def describe(self) -> str:
+        """The one log line for this frame (read back by `frameline.parse_frame_line`)."""
+        if self.error:
+            return f"{shown(self.job.source)}: {self.error}"
+        output = self.job.output.name if self.job.output is not None else self.job.map_ext.lstrip(".")
+        return frame_line(self.job.source.name, output, self.size or (0, 0), self.ms)
+
+    def shot_note(self) -> str:
+        """' shot 3 (cut)' when a cut or a model swap started a shot with this map, else ''.
+
+        An output's first map starts its first shot too, but saying so on every
+        frame of a burst of stills would drown the cuts.
+        """
+        if self.started in ("cut", "model"):
+            return f" shot {self.shot} ({self.started})"
+        return ""

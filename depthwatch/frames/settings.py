@@ -1,0 +1,53 @@
+"""The parts of the config one frame needs, frozen per job so a reload applies cleanly to the next."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from depthwatch.config import Config
+from depthwatch.frames import reading
+from depthwatch.imaging import normalise
+from depthwatch.imaging.codec import ExrOptions
+from depthwatch.imaging.levels import Levels, parse_level
+from depthwatch.imaging.render import Encoding, RenderOptions
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a job reads its frame and makes and writes its map."""
+
+    render: RenderOptions = RenderOptions()
+    jpeg_quality: int = 95
+    png_bits: int = 16
+    png_compression: int = 1
+    max_pixels: int = 100_000_000
+    sidecar: bool = False
+    #: Files larger than this are refused before a byte is read (`daemon.max_file_mb`).
+    max_file_bytes: int = reading.DEFAULT_MAX_BYTES
+    #: output.normalise: stable (per-output shot state) or frame (each map on its own).
+    normalise: str = normalise.STABLE
+    #: input.exr_colour and output.exr_half / exr_compression.
+    exr: ExrOptions = ExrOptions()
+
+    @property
+    def encoding(self) -> Encoding:
+        return Encoding(self.jpeg_quality, self.png_bits, self.png_compression, self.exr)
+
+    @classmethod
+    def from_config(cls, config: Config) -> Settings:
+        out = config.output
+        return cls(
+            render=RenderOptions(
+                clip_percent=out.clip_percent,
+                refine=out.refine,
+                levels=Levels(parse_level(out.near), parse_level(out.far), out.gamma, out.invert),
+            ),
+            jpeg_quality=out.jpeg_quality,
+            png_bits=out.png_bits,
+            png_compression=out.png_compression,
+            max_pixels=int(config.daemon.max_megapixels * 1_000_000),
+            sidecar=out.sidecar,
+            max_file_bytes=int(config.daemon.max_file_mb * 2**20),
+            normalise=out.normalise,
+            exr=ExrOptions(config.input.exr_colour, out.exr_half, out.exr_compression),
+        )
