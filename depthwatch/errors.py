@@ -40,6 +40,14 @@ class FrameError(DepthwatchError):
     """One input frame cannot be turned into a depth map; the others can."""
 
 
+class BadPrediction(FrameError):
+    """The model ran but its prediction is no depth map (NaN or infinite values, or one value everywhere).
+
+    An fp16 overflow on a GPU provider gives NaN everywhere, a broken export
+    a constant: either would be a black map logged as a success.
+    """
+
+
 class Superseded(FrameError):
     """The frame changed or vanished after it was found: nothing to do for this version.
 

@@ -125,9 +125,17 @@ def _square_float_graph(nodes: list, name: str, size: int, inits: list) -> onnx.
 
 
 def slow_model(path: Path, layers: int = 40, size: int = 64, channels: int = 32) -> Path:
-    """A float NCHW model that takes a while (many convolutions), to catch a run in progress."""
+    """A float NCHW model that takes a while (many convolutions), to catch a run in progress.
+
+    Its output is the convolutions' mean plus the frame's brightness, so a
+    frame that is not one flat colour gets a map that is not flat either.
+    """
     nodes, inits, last = _conv_stack(layers, channels, 0.05)
-    nodes.append(helper.make_node("ReduceMean", [last], ["depth"], axes=[1], keepdims=0))
+    nodes += [
+        helper.make_node("ReduceMean", [last], ["busy"], axes=[1], keepdims=0),
+        helper.make_node("ReduceMean", ["image"], ["mean"], axes=[1], keepdims=0),
+        helper.make_node("Add", ["busy", "mean"], ["depth"]),
+    ]
     return _save(_square_float_graph(nodes, "slow", size, inits), path)
 
 
@@ -147,3 +155,28 @@ def busy_brightness_model(path: Path, size: int = 64, layers: int = 6, channels:
         helper.make_node("Add", ["mean", "nothing"], ["depth"]),
     ]
     return _save(_square_float_graph(nodes, "busy_brightness", size, inits), path)
+
+
+def sqrt_model(path: Path, size: int = 16) -> Path:
+    """Depth = sqrt(mean(R, G, B) - 0.5) of the model's input: NaN wherever a pixel is dark.
+
+    A frame with any dark pixel gets NaN there (as an fp16 overflow on a GPU
+    gives), while a bright frame gets a good map: the same model shows both.
+    """
+    nodes = [
+        helper.make_node("ReduceMean", ["image"], ["mean"], axes=[1], keepdims=0),
+        helper.make_node("Sub", ["mean", "half"], ["shifted"]),
+        helper.make_node("Sqrt", ["shifted"], ["depth"]),
+    ]
+    return _save(_square_float_graph(nodes, "sqrt", size, [helper.make_tensor("half", TensorProto.FLOAT, [], [0.5])]), path)
+
+
+def constant_model(path: Path, size: int = 16, value: float = 0.5) -> Path:
+    """Depth = `value` at every pixel, whatever the frame (a broken export)."""
+    inits = [helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]), helper.make_tensor("value", TensorProto.FLOAT, [], [value])]
+    nodes = [
+        helper.make_node("ReduceMean", ["image"], ["mean"], axes=[1], keepdims=0),
+        helper.make_node("Mul", ["mean", "zero"], ["nothing"]),
+        helper.make_node("Add", ["nothing", "value"], ["depth"]),
+    ]
+    return _save(_square_float_graph(nodes, "constant", size, inits), path)

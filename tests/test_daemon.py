@@ -257,17 +257,24 @@ def test_two_frames_that_would_share_one_map_are_both_refused(tmp_path, tiny_mod
 
 def test_frames_waiting_at_start_are_processed(tmp_path, tiny_model):
     d = DaemonProcess(tmp_path, tiny_model, watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_depth.jpg"})
-    for name in ("old", "new", "stale"):
+    from depthwatch.frames import provenance
+
+    for name in ("old", "new", "stale", "theirs"):
         (d.watch / f"{name}.jpg").write_bytes(jpeg_bytes(quadrant_frame()))
     (d.watch / "old_depth.jpg").write_bytes(b"already done")  # newer than its frame: left alone
-    stale = d.watch / "stale_depth.jpg"
-    stale.write_bytes(b"older than its frame")
-    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    stale = d.watch / "stale_depth.jpg"  # a map of an earlier version of stale.jpg: made again
+    stale.write_bytes(provenance.embed(jpeg_bytes(quadrant_frame(32, 32)), {"source": "stale.jpg", "size": 1, "mtime_ns": 0, "inode": 0}))
+    theirs = d.watch / "theirs_depth.jpg"  # older than its frame, but not a map depthwatch made: never replaced
+    theirs.write_bytes(b"older than its frame")
+    for old in (stale, theirs):
+        os.utime(old, (time.time() - 3600, time.time() - 3600))
     d.start()
     try:
-        wait_for(lambda: d.counts().get("done") == 2, what="the two frames without a current map")
+        wait_for(lambda: d.counts().get("done") == 2 and d.counts().get("failed") == 1, what="the two frames without a current map")
         assert (d.watch / "old_depth.jpg").read_bytes() == b"already done"
         assert read_depth(stale) is not None and read_depth(d.watch / "new_depth.jpg") is not None
+        assert theirs.read_bytes() == b"older than its frame"
+        assert "theirs_depth.jpg in " in d.counts()["last_error"] and "not a depth map depthwatch made" in d.counts()["last_error"]
     finally:
         assert d.stop() == 0
 

@@ -209,6 +209,7 @@ def main(args: argparse.Namespace) -> int:
     settings = Settings.from_config(config)
     jobs, refused = rules.jobs_for(sources)  # ConfigError if two frames share an output
     failures = [f"{shown(source)}: {why}" for source, why in refused]
+    _refuse_replacing(jobs)
     began = time.monotonic()
     progress = _progress(len(sources))
     for line in failures:
@@ -329,6 +330,25 @@ class _ClipBar:
 
     def __exit__(self, *exc_info: object) -> None:
         self._bar.close()
+
+
+def _refuse_replacing(jobs: list[Any]) -> None:
+    """ConfigError, before anything is written, if a map would replace a file depthwatch did not make.
+
+    A folder's files named like outputs are left out of the inputs, so under
+    `-o '{stem}.png'` the master shot.png beside shot.jpg is no frame, and
+    would be shot.jpg's map; a photo x_depth.jpg beside x.jpg likewise. The
+    writer refuses such a file anyway; saying so first means nothing at all
+    is written under a template that clashes.
+    """
+    clashes = [(job, reason) for job in jobs if (reason := provenance.refusal_at(job.output))]
+    if not clashes:
+        return
+    job, reason = clashes[0]
+    more = f" (and {len(clashes) - 1} more)" if len(clashes) > 1 else ""
+    raise ConfigError(
+        f"{shown(job.source)}: its output {shown(job.output)} {reason}{more}; give another -o (nothing was written)"
+    )
 
 
 def _sequence(pipeline: Any, jobs: list[Any], settings: Any, report: Any) -> None:

@@ -119,6 +119,10 @@ def _show(path: Path) -> bool:
     rows.append(("last error", counts.get("last_error") or "none"))
     if data.get("config_error"):
         rows.append(("config error", data["config_error"]))
+    if data.get("model_error"):
+        rows.append(("model error", data["model_error"]))
+    if data.get("health_error"):
+        rows.append(("health", data["health_error"]))
     for name, value in rows:
         print(f"{name + ':':<13}{value}")
     return running

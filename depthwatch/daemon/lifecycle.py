@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from depthwatch.config import Config
+from depthwatch.config import Config, ModelConfig
 from depthwatch.daemon.clips import ClipRunner
 from depthwatch.daemon.locks import FolderLocks
 from depthwatch.daemon.notify import notify
@@ -53,7 +53,7 @@ from depthwatch.frames.frameline import STAGES
 from depthwatch.frames.pipeline import Pipeline
 from depthwatch.frames.result import Result
 from depthwatch.frames.settings import Settings
-from depthwatch.frames.rules import Rules
+from depthwatch.frames.rules import Rules, template_clashes
 from depthwatch.frames.writer import sweep_temp_files
 from depthwatch.logtext import shown
 from depthwatch.model import catalogue
@@ -67,6 +67,8 @@ log = logging.getLogger("depthwatch")
 frames_log = logging.getLogger("depthwatch.frames")
 
 _RETRY_MAX_DELAY = 60.0
+#: Unusable predictions in a row (NaN, a constant) after which the status shows a health error.
+BAD_PREDICTIONS_UNHEALTHY = 5
 #: How often the lock files are touched (see `locks`).
 _LOCK_REFRESH_S = 3600.0
 #: Superseded frames are summarised in one log line at most this often.
@@ -105,6 +107,20 @@ def _make_folders(roots: Iterable[Path]) -> None:
             ) from None
 
 
+def _model_file_key(model: ModelConfig, base: Path) -> tuple[object, ...] | None:
+    """The model file a section names, as it is on disk now: path, device, inode, size, mtime.
+
+    A model fixed in place, or fetched again, has another key, so a reload
+    loads it again even if the config text did not change. None: no such file.
+    """
+    try:
+        path = catalogue.configured_file(model, base)
+        st = os.stat(path)
+    except (OSError, DepthwatchError):
+        return None
+    return str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
 class Daemon:
     """`depthwatch run`: call `run()` from the main thread; `request_stop()` from any thread.
 
@@ -130,6 +146,10 @@ class Daemon:
         self._locks = FolderLocks()
         self._locks_touched = time.monotonic()
         self._swap: Future[ModelInfo] | None = None
+        #: The model section in service and its file's key when it was loaded (see
+        #: `_model_file_key`); and those of the swap under way.
+        self._serving: tuple[ModelConfig, tuple[object, ...] | None] = (config.model, _model_file_key(config.model, config.base))
+        self._swap_for = self._serving
         self._stop = threading.Event()
         #: A second stop request: shorten every remaining wait of the shutdown.
         self._force = threading.Event()
@@ -137,6 +157,8 @@ class Daemon:
         self.status = Status(config=str(config.source) if config.source else None)
         self._status_dirty = True
         self._attempts: dict[Path, int] = {}
+        #: Unusable predictions since the last good map (see BAD_PREDICTIONS_UNHEALTHY).
+        self._bad_predictions = 0
         #: Frames whose tries ran out on an output error, by output folder (see `Parked`).
         self._parked = Parked()
         self._settings = Settings.from_config(config)
@@ -324,6 +346,13 @@ class Daemon:
                 log.info("removed %d temporary file(s) left in %s", swept, shown(root))
             if left:
                 log.warning("cannot remove %d temporary file(s) left in %s (is the folder writable?)", left, shown(root))
+        for pattern in template_clashes(rules.patterns, rules.template):
+            log.warning(
+                "watch.patterns %s and output.template %s clash: every %s file looks like a depth map, so none "
+                "is mapped, and a map may take the name of one; depthwatch never replaces a file it did not make "
+                "(it logs an error instead): change output.template or the patterns",
+                pattern, rules.template, pattern,
+            )
         self.rules = rules
         self.watcher = Watcher(rules, config.watch, self._on_complete, self._on_unusable)
         self.watcher.start()
@@ -371,16 +400,7 @@ class Daemon:
         """Apply a valid config: watch and output settings for the next frame, a new model by swap."""
         old = self.config
         self.status.config_error = None
-        if new.model != old.model:
-            try:
-                spec = catalogue.resolve(new.model, new.base)
-            except DepthwatchError as exc:
-                log.error("%s; keeping model %s", exc, old.model.path)
-                self.status.config_error = str(exc)
-                new = replace(new, model=old.model)
-            else:
-                assert self.engine is not None
-                self._swap = self.engine.reload(spec)  # the main loop reports it when done
+        self._apply_model(new)
         if (new.watch, new.output.template, new.output.error_sidecar) != (old.watch, old.output.template, old.output.error_sidecar):
             rules = Rules(new.watch, new.output)
             try:
@@ -405,6 +425,33 @@ class Daemon:
         self.status.config_loads += 1
         self._status_dirty = True
 
+    def _apply_model(self, new: Config) -> None:
+        """Swap the model in if the config names another one, or its file changed since it was loaded.
+
+        A model that failed to load is tried again at every reload once its
+        file has changed (fixed in place, fetched again), even when the config
+        text is the same: the status keeps the reason (`model_error`) until a
+        load succeeds or the config goes back to the model in service.
+        """
+        serving, serving_key = self._serving
+        key = _model_file_key(new.model, new.base)
+        if (new.model, key) == (serving, serving_key):
+            self.status.model_error = None  # the model in service is the one asked for
+            return
+        if self._swap is not None and self._swap_for == (new.model, key):
+            return  # that very load is under way
+        if new.model == serving and self._swap is None and self.status.model_error is None and key is not None:
+            log.info("model file %s changed; loading it again", shown(new.model.path))
+        try:
+            spec = catalogue.resolve(new.model, new.base)
+        except DepthwatchError as exc:
+            log.error("%s; keeping model %s", exc, serving.path)
+            self.status.config_error = self.status.model_error = str(exc)
+            return
+        assert self.engine is not None
+        self._swap = self.engine.reload(spec)  # the main loop reports it when done
+        self._swap_for = (new.model, key)
+
     def _report_swap(self) -> None:
         """Once a model swap has finished on the inference thread, say so (main thread)."""
         swap = self._swap
@@ -412,8 +459,11 @@ class Daemon:
             return
         self._swap = None
         if swap.exception() is not None:
-            self.status.config_error = str(swap.exception())  # the engine logged it and kept the old model
+            # The engine logged it and kept the old model.
+            self.status.config_error = self.status.model_error = str(swap.exception())
         else:
+            self._serving = self._swap_for
+            self.status.model_error = None
             log.info("now using %s", swap.result().describe())
             self._publish_model()
         self._status_dirty = True
@@ -580,6 +630,7 @@ class Daemon:
         if self.api is not None:
             self.waiters.finished(job, result, final=not retrying)  # before queue.done(job): see waiters
         counts = self.status.counts
+        self._model_health(result)
         if result.ok:
             latency_ms = (time.monotonic() - job.queued_at) * 1000
             with self._lock:
@@ -644,6 +695,31 @@ class Daemon:
         else:
             self._count_failure(f"clip {result.describe()}")
         self._status_dirty = True
+
+    def _model_health(self, result: Result) -> None:
+        """Several unusable predictions in a row are the model's fault, not the frames': say so in the status."""
+        if result.superseded:
+            return
+        with self._lock:
+            if result.ok:
+                if self.status.health_error is not None:
+                    log.info("the model's predictions are usable again; health error cleared")
+                self._bad_predictions = 0
+                self.status.health_error = None
+                return
+            if not result.bad_prediction:
+                return
+            self._bad_predictions += 1
+            count = self._bad_predictions
+            if count < BAD_PREDICTIONS_UNHEALTHY:
+                return
+            first = self.status.health_error is None
+            self.status.health_error = (
+                f"the model's last {count} predictions were unusable ({result.error}); "
+                "check the model file and model.providers (try providers: [cpu])"
+            )
+        if first:
+            log.error("%s", self.status.health_error)
 
     def _retry(self, job: Job, result: Result) -> bool:
         """Try an output error again later (the disk may free up); False once out of tries."""

@@ -81,6 +81,12 @@ class Status:
     #: Configs applied (1 at start, +1 per successful reload) and the last reload's error.
     config_loads: int = 0
     config_error: str | None = None
+    #: Why the model asked for is not the one in service: its last load or reload failed
+    #: (one line; None once a load of it succeeded, or the config went back to the model in service).
+    model_error: str | None = None
+    #: Why the daemon is up but not making maps: its model's last predictions were unusable
+    #: (NaN, a constant) several in a row. Cleared by the next good map.
+    health_error: str | None = None
     #: The HTTP API's address (http://HOST:PORT) when it listens.
     api: str | None = None
     #: A farm worker: its scheduler, its own address on the farm, and when the model

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from depthwatch.errors import (
+    BadPrediction,
     DepthwatchError,
     FrameError,
     ModelChanged,
@@ -42,7 +43,8 @@ from depthwatch.errors import (
     Superseded,
 )
 from depthwatch.frames import provenance
-from depthwatch.frames.errorrecords import write_error_record
+from depthwatch.frames.errorrecords import remove_error_record, write_error_record
+from depthwatch.frames.folders import check_frame_folder, open_frame_folder
 from depthwatch.frames.job import Job
 from depthwatch.frames.jobqueue import LatestWinsQueue
 from depthwatch.frames.reading import read_source
@@ -77,6 +79,17 @@ class _Frame:
     inference: Future[Inference] | None = None
     #: output.normalise: stable: the shot state this frame's map leaves once written.
     shot: stabilise.ShotMap | None = None
+    #: The folder the frame was read from, open from read to result (see `folders`).
+    folder: int | None = None
+
+    def close_folder(self) -> None:
+        if self.folder is not None:
+            os.close(self.folder)
+            self.folder = None
+
+    def beside(self, path: Path) -> int | None:
+        """The frame's own folder, open, if `path` lies directly in it (else None: by path)."""
+        return self.folder if path.parent == self.job.source.parent else None
 
     def check(self) -> None:
         if self.abandoned:
@@ -263,6 +276,7 @@ class Pipeline:
         return idle
 
     def _finished(self, frame: _Frame) -> None:
+        frame.close_folder()
         with self._idle:
             if frame.job.output is not None and self._newest.get(frame.job.output) is frame:
                 del self._newest[frame.job.output]
@@ -311,8 +325,13 @@ class Pipeline:
     def _read(self, frame: _Frame) -> bytes:
         """The frame's bytes from disk, checked to be a frame and not one of depthwatch's own maps."""
         job = frame.job
+        frame.folder = open_frame_folder(job.source, job.output_roots)
         data, frame.source_stat = read_source(
-            job.source, job.signature, max_bytes=frame.settings.max_file_bytes, link_root=job.link_root
+            job.source,
+            job.signature,
+            max_bytes=frame.settings.max_file_bytes,
+            link_root=job.link_root,
+            folder_fd=frame.folder,
         )
         made = provenance.read(data)
         if made is not None:
@@ -404,22 +423,27 @@ class Pipeline:
     def _write(self, frame: _Frame, output: Path, encoded: bytes) -> None:
         """The map (and its sidecar) onto disk, unless a newer job's map got there first."""
         job, result = frame.job, frame.result
-        ensure_folder(output.parent, job.output_roots)
+        assert frame.folder is not None
+        check_frame_folder(job.source, frame.folder)  # the map goes where its frame was read, or nowhere
+        beside = frame.beside(output)
+        if beside is None:
+            ensure_folder(output.parent, job.output_roots)
         with self._write_locks[hash(output) % len(self._write_locks)]:
             if self._newer_written(frame):
                 raise Superseded("a newer version's map was written first")
-            atomic_write(output, encoded, job.output_roots)
+            # Only a map depthwatch made is ever replaced (its record, read just before the rename).
+            atomic_write(output, encoded, job.output_roots, folder_fd=beside, may_replace=provenance.refusal)
             if frame.shot is not None and self.stabiliser.landed(output, frame.shot):
                 result.shot, result.started = frame.shot.shot, frame.shot.started
             if frame.settings.sidecar:
-                atomic_write(output.with_name(output.name + ".json"), self._sidecar(frame), job.output_roots)
+                atomic_write(output.with_name(output.name + ".json"), self._sidecar(frame), job.output_roots, folder_fd=beside)
             with self._lock:
                 self._written[output] = (frame.seq, time.monotonic())
                 self._written.move_to_end(output)
                 if len(self._written) > _WRITTEN_MEMORY:
                     self._written.popitem(last=False)
-        if job.error_record is not None and job.error_record.exists():
-            job.error_record.unlink(missing_ok=True)
+        if job.error_record is not None:
+            remove_error_record(job.error_record, frame.beside(job.error_record))
 
     def _stable(self, frame: _Frame, info: ModelInfo) -> Stable | None:
         """output.normalise: stable: where this frame's map joins its output's shot.
@@ -468,12 +492,14 @@ class Pipeline:
             result.retryable = isinstance(exc, OutputError) and exc.retryable
             result.unusable = isinstance(exc, FrameError)
             result.superseded = isinstance(exc, Superseded)
+            result.bad_prediction = isinstance(exc, BadPrediction)
             result.inferred = frame.inference is not None and not frame.inference.cancelled()
         else:
             log.debug("unexpected error on %s", shown(job.source), exc_info=exc)
             result.error = f"internal error: {type(exc).__name__}: {exc}"
         if job.error_record is not None and not result.superseded:
-            write_error_record(job.error_record, job.source, result.error, job.output_roots)
+            # Beside the frame, into the folder it was read from (never a folder swapped in since).
+            write_error_record(job.error_record, job.source, result.error, job.output_roots, frame.beside(job.error_record))
         if not frame.future.done():
             frame.future.set_result(result)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import stat
 import struct
 import zlib
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any, BinaryIO
 
 from depthwatch import __version__
 from depthwatch.errors import FrameError
+from depthwatch.files import kind_of
 from depthwatch.frames.reading import open_checked
 from depthwatch.imaging import exrlayout, formats
 
@@ -78,16 +80,17 @@ def embed(encoded: bytes, record: dict[str, Any]) -> bytes:
     return encoded
 
 
-def read(source: Path | bytes) -> dict[str, Any] | None:
+def read(source: Path | bytes, dir_fd: int | None = None) -> dict[str, Any] | None:
     """The record in a map file or its bytes; None if there is none (not one of ours).
 
     A path is opened without following a link and only if it is a regular file
-    (a FIFO put in a map's place must not hang the caller).
+    (a FIFO put in a map's place must not hang the caller). `dir_fd`: the path
+    is a name in the folder open on that descriptor.
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
         return _read(io.BytesIO(bytes(source)))
     try:
-        fd, _ = open_checked(Path(source), follow_links=False, max_bytes=1 << 62)
+        fd, _ = open_checked(Path(source), follow_links=False, max_bytes=1 << 62, dir_fd=dir_fd)
     except FrameError:
         return None
     with os.fdopen(fd, "rb") as f:
@@ -95,6 +98,43 @@ def read(source: Path | bytes) -> dict[str, Any] | None:
             return _read(f)
         except OSError:
             return None
+
+
+def refusal(folder_fd: int, name: str) -> str | None:
+    """Why the file named `name` in the open folder must not be replaced by a map (None: it may).
+
+    Only a map depthwatch made (its record inside, read through the folder's
+    own descriptor, right before the rename) is ever replaced: a user's file
+    that happens to have a map's name (a master `shot.png` under the template
+    `{stem}.png`, a photo called `x_depth.jpg`) is left as it is. A format
+    that carries no record yet (see `read`) is never replaced either.
+    """
+    try:
+        st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be looked at ({exc.strerror or exc}); not replacing it"
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symlink, not a depth map depthwatch made; not replacing it"
+    kind = kind_of(st.st_mode)
+    if kind is not None:
+        return f"is {kind}, not a depth map depthwatch made; not replacing it"
+    if read(Path(name), dir_fd=folder_fd) is None:
+        return "is not a depth map depthwatch made (it carries no depthwatch record); not replacing it"
+    return None
+
+
+def refusal_at(target: Path) -> str | None:
+    """`refusal` for a path (`depthwatch once`, before anything is written)."""
+    try:
+        fd = os.open(target.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return None  # no folder yet: nothing to replace
+    try:
+        return refusal(fd, target.name)
+    finally:
+        os.close(fd)
 
 
 def _read(f: BinaryIO) -> dict[str, Any] | None:

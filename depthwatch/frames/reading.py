@@ -32,17 +32,28 @@ def _not_a_file(mode: int) -> FrameError:
     return FrameError(f"is {kind_of(mode)}, not an image file; not read")
 
 
-def open_checked(path: Path, *, follow_links: bool = True, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[int, os.stat_result]:
+def open_checked(
+    path: Path, *, follow_links: bool = True, max_bytes: int = DEFAULT_MAX_BYTES, dir_fd: int | None = None
+) -> tuple[int, os.stat_result]:
     """An open read-only descriptor of the regular file at `path`, and its fstat.
 
     FrameError (one line) for anything that is not a regular file of at most
     `max_bytes`; Superseded if it vanished. The caller closes the descriptor.
+    `dir_fd`: `path` is a name inside the folder open on that descriptor
+    (the file is looked for there, whatever the folder's path now leads to).
     """
     try:
-        before = os.stat(path) if follow_links else os.lstat(path)
+        before = os.stat(path, dir_fd=dir_fd, follow_symlinks=follow_links)
     except FileNotFoundError:
-        if follow_links and os.path.islink(path):
+        if follow_links and dir_fd is None and os.path.islink(path):
             raise FrameError(link_problem(path) or "a dangling symlink") from None
+        if follow_links and dir_fd is not None:
+            try:
+                target = os.readlink(path, dir_fd=dir_fd)
+            except OSError:
+                pass  # not a link: it just vanished
+            else:
+                raise FrameError(f"a symlink to {target!r}, which does not exist") from None
         raise Superseded("the file vanished before it could be read") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
@@ -54,7 +65,7 @@ def open_checked(path: Path, *, follow_links: bool = True, max_bytes: int = DEFA
         raise _not_a_file(before.st_mode)  # refused before opening: opening a device can have effects
     flags = os.O_RDONLY | _NONBLOCK | _CLOEXEC | (0 if follow_links else _NOFOLLOW)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, flags, dir_fd=dir_fd)
     except FileNotFoundError:
         raise Superseded("the file vanished before it could be read") from None
     except PermissionError:
@@ -94,9 +105,11 @@ def read_bounded(fd: int, size: int, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-def read_file(path: Path, *, follow_links: bool = True, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, os.stat_result]:
-    """The whole regular file at `path` and its fstat after reading."""
-    fd, st = open_checked(path, follow_links=follow_links, max_bytes=max_bytes)
+def read_file(
+    path: Path, *, follow_links: bool = True, max_bytes: int = DEFAULT_MAX_BYTES, dir_fd: int | None = None
+) -> tuple[bytes, os.stat_result]:
+    """The whole regular file at `path` (a name in `dir_fd`'s folder, if given) and its fstat after reading."""
+    fd, st = open_checked(path, follow_links=follow_links, max_bytes=max_bytes, dir_fd=dir_fd)
     try:
         data = read_bounded(fd, st.st_size, max_bytes)
         after = os.fstat(fd)
@@ -131,6 +144,7 @@ def read_source(
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
     link_root: Path | None = None,
+    folder_fd: int | None = None,
 ) -> tuple[bytes, os.stat_result]:
     """A frame's bytes, read once; FrameError if it vanished or is unreadable.
 
@@ -140,9 +154,18 @@ def read_source(
     that folder, checked now, not when the frame was found. Superseded if it
     is no longer the version that was found complete (`signature`), or changed
     while being read: an editor rewriting a frame in place will have the newer
-    version picked up by its own event.
+    version picked up by its own event. `folder_fd`: an open descriptor of
+    `path`'s folder (see `folders.open_frame_folder`); the frame is looked for
+    in that very folder, whatever its path leads to by now.
     """
     follow = True
+    if folder_fd is not None and not (link_root is not None and os.path.islink(path)):
+        try:
+            before: os.stat_result | None = os.stat(path.name, dir_fd=folder_fd)
+        except OSError:
+            before = None
+        data, after = read_file(Path(path.name), max_bytes=max_bytes, dir_fd=folder_fd)
+        return _same_version(before, data, after, signature)
     if link_root is not None and os.path.islink(path):
         problem = link_problem(path)
         if problem:
@@ -154,6 +177,12 @@ def read_source(
         path, follow = Path(real), False  # the target itself, without following another link
     before = os.stat(path) if os.path.exists(path) else None
     data, after = read_file(path, follow_links=follow, max_bytes=max_bytes)
+    return _same_version(before, data, after, signature)
+
+
+def _same_version(
+    before: os.stat_result | None, data: bytes, after: os.stat_result, signature: Signature | None
+) -> tuple[bytes, os.stat_result]:
     if before is None or (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns) or len(data) != after.st_size:
         raise Superseded("the file changed while it was being read")
     if signature is not None and signature != signature_from(after):

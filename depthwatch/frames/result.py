@@ -26,6 +26,8 @@ class Result:
     superseded: bool = False
     #: The model ran (or was running) for this job; false for one dropped before inference.
     inferred: bool = False
+    #: The model's prediction was no depth map (NaN, a constant): a model problem, not the frame's.
+    bad_prediction: bool = False
     size: tuple[int, int] | None = None
     model: str | None = None
     providers: tuple[str, ...] = ()

@@ -253,6 +253,31 @@ class Rules:
         return root is not None and (root.resolve() in target.parents)
 
 
+#: Stems a frame pattern's `*` is tried with when looking for a clash with the output template.
+_SAMPLE_STEMS = ("shot", "A001_C002_0101AB", "frame_1001")
+
+
+def template_clashes(patterns: tuple[str, ...], template: str) -> list[str]:
+    """The frame patterns whose every name the output template could also produce.
+
+    With patterns `*.jpg` and `*.png` and the template `{stem}.png`, each PNG
+    frame looks like the map of a JPEG frame: it is never mapped, and the
+    map of shot.jpg would be named shot.png, the name of a frame. (Such a
+    file is never replaced, since it carries no depthwatch record; the
+    daemon says so once at start.) A pattern with a character class is not
+    tried.
+    """
+    output = _template_regex(template)
+    clashing = []
+    for pattern in patterns:
+        if "[" in pattern:
+            continue
+        samples = [pattern.replace("*", stem).replace("?", "x") for stem in _SAMPLE_STEMS]
+        if all(output.fullmatch(name) for name in samples):
+            clashing.append(pattern)
+    return clashing
+
+
 def map_is_current(source: Path, output: Path) -> bool:
     """Whether `output` is a map of the version of `source` now on disk: no new map is needed.
 

@@ -13,7 +13,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from depthwatch.errors import OutputError
@@ -125,13 +125,39 @@ def ensure_folder(folder: Path, roots: tuple[Path, ...] = ()) -> None:
         raise OutputError(f"cannot create the output folder {folder}: {exc.strerror or exc}") from None
 
 
-def atomic_write(target: Path, data: bytes, roots: tuple[Path, ...] = ()) -> None:
+#: Asked right before the rename, with the folder's descriptor and the target's name:
+#: why the file now at that name must not be replaced (None: it may be).
+ReplaceCheck = Callable[[int, str], "str | None"]
+
+
+def atomic_write(
+    target: Path,
+    data: bytes,
+    roots: tuple[Path, ...] = (),
+    *,
+    folder_fd: int | None = None,
+    may_replace: ReplaceCheck | None = None,
+) -> None:
     """Replace `target` with `data` atomically; OutputError (one line) on failure.
 
     With `roots`, the target's folder must really be inside one of them when
-    the file is written (see `open_folder`).
+    the file is written (see `open_folder`). `folder_fd`: an open descriptor
+    of the folder to write into instead (the caller checked it and keeps it;
+    `target.parent` is then only its name in messages). `may_replace`: asked
+    about whatever holds the target's name, through the folder's descriptor,
+    just before the rename; a reason refuses the write (not retried) and
+    leaves that file as it is.
     """
-    folder = open_folder(target.parent, roots)
+    own_folder = folder_fd is None
+    folder = open_folder(target.parent, roots) if folder_fd is None else folder_fd
+    try:
+        _write_in(folder, target, data, may_replace)
+    finally:
+        if own_folder:
+            os.close(folder)
+
+
+def _write_in(folder: int, target: Path, data: bytes, may_replace: ReplaceCheck | None) -> None:
     tmp = temp_name_for(target).name
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC | _NOFOLLOW, 0o644, dir_fd=folder)
@@ -139,20 +165,21 @@ def atomic_write(target: Path, data: bytes, roots: tuple[Path, ...] = ()) -> Non
             write_all(fd, data)
         finally:
             os.close(fd)
+        refused = may_replace(folder, target.name) if may_replace is not None else None
+        if refused:
+            raise OutputError(
+                f"{shown(target.name)} in {shown(target.parent)} {refused}: move it away or change output.template",
+                retryable=False,
+            )
         os.replace(tmp, target.name, src_dir_fd=folder, dst_dir_fd=folder)
     except OSError as exc:
         _remove_quietly(tmp, folder)
-        os.close(folder)
         retryable = exc.errno not in (errno.ENAMETOOLONG, errno.EINVAL, errno.EISDIR)
         raise OutputError(f"cannot write {target.name} in {target.parent}: {_reason(exc)}", retryable) from None
     except BaseException:
         _remove_quietly(tmp, folder)
-        os.close(folder)
         raise
-    try:
-        fsync_folder(folder)  # so the rename survives a power cut
-    finally:
-        os.close(folder)
+    fsync_folder(folder)  # so the rename survives a power cut
 
 
 def sweep_temp_files(folder: Path) -> tuple[int, int]:

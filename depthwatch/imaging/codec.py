@@ -107,6 +107,8 @@ def decode(
         raise FrameError(f"the {fmt.upper()} header is damaged or cut short")
     if header.width == 0 or header.height == 0:
         raise FrameError(f"the {fmt.upper()} header declares an empty {header.width}x{header.height} image")
+    if header.problem:
+        raise FrameError(f"the {fmt.upper()} header {header.problem}; not decoded")
     _check_pixels(header.width, header.height, max_pixels)
     if checked_format is None and formats.is_complete(fmt, data[-16:], len(data), data[:16]) is False:
         raise FrameError(f"the {fmt.upper()} data is cut short (no end marker): the file is incomplete")

@@ -48,6 +48,8 @@ class Header:
     width: int
     height: int
     orientation: int = 1
+    #: Why the header cannot be trusted although it parses (a TIFF listing its size twice), or "".
+    problem: str = ""
 
     @property
     def display_size(self) -> tuple[int, int]:
@@ -155,18 +157,24 @@ def _jpeg_header(data: bytes) -> Header | None:
 
 
 def _tiff_ifd0(tiff: bytes) -> tuple[str, dict[int, int]]:
-    """The short/long tags of a TIFF structure's first IFD (for EXIF and TIFF files)."""
+    """The short/long tags of a TIFF structure's first IFD (for EXIF and TIFF files); a repeated tag's last value."""
+    endian, listed = _tiff_ifd0_all(tiff)
+    return endian, {tag: values[-1] for tag, values in listed.items()}
+
+
+def _tiff_ifd0_all(tiff: bytes) -> tuple[str, dict[int, list[int]]]:
+    """Every value each short/long tag of the first IFD is listed with, in file order."""
     endian = "<" if tiff[:2] == b"II" else ">"
     (offset,) = struct.unpack(endian + "I", tiff[4:8])
     (count,) = struct.unpack(endian + "H", tiff[offset : offset + 2])
-    tags: dict[int, int] = {}
+    tags: dict[int, list[int]] = {}
     for i in range(min(count, 512)):
         entry = tiff[offset + 2 + 12 * i : offset + 14 + 12 * i]
         tag, kind = struct.unpack(endian + "HH", entry[:4])
         if kind == 3:  # SHORT
-            tags[tag] = struct.unpack(endian + "H", entry[8:10])[0]
+            tags.setdefault(tag, []).append(struct.unpack(endian + "H", entry[8:10])[0])
         elif kind == 4:  # LONG
-            tags[tag] = struct.unpack(endian + "I", entry[8:12])[0]
+            tags.setdefault(tag, []).append(struct.unpack(endian + "I", entry[8:12])[0])
     return endian, tags
 
 
@@ -178,10 +186,22 @@ def _exif_orientation(tiff: bytes) -> int | None:
 
 
 def _tiff_header(data: bytes) -> Header | None:
-    _, tags = _tiff_ifd0(data)
-    if 256 not in tags or 257 not in tags:
+    """The TIFF's size, as large as any of its size tags says.
+
+    A TIFF may list ImageWidth (256) or ImageLength (257) more than once;
+    libtiff (OpenCV's decoder) takes the first and warns, a reader taking the
+    last would see another size. So the largest listed is the size, for the
+    megapixel limit, and such a file is refused anyway (`problem`).
+    """
+    _, listed = _tiff_ifd0_all(data)
+    widths, heights = listed.get(256), listed.get(257)
+    if not widths or not heights:
         return None
-    return Header(TIFF, tags[256], tags[257])
+    problem = ""
+    if len(widths) > 1 or len(heights) > 1:
+        sizes = ", ".join(f"{w}x{h}" for w, h in zip(widths, heights))
+        problem = f"lists its size more than once ({sizes}); decoders disagree on which one holds"
+    return Header(TIFF, max(widths), max(heights), problem=problem)
 
 
 def tiff_sample_format(data: bytes) -> int:

@@ -166,6 +166,13 @@ def model_file(name: str, models_dir: Path) -> Path:
     return models_dir / entry(name).file
 
 
+def configured_file(model: ModelConfig, base: Path) -> Path:
+    """The file a model section names, whether or not it is there (ConfigError: no such catalogue name)."""
+    if is_catalogue_name(model.path):
+        return model.models_folder() / entry(model.path).file
+    return expand_path(model.path, base)
+
+
 def resolve(model: ModelConfig, base: Path) -> ModelSpec:
     """The ModelSpec for a config's model section; ModelError if the file is not there.
 

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from depthwatch.errors import (
+    BadPrediction,
     DepthwatchError,
     FrameError,
     ModelChanged,
@@ -97,6 +98,27 @@ LIVE = 0
 BACKGROUND = 1
 _LAST = 2
 _FIX_MODEL = "; the file is damaged or not an ONNX model: fetch it again or point model.path at a working .onnx file"
+
+
+def unusable(prediction: np.ndarray, tensor: np.ndarray | None = None, applied: Sequence[str] = ()) -> str | None:
+    """Why a prediction is no depth map, in one line, or None: checked as it leaves the engine.
+
+    Cheap at model resolution (a few hundred thousand values): finite
+    everywhere, and more than one value unless the input `tensor` was one
+    flat colour (a black frame in a fade may well get a flat map).
+    """
+    finite = np.isfinite(prediction)
+    if not finite.all():
+        bad = int(prediction.size - np.count_nonzero(finite))
+        where = f" on {applied[0]}" if applied and applied[0] != providers.CPU else ""
+        return (
+            f"the model returned NaN or infinite values ({bad} of {prediction.size}; a float16 overflow{where}?); "
+            "no map written"
+        )
+    low, high = float(prediction.min()), float(prediction.max())
+    if not high > low and (tensor is None or tensor.min() != tensor.max()):
+        return f"the model returned the same value ({low:g}) at every pixel of a frame that is not one flat colour; no map written"
+    return None
 
 
 def _square_side(profile: Profile) -> int | None:
@@ -359,7 +381,11 @@ class Engine:
                     self._running = None
                     self._running_background = False
             self.run_count += 1
-            future.set_result(Inference(prediction, seconds, info))
+            problem = unusable(prediction, tensor, info.providers)
+            if problem:
+                future.set_exception(BadPrediction(problem))
+            else:
+                future.set_result(Inference(prediction, seconds, info))
             return session
         return session
 
