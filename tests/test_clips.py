@@ -115,7 +115,7 @@ def reference_maps(source: Path, engine: Engine) -> list[np.ndarray]:
 def depth_frames(path: Path) -> list[np.ndarray]:
     """The depth clip's frames as grey (luma), shrunk like the references; or a folder of images."""
     if path.is_dir():
-        images = [_read_image(p) for p in sorted(path.iterdir())]
+        images = [_read_image(p) for p in sorted(path.iterdir()) if not p.name.startswith(".")]
     else:
         with av.open(str(path)) as container:
             images = [f.to_ndarray(format="gray16le") for f in container.decode(video=0)]
@@ -185,7 +185,8 @@ def test_other_outputs(sources: dict[str, Path], engine: Engine, tmp_path: Path,
     assert result.ok, result.error
     refs = reference_maps(source, engine)
     if job.sequence:
-        files = sorted(job.final.iterdir())
+        files = sorted(p for p in job.final.iterdir() if not p.name.startswith("."))
+        assert (job.final / ".depthwatch").is_file()  # the folder is depthwatch's to replace
         assert [f.name for f in files][:2] == ["0000" + job.output.suffix, "0001" + job.output.suffix]
         assert len(files) == len(refs)
         assert _read_image(files[0]).dtype == (np.float32 if job.output.suffix == ".exr" else np.uint16)
@@ -196,16 +197,24 @@ def test_other_outputs(sources: dict[str, Path], engine: Engine, tmp_path: Path,
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
-def test_plan_sees_the_cuts_and_the_second_run_replaces_the_first(sources: dict[str, Path], engine: Engine, tmp_path: Path) -> None:
-    """Re-running over an existing image-sequence folder swaps the whole folder; stale frames go with it."""
+def test_a_second_run_replaces_its_own_sequence_folder_and_never_someone_elses(
+    sources: dict[str, Path], engine: Engine, tmp_path: Path
+) -> None:
+    """Re-running over depthwatch's own image-sequence folder swaps the whole folder; a folder it did not make stays."""
     source = sources["cuts"]
     folder = tmp_path / "cuts_depth"
-    folder.mkdir()
-    (folder / "9999.png").write_bytes(b"old")
+    assert make_clip(ClipJob(source, folder / "{frame:04d}.png"), engine, Settings()).ok
+    (folder / "9999.png").write_bytes(b"stale")
     result = make_clip(ClipJob(source, folder / "{frame:04d}.png"), engine, Settings())
     assert result.ok, result.error
-    assert "9999.png" not in {p.name for p in folder.iterdir()} and len(list(folder.iterdir())) == 36
-    assert [p.name for p in tmp_path.iterdir()] == ["cuts_depth"]
+    assert "9999.png" not in {p.name for p in folder.iterdir()} and len(list(folder.glob("*.png"))) == 36
+    theirs = tmp_path / "theirs_depth"
+    theirs.mkdir()
+    (theirs / "0000.png").write_bytes(b"an editor's own frame")
+    refused = make_clip(ClipJob(source, theirs / "{frame:04d}.png"), engine, Settings())
+    assert refused.error is not None and "is not a depth clip depthwatch made; not replacing it" in refused.error
+    assert (theirs / "0000.png").read_bytes() == b"an editor's own frame"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cuts_depth", "theirs_depth"]
 
 
 def _bad(tmp_path: Path) -> dict[str, Path]:

@@ -222,6 +222,7 @@ def _make(
         if job.sequence:
             try:
                 os.mkdir(temp)
+                (temp / clipwrite.SEQUENCE_MARKER).write_text(clipwrite.MARK + "\n")
             except OSError as exc:
                 raise OutputError(f"cannot write in {folder}: {exc.strerror or exc}") from None
             sink = _WriteBehind(lambda k, depth: _write_still(temp, job.output, k, depth, settings), gate)
@@ -418,7 +419,16 @@ def _ensure_folder(folder: Path, roots: tuple[Path, ...]) -> None:
 
 
 def _rename_into_place(temp: Path, final: Path, roots: tuple[Path, ...]) -> None:
-    """The whole clip (file or folder of frames) replaces the last one in one rename."""
+    """The whole clip (file or folder of frames) replaces the last one in one rename.
+
+    Only a depth clip depthwatch made is replaced: anything else at the name
+    (an editor's own clip called A001_depth.mov, a folder of their frames) stays.
+    """
+    if os.path.lexists(final) and not clipwrite.is_ours(final):
+        raise OutputError(
+            f"{shown(final)} is not a depth clip depthwatch made; not replacing it: move it away or change output.clip_template",
+            retryable=False,
+        )
     if roots and not really_inside(final.parent, roots):
         raise OutputError(f"the output folder {shown(final.parent)} now leads outside the configured folders; not writing", retryable=False)
     try:

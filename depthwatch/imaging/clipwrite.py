@@ -46,6 +46,27 @@ KINDS = {
 }
 
 
+#: The container comment every depth clip carries (and a sequence folder's marker file holds).
+MARK = "depthwatch depth clip"
+#: An image sequence's folder holds this hidden file: the folder is depthwatch's to replace.
+SEQUENCE_MARKER = ".depthwatch"
+
+
+def is_ours(path: Path) -> bool:
+    """Whether the depth clip (or sequence folder) at `path` is one depthwatch made: its to replace."""
+    if path.is_dir() and not path.is_symlink():
+        return (path / SEQUENCE_MARKER).is_file()
+    if not path.is_file() or path.is_symlink():
+        return False
+    av = require_av()
+    try:
+        with av.open(str(path)) as container:
+            tags = {str(k).lower(): str(v) for k, v in container.metadata.items()}  # Matroska says COMMENT
+            return tags.get("comment", "").startswith(MARK)
+    except (av.FFmpegError, OSError):
+        return False
+
+
 def kind_for(ext: str) -> Kind | None:
     return KINDS.get(ext.lower())
 
@@ -92,6 +113,8 @@ class ClipWriter:
             _tag_colour(stream.codec_context, kind)
             if info.timecode:
                 stream.metadata["timecode"] = info.timecode
+            # What tells a depth clip depthwatch made from any other file at its name (see `is_ours`).
+            self._container.metadata["comment"] = MARK
             self._stream = stream
             self._time_base = stream.time_base
         except BaseException:
