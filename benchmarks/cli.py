@@ -22,6 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from benchmarks import clips as clip_bench
 from benchmarks import farm as farm_bench
 from benchmarks import frames as framesets
 from benchmarks import predict, report, scenarios, stable, standin
@@ -30,7 +31,7 @@ from benchmarks.daemon import Knobs
 from benchmarks.processes import BenchError
 from depthwatch.errors import DepthwatchError
 
-SCENARIOS = ("classic", "predict", "burst", "latency", "memory", "refine", "stable", "farm")
+SCENARIOS = ("classic", "predict", "burst", "latency", "memory", "refine", "stable", "farm", "clips")
 
 
 def _ints(text: str) -> list[int]:
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-intra", type=_ints, default=None, help="intra_op_threads values for --sweep (default: 1 and the core count)")
     p.add_argument("--sweep-workers", type=_ints, default=[1, 2, 3], help="workers values for --sweep (default 1,2,3)")
     p.add_argument("--sweep-cv2", type=_ints, default=[0, 1], help="OpenCV thread counts for --sweep (default 0,1; 0 = OpenCV's default)")
+    p.add_argument("--clip-frames", type=int, default=1500, help="frames of the long 1080p clip for the clip memory row (default 1500)")
     p.add_argument("--json", metavar="OUT", type=Path, help="write the results here as JSON")
     p.add_argument("--quick", action="store_true", help="tiny sizes for the smoke test: a small model, 320x180 frames, 1 repeat")
     return p
@@ -278,6 +280,12 @@ def _bench(args: argparse.Namespace, work: Path) -> int:
             s["farm"] = _run(results, "render farm", lambda: farm_bench.farm(plan))
         elif "farm" not in args.skip:
             _progress("render farm skipped: it needs the farm extra (pip install -e '.[farm]')")
+        if "clips" not in args.skip and clip_bench.available():
+            s["clip_throughput"] = _run(results, "once CLIP vs once over stills", lambda: clip_bench.throughput(plan))
+            long_clip = (120, (320, 180)) if args.quick else (args.clip_frames, framesets.FULL_HD)
+            s["clip_memory"] = _run(results, "daemon RSS over a long clip", lambda: clip_bench.memory(plan, *long_clip))
+        elif "clips" not in args.skip:
+            _progress("clips skipped: they need the video extra (pip install -e '.[video]')")
     del captured, ort
     results["scenarios"] = {k: v for k, v in s.items() if v is not None}
     results["machine"]["load_after"] = _load()

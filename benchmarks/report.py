@@ -21,6 +21,10 @@ AUTO_VS_SEED = 1.5
 ORT_VS_SEED = 1.0
 #: ... and against the seed's loop doing depthwatch's job (a map at the frame's size, written atomically).
 ORT_VS_SEED_FULL = 1.2
+#: `once CLIP` against `once` over the same frames as JPEG stills (issue 24).
+CLIP_VS_STILLS = 0.9
+#: Resident memory growth while a long clip is mapped: flat, give or take the allocator.
+CLIP_RSS_KIB = 16.0
 #: refine: edges keeps at least this share of the burst without refinement (issue 15).
 REFINE_BURST_SHARE = 0.95
 
@@ -173,6 +177,12 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     add("burst, normalise stable vs frame", v, None if v is None else v >= 0.95, ">= 0.95")
     v = d.get("latency_stable_minus_frame_ms")
     add("latency p50, normalise stable - frame (ms)", v, None if v is None else v <= 2.0, "<= 2")
+    v = _get(s, "clip_throughput", "clip_vs_stills")
+    if v is not None:
+        add("once CLIP vs once over the same frames as stills", v, v >= CLIP_VS_STILLS, f">= {CLIP_VS_STILLS}")
+    v = _get(s, "clip_memory", "bytes_per_frame")
+    if v is not None:
+        add("clip RSS growth (KiB/frame)", v / 1024, v / 1024 <= CLIP_RSS_KIB, f"<= {CLIP_RSS_KIB:g} (flat)")
     return rows
 
 
@@ -298,6 +308,9 @@ def table(results: dict[str, Any]) -> str:
 
     for label, fps, note in farm_rows(results):
         row(label, fps, note)
+    from benchmarks.clips import rows as clip_rows
+
+    lines += clip_rows(results)
     lines.append("")
     lat = s.get("latency")
     if lat:

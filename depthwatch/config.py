@@ -164,6 +164,22 @@ def _template(value: Any, base: Path) -> str:
     return text
 
 
+def _clip_template(value: Any, base: Path) -> str:
+    """Like `_template`, for the depth clip of a clip (see `imaging.clipwrite`)."""
+    from depthwatch.imaging.clipwrite import template_problem
+
+    text = _text(value, base)
+    problem = template_problem(text)
+    if problem:
+        raise ValueError(problem)
+    if ".." in Path(text).parts:
+        raise ValueError(f"{text!r} climbs out of the watch folder with '..'; use an absolute folder instead")
+    folder, name = os.path.split(text)
+    if folder:
+        text = os.path.join(os.path.expandvars(os.path.expanduser(folder)), name)
+    return text
+
+
 def _path_map(value: Any, base: Path) -> PathMap:
     if not isinstance(value, Mapping):
         raise ValueError(f"must be a mapping of client prefix: worker prefix, like {{/Volumes/Shots: /mnt/shots}}, not {_show(value)}")
@@ -222,6 +238,8 @@ class WatchConfig:
 @dataclass(frozen=True)
 class OutputConfig:
     template: str = field(default="depth.jpg", metadata=_spec(_template))
+    # A clip's depth clip (see depthwatch/imaging/clipwrite.py): .mov, .mkv, .mp4 or an image sequence.
+    clip_template: str = field(default="{stem}_depth.mov", metadata=_spec(_clip_template))
     jpeg_quality: int = field(default=95, metadata=_spec(_int(1, 100)))
     png_bits: int = field(default=16, metadata=_spec(_choice(8, 16, 32)))
     png_compression: int = field(default=1, metadata=_spec(_int(0, 9)))
@@ -534,6 +552,11 @@ def check_combinations(config: Config, where: str = "command line") -> None:
         raise ConfigError(
             f"{where}: output.template {config.output.template!r} is also a watch pattern; "
             "outputs would be processed as frames, so choose a different output name"
+        )
+    if config.output.clip_template in config.watch.patterns:
+        raise ConfigError(
+            f"{where}: output.clip_template {config.output.clip_template!r} is also a watch pattern; "
+            "depth clips would be processed as clips, so choose a different output name"
         )
     if config.api.enabled and not is_loopback(config.api.host) and config.api.token is None:
         raise ConfigError(

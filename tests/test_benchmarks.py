@@ -142,6 +142,14 @@ def test_quick_benchmark_runs_every_scenario(tmp_path: Path) -> None:
         assert all(_positive(farm[k]["fps"]) for k in ("local", "workers_1", "workers_2"))
         assert math.isfinite(farm["overhead_ms_per_frame"]) and "once --farm, 2 local workers" in stdout
 
+    if importlib.util.find_spec("av") is not None:  # the video extra: the clip rows
+        clip = s["clip_throughput"]
+        assert clip["frames"] > 0 and _positive(clip["clip"]["fps"]) and _positive(clip["stills"]["fps"])
+        assert _positive(clip["clip_vs_stills"]) and "once CLIP (" in stdout
+        memory = s["clip_memory"]
+        assert memory["frames"] == 120 and _positive(memory["peak_rss_bytes"]) and memory["samples"] > 0
+        assert "daemon RSS over a 120-frame 320x180 clip" in stdout
+
     # refine: edges (the default, in burst and latency above) against none, in the same run.
     plain = s["refine_none"]
     assert plain["burst"]["outputs"] == plain["burst"]["frames"] > 0 and plain["burst"]["failed"] == 0

@@ -437,3 +437,28 @@ def test_a_frame_that_straddles_a_model_swap_is_rendered_with_the_model_that_ran
     depth = cv2.imread(str(tmp_path / "depth.png"), cv2.IMREAD_UNCHANGED)
     assert depth[40:, 40:].mean() > 0.9 * 65535  # the bright quadrant is near: white, as A says
     assert depth[:24, :24].mean() < 0.1 * 65535
+
+
+def test_a_live_inference_stops_a_running_clip_inference_which_runs_again_after(tmp_path):
+    """Live frames first: a BACKGROUND run (a clip's frame) makes way for a LIVE one and is not lost."""
+    from onnx_models import slow_model
+
+    from depthwatch.model.engine import BACKGROUND
+
+    model = slow_model(tmp_path / "slow.onnx", layers=120)
+    with Engine(spec_for(model)) as engine:
+        info = engine.wait_ready()
+        tensor = np.zeros((1, 3, 64, 64), np.float32)
+        background = [engine.infer(tensor, info.generation, priority=BACKGROUND) for _ in range(3)]
+        pause = threading.Event()
+        while not engine.busy:
+            pause.wait(0.001)
+        runs = engine.run_count
+        live = engine.infer(tensor, info.generation)
+        live.result(60)
+        # The live one ran next: the clip frame that was running was stopped, none finished first.
+        assert engine.run_count == runs + 1
+        assert not any(f.done() for f in background)
+        # And every clip frame still gets its prediction, in its order.
+        assert all(f.result(60).prediction.shape == (64, 64) for f in background)
+        assert engine.run_count == runs + 4

@@ -10,6 +10,11 @@ in; pass 2 renders and writes it. Both passes run together, a bounded number
 of frames apart, so a sequence of any length holds a few dozen predictions.
 Stills, and everything in `frame` mode, get their own map each, exactly as
 the daemon's per-frame path makes it.
+
+Clips (`shot.mov`, `A001.mp4`: see `imaging.video`) become depth clips of the
+same length, rate, timecode, size and pixel aspect (`frames.clips`), by
+default `{stem}_depth.mov` beside the clip; `-o` names another file, folder or
+template, and its extension picks the codec.
 """
 
 from __future__ import annotations
@@ -27,10 +32,11 @@ from typing import Any
 
 from depthwatch.commands.common import add_config_arguments, config_from_args
 from depthwatch.config import OutputConfig, WatchConfig
-from depthwatch.errors import ConfigError, InputError
+from depthwatch.errors import ConfigError, FrameError, InputError
 from depthwatch.frames import provenance
 from depthwatch.frames.rules import Rules
 from depthwatch.imaging.formats import EXTENSIONS
+from depthwatch.imaging.video import CLIP_EXTENSIONS, is_clip_name
 from depthwatch.imaging.normalise import FRAME, MODES, STABLE
 from depthwatch.logtext import shown
 
@@ -39,14 +45,20 @@ HELP = "write depth maps for the given frames (files or folders) and exit"
 #: Beside each input unless -o says otherwise; a fixed name would collide across inputs.
 DEFAULT_TEMPLATE = "{stem}_depth.jpg"
 
+#: A clip's depth clip, beside it unless -o says otherwise.
+DEFAULT_CLIP_TEMPLATE = "{stem}_depth.mov"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="image files, or folders of them")
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="image files, clips (.mov, .mp4, .mkv, .mxf...), or folders of them")
     parser.add_argument(
         "-o",
         "--output",
         metavar="OUTPUT",
         help="output file (one input), folder, or name template like '{stem}_depth.png' "
-        f"(default: {DEFAULT_TEMPLATE} beside each input)",
+        f"(default: {DEFAULT_TEMPLATE} beside each input; for a clip {DEFAULT_CLIP_TEMPLATE}). For a clip the "
+        "extension picks the codec: .mov ProRes 422 HQ, .mkv FFV1 16-bit, .mp4 H.264 preview, "
+        "or an image sequence '{stem}_depth/{frame:04d}.png' (.tif, .exr)",
     )
     parser.add_argument(
         "--frames",
@@ -90,10 +102,10 @@ def in_range(sources: list[Path], spec: str) -> list[Path]:
     return kept
 
 
-def template_for(output: str | None, single: bool) -> str:
+def template_for(output: str | None, single: bool, default: str = DEFAULT_TEMPLATE) -> str:
     """The output template `-o` stands for: a file (one input), a folder, or a template."""
     if output is None:
-        return DEFAULT_TEMPLATE
+        return default
     if "{" in output:
         # A bare name goes beside each input; a path with a folder is taken from the
         # current folder, as every command-line tool takes paths.
@@ -102,10 +114,10 @@ def template_for(output: str | None, single: bool) -> str:
     target = Path(output).expanduser()
     if single and target.suffix and not target.is_dir():
         return str(target.absolute())
-    return str(target.absolute() / DEFAULT_TEMPLATE)
+    return str(target.absolute() / default)
 
 
-def rules_for(folders: Iterable[Path], template: str) -> Rules:
+def rules_for(folders: Iterable[Path], template: str, clip_template: str = DEFAULT_CLIP_TEMPLATE) -> Rules:
     """The daemon's own rules, with the inputs' folders as watch folders.
 
     So `once` names outputs, keeps them inside the allowed folders and tells
@@ -113,10 +125,13 @@ def rules_for(folders: Iterable[Path], template: str) -> Rules:
     """
     roots = tuple(dict.fromkeys(Path(os.path.abspath(f)) for f in folders)) or (Path.cwd(),)
     # A frame named on the command line is taken where its link leads: the user chose it.
-    return Rules(WatchConfig(folders=roots, patterns=("*",), follow_symlinks=True), OutputConfig(template=template))
+    return Rules(
+        WatchConfig(folders=roots, patterns=("*",), follow_symlinks=True),
+        OutputConfig(template=template, clip_template=clip_template),
+    )
 
 
-def collect_inputs(inputs: list[str], template: str) -> list[Path]:
+def collect_inputs(inputs: list[str], template: str, clip_template: str = DEFAULT_CLIP_TEMPLATE) -> list[Path]:
     """The frames named, with folders expanded to the images directly inside them.
 
     Inside a folder, hidden files and depthwatch's own outputs (by the output
@@ -131,11 +146,12 @@ def collect_inputs(inputs: list[str], template: str) -> list[Path]:
     for item in inputs:
         path = Path(os.path.abspath(Path(item).expanduser()))
         if path.is_dir():
-            own = rules_for([path], template)
+            own = rules_for([path], template, clip_template)
             files.extend(
                 sorted(
                     p for p in path.iterdir()
-                    if p.suffix.lower() in EXTENSIONS and p.is_file() and not p.name.startswith(".")
+                    if (p.suffix.lower() in EXTENSIONS or p.suffix.lower() in CLIP_EXTENSIONS)
+                    and p.is_file() and not p.name.startswith(".")
                     and not own.is_own_file(p) and provenance.read(p) is None  # a map made under another -o
                 )
             )
@@ -157,20 +173,39 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("--force goes with --farm (local once always maps every frame); drop it or add --farm ADDRESS")
     config = config_from_args(args)
     single = len(args.inputs) == 1 and not Path(args.inputs[0]).expanduser().is_dir()
-    template = template_for(args.output, single)
-    config = override(config, "-o", "output", template=template)
+    # -o names a clip's output when it ends like one (or when the only input is a clip), else a frame's.
+    for_clips = args.output is not None and (_names_clip_output(args.output) or (single and is_clip_name(Path(args.inputs[0]))))
+    if for_clips:
+        config = override(config, "-o", "output", clip_template=template_for(args.output, single, DEFAULT_CLIP_TEMPLATE))
+    else:
+        config = override(config, "-o", "output", template=template_for(args.output, single))
     for key in ("refine", "near", "far", "gamma", "normalise"):
         if getattr(args, key) is not None:
             config = override(config, f"--{key}", "output", **{key: getattr(args, key)})
     check_combinations(config)
-    sources = collect_inputs(args.inputs, config.output.template)
+    sources = collect_inputs(args.inputs, config.output.template, config.output.clip_template)
     if not sources:
-        raise ConfigError("no frames found in " + ", ".join(args.inputs) + "; give image files or folders of them")
+        raise ConfigError("no frames found in " + ", ".join(args.inputs) + "; give image files, clips or folders of them")
+    clips = [s for s in sources if is_clip_name(s)]
+    sources = [s for s in sources if not is_clip_name(s)]
+    if clips and args.farm:
+        raise ConfigError("--farm maps frames, not clips (yet: see docs/farm.md); map the clip here, without --farm")
+    if clips and args.frames:
+        raise ConfigError("--frames picks numbered frames, not a clip's frames; drop it for clips")
+    if clips:
+        from depthwatch.imaging.video import require_av
+
+        try:
+            require_av()
+        except FrameError as exc:
+            raise ConfigError(str(exc)) from None
+    if clips and not sources:
+        return 1 if _clips(clips, config) else 0
     if args.frames:
         sources = in_range(sources, args.frames)
         if not sources:
             raise ConfigError(f"no frames numbered {args.frames} in " + ", ".join(args.inputs) + "; check the range and the names")
-    rules = rules_for((s.parent for s in sources), config.output.template)
+    rules = rules_for((s.parent for s in sources), config.output.template, config.output.clip_template)
     settings = Settings.from_config(config)
     jobs, refused = rules.jobs_for(sources)  # ConfigError if two frames share an output
     failures = [f"{shown(source)}: {why}" for source, why in refused]
@@ -201,6 +236,8 @@ def main(args: argparse.Namespace) -> int:
     if not jobs:  # every frame already failed: no model needed to say so
         progress.close()
         _summary(len(sources), len(failures), began)
+        if clips:
+            _clips(clips, config)
         return 1
     if settings.normalise == STABLE:
         found, stills = sequences.sequences([job.source for job in jobs])
@@ -215,9 +252,84 @@ def main(args: argparse.Namespace) -> int:
         for sequence in found:
             _sequence(pipeline, [by_source[p] for p in sequence.paths], settings, report)
         pipeline.close()
-    progress.close()
+        progress.close()
+        clip_failures = _clips(clips, config, engine) if clips else 0
     _summary(len(sources), len(failures), began)
-    return 1 if failures else 0
+    return 1 if failures or clip_failures else 0
+
+
+def _names_clip_output(output: str) -> bool:
+    """Whether -o names a depth clip (.mov, .mkv, .mp4) or an image-sequence template."""
+    from depthwatch.imaging import clipwrite
+
+    return clipwrite.kind_for(Path(output).suffix) is not None or clipwrite.is_sequence(output)
+
+
+def _clips(clips: list[Path], config: Any, engine: Any = None) -> int:
+    """Each clip to its depth clip, one after the other, with a progress bar; returns the failures."""
+    from depthwatch.frames.clips import ClipJob, make_clip
+    from depthwatch.frames.settings import Settings
+    from depthwatch.model import catalogue
+    from depthwatch.model.engine import Engine
+
+    began = time.monotonic()
+    rules = rules_for((c.parent for c in clips), config.output.template, config.output.clip_template)
+    inputs = {os.path.realpath(c) for c in clips}
+    jobs, failed, frames = [], 0, 0
+    for clip in clips:
+        try:
+            output = rules.output_for(clip)
+        except FrameError as exc:
+            print(f"depthwatch: {shown(clip)}: {exc}", file=sys.stderr)
+            failed += 1
+            continue
+        if os.path.realpath(output) in inputs:
+            print(f"depthwatch: {shown(clip)}: its output {shown(output)} is an input clip; give another -o", file=sys.stderr)
+            failed += 1
+            continue
+        jobs.append(ClipJob(clip, output))
+    settings = Settings.from_config(config)
+    own = engine is None and bool(jobs)
+    if own:
+        engine = Engine(catalogue.resolve(config.model, config.base)).start()
+    try:
+        if jobs:
+            engine.wait_ready()
+        for job in jobs:
+            with _ClipBar(job) as bar:
+                result = make_clip(job, engine, settings, on_progress=bar.update)
+            if result.ok:
+                frames += result.frames
+            else:
+                failed += 1
+                print(f"depthwatch: {result.describe()}", file=sys.stderr)
+    finally:
+        if own:
+            engine.stop()
+    done = len(clips) - failed
+    print(f"{done} depth clip{'s' if done != 1 else ''} written ({frames} frames), {failed} failed, in {time.monotonic() - began:.1f} s")
+    return failed
+
+
+class _ClipBar:
+    """One tqdm bar per clip: frames, frames a second, time left."""
+
+    def __init__(self, job: Any) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=None, unit="frame", desc=job.source.name, disable=not sys.stderr.isatty(), file=sys.stderr)
+
+    def update(self, progress: Any) -> None:
+        if progress.total and self._bar.total != progress.total:
+            self._bar.total = progress.total
+            self._bar.refresh()
+        self._bar.update(progress.done - self._bar.n)
+
+    def __enter__(self) -> _ClipBar:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._bar.close()
 
 
 def _refuse_replacing(jobs: list[Any]) -> None:

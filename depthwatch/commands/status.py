@@ -51,6 +51,16 @@ def main(args: argparse.Namespace) -> int:
     return 0 if running else EXIT_NOT_RUNNING
 
 
+def _clip_line(clip: dict[str, Any]) -> str:
+    """`A001.mov -> A001_depth.mov: 120/300 frames, 45.0 fps, about 4 s left`."""
+    done, total = int(clip.get("done") or 0), int(clip.get("total") or 0)
+    eta = clip.get("eta_s")
+    left = f", about {eta:.0f} s left" if isinstance(eta, (int, float)) else ""
+    name = Path(str(clip.get("source"))).name
+    output = Path(str(clip.get("output"))).name
+    return f"{name} -> {output}: {done}/{total or '?'} frames, {float(clip.get('rate') or 0):.1f} fps{left}"
+
+
 def _mtime(path: Path) -> float:
     try:
         return path.stat().st_mtime
@@ -98,6 +108,11 @@ def _show(path: Path) -> bool:
         f"{counts.get('own_maps', 0)} depth maps skipped; "
         f"{data.get('queue_depth', 0)} queued, {data.get('in_progress', 0)} in progress",
     ))
+    clip = data.get("clip")
+    if clip or counts.get("clips") or data.get("clips_waiting"):
+        rows.append(("clips", f"{counts.get('clips', 0)} done, {data.get('clips_waiting', 0)} waiting"))
+    if clip:
+        rows.append(("clip", _clip_line(clip)))
     last = counts.get("last_frame")
     latency = counts.get("last_latency_ms")
     rows.append(("last frame", f"{last} ({latency} ms)" if last else "none yet"))

@@ -7,6 +7,7 @@ Threads, and what each one does:
   settle        decides when a dropped file is complete, queues its job, watches the folders' health
   scan          scans a folder moved in, or watched again, for frames whose maps are missing
   workers (N)   read, decode, render, encode, write; the pipeline pulls queued jobs as slots free
+  clip          one clip job at a time, after the live frames (see `daemon.clips`)
   api           only with `api.enabled`: waitress's loop and its request threads (see `api`)
 Every one of them is joined on shutdown, which is bounded by
 `daemon.shutdown_timeout_s`; the service definitions give it 5 s more before SIGKILL.
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from depthwatch.config import Config, ModelConfig
+from depthwatch.daemon.clips import ClipRunner
 from depthwatch.daemon.locks import FolderLocks
 from depthwatch.daemon.notify import notify
 from depthwatch.daemon.parked import Parked
@@ -43,6 +45,7 @@ from depthwatch.daemon.waiters import MapWaiters, Ticket
 from depthwatch.daemon.watcher import Watcher
 from depthwatch.errors import ConfigError, DepthwatchError, FrameError, OutputError
 from depthwatch.frames import provenance
+from depthwatch.frames.clips import ClipJob, ClipResult
 from depthwatch.frames.job import Job, Signature, signature_of
 from depthwatch.frames.jobqueue import LatestWinsQueue
 from depthwatch.frames.errorrecords import write_error_record
@@ -72,6 +75,8 @@ _LOCK_REFRESH_S = 3600.0
 SUPERSEDED_SUMMARY_S = 5.0
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _NONE = object()
+#: A clip job's progress reaches the status file at most this often.
+CLIP_STATUS_S = 1.0
 _SUPERSEDED_STAGES = ("replaced while queued", "before inference", "after inference had started")
 
 
@@ -175,6 +180,10 @@ class Daemon:
         #: Requests of the HTTP API waiting for a frame's map.
         self.waiters = MapWaiters()
         self.api: ApiServer | None = None
+        #: The clip thread (clips matching watch.patterns become clip jobs).
+        self.clips: ClipRunner | None = None
+        self._clip_status_at = 0.0
+        self._clip_status_phase: str | None = None
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -252,10 +261,15 @@ class Daemon:
         log.info("%s", info.describe())
         self.pipeline = Pipeline(self.engine, workers=config.daemon.workers, niceness=config.daemon.worker_niceness)
         self.pipeline.feed(self.queue, lambda: self._settings, self._finished)
+        self.clips = ClipRunner(
+            self.engine, lambda: self._settings, self._clip_gate, self._clip_finished, self._clip_progress,
+            niceness=config.daemon.worker_niceness,
+        ).start()
         if config.api.enabled:
             try:
                 self._start_api()  # before the watch, so a taken port stops nothing but the engine
             except BaseException:
+                self.clips.stop(1.0)
                 self.pipeline.close(0.1)
                 self.engine.stop()
                 raise
@@ -480,6 +494,8 @@ class Daemon:
         dropped = self.queue.close()
         if dropped:
             log.info("%d queued frame(s) left for the next start", len(dropped))
+        if self.clips is not None:
+            self._wait(self.clips.stop, left)  # its temporary file goes; the clip is done again next start
         idle = True
         if self.pipeline is not None:
             idle = self._wait(self.pipeline.wait_idle, left)
@@ -518,7 +534,7 @@ class Daemon:
     def _on_complete(self, source: Path, signature: Signature, fmt: str | None = None) -> None:
         """A complete frame (settle thread): make its job, queue it, let the pipeline pull it."""
         rules = self.rules
-        if provenance.read(source) is not None:
+        if not rules.is_clip(source) and provenance.read(source) is not None:
             with self._lock:
                 self.status.counts.own_maps += 1
             self._status_dirty = True
@@ -526,6 +542,16 @@ class Daemon:
                 "%s carries depthwatch's record (a depth map, or an image saved from one); not taken as a frame",
                 shown(source),
             )
+            return
+        if rules.is_clip(source):  # a clip job, on the clip thread
+            try:
+                output = rules.output_for(source)
+            except FrameError as exc:
+                self._count_failure(f"{shown(source)}: {exc}")
+                return
+            if self.clips is not None:
+                self.clips.submit(ClipJob(source, output, signature, rules.output_roots(source)))
+                self._status_dirty = True
             return
         try:
             job = rules.job_for(source, signature, fmt)
@@ -635,6 +661,39 @@ class Daemon:
             self._count_failure(result.describe())
         if result.ok:
             self._parked.written(job.output.parent, job.source)
+        self._status_dirty = True
+
+    # -- clips --------------------------------------------------------------------
+
+    def _clip_gate(self) -> None:
+        """Live frames first (clip thread): a clip's next frame waits while a frame is queued or in flight."""
+        pipeline = self.pipeline
+        while pipeline is not None and not self._stop.is_set() and (len(self.queue) or pipeline.pending):
+            pipeline.wait_idle(0.05)
+
+    def _clip_progress(self) -> None:
+        """A clip frame done (clip thread): the status file says so at most once a second.
+
+        Rewriting it is an fsync; four a second of those would slow the live frames'
+        own fsyncs, which share the filesystem's journal.
+        """
+        now = time.monotonic()
+        progress = self.clips.progress if self.clips is not None else None
+        phase = progress.phase if progress is not None else None
+        if now - self._clip_status_at >= CLIP_STATUS_S or phase != self._clip_status_phase:
+            self._clip_status_at, self._clip_status_phase = now, phase
+            self._status_dirty = True
+
+    def _clip_finished(self, job: ClipJob, result: ClipResult) -> None:
+        """A clip job's end (clip thread): its log line and counts."""
+        if result.ok:
+            with self._lock:
+                self.status.counts.clips += 1
+            log.info("clip %s", result.describe())
+        elif result.superseded:
+            log.info("clip %s: %s", shown(job.source.name), result.error)
+        else:
+            self._count_failure(f"clip {result.describe()}")
         self._status_dirty = True
 
     def _model_health(self, result: Result) -> None:
@@ -769,4 +828,8 @@ class Daemon:
         status.counts.incomplete = self.watcher.incomplete if self.watcher else 0
         if self.engine is not None:
             status.model_loads = self.engine.load_count
+        clips = self.clips
+        progress = clips.progress if clips is not None else None
+        status.clip = progress.as_dict() if progress is not None else None
+        status.clips_waiting = clips.waiting if clips is not None else 0
         return status

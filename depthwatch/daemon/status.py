@@ -45,6 +45,8 @@ class Counters:
     shots: int = 0
     cuts: int = 0
     last_cut: str | None = None
+    #: Depth clips written (whole clips; their frames are not in `done`).
+    clips: int = 0
     last_latency_ms: float | None = None
     #: The last map's milliseconds per stage, named as in the log line (`frameline.STAGES`).
     last_stage_ms: dict[str, float] = field(default_factory=dict)
@@ -93,6 +95,10 @@ class Status:
     address: str | None = None
     loaded_at: float | None = None
     counts: Counters = field(default_factory=Counters)
+    #: The clip job in progress: source, output, phase, frames, done and total (frames),
+    #: rate (frames a second), eta_s; None when no clip is in progress.
+    clip: dict[str, Any] | None = None
+    clips_waiting: int = 0
 
     def __post_init__(self) -> None:
         if not self.started_at:

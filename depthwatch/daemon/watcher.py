@@ -21,7 +21,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ from depthwatch.files import kind_of, link_problem
 from depthwatch.frames.job import Signature, signature_from
 from depthwatch.frames.reading import open_checked
 from depthwatch.frames.rules import Rules, map_is_current
-from depthwatch.imaging import formats
+from depthwatch.imaging import formats, video
 from depthwatch.logtext import shown
 
 log = logging.getLogger("depthwatch.watch")
@@ -70,6 +70,9 @@ _HEALTH_INTERVAL = 1.0
 _SEEN_MEMORY = 1024
 
 
+#: The "format" a clip is handed over with (its completeness judged by `video.is_complete`).
+CLIP = "clip"
+
 
 @dataclass
 class _Pending:
@@ -84,6 +87,9 @@ class _Pending:
     #: Its event came before the file's last write (see `_check`): it only stands in for
     #: that write's own event, in case none comes.
     late: bool = False
+    #: When it was first seen (never reset), and whether "still growing" was said (clips).
+    first: float = field(default_factory=time.monotonic)
+    told: bool = False
 
 
 def _observer_class(kind: str) -> Callable[..., Any]:
@@ -407,6 +413,7 @@ class Watcher:
             current = self._pending.get(path)
             if current is not None:  # a newer event came in meanwhile: keep the earlier check
                 current.since = min(current.since, state.since)
+                current.first, current.told = min(current.first, state.first), current.told or state.told
                 return
             state.due = time.monotonic() + delay
             self._pending[path] = state
@@ -436,6 +443,11 @@ class Watcher:
             self._again(path, state, max(settle, 0.05))
             return
         if state.mode in (Mode.SETTLE, Mode.WAIT) and signature != state.signature:
+            if state.signature is not None and not state.told and now - state.first >= self.config.incomplete_timeout_s and video.is_clip_name(path):
+                state.told = True  # a long copy, or a recording still going: say so once, keep waiting
+                log.warning(
+                    "%s: still growing after %.0f s; it becomes a clip job once it is complete", shown(path), now - state.first
+                )
             state.signature = signature
             state.since = now  # it changed: the incomplete clock starts again
             self._again(path, state, settle if state.mode == Mode.SETTLE else self.config.incomplete_timeout_s)
@@ -544,6 +556,8 @@ def _mtime(path: Path) -> int:
 
 
 def _what_is_missing(fmt: str | None) -> str:
+    if fmt == CLIP:
+        return "a clip cut short, or without its index"
     if fmt == formats.EXR:
         return "not every chunk its offset table lists is there"
     return "no end marker"
@@ -563,6 +577,8 @@ def _probe(path: Path, size: int) -> tuple[str | None, bool | None]:
     except DepthwatchError:
         return None, True  # unreadable or not a file: let the pipeline report why
     try:
+        if video.is_clip_name(path):  # a whole clip: its boxes add up, with its index in them
+            return CLIP, video.is_complete_at(lambda offset, n: os.pread(fd, n, offset), size)
         fmt = formats.sniff(os.pread(fd, 16, 0))
         if fmt is None:
             return None, None

@@ -253,6 +253,11 @@ class Pipeline:
             self._fail(frame, FrameError("stopped before the frame was read"))
         return future
 
+    @property
+    def pending(self) -> int:
+        """Jobs submitted and not yet finished (frames from disk and in-memory images)."""
+        return self._pending
+
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until every submitted job has its result; False on timeout."""
         with self._idle:

@@ -21,6 +21,7 @@ from depthwatch.errors import ConfigError, FrameError
 from depthwatch.frames import provenance
 from depthwatch.frames.job import Job, Signature
 from depthwatch.frames.writer import is_temp_name
+from depthwatch.imaging import clipwrite, video
 from depthwatch.imaging.formats import EXTENSIONS
 from depthwatch.logtext import shown
 
@@ -54,6 +55,20 @@ class Rules:
         self.template = output.template
         self.png_bits = output.png_bits
         self._output_name = _template_regex(output.template)
+        # A clip's depth clip: a file, or an image sequence's frames in a folder of their own.
+        self.clip_template = output.clip_template
+        self._clip_name = _template_regex(output.clip_template)
+        clip_folder = os.path.dirname(output.clip_template)
+        sequence = clipwrite.is_sequence(output.clip_template) and clip_folder
+        self._clip_folder = _template_regex(clip_folder) if sequence else None
+        # The clip template's fixed absolute folder (before any field) is allowed for its outputs.
+        fixed_parts = []
+        for part in Path(clip_folder).parts:
+            if "{" in part:
+                break
+            fixed_parts.append(part)
+        fixed_clip = Path(*fixed_parts) if fixed_parts else None
+        self._clip_root = Path(os.path.abspath(fixed_clip)) if fixed_clip is not None and fixed_clip.is_absolute() else None
         self.error_records = output.error_sidecar
         # The template's folder part (~ and $VARS already expanded when the config was read):
         # none (beside the frame), fixed, or built from fields.
@@ -77,6 +92,8 @@ class Rules:
         name = path.name
         if is_temp_name(name) or name.lower().endswith(_SIDECAR_SUFFIXES):
             return True
+        if self._is_clip_output(path):
+            return True
         if not self._output_name.fullmatch(name):
             return False
         fixed = self._fixed_folder
@@ -85,6 +102,18 @@ class Rules:
         if fixed.is_absolute():
             return path.parent == Path(os.path.abspath(fixed))
         return Path(os.path.abspath(path.parent)).parts[-len(fixed.parts) :] == fixed.parts
+
+    def _is_clip_output(self, path: Path) -> bool:
+        if not self._clip_name.fullmatch(path.name):
+            return False
+        if self._clip_folder is None:  # a clip file, named by the template
+            return True
+        return bool(self._clip_folder.fullmatch(path.parent.name))
+
+    @staticmethod
+    def is_clip(path: Path) -> bool:
+        """A clip (by its extension): it becomes a clip job, with output.clip_template's output."""
+        return video.is_clip_name(path)
 
     def is_frame(self, path: Path) -> bool:
         name = path.name
@@ -98,11 +127,14 @@ class Rules:
     def output_for(self, source: Path) -> Path:
         """Where the depth map of `source` goes; FrameError if that leaves the allowed folders."""
         # The frame's name goes in literally: a frame called $HOME.jpg or ~x.jpg is no path to expand.
-        text = self.template.format(stem=source.stem, name=source.name, ext=source.suffix.lstrip("."))
+        if self.is_clip(source):  # an image sequence's output keeps its {frame} field
+            text = clipwrite.fill(self.clip_template, source)
+        else:
+            text = self.template.format(stem=source.stem, name=source.name, ext=source.suffix.lstrip("."))
         output = Path(os.path.abspath(source.parent / text))
         # Real paths: a symlinked subfolder must not carry an output outside either.
         real = os.path.realpath(output.parent)
-        allowed = [os.path.realpath(r) for r in (self.root_of(source), self._extra_root) if r is not None]
+        allowed = [os.path.realpath(r) for r in self.output_roots(source)]
         if not any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in allowed):
             raise FrameError(f"its output {output} would be outside the configured folders; not writing it")
         if output == source:
@@ -114,7 +146,8 @@ class Rules:
 
     def output_roots(self, source: Path) -> tuple[Path, ...]:
         """The folders the output of `source` must really lie in when it is written."""
-        return tuple(r for r in (self.root_of(source), self._extra_root) if r is not None)
+        extra = self._clip_root if self.is_clip(source) else self._extra_root
+        return tuple(r for r in (self.root_of(source), extra) if r is not None)
 
     def error_record_for(self, source: Path, output: Path) -> Path | None:
         if not self.error_records:
@@ -254,8 +287,12 @@ def map_is_current(source: Path, output: Path) -> bool:
     older than the frame. The daemon's start-up scan and `once --farm`'s resume
     use this same rule.
     """
+    if "{frame" in output.name:  # an image sequence: its folder, renamed into place when whole
+        output = output.parent
     try:
         frame = source.stat()
+        if output.is_dir() or video.is_clip_name(output):  # no record inside: by time
+            return output.stat().st_mtime_ns >= frame.st_mtime_ns
         record = provenance.read(output)
         if record is not None:
             return provenance.same_version(record, frame)

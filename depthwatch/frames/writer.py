@@ -12,6 +12,7 @@ import errno
 import os
 import re
 import secrets
+import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -193,12 +194,20 @@ def sweep_temp_files(folder: Path) -> tuple[int, int]:
     except OSError:
         return 0, 0
     for entry in entries:
-        if not is_temp_name(entry.name) or not entry.is_file(follow_symlinks=False):
+        if not is_temp_name(entry.name):
+            continue
+        folder_of_frames = entry.is_dir(follow_symlinks=False)  # an image sequence being written
+        if not folder_of_frames and not entry.is_file(follow_symlinks=False):
             continue
         owner = temp_owner(entry.name)
         if owner is not None and _alive(owner):
             continue
-        if _remove_quietly(entry.path):
+        if folder_of_frames:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            gone = not os.path.lexists(entry.path)
+        else:
+            gone = _remove_quietly(entry.path)
+        if gone:
             removed += 1
         else:
             failed += 1

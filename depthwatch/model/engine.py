@@ -12,6 +12,7 @@ overlap and no frame is lost across the swap.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import queue
@@ -77,6 +78,13 @@ class Inference:
 
 
 _STOP = object()
+
+#: Queue priorities: lower runs first. A live frame (an editor waiting on it), a model
+#: load and the HTTP API's images go before the frames of a clip job, which only
+#: fill the time the live frames leave; the stop marker goes after everything.
+LIVE = 0
+BACKGROUND = 1
+_LAST = 2
 _FIX_MODEL = "; the file is damaged or not an ONNX model: fetch it again or point model.path at a working .onnx file"
 
 
@@ -146,7 +154,9 @@ class Engine:
         self._factory = session_factory
         self._available = available_providers or providers.available
         self._measure = measure_providers
-        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # (priority, order, item): FIFO within a priority (`order` never ties, so items never compare).
+        self._jobs: queue.PriorityQueue[tuple[int, int, Any]] = queue.PriorityQueue()
+        self._order = itertools.count()
         self._thread = threading.Thread(target=self._serve, name="depthwatch-inference", daemon=True)
         self._ready = threading.Event()
         self._lock = threading.Lock()
@@ -155,6 +165,9 @@ class Engine:
         self._error: DepthwatchError | None = None
         self._cpu_rebuilt = False
         self._running: tuple[Future[Any], Any] | None = None
+        #: The running inference is BACKGROUND work, and a LIVE job came for it to make way.
+        self._running_background = False
+        self._preempted = False
         self._interrupted = False
         #: Sessions created over the engine's life (first load, reloads, CPU rebuild).
         self.load_count = 0
@@ -192,13 +205,15 @@ class Engine:
     def thread(self) -> threading.Thread:
         return self._thread
 
-    def infer(self, tensor: np.ndarray, generation: int) -> Future[Inference]:
+    def infer(self, tensor: np.ndarray, generation: int, priority: int = LIVE) -> Future[Inference]:
         """Queue one tensor prepared for model `generation`; the future gets the prediction.
 
         If the model was swapped since the tensor was prepared the future fails
         with ModelChanged and the caller prepares it again for the new model.
+        `priority` BACKGROUND (a clip's frames) waits behind every LIVE job queued,
+        so a frame dropped meanwhile waits for one inference at most.
         """
-        return self._put(("run", tensor, generation))
+        return self._put(("run", tensor, generation, priority), priority)
 
     def abort(self, future: Future[Inference], running_too: bool = True) -> None:
         """Give up on an inference whose frame has a newer version.
@@ -234,7 +249,7 @@ class Engine:
                     self._running[1].terminate = True
             if not self._closed:
                 self._closed = True
-                self._jobs.put(_STOP)
+                self._jobs.put((_LAST, next(self._order), _STOP))
         if self._thread.is_alive() or self._thread.ident is not None:
             self._thread.join(timeout)
         return not self._thread.is_alive()
@@ -245,13 +260,17 @@ class Engine:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def _put(self, job: tuple[Any, ...]) -> Future[Any]:
+    def _put(self, job: tuple[Any, ...], priority: int = LIVE) -> Future[Any]:
         future: Future[Any] = Future()
         with self._lock:
             if self._closed:
                 future.set_exception(self._error or EngineStopped("the inference engine has stopped"))
                 return future
-            self._jobs.put((future, job))
+            self._jobs.put((priority, next(self._order), (future, job)))
+            if priority == LIVE and self._running is not None and self._running_background:
+                # A clip's frame is running: stop it between operators and run it again after.
+                self._preempted = True
+                self._running[1].terminate = True
         return future
 
     # -- the inference thread ----------------------------------------------------
@@ -267,18 +286,23 @@ class Engine:
             finally:
                 self._ready.set()
             while True:
-                item = self._jobs.get()
+                item = self._jobs.get()[2]
                 if item is _STOP:
                     return
                 future, job = item
-                if self._interrupted:
-                    future.cancel()
-                if not future.set_running_or_notify_cancel():
-                    continue
+                if future.running():  # a preempted background inference, back for its turn
+                    if self._interrupted:
+                        future.set_exception(EngineStopped("the inference engine has stopped"))
+                        continue
+                else:
+                    if self._interrupted:
+                        future.cancel()
+                    if not future.set_running_or_notify_cancel():
+                        continue
                 if job[0] == "load":
                     session = self._swap(session, future, job[1])
                 else:
-                    session = self._run(session, future, job[1], job[2])
+                    session = self._run(session, future, job[1], job[2], job[3])
         finally:
             session = None  # release the model before the thread ends
             self._drain()
@@ -289,10 +313,10 @@ class Engine:
         reason = self._error or EngineStopped("the inference engine has stopped")
         while True:
             try:
-                item = self._jobs.get_nowait()
+                item = self._jobs.get_nowait()[2]
             except queue.Empty:
                 return
-            if item is not _STOP and item[0].set_running_or_notify_cancel():
+            if item is not _STOP and (item[0].running() or item[0].set_running_or_notify_cancel()):
                 item[0].set_exception(reason)
 
     def _swap(self, session: Session, future: Future[Any], spec: ModelSpec) -> Session:
@@ -308,7 +332,7 @@ class Engine:
         future.set_result(info)
         return new_session  # the old session is released as its last reference goes
 
-    def _run(self, session: Session, future: Future[Any], tensor: np.ndarray, generation: int) -> Session:
+    def _run(self, session: Session, future: Future[Any], tensor: np.ndarray, generation: int, priority: int = LIVE) -> Session:
         info = self._info
         assert info is not None
         if generation != info.generation:
@@ -320,12 +344,16 @@ class Engine:
             options = ort.run_options()
             with self._lock:
                 self._running = (future, options)
+                self._running_background, self._preempted = priority != LIVE, False
             try:
                 start = time.perf_counter()
                 output = session.run(names, feed, options)[0]
                 seconds = time.perf_counter() - start
                 prediction = depth_map(output)
             except Exception as exc:  # onnxruntime raises its own exception types
+                if options.terminate and self._preempted and not self._interrupted:
+                    self._requeue(future, tensor, generation, priority)
+                    return session
                 if options.terminate:
                     future.set_exception(Superseded("a newer version arrived during inference"))
                     return session
@@ -338,6 +366,7 @@ class Engine:
             finally:
                 with self._lock:
                     self._running = None
+                    self._running_background = False
             self.run_count += 1
             problem = unusable(prediction, tensor, info.providers)
             if problem:
@@ -346,6 +375,15 @@ class Engine:
                 future.set_result(Inference(prediction, seconds, info))
             return session
         return session
+
+    def _requeue(self, future: Future[Any], tensor: np.ndarray, generation: int, priority: int) -> None:
+        """A preempted background inference goes back in the queue, behind the live job that stopped it.
+
+        Its future is already running; it is put back as it was, so the caller sees
+        only a later result.
+        """
+        # Before the stop marker, which always comes last: work queued before a stop still runs.
+        self._jobs.put((priority, next(self._order), (future, ("run", tensor, generation, priority))))
 
     def _rebuild_on_cpu(self, session: Session, info: ModelInfo, exc: Exception) -> tuple[Session, ModelInfo]:
         self._cpu_rebuilt = True

@@ -1,0 +1,142 @@
+"""Clip jobs in the daemon: one at a time, on a thread of their own, after the live frames.
+
+A clip dropped into a watched folder can take minutes; an editor dropping a
+frame meanwhile is waiting on it now. So the clip thread does a clip's
+decoding, rendering and encoding itself, hands its frames to the one
+inference thread at BACKGROUND priority (behind every live frame queued), and
+before each frame waits at the daemon's gate while any live frame is queued
+or in flight. A live frame then waits for one clip inference at most.
+
+Latest wins, as for frames: a newer version of a clip (rewritten in place,
+copied over) cancels the job in progress for its output, which removes its
+temporary file, and the new version starts over. A stop does the same and
+leaves the clip for the next start's scan.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+from depthwatch.frames.clips import ClipJob, ClipResult, Progress, make_clip
+from depthwatch.frames.settings import Settings
+from depthwatch.logtext import shown
+from depthwatch.model.engine import Engine
+
+log = logging.getLogger("depthwatch.clips")
+
+STOPPING = "stopped by the daemon's shutdown; the clip is mapped again at the next start"
+NEWER = "a newer version of the clip arrived; starting over with it"
+
+
+class ClipRunner:
+    """The clip thread: `submit` from any thread, `stop` on shutdown; `progress` for the status file."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        settings: Callable[[], Settings],
+        gate: Callable[[], None],
+        on_result: Callable[[ClipJob, ClipResult], None],
+        on_progress: Callable[[], None] = lambda: None,
+        niceness: int = 0,
+    ) -> None:
+        """`niceness`: as the workers' (daemon.worker_niceness), below the inference thread."""
+        self._engine = engine
+        self._settings = settings
+        self._gate = gate
+        self._on_result = on_result
+        self._on_progress = on_progress
+        self._niceness = niceness
+        self._cond = threading.Condition()
+        self._waiting: OrderedDict[Path, ClipJob] = OrderedDict()
+        self._current: ClipJob | None = None
+        self._cancel: str | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="depthwatch-clip", daemon=True)
+        #: The job in progress (None when idle); read by the status file.
+        self.progress: Progress | None = None
+
+    def start(self) -> ClipRunner:
+        self._thread.start()
+        return self
+
+    def submit(self, job: ClipJob) -> None:
+        """Queue a clip; a newer version of the one in progress cancels it."""
+        with self._cond:
+            if self._stopping:
+                return
+            current = self._current
+            if current is not None and current.output == job.output:
+                if (current.source, current.signature) == (job.source, job.signature):
+                    return  # the same version, found again (a rescan)
+                self._cancel = NEWER
+            waiting = self._waiting.get(job.output)
+            if waiting is not None and (waiting.source, waiting.signature) == (job.source, job.signature):
+                return
+            self._waiting[job.output] = job
+            self._waiting.move_to_end(job.output)
+            self._cond.notify_all()
+
+    @property
+    def waiting(self) -> int:
+        with self._cond:
+            return len(self._waiting)
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Cancel the job in progress (its temporary file goes), drop the waiting ones, join; True if it ended."""
+        with self._cond:
+            self._stopping = True
+            self._waiting.clear()
+            if self._current is not None:
+                self._cancel = STOPPING
+            self._cond.notify_all()
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _cancelled(self) -> str | None:
+        return self._cancel
+
+    def _progress(self, progress: Progress) -> None:
+        self.progress = progress
+        self._on_progress()
+
+    def _loop(self) -> None:
+        _nicer(self._niceness)
+        while True:
+            with self._cond:
+                while not self._waiting and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                _, job = self._waiting.popitem(last=False)
+                self._current, self._cancel = job, None
+            log.info("clip %s -> %s: started", shown(job.source.name), shown(job.final.name))
+            try:
+                result = make_clip(
+                    job, self._engine, self._settings(), cancelled=self._cancelled, gate=self._gate, on_progress=self._progress
+                )
+            except Exception as exc:  # a bug must not end the clip thread
+                log.debug("unexpected error on %s", shown(job.source), exc_info=exc)
+                result = ClipResult(job, error=f"internal error: {type(exc).__name__}: {exc}")
+            with self._cond:
+                self._current, self.progress = None, None
+            self._on_result(job, result)
+            self._on_progress()
+
+
+def _nicer(niceness: int) -> None:
+    """This thread `niceness` steps below the inference thread (Linux sets nice per thread)."""
+    if not sys.platform.startswith("linux") or niceness <= 0:
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness))
+    except OSError:
+        pass

@@ -1,0 +1,301 @@
+"""Depth clips out: one encoder per output kind, each copying the source's timing and shape.
+
+By the output's extension:
+  .mov  ProRes 422 HQ, 10-bit 4:2:2: the grey map as luma, chroma neutral (what
+        Final Cut Pro, Resolve and After Effects take as a matte without a transcode);
+  .mkv  FFV1, lossless 16-bit grey (for grading and compositing);
+  .mp4  H.264, 8-bit 4:2:0: a preview, small and playable anywhere.
+Every one gets the source's frame rate as a fraction (24000/1001 stays exactly
+that), its size, its pixel aspect and its start timecode (a tmcd track in .mov
+and .mp4, a tag in .mkv). Frame k written is frame k shown: pts k at 1/rate.
+
+The file is written under the name it is given (a temporary one: see
+`frames.clips`), so the container is named by `kind`, not by the extension.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from depthwatch.errors import FrameError, OutputError
+from depthwatch.imaging.video import ClipInfo, require_av
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How one output extension is written: container, codec, pixel format, encoder options."""
+
+    container: str
+    codec: str
+    pix_fmt: str
+    options: tuple[tuple[str, str], ...] = ()
+    label: str = ""
+
+
+KINDS = {
+    # prores_aw, not prores_ks: the same HQ profile, about 4x faster at 1080p (measured, 2 cores).
+    ".mov": Kind("mov", "prores_aw", "yuv422p10le", (("profile", "3"), ("vendor", "apl0")), "ProRes 422 HQ 10-bit"),
+    ".mkv": Kind("matroska", "ffv1", "gray16le", (("level", "3"), ("slicecrc", "1")), "FFV1 lossless 16-bit grey"),
+    ".mp4": Kind("mp4", "libx264", "yuv420p", (("crf", "16"), ("preset", "fast")), "H.264 preview 8-bit"),
+}
+
+
+#: The container comment every depth clip carries (and a sequence folder's marker file holds).
+MARK = "depthwatch depth clip"
+#: An image sequence's folder holds this hidden file: the folder is depthwatch's to replace.
+SEQUENCE_MARKER = ".depthwatch"
+
+
+def is_ours(path: Path) -> bool:
+    """Whether the depth clip (or sequence folder) at `path` is one depthwatch made: its to replace."""
+    if path.is_dir() and not path.is_symlink():
+        return (path / SEQUENCE_MARKER).is_file()
+    if not path.is_file() or path.is_symlink():
+        return False
+    av = require_av()
+    try:
+        with av.open(str(path)) as container:
+            tags = {str(k).lower(): str(v) for k, v in container.metadata.items()}  # Matroska says COMMENT
+            return tags.get("comment", "").startswith(MARK)
+    except (av.FFmpegError, OSError):
+        return False
+
+
+def kind_for(ext: str) -> Kind | None:
+    return KINDS.get(ext.lower())
+
+
+class ClipWriter:
+    """Encodes depth maps (uint16 [H, W], 0 = far unless inverted) into one clip file.
+
+    `close()` flushes the encoder and finishes the container; `abort()` drops it
+    (the caller removes the file). Either way the file is closed.
+    """
+
+    def __init__(self, path: Path, kind: Kind, info: ClipInfo) -> None:
+        av = require_av()
+        self._av = av
+        self.kind = kind
+        self._info = info
+        self._count = 0
+        w, h = info.width, info.height
+        if kind.pix_fmt in ("yuv422p10le", "yuv420p") and w % 2:
+            raise FrameError(f"{kind.label} needs an even width, and the clip is {w}x{h}; write .mkv (FFV1) instead")
+        if kind.pix_fmt == "yuv420p" and h % 2:
+            raise FrameError(f"{kind.label} needs an even height, and the clip is {w}x{h}; write .mov or .mkv instead")
+        try:
+            self._file = _SyncedFile(open(path, "xb"))
+        except OSError as exc:
+            raise OutputError(f"cannot create {path.name} in {path.parent}: {exc.strerror or exc}") from None
+        try:
+            self._container = av.open(self._file, "w", format=kind.container)
+        except BaseException:
+            self._file.close()
+            raise
+        try:
+            stream = self._container.add_stream(kind.codec, rate=info.rate, options=dict(kind.options))
+            stream.width, stream.height, stream.pix_fmt = w, h, kind.pix_fmt
+            stream.time_base = Fraction(1) / info.rate
+            stream.codec_context.time_base = stream.time_base
+            stream.thread_type = "AUTO"
+            if info.sar is not None:  # the codec's (ProRes, H.264 carry it) and the container's (Matroska's)
+                stream.codec_context.sample_aspect_ratio = info.sar
+                try:
+                    stream.sample_aspect_ratio = info.sar
+                except (AttributeError, TypeError):
+                    pass
+            _tag_colour(stream.codec_context, kind)
+            if info.timecode:
+                stream.metadata["timecode"] = info.timecode
+            # What tells a depth clip depthwatch made from any other file at its name (see `is_ours`).
+            self._container.metadata["comment"] = MARK
+            self._stream = stream
+            self._time_base = stream.time_base
+        except BaseException:
+            self._container.close()
+            self._file.close()
+            raise
+
+    def write(self, depth: np.ndarray) -> None:
+        """Append the next frame's map: uint16 (or uint8) [H, W] at the clip's size."""
+        frame = self.frame_for(depth)
+        frame.pts = self._count
+        frame.time_base = self._time_base
+        self._count += 1
+        try:
+            packets = self._stream.encode(frame)
+        except self._av.FFmpegError as exc:
+            raise FrameError(f"the {self.kind.label} encoder failed: {exc.strerror or exc}") from None
+        self._mux(packets)
+
+    def frame_for(self, depth: np.ndarray) -> Any:
+        """The encoder's frame for a map: grey as is, or luma in video range with neutral chroma.
+
+        Written into the frame's planes directly: the map is the luma, so no
+        colour conversion is needed (swscale's costs more than the encode).
+        """
+        av = self._av
+        kind = self.kind
+        if kind.pix_fmt == "gray16le":
+            grey = depth if depth.dtype == np.uint16 else depth.astype(np.uint16) * np.uint16(257)
+            return av.VideoFrame.from_ndarray(np.ascontiguousarray(grey), format="gray16le")
+        h, w = depth.shape
+        frame = av.VideoFrame(w, h, kind.pix_fmt)
+        if kind.pix_fmt == "yuv422p10le":  # Y' 64..940, Cb = Cr = 512
+            top = 65535.0 if depth.dtype == np.uint16 else 255.0
+            luma = (depth.astype(np.float32) * np.float32(876 / top) + np.float32(64.5)).astype(np.uint16)
+            dtype, neutral = np.uint16, 512
+        else:  # yuv420p: Y' 16..235, Cb = Cr = 128
+            top = 65535.0 if depth.dtype == np.uint16 else 255.0
+            luma = (depth.astype(np.float32) * np.float32(219 / top) + np.float32(16.5)).astype(np.uint8)
+            dtype, neutral = np.uint8, 128
+        size = np.dtype(dtype).itemsize
+        for i, plane in enumerate(frame.planes):
+            view = np.frombuffer(plane, dtype).reshape(plane.height, plane.line_size // size)[:, : plane.width]
+            if i == 0:
+                view[:] = luma
+            else:
+                view.fill(neutral)
+        return frame
+
+    def _mux(self, packets: Any) -> None:
+        try:
+            self._container.mux(packets)
+        except OSError as exc:
+            raise OutputError(f"cannot write the depth clip: {exc.strerror or exc}") from None
+        except self._av.FFmpegError as exc:
+            raise FrameError(f"the {self.kind.label} encoder failed: {exc.strerror or exc}") from None
+
+    def close(self) -> None:
+        try:
+            try:
+                packets = self._stream.encode(None)
+            except self._av.FFmpegError as exc:
+                raise FrameError(f"the {self.kind.label} encoder failed: {exc.strerror or exc}") from None
+            self._mux(packets)
+        finally:
+            try:
+                self._container.close()
+            finally:
+                self._file.close(sync=True)
+
+    def abort(self) -> None:
+        try:
+            self._container.close()
+        except Exception:  # a half-written container may fail to finish; it is removed anyway
+            pass
+        finally:
+            self._file.close()
+
+    @property
+    def frames(self) -> int:
+        return self._count
+
+
+class _SyncedFile:
+    """The clip's file, handed to FFmpeg as a file object, flushed to disk every SYNC_BYTES.
+
+    A depth clip is hundreds of megabytes. Left to the kernel, it sits in the
+    page cache until writeback, and an fsync of a live frame's map (ext4's
+    journal commits in order) can then wait behind a large part of it: a
+    frame dropped while a clip is written waited 200 ms for its map. Synced as
+    it goes (a megabyte at a time, on the clip's writer thread, which holds back
+    while a live frame is in flight), there is never much of the clip to flush.
+    """
+
+    SYNC_BYTES = 1 << 20
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+        self._unsynced = 0
+
+    def write(self, data: Any) -> int:
+        n = self._f.write(data)
+        self._unsynced += len(data)
+        if self._unsynced >= self.SYNC_BYTES:
+            self._f.flush()
+            os.fdatasync(self._f.fileno())
+            self._unsynced = 0
+        return n
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def close(self, sync: bool = False) -> None:
+        if self._f.closed:
+            return
+        try:
+            if sync:
+                self._f.flush()
+                os.fsync(self._f.fileno())
+        finally:
+            self._f.close()
+
+
+def _tag_colour(ctx: Any, kind: Kind) -> None:
+    """Rec. 709, video range for the Y'CbCr kinds, as editors assume for HD: say so, not leave it to guess."""
+    if kind.pix_fmt.startswith("gray"):
+        return
+    for name, value in (("color_primaries", 1), ("color_trc", 1), ("colorspace", 1), ("color_range", 1)):
+        try:
+            setattr(ctx, name, value)
+        except (AttributeError, TypeError, ValueError):
+            pass
+
+
+# -- output templates ----------------------------------------------------------------------
+
+#: Image formats a clip can be written out as, one file per frame (`{stem}_depth/{frame:04d}.png`).
+SEQUENCE_EXTENSIONS = (".png", ".tif", ".tiff", ".exr")
+
+
+class _FrameField:
+    """Stands in for `{frame...}` while the rest of a template is filled, keeping it for later."""
+
+    def __format__(self, spec: str) -> str:
+        return "{frame:" + spec + "}" if spec else "{frame}"
+
+
+def fill(template: str, source: Path) -> str:
+    """`template` with the clip's name filled in; a `{frame...}` field is left for each frame."""
+    return template.format(stem=source.stem, name=source.name, ext=source.suffix.lstrip("."), frame=_FrameField())
+
+
+def is_sequence(template: str) -> bool:
+    return "{frame" in template.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def template_problem(template: str) -> str | None:
+    """Why `template` cannot name a depth clip (None: it can)."""
+    try:
+        rendered = template.format(stem="clip", name="clip.mov", ext="mov", frame=1)
+    except (KeyError, IndexError, ValueError) as exc:
+        return f"{template!r} uses an unknown field {exc}; use {{stem}}, {{name}}, {{ext}} and, for image sequences, {{frame:04d}}"
+    folder, _ = os.path.split(template)
+    if "{frame" in folder:
+        return f"{template!r}: {{frame}} belongs in the file name, not in a folder"
+    suffix = Path(rendered).suffix.lower()
+    if is_sequence(template):
+        if not folder:
+            return f"{template!r}: an image sequence needs a folder of its own, like '{{stem}}_depth/{{frame:04d}}.png'"
+        if suffix not in SEQUENCE_EXTENSIONS:
+            return f"{template!r}: an image sequence must end in .png, .tif or .exr"
+        return None
+    if suffix not in KINDS:
+        return (
+            f"{template!r} must end in .mov (ProRes 422 HQ), .mkv (FFV1 16-bit) or .mp4 (H.264 preview), "
+            "or be an image sequence like '{stem}_depth/{frame:04d}.png'"
+        )
+    return None

@@ -1,0 +1,271 @@
+"""Video clips in: what a container says about its clip, its frames in presentation order, and
+whether a file being copied in is whole yet.
+
+PyAV (the `video` extra) runs FFmpeg's own libraries inside this process: no
+ffmpeg subprocess, so the daemon never forks. It is imported only when a clip
+is met, so the core install stays small; without it `require_av` says, in one
+line, what to install.
+
+Frame k is the k-th frame FFmpeg's decoder hands out, which is presentation
+order (B-frames reordered) after the container's edit list is applied: the
+frames `ffprobe -count_frames` counts and an editor's timeline shows.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+from depthwatch.errors import FrameError
+
+#: File extensions taken as clips (the containers editors hand around).
+CLIP_EXTENSIONS = frozenset({".mov", ".mp4", ".m4v", ".mkv", ".mxf", ".avi", ".webm", ".mts", ".m2ts"})
+
+INSTALL = "pip install 'depthwatch[video]'"
+
+#: QuickTime / ISO BMFF top-level boxes that may hold or pad a clip; anything else at the
+#: top level means the bytes are not (yet) a whole file of that family.
+_TOP_BOXES = {b"ftyp", b"moov", b"mdat", b"free", b"skip", b"wide", b"uuid", b"pnot", b"udta", b"meta", b"pdin", b"styp", b"sidx", b"moof", b"mfra", b"prfl"}
+_EBML = b"\x1a\x45\xdf\xa3"
+_SEGMENT = b"\x18\x53\x80\x67"
+
+
+def is_clip_name(path: Path) -> bool:
+    return path.suffix.lower() in CLIP_EXTENSIONS
+
+
+def require_av() -> ModuleType:
+    """PyAV, or FrameError with the one line that says how to get it."""
+    try:
+        import av
+    except ImportError:
+        raise FrameError(f"clips need PyAV (FFmpeg in-process), which is not installed; run: {INSTALL}") from None
+    return av
+
+
+@dataclass(frozen=True)
+class ClipInfo:
+    """What the container says about its video stream; a depth clip copies all of it."""
+
+    width: int
+    height: int
+    #: The frame rate as FFmpeg guesses it (r_frame_rate): 24000/1001 stays exactly that.
+    rate: Fraction
+    #: Frames the container declares (0: it does not say, as Matroska often does not).
+    frames: int
+    #: The start timecode (tmcd track or timecode tag), like 01:00:00:00, or None.
+    timecode: str | None
+    #: Pixel aspect (sample aspect ratio), None for square pixels or unknown.
+    sar: Fraction | None
+    codec: str
+
+    def describe(self) -> str:
+        rate = f"{float(self.rate):.3f}".rstrip("0").rstrip(".")
+        count = f"{self.frames} frames" if self.frames else "frames unknown"
+        tc = f", timecode {self.timecode}" if self.timecode else ""
+        return f"{self.codec} {self.width}x{self.height} at {rate} fps, {count}{tc}"
+
+
+def _reason(exc: Exception) -> str:
+    strerror = getattr(exc, "strerror", None)
+    text = str(strerror or exc).strip()
+    text = text.splitlines()[0] if text else type(exc).__name__
+    # PyAV's messages end in "...: 'path'"; the caller names the file already.
+    return text.split(": '", 1)[0][:200]
+
+
+class Clip:
+    """An open clip: `info`, and `frames()` to decode it once, start to end (a context manager).
+
+    Opening twice is how a two-pass job reads a clip twice without holding it.
+    """
+
+    def __init__(self, path: Path) -> None:
+        av = require_av()
+        self.path = path
+        try:
+            size = os.stat(path).st_size
+        except OSError as exc:
+            raise FrameError(f"cannot read the clip: {exc.strerror or exc}") from None
+        if size == 0:
+            raise FrameError("the file is empty (0 bytes)")
+        if is_complete(path, size) is False:
+            raise FrameError("the clip is cut short: its data ends before its boxes do, or its index is missing (an unfinished copy?)")
+        try:
+            self._container = av.open(str(path), "r", metadata_errors="ignore")
+        except av.FFmpegError as exc:
+            raise FrameError(f"not a clip FFmpeg can read, or cut short (its index is missing): {_reason(exc)}") from None
+        except OSError as exc:
+            raise FrameError(f"cannot open the clip: {exc.strerror or exc}") from None
+        try:
+            if not self._container.streams.video:
+                raise FrameError("has no video stream (audio or data only); nothing to map")
+            stream = self._container.streams.video[0]
+            stream.thread_type = "AUTO"  # FFmpeg's own decoding threads
+            self._stream = stream
+            ctx = stream.codec_context
+            if not ctx.width or not ctx.height:
+                raise FrameError("its video stream declares no picture size; the file is damaged")
+            rate = stream.guessed_rate or stream.average_rate or stream.base_rate
+            if not rate:
+                raise FrameError("its video stream declares no frame rate; cannot keep its timing")
+            sar = stream.sample_aspect_ratio
+            self.info = ClipInfo(
+                width=ctx.width,
+                height=ctx.height,
+                rate=Fraction(rate),
+                frames=int(stream.frames or 0),
+                timecode=_timecode(self._container),
+                sar=Fraction(sar) if sar and Fraction(sar) != 1 else None,
+                codec=ctx.name,
+            )
+        except BaseException:
+            self._container.close()
+            raise
+
+    def frames(self, scale: int = 1) -> Iterator[np.ndarray]:
+        """Each frame as BGR uint8 [H, W, 3], in presentation order; FrameError if the clip is damaged.
+
+        `scale` > 1: each frame shrunk by that factor (area average) as it is converted,
+        cheaper than converting the whole frame and shrinking it after.
+
+        (A copy that stopped half-way is refused when the clip is opened, by its structure:
+        the container's frame count is no guide, since an edit list may drop frames it lists.)
+        """
+        av = require_av()
+        count = 0
+        size = {}
+        if scale > 1:
+            size = {"width": max(1, self.info.width // scale), "height": max(1, self.info.height // scale), "interpolation": "AREA"}
+        try:
+            for frame in self._container.decode(self._stream):
+                yield frame.to_ndarray(format="bgr24", **size)
+                count += 1
+        except av.FFmpegError as exc:
+            raise FrameError(f"the clip is damaged after frame {count}: {_reason(exc)}") from None
+        if count == 0:
+            raise FrameError("its video stream holds no frames FFmpeg can decode; the file is damaged or cut short")
+
+    def close(self) -> None:
+        self._container.close()
+
+    def __enter__(self) -> Clip:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _timecode(container: object) -> str | None:
+    """The start timecode: the video stream's tag, a tmcd (data) stream's, or the file's."""
+    streams = getattr(container, "streams")
+    for stream in [*streams.video, *streams.data, *getattr(streams, "other", ())]:
+        tc = stream.metadata.get("timecode")
+        if tc:
+            return str(tc)
+    tc = getattr(container, "metadata", {}).get("timecode")
+    return str(tc) if tc else None
+
+
+# -- is a clip being copied in whole yet? -------------------------------------------------
+
+
+def is_complete(path: Path, size: int) -> bool | None:
+    """`is_complete_at` for a file opened here (not by the watcher: see there)."""
+    try:
+        with open(path, "rb") as f:
+
+            def read(offset: int, n: int) -> bytes:
+                f.seek(offset)
+                return f.read(n)
+
+            return is_complete_at(read, size)
+    except OSError:
+        return None
+
+
+def is_complete_at(read: Callable[[int, int], bytes], size: int) -> bool | None:
+    """Whether the clip file of `size` bytes is completely written, from its own structure.
+
+    `read(offset, n)` reads the file (the watcher's pread on a descriptor it opened
+    without blocking). QuickTime and MP4: the top-level boxes must add up to
+    exactly the file's size, with a `moov` (the index FFmpeg needs) among them: a
+    copy in progress ends in the middle of a box, and a recording not yet
+    finished has no index. Matroska: a Segment of declared size must end at the
+    file's end. None: the format has no such structure (MXF, AVI...), and
+    settling is all the watcher can go by; or the file is (nearly) empty, and
+    the job says what is wrong with it.
+    """
+    if size < 8:
+        return None
+    try:
+        head = read(0, 16)
+        if len(head) < 8:
+            return False
+        if head[4:8] in _TOP_BOXES:
+            return _boxes_complete(read, size)
+        if head[:4] == _EBML:
+            return _matroska_complete(read, size)
+    except OSError:
+        return None
+    return None
+
+
+def _boxes_complete(read: Callable[[int, int], bytes], size: int) -> bool:
+    pos, moov = 0, False
+    while pos < size:
+        header = read(pos, 16)
+        if len(header) < 8:
+            return False
+        length, kind = struct.unpack(">I4s", header[:8])
+        if kind not in _TOP_BOXES:
+            return False
+        if length == 1:
+            if len(header) < 16:
+                return False
+            length = struct.unpack(">Q", header[8:16])[0]
+        elif length == 0:  # "to the end of the file": a writer that has not closed its mdat yet
+            return False
+        if length < 8:
+            return False
+        moov = moov or kind == b"moov"
+        pos += length
+    return pos == size and moov
+
+
+def _ebml_size(data: bytes) -> tuple[int | None, int]:
+    """An EBML variable-size integer at the start of `data`: (value or None for 'unknown', its width)."""
+    if not data:
+        return None, 0
+    b = data[0]
+    width = 1
+    while width <= 8 and not b & (0x80 >> (width - 1)):
+        width += 1
+    if width > 8 or len(data) < width:
+        return None, 1
+    value = b & (0xFF >> width)
+    for byte in data[1:width]:
+        value = (value << 8) | byte
+    if value == (1 << (7 * width)) - 1:
+        return None, width
+    return value, width
+
+
+def _matroska_complete(read: Callable[[int, int], bytes], size: int) -> bool | None:
+    header_size, n = _ebml_size(read(4, 8))
+    if header_size is None:
+        return None
+    pos = 4 + n + header_size
+    if read(pos, 4) != _SEGMENT:
+        return False
+    segment, n = _ebml_size(read(pos + 4, 8))
+    if segment is None:
+        return None  # a live-written Matroska of unknown size: settling decides
+    return pos + 4 + n + segment == size

@@ -1,0 +1,326 @@
+"""Clips in, depth clips out (`once CLIP` and `frames.clips`), checked with ffprobe and the real model.
+
+The sources are real photographs panned a few pixels a frame, with cuts, in an
+editor's codecs (ProRes 422 HQ at 23.976 with a start timecode; H.264 with
+B-frames, so presentation order and the mp4 edit list matter). Frame-exact
+means: ffprobe counts the same frames at the same rate and timecode, size and
+pixel aspect in both; and each depth frame is the map of its own source frame,
+by correlation: it matches its own frame's map better than the previous one's.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+av = pytest.importorskip("av", reason="clips need the video extra: pip install -e '.[video]'")
+
+from benchmarks.clips import pan_clip_frames, write_clip  # noqa: E402
+from conftest import FASTDEPTH  # noqa: E402
+from depthwatch.config import ModelConfig  # noqa: E402
+from depthwatch.frames.clips import ClipJob, make_clip  # noqa: E402
+from depthwatch.frames.settings import Settings  # noqa: E402
+from depthwatch.imaging import codec, normalise, tensor  # noqa: E402
+from depthwatch.model import catalogue  # noqa: E402
+from depthwatch.model.engine import Engine  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+
+SIZE = (160, 90)
+#: Correlation is measured on maps shrunk to this (the model's own detail, not the upscale's).
+COMPARE = (48, 27)
+
+
+def _ffprobe() -> str:
+    path = shutil.which("ffprobe")
+    if path is None:
+        pytest.skip("ffprobe is missing (Debian's ffmpeg package; .ci/run installs it)")
+    return path
+
+
+def probe(path: Path) -> dict[str, object]:
+    """What ffprobe says of the first video stream: decoded frames, rate, timecode, size, pixel aspect."""
+    out = subprocess.run(
+        [_ffprobe(), "-v", "error", "-count_frames", "-select_streams", "v:0", "-show_entries",
+         "stream=nb_read_frames,r_frame_rate,width,height,sample_aspect_ratio,has_b_frames,codec_name,pix_fmt:"
+         "stream_tags=timecode:format_tags=timecode", "-of", "json", str(path)],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    data = json.loads(out)
+    stream = data["streams"][0]
+    tags = {k.lower(): v for k, v in (stream.get("tags") or {}).items()}
+    fmt_tags = {k.lower(): v for k, v in (data.get("format", {}).get("tags") or {}).items()}
+    sar = stream.get("sample_aspect_ratio")
+    return {
+        "frames": int(stream["nb_read_frames"]),
+        "rate": stream["r_frame_rate"],
+        "timecode": tags.get("timecode") or fmt_tags.get("timecode"),
+        "size": (stream["width"], stream["height"]),
+        "sar": None if sar in (None, "N/A", "0:1", "1:1") else sar,
+        "codec": stream["codec_name"],
+        "pix_fmt": stream["pix_fmt"],
+        "b_frames": int(stream.get("has_b_frames") or 0),
+    }
+
+
+def same_timing(source: Path, depth: Path) -> dict[str, object]:
+    a, b = probe(source), probe(depth)
+    for key in ("frames", "rate", "timecode", "size", "sar"):
+        assert a[key] == b[key], f"{key}: source {a[key]} but depth clip {b[key]}"
+    return b
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("clips")
+    prores = folder / "A001_C002.mov"
+    write_clip(prores, pan_clip_frames(SIZE, 30, step=10), codec="prores", timecode="01:00:00:00", sar=Fraction(4, 3))
+    cuts = folder / "cuts.mp4"
+    write_clip(cuts, pan_clip_frames(SIZE, 36, step=10, shot=12), codec="h264")
+    return {"prores": prores, "cuts": cuts}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    if not FASTDEPTH.is_file():
+        pytest.skip(f"the real model {FASTDEPTH} is not here")
+    spec = catalogue.resolve(ModelConfig(path=str(FASTDEPTH), profile="fastdepth-nyu"), Path.cwd())
+    with Engine(spec) as e:
+        e.wait_ready()
+        yield e
+
+
+def reference_maps(source: Path, engine: Engine) -> list[np.ndarray]:
+    """Each source frame's own map (frame mode), as `once` on that frame as a still would make it."""
+    info = engine.wait_ready()
+    maps = []
+    with av.open(str(source)) as container:
+        for frame in container.decode(video=0):
+            image = frame.to_ndarray(format="bgr24")
+            model_input = tensor.prepare(codec.Decoded(image, (image.shape[1], image.shape[0]), "clip"), info.contract, info.profile)
+            prediction = engine.infer(model_input, info.generation).result().prediction
+            nearness = normalise.frame(prediction, info.profile.predicts)
+            maps.append(cv2.resize(cv2.resize(nearness, SIZE, interpolation=cv2.INTER_LINEAR), COMPARE, interpolation=cv2.INTER_AREA))
+    return maps
+
+
+def depth_frames(path: Path) -> list[np.ndarray]:
+    """The depth clip's frames as grey (luma), shrunk like the references; or a folder of images."""
+    if path.is_dir():
+        images = [_read_image(p) for p in sorted(path.iterdir()) if not p.name.startswith(".")]
+    else:
+        with av.open(str(path)) as container:
+            images = [f.to_ndarray(format="gray16le") for f in container.decode(video=0)]
+    return [cv2.resize(i.astype(np.float32), COMPARE, interpolation=cv2.INTER_AREA) for i in images]
+
+
+def _read_image(path: Path) -> np.ndarray:
+    if path.suffix == ".exr":
+        import OpenEXR
+
+        return OpenEXR.File(str(path)).channels()["Z"].pixels
+    return cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+
+
+def _corr(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.corrcoef(a.ravel(), b.ravel())[0, 1])
+
+
+def assert_frame_exact(depth: list[np.ndarray], refs: list[np.ndarray]) -> None:
+    assert len(depth) == len(refs)
+    own = [_corr(d, r) for d, r in zip(depth, refs)]
+    previous = [_corr(d, r) for d, r in zip(depth[1:], refs)]
+    assert np.median(own) >= 0.95, f"median correlation with its own frame's map {np.median(own):.3f}"
+    # Frame k is the map of frame k: better than of frame k-1, frame by frame.
+    late = [k + 1 for k, (o, p) in enumerate(zip(own[1:], previous)) if not o > p]
+    assert not late, f"frames matching the previous source frame better than their own: {late}"
+
+
+def once(*args: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "depthwatch", "once", *args, "--model", str(FASTDEPTH), "--profile", "fastdepth-nyu"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+def test_once_prores_clip_keeps_frames_rate_timecode_and_pixel_aspect(sources: dict[str, Path], engine: Engine) -> None:
+    source = sources["prores"]
+    done = once(str(source))
+    depth = source.with_name("A001_C002_depth.mov")
+    assert "1 depth clip written (30 frames), 0 failed" in done.stdout
+    info = same_timing(source, depth)
+    assert info["rate"] == "24000/1001" and info["timecode"] == "01:00:00:00" and info["sar"] == "4:3"
+    assert (info["codec"], info["pix_fmt"]) == ("prores", "yuv422p10le")
+    assert_frame_exact(depth_frames(depth), reference_maps(source, engine))
+    assert [p.name for p in source.parent.iterdir() if p.name.startswith(".")] == []
+
+
+def test_once_h264_with_b_frames_and_cuts(sources: dict[str, Path], engine: Engine, tmp_path: Path) -> None:
+    source = sources["cuts"]
+    assert probe(source)["b_frames"] > 0  # reordering to undo, so frame order can go wrong
+    out = tmp_path / "cuts_depth.mkv"
+    once(str(source), "-o", str(out))
+    info = same_timing(source, out)
+    assert (info["codec"], info["pix_fmt"]) == ("ffv1", "gray16le")
+    assert_frame_exact(depth_frames(out), reference_maps(source, engine))
+
+
+@pytest.mark.parametrize(
+    "name", ["preview.mp4", "{stem}_depth/{frame:04d}.png", "{stem}_depth/{frame:04d}.tif", "{stem}_depth/{frame:04d}.exr"]
+)
+def test_other_outputs(sources: dict[str, Path], engine: Engine, tmp_path: Path, name: str) -> None:
+    source = sources["cuts"]
+    job = ClipJob(source, tmp_path / (name.replace("{stem}", source.stem)))
+    result = make_clip(job, engine, Settings())
+    assert result.ok, result.error
+    refs = reference_maps(source, engine)
+    if job.sequence:
+        files = sorted(p for p in job.final.iterdir() if not p.name.startswith("."))
+        assert (job.final / ".depthwatch").is_file()  # the folder is depthwatch's to replace
+        assert [f.name for f in files][:2] == ["0000" + job.output.suffix, "0001" + job.output.suffix]
+        assert len(files) == len(refs)
+        assert _read_image(files[0]).dtype == (np.float32 if job.output.suffix == ".exr" else np.uint16)
+    else:
+        info = same_timing(source, job.output)
+        assert info["codec"] == "h264"
+    assert_frame_exact(depth_frames(job.final), refs)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_second_run_replaces_its_own_sequence_folder_and_never_someone_elses(
+    sources: dict[str, Path], engine: Engine, tmp_path: Path
+) -> None:
+    """Re-running over depthwatch's own image-sequence folder swaps the whole folder; a folder it did not make stays."""
+    source = sources["cuts"]
+    folder = tmp_path / "cuts_depth"
+    assert make_clip(ClipJob(source, folder / "{frame:04d}.png"), engine, Settings()).ok
+    (folder / "9999.png").write_bytes(b"stale")
+    result = make_clip(ClipJob(source, folder / "{frame:04d}.png"), engine, Settings())
+    assert result.ok, result.error
+    assert "9999.png" not in {p.name for p in folder.iterdir()} and len(list(folder.glob("*.png"))) == 36
+    theirs = tmp_path / "theirs_depth"
+    theirs.mkdir()
+    (theirs / "0000.png").write_bytes(b"an editor's own frame")
+    refused = make_clip(ClipJob(source, theirs / "{frame:04d}.png"), engine, Settings())
+    assert refused.error is not None and "is not a depth clip depthwatch made; not replacing it" in refused.error
+    assert (theirs / "0000.png").read_bytes() == b"an editor's own frame"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cuts_depth", "theirs_depth"]
+
+
+def _bad(tmp_path: Path) -> dict[str, Path]:
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    good = folder / "good.mp4"
+    write_clip(good, pan_clip_frames(SIZE, 24, step=5), codec="h264")
+    data = good.read_bytes()
+    truncated = folder / "truncated.mp4"
+    truncated.write_bytes(data[: len(data) // 2])  # its index (moov, at the end) is missing
+    fast = folder / "good_faststart.mp4"
+    with av.open(str(fast), "w", options={"movflags": "faststart"}) as container:
+        stream = container.add_stream("libx264", rate=24)
+        stream.width, stream.height, stream.pix_fmt = SIZE[0], SIZE[1], "yuv420p"
+        for image in pan_clip_frames(SIZE, 24, step=5):
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="bgr24")))
+        container.mux(stream.encode(None))
+    cut = folder / "cut.mp4"
+    cut.write_bytes(fast.read_bytes()[: fast.stat().st_size * 2 // 3])  # index first, frames cut off
+    fast.unlink()
+    empty = folder / "empty.mov"
+    empty.write_bytes(b"")
+    audio = folder / "audio.mov"
+    with av.open(str(audio), "w") as container:
+        stream = container.add_stream("pcm_s16le", rate=8000)
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 800), np.int16), format="s16", layout="mono")
+        frame.sample_rate = 8000
+        container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    return {"truncated": truncated, "cut": cut, "empty": empty, "audio": audio}
+
+
+def test_bad_clips_get_one_clear_line_each_and_no_output(tmp_path: Path) -> None:
+    if not FASTDEPTH.is_file():
+        pytest.skip("no real model")
+    bad = _bad(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "depthwatch", "once", *map(str, bad.values()), "--model", str(FASTDEPTH), "--profile", "fastdepth-nyu"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 1
+    lines = [line for line in done.stderr.splitlines() if line.startswith("depthwatch: ")]
+    assert len(lines) == 4, done.stderr
+    said = dict(zip(bad, lines))
+    assert said["truncated"].endswith("truncated.mp4: the clip is cut short: its data ends before its boxes do, or its index is missing (an unfinished copy?)")
+    assert said["cut"].endswith("cut.mp4: the clip is cut short: its data ends before its boxes do, or its index is missing (an unfinished copy?)")
+    assert said["empty"].endswith("empty.mov: the file is empty (0 bytes)")
+    assert "audio.mov: has no video stream" in said["audio"]
+    assert "0 depth clips written (0 frames), 4 failed" in done.stdout
+    assert sorted(p.name for p in bad["empty"].parent.iterdir()) == ["audio.mov", "cut.mp4", "empty.mov", "good.mp4", "truncated.mp4"]
+
+
+def test_frame_mode_maps_each_frame_on_its_own(sources: dict[str, Path], engine: Engine, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    source = sources["cuts"]
+    steps = []
+    job = ClipJob(source, tmp_path / "cuts_depth.mkv")
+    result = make_clip(job, engine, replace(Settings(), normalise="frame"), on_progress=lambda p: steps.append((p.phase, p.done)))
+    assert result.ok, result.error
+    assert {phase for phase, _ in steps} == {"mapping"} and steps[-1][1] == 36
+    same_timing(source, job.output)
+    assert_frame_exact(depth_frames(job.output), reference_maps(source, engine))
+
+
+def test_without_pyav_a_clip_gets_one_line_saying_what_to_install(sources: dict[str, Path]) -> None:
+    code = (
+        "import sys; sys.modules['av'] = None; from depthwatch.cli import main; "
+        f"raise SystemExit(main(['once', {str(sources['prores'])!r}, '--model', {str(FASTDEPTH)!r}]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 78
+    assert done.stderr.strip() == (
+        "depthwatch: clips need PyAV (FFmpeg in-process), which is not installed; run: pip install 'depthwatch[video]'"
+    )
+
+
+def test_an_edit_list_that_hides_frames_is_followed(sources: dict[str, Path], engine: Engine, tmp_path: Path) -> None:
+    """A trim copied without re-encoding: the container lists 36 frames, its edit list shows 24."""
+    ffmpeg = shutil.which("ffmpeg")
+    if ffmpeg is None:
+        pytest.skip("ffmpeg is missing (Debian's ffmpeg package)")
+    trimmed = tmp_path / "trimmed.mp4"
+    subprocess.run([ffmpeg, "-v", "error", "-ss", "0.5", "-i", str(sources["cuts"]), "-c", "copy", str(trimmed)], check=True, timeout=60)
+    with av.open(str(trimmed)) as container:
+        listed = container.streams.video[0].frames
+    shown = probe(trimmed)["frames"]
+    assert listed > shown > 0  # the edit list hides the frames before the cut point
+    out = tmp_path / "trimmed_depth.mkv"
+    result = make_clip(ClipJob(trimmed, out), engine, Settings())
+    assert result.ok, result.error
+    assert same_timing(trimmed, out)["frames"] == shown
+    assert_frame_exact(depth_frames(out), reference_maps(trimmed, engine))
+
+
+def test_a_dead_writers_temporary_sequence_folder_is_swept(tmp_path: Path) -> None:
+    """An image sequence is written into a hidden folder; one a killed writer left goes at the next start."""
+    import os
+
+    from depthwatch.frames.writer import sweep_temp_files, temp_name_for
+
+    dead = tmp_path / ".shot_depth.999999999-0123abcd.dwtmp"
+    dead.mkdir()
+    (dead / "0000.png").write_bytes(b"half")
+    live = temp_name_for(tmp_path / "other_depth")  # this process's: still being written
+    live.mkdir()
+    assert str(os.getpid()) in live.name
+    assert sweep_temp_files(tmp_path) == (1, 0)
+    assert not dead.exists() and live.is_dir()
