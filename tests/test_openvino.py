@@ -11,6 +11,7 @@ refused where it breaks the map, and taken where it does not.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import os
 import re
@@ -31,7 +32,10 @@ from onnx_models import brightness_model, cancelling_model, slow_model, spec_for
 from scipy.stats import spearmanr
 from skimage import data
 
-pytest.importorskip("openvino", reason="the OpenVINO engine needs the openvino extra: pip install -e '.[openvino]'")
+# Not importorskip: a plain `import openvino` sends telemetry through a forked process; depthwatch's
+# sessions.openvino.runtime() imports it without that.
+if importlib.util.find_spec("openvino") is None:
+    pytest.skip("the OpenVINO engine needs the openvino extra: pip install -e '.[openvino]'", allow_module_level=True)
 
 from depthwatch.commands.check import precision_line  # noqa: E402
 from depthwatch.errors import Superseded  # noqa: E402
