@@ -16,14 +16,13 @@ leaves the clip for the next start's scan.
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
 from depthwatch.frames.clips import ClipJob, ClipResult, Progress, make_clip
+from depthwatch.frames.pipeline import yield_to_inference
 from depthwatch.frames.settings import Settings
 from depthwatch.logtext import shown
 from depthwatch.model.engine import Engine
@@ -108,7 +107,7 @@ class ClipRunner:
         self._on_progress()
 
     def _loop(self) -> None:
-        _nicer(self._niceness)
+        yield_to_inference(self._niceness)
         while True:
             with self._cond:
                 while not self._waiting and not self._stopping:
@@ -129,14 +128,3 @@ class ClipRunner:
                 self._current, self.progress = None, None
             self._on_result(job, result)
             self._on_progress()
-
-
-def _nicer(niceness: int) -> None:
-    """This thread `niceness` steps below the inference thread (Linux sets nice per thread)."""
-    if not sys.platform.startswith("linux") or niceness <= 0:
-        return
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness))
-    except OSError:
-        pass

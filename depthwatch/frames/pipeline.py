@@ -101,7 +101,7 @@ class _Frame:
         self.clock = now
 
 
-def _yield_to_inference(niceness: int) -> None:
+def yield_to_inference(niceness: int) -> None:
     """Make this worker thread `niceness` steps nicer than the inference thread.
 
     On a CPU-only machine the image work and the model's operator threads share
@@ -149,7 +149,7 @@ class Pipeline:
         self._pool = ThreadPoolExecutor(
             max_workers=workers,
             thread_name_prefix="depthwatch-worker",
-            initializer=_yield_to_inference,
+            initializer=yield_to_inference,
             initargs=(niceness,),
         )
         self._lock = threading.Lock()
