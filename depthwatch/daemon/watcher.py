@@ -147,6 +147,24 @@ class _WatchdogLog(logging.Handler):
             log.log(record.levelno, "watchdog: %s", shown(message))
 
 
+
+#: How many finished scans a folder's late subfolder events are checked against.
+_SCANNED_KEPT = 64
+
+
+def _ctime_ns(folder: Path) -> int | None:
+    """When `folder` last changed (a rename into the watch counts), or None if it is gone.
+
+    watchdog reports each subfolder of a folder moved in as created, sometimes
+    only after that folder's scan has finished; a subfolder unchanged since the
+    scan began was covered by it, one made since was not.
+    """
+    try:
+        return os.stat(folder).st_ctime_ns
+    except OSError:
+        return None
+
+
 class Watcher:
     """Watches the configured folders and calls `emit(path, signature, format)` once per complete frame.
 
@@ -183,6 +201,8 @@ class Watcher:
         #: Folders to scan on their own thread (moved in, or watched again), in order.
         self._scans: dict[Path, bool] = {}
         self._scanning: tuple[Path, ...] = ()
+        #: Folders moved in and scanned lately -> when their scan began (wall clock, ns).
+        self._scanned: OrderedDict[Path, int] = OrderedDict()
         self._scan_cond = threading.Condition()
         self._scanner = threading.Thread(target=self._scan_loop, name="depthwatch-scan", daemon=True)
         self._observer: Any = None
@@ -317,9 +337,14 @@ class Watcher:
     def scan_later(self, folder: Path, moved_in: bool = False) -> None:
         """Scan `folder` on the scan thread: a big one must stall neither watchdog's
         thread (event delivery) nor the settler (frames dropped elsewhere meanwhile)."""
+        changed_ns = _ctime_ns(folder) if moved_in else None
         with self._scan_cond:
             if any(folder.is_relative_to(f) for f in (*self._scans, *self._scanning)):
                 return  # its subfolders' own events, for a folder whose scan covers them
+            if changed_ns is not None and any(
+                folder.is_relative_to(f) and changed_ns < began for f, began in self._scanned.items()
+            ):
+                return  # watchdog's late events for the subfolders of a folder scanned since they came
             self._scans[folder] = moved_in
             self._scan_cond.notify()
 
@@ -333,6 +358,7 @@ class Watcher:
                 folder, moved_in = next(iter(self._scans.items()))
                 del self._scans[folder]
                 self._scanning = (folder,)
+            began_ns = time.time_ns()
             started = time.monotonic()
             try:
                 count = self.scan(folder)
@@ -342,6 +368,11 @@ class Watcher:
             finally:
                 with self._scan_cond:
                     self._scanning = ()
+                    if moved_in:  # a rescan of a watch folder vouches for no later arrival
+                        self._scanned[folder] = began_ns
+                        self._scanned.move_to_end(folder)
+                        while len(self._scanned) > _SCANNED_KEPT:
+                            self._scanned.popitem(last=False)
             if not self._stopping:
                 how = "moved in" if moved_in else "scanned again"
                 log.info("%s %s: %d frame(s) to map (scanned in %.1f s)", shown(folder), how, count, time.monotonic() - started)
