@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import cv2
@@ -16,6 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
+from daemon_process import DaemonProcess, wait_for  # noqa: E402
 from onnx_models import brightness_model  # noqa: E402
 
 #: The shared material (the real FastDepth model): $DEPTHWATCH_SHARED, else ../shared beside the checkout.
@@ -62,6 +65,36 @@ def write_by_rename(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".incoming-{threading.get_ident()}-{path.name}")
     tmp.write_bytes(data)
     tmp.replace(path)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real, small filesystem: a 1 MiB tmpfs (needs root, as in CI), for full-disk cases."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def api_daemon(tmp_path: Path, tiny_model: Path) -> Iterator[Callable[..., DaemonProcess]]:
+    """Start real daemons with the HTTP API on a free loopback port; each is closed after the test."""
+    started: list[DaemonProcess] = []
+
+    def start(restricted: bool = False, wrapper: tuple[str, ...] = (), **sections) -> DaemonProcess:
+        sections["api"] = {"enabled": True, "port": 0, **sections.get("api", {})}
+        d = DaemonProcess(tmp_path / f"d{len(started)}", tiny_model, restricted=restricted, wrapper=wrapper, **sections)
+        started.append(d)
+        d.start()
+        d.url = wait_for(lambda: d.status().get("api"), what="the API address in the status file")
+        return d
+
+    yield start
+    for d in started:
+        d.close()
 
 
 @pytest.fixture(autouse=True)

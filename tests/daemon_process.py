@@ -9,6 +9,8 @@ section overrides, a `watch/` folder, and a privilege drop for permission tests.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +21,16 @@ import numpy as np
 from benchmarks import daemon as harness
 
 TIMEOUT = 60.0
+
+
+def strace_works() -> str | None:
+    """None if `strace -f` can trace a child here, else why not (for a skip)."""
+    if shutil.which("strace") is None:
+        return "strace is not installed (the CI script installs it)"
+    probe = subprocess.run(["strace", "-f", "-o", os.devnull, "true"], capture_output=True, timeout=TIMEOUT)
+    if probe.returncode != 0:
+        return f"strace cannot trace here (ptrace not permitted?): {probe.stderr.decode(errors='replace').strip()[:200]}"
+    return None
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = TIMEOUT, what: str = "condition") -> Any:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,16 +14,6 @@ from typing import Any
 from daemon_process import TIMEOUT, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def strace_works() -> str | None:
-    """None if `strace -f` can trace a child here, else why not (for a skip)."""
-    if shutil.which("strace") is None:
-        return "strace is not installed (apt-get install strace)"
-    probe = subprocess.run(["strace", "-f", "-o", os.devnull, "true"], capture_output=True, timeout=TIMEOUT)
-    if probe.returncode != 0:
-        return f"strace cannot trace here (ptrace not permitted?): {probe.stderr.decode(errors='replace').strip()[:200]}"
-    return None
 
 
 class Scheduler:

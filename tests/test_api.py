@@ -16,7 +16,7 @@ import cv2
 import numpy as np
 import pytest
 from conftest import jpeg_bytes, write_by_rename
-from daemon_process import DaemonProcess, wait_for
+from daemon_process import DaemonProcess, strace_works, wait_for
 
 requests = pytest.importorskip("requests")
 pytest.importorskip("waitress")
@@ -84,23 +84,6 @@ def decode_map(data: bytes) -> np.ndarray:
     image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     assert image is not None, "not an image"
     return image
-
-
-@pytest.fixture
-def api_daemon(tmp_path, tiny_model):
-    started: list[DaemonProcess] = []
-
-    def start(restricted: bool = False, wrapper: tuple[str, ...] = (), **sections) -> DaemonProcess:
-        sections["api"] = {"enabled": True, "port": 0, **sections.get("api", {})}
-        d = DaemonProcess(tmp_path / f"d{len(started)}", tiny_model, restricted=restricted, wrapper=wrapper, **sections)
-        started.append(d)
-        d.start()
-        d.url = wait_for(lambda: d.status().get("api"), what="the API address in the status file")
-        return d
-
-    yield start
-    for d in started:
-        d.close()
 
 
 def api_lines(d: DaemonProcess) -> list[str]:
@@ -388,12 +371,9 @@ def test_run_api_flag(tmp_path, tiny_model):
 
 
 def test_no_process_is_ever_created(api_daemon, tmp_path):
+    if (why := strace_works()) is not None:
+        pytest.skip(why)
     strace = shutil.which("strace")
-    if strace is None:
-        pytest.skip("strace is not installed (the CI script installs it)")
-    probe = subprocess.run([strace, "-f", "-o", os.devnull, "true"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip(f"strace cannot trace here: {probe.stderr.strip()[:200]}")
     trace = tmp_path / "strace.txt"
     d = api_daemon(wrapper=(strace, "-f", "-e", "trace=fork,vfork,clone,clone3,execve", "-o", str(trace)))
     daemon_pid = d.status()["pid"]

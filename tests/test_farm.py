@@ -21,13 +21,12 @@ import yaml
 
 pytest.importorskip("distributed", reason="the farm extra is not installed: pip install -e '.[farm]'")
 
-from daemon_process import wait_for  # noqa: E402
+from daemon_process import strace_works, wait_for  # noqa: E402
 from farm_process import (  # noqa: E402
     FarmWorker,
     Scheduler,
     run_once,
     start_once,
-    strace_works,
 )
 from onnx_models import busy_brightness_model  # noqa: E402
 

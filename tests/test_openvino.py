@@ -27,7 +27,7 @@ import numpy as np
 import onnxruntime
 import pytest
 import yaml
-from daemon_process import DaemonProcess, wait_for
+from daemon_process import DaemonProcess, strace_works, wait_for
 from onnx_models import brightness_model, cancelling_model, slow_model, spec_for
 from scipy.stats import spearmanr
 from skimage import data
@@ -209,12 +209,9 @@ def test_precision_for_onnxruntime_cpu_is_fp32_and_a_reduced_one_is_said_to_not_
 
 def test_no_process_is_created_with_openvino(tmp_path, tiny_model):
     """The daemon measures OpenVINO's precisions, serves from it, and never forks or execs."""
+    if (why := strace_works()) is not None:
+        pytest.skip(why)
     strace = shutil.which("strace")
-    if strace is None:
-        pytest.skip("strace is not installed (the CI script installs it)")
-    probe = subprocess.run([strace, "-f", "-o", os.devnull, "true"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip(f"strace cannot trace here: {probe.stderr.strip()[:200]}")
     trace = tmp_path / "strace.txt"
     d = DaemonProcess(
         tmp_path / "d",

@@ -101,23 +101,6 @@ def test_a_watch_folder_under_an_unwritable_parent_exits_78_at_start_and_is_refu
 requests = pytest.importorskip("requests")
 
 
-@pytest.fixture
-def api_daemon(tmp_path, tiny_model):
-    started: list[DaemonProcess] = []
-
-    def start(**sections) -> DaemonProcess:
-        sections["api"] = {"enabled": True, "port": 0, **sections.get("api", {})}
-        d = DaemonProcess(tmp_path / f"d{len(started)}", tiny_model, **sections)
-        started.append(d)
-        d.start()
-        d.url = wait_for(lambda: d.status().get("api"), what="the API address in the status file")
-        return d
-
-    yield start
-    for d in started:
-        d.close()
-
-
 def _raise_fd_limit(wanted: int) -> None:
     import resource
 
@@ -363,18 +346,6 @@ def test_a_folder_moved_into_a_recursive_watch_is_scanned_once_off_the_event_thr
 
 
 # -- a full disk, then space again ------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real, small filesystem: a 1 MiB tmpfs (needs root, as in CI)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_frame_whose_tries_ran_out_on_a_full_disk_is_made_once_space_is_back(tmp_path, tiny_model, small_disk):

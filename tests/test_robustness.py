@@ -191,18 +191,6 @@ def test_unwritable_folder_is_retried_once_writable_again(tmp_path, tiny_model):
         assert d.stop() == 0
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real, nearly full filesystem: a 1 MiB tmpfs (needs root, as in CI)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 def test_full_disk_leaves_nothing_half_written_and_retries(tmp_path, tiny_model, small_disk):
     d = DaemonProcess(tmp_path, tiny_model, watch={"folders": [str(small_disk)]}, daemon={"retries": 6})
     d.watch = small_disk

@@ -12,7 +12,6 @@ a multiple of the same for the bare model's own per-frame min-max maps
 
 from __future__ import annotations
 
-import itertools
 import subprocess
 import sys
 from pathlib import Path
