@@ -156,6 +156,12 @@ def _template(value: Any, base: Path) -> str:
     suffix = Path(rendered).suffix.lower()
     if "{ext}" not in text and suffix not in OUTPUT_FORMATS:
         raise ValueError(f"{text!r} must end in .jpg, .png, .tif or .exr (or {{ext}} for the frame's own)")
+    return _contained_template(text, rendered)
+
+
+def _contained_template(text: str, rendered: str) -> str:
+    """`text` with its folder part expanded (~, $VAR), once the example name it renders to
+    is known not to climb out of the watch folder; the name part stays literal."""
     if ".." in Path(rendered).parts:
         raise ValueError(f"{text!r} climbs out of the watch folder with '..'; use an absolute folder instead")
     folder, name = os.path.split(text)
@@ -172,12 +178,7 @@ def _clip_template(value: Any, base: Path) -> str:
     problem = template_problem(text)
     if problem:
         raise ValueError(problem)
-    if ".." in Path(text).parts:
-        raise ValueError(f"{text!r} climbs out of the watch folder with '..'; use an absolute folder instead")
-    folder, name = os.path.split(text)
-    if folder:
-        text = os.path.join(os.path.expandvars(os.path.expanduser(folder)), name)
-    return text
+    return _contained_template(text, text)
 
 
 def _path_map(value: Any, base: Path) -> PathMap:
