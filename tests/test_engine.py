@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from pathlib import Path
 
@@ -342,6 +343,53 @@ def test_a_newer_job_for_the_same_output_abandons_the_older_one(tmp_path, tiny_m
     depth = cv2.imread(str(output), cv2.IMREAD_UNCHANGED)
     assert depth[60:, 100:].mean() > depth[:40, :60].mean()  # the newer frame's map
 
+
+
+def test_one_version_handed_over_twice_is_mapped_once_but_new_bytes_always_run(tmp_path, tiny_model):
+    """The same bytes again end `unchanged`; same size, mtime and inode with other bytes run again."""
+    source, output = tmp_path / "frame.tif", tmp_path / "depth.png"
+    uncompressed = [cv2.IMWRITE_TIFF_COMPRESSION, 1]  # same dimensions: same size in bytes
+    cv2.imwrite(str(source), quadrant_frame(bright="top-left"), uncompressed)
+    calls = 0
+
+    def counting(*args, **kwargs):
+        session = onnxruntime.InferenceSession(*args, **kwargs)
+        run = session.run
+
+        def counted(*a, **k):
+            nonlocal calls
+            calls += 1
+            return run(*a, **k)
+
+        session.run = counted
+        return session
+
+    with Engine(spec_for(tiny_model), session_factory=counting) as engine:
+        pipeline = Pipeline(engine)
+        first = pipeline.process(Job(source, output), Settings())
+        assert first.ok and not first.unchanged, first.error
+        made, ran = output.stat(), calls  # the engine's warm-up run included
+        again = pipeline.process(Job(source, output), Settings())
+        assert again.ok and again.unchanged
+        assert (calls, output.stat().st_ino, output.stat().st_mtime_ns) == (ran, made.st_ino, made.st_mtime_ns)
+
+        # A rewrite within one clock tick: the signature cannot tell it, the bytes do.
+        st = source.stat()
+        ok, other = cv2.imencode(".tif", quadrant_frame(bright="bottom-right"), uncompressed)
+        assert ok and len(other) == st.st_size
+        with open(source, "r+b") as f:
+            f.write(other.tobytes())
+        os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert (source.stat().st_size, source.stat().st_mtime_ns, source.stat().st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+        rewritten = pipeline.process(Job(source, output), Settings())
+        assert rewritten.ok and not rewritten.unchanged and calls == ran + 1
+        depth = cv2.imread(str(output), cv2.IMREAD_UNCHANGED)
+        assert depth[60:, 100:].mean() > depth[:40, :60].mean()  # the new bytes' map
+
+        # Other settings make another map of the same bytes.
+        inverted = Settings(render=RenderOptions(levels=Levels(invert=True)))
+        assert not pipeline.process(Job(source, output), inverted).unchanged and calls == ran + 2
+        pipeline.close()
 
 class _ObservedSession:
     """A real session whose run() says when the inference thread has entered it."""

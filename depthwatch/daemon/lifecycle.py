@@ -630,6 +630,9 @@ class Daemon:
         if self.api is not None:
             self.waiters.finished(job, result, final=not retrying)  # before queue.done(job): see waiters
         counts = self.status.counts
+        if result.unchanged:  # one version handed over twice: its map is on disk already
+            frames_log.debug("%s: its map is already made from these very bytes; not made again", shown(job.source))
+            return
         self._model_health(result)
         if result.ok:
             latency_ms = (time.monotonic() - job.queued_at) * 1000

@@ -24,6 +24,7 @@ import os
 import sys
 import threading
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -45,7 +46,7 @@ from depthwatch.errors import (
 from depthwatch.frames import provenance
 from depthwatch.frames.errorrecords import remove_error_record, write_error_record
 from depthwatch.frames.folders import check_frame_folder, open_frame_folder
-from depthwatch.frames.job import Job
+from depthwatch.frames.job import Job, Signature, signature_from
 from depthwatch.frames.jobqueue import LatestWinsQueue
 from depthwatch.frames.reading import read_source
 from depthwatch.frames.result import Result
@@ -58,6 +59,17 @@ from depthwatch.model.engine import Engine, Inference
 from depthwatch.model.spec import ModelInfo
 
 log = logging.getLogger("depthwatch.frames")
+
+
+@dataclass(frozen=True)
+class _MadeFrom:
+    """One frame version's bytes, the settings and the model a map was made with."""
+
+    source: Path
+    signature: Signature
+    crc: int
+    settings: Settings
+    generation: int
 
 
 @dataclass
@@ -81,6 +93,8 @@ class _Frame:
     shot: stabilise.ShotMap | None = None
     #: The folder the frame was read from, open from read to result (see `folders`).
     folder: int | None = None
+    #: What its map is made from (a frame from disk), to know the same work asked again.
+    made_from: _MadeFrom | None = None
 
     def close_folder(self) -> None:
         if self.folder is not None:
@@ -157,9 +171,9 @@ class Pipeline:
         self._idle = threading.Condition(self._lock)
         self._newest: dict[Path, _Frame] = {}
         self._seq = itertools.count(1)
-        # (seq, time) of the last map written per output; a short memory is enough, since
-        # only jobs in flight (a handful) ever compare against it.
-        self._written: OrderedDict[Path, tuple[int, float]] = OrderedDict()
+        # (seq, time, what it was made from) of the last map written per output; a short
+        # memory is enough, since only jobs in flight (a handful) ever compare against it.
+        self._written: OrderedDict[Path, tuple[int, float, _MadeFrom | None]] = OrderedDict()
         # Shot state per output for output.normalise: stable (bounded; see stabilise).
         self.stabiliser = stabilise.Stabiliser()
         # Writes to one output are serialised (by stripe, to keep this bounded) so the
@@ -240,7 +254,7 @@ class Pipeline:
             if job.output is not None:
                 older = self._newest.get(job.output)
                 self._newest[job.output] = frame
-            _, last_map = self._written.get(job.output, (0, float("-inf")))
+            _, last_map, _ = self._written.get(job.output, (0, float("-inf"), None))
         if older is not None:
             older.abandoned = True
             if older.inference is not None:
@@ -297,6 +311,9 @@ class Pipeline:
             data = job.data if job.data is not None else self._read(frame)
             frame.lap("read")
             info = self._model_info()
+            if self._made_already(frame, data, info):
+                frame.future.set_result(frame.result)
+                return
             frame.decoded = codec.decode(
                 data,
                 max_pixels=frame.settings.max_pixels,
@@ -343,6 +360,32 @@ class Pipeline:
             raise FrameError(f"is a {found.upper()} image but its name says {job.source.suffix}; rename it")
         return data
 
+    def _made_already(self, frame: _Frame, data: bytes, info: ModelInfo) -> bool:
+        """Whether the map on disk was made from these very bytes, with these settings and model.
+
+        Two producers (the watcher, the API) and a watcher that cannot always
+        tell two events for one version from two versions within one clock tick
+        (same size, mtime and inode) may hand over one version twice; running it
+        again would give the same map. The bytes decide: same signature, same
+        CRC-32 (0.1 ms a frame), same settings and model, and the map still on
+        disk with its record: the job ends `unchanged`, nothing is written.
+        """
+        job = frame.job
+        if job.output is None or job.data is not None or job.nearness is not None or job.collect:
+            return False
+        assert frame.source_stat is not None
+        made_from = _MadeFrom(job.source, signature_from(frame.source_stat), zlib.crc32(data), frame.settings, info.generation)
+        frame.made_from = made_from
+        with self._lock:
+            last = self._written.get(job.output)
+        if last is None or last[2] != made_from:
+            return False
+        record = provenance.read(job.output, dir_fd=frame.beside(job.output))
+        if record is None or not provenance.same_version(record, frame.source_stat):
+            return False
+        frame.result.unchanged = True
+        return True
+
     def _model_info(self) -> ModelInfo:
         info = self.engine.info
         return info if info is not None else self.engine.wait_ready()
@@ -361,7 +404,7 @@ class Pipeline:
         if frame.job.output is None:
             return False
         with self._lock:
-            return self._written.get(frame.job.output, (0, 0.0))[0] > frame.seq
+            return self._written.get(frame.job.output, (0, 0.0, None))[0] > frame.seq
 
     def _handoff(self, frame: _Frame, done: Future[Inference]) -> None:
         """Runs on the inference thread: only queue the rest of the job, do nothing else."""
@@ -438,7 +481,7 @@ class Pipeline:
             if frame.settings.sidecar:
                 atomic_write(output.with_name(output.name + ".json"), self._sidecar(frame), job.output_roots, folder_fd=beside)
             with self._lock:
-                self._written[output] = (frame.seq, time.monotonic())
+                self._written[output] = (frame.seq, time.monotonic(), frame.made_from)
                 self._written.move_to_end(output)
                 if len(self._written) > _WRITTEN_MEMORY:
                     self._written.popitem(last=False)

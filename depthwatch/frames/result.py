@@ -24,6 +24,9 @@ class Result:
     unusable: bool = False
     #: A newer version of the frame turned up meanwhile; not a failure.
     superseded: bool = False
+    #: The map on disk was already made from these very bytes (a version handed over twice):
+    #: nothing was run or written; ok, but not counted as a frame done.
+    unchanged: bool = False
     #: The model ran (or was running) for this job; false for one dropped before inference.
     inferred: bool = False
     #: The model's prediction was no depth map (NaN, a constant): a model problem, not the frame's.
