@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -114,6 +115,31 @@ class Child:
         except psutil.Error:
             return float("nan")
         return float(t.user + t.system)
+
+    def thread_cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user + system) so far per thread role: the OS name without its `_N` (Linux).
+
+        depthwatch names its threads (`dw-inference` with the engine's own
+        operator threads, `dw-worker` with OpenCV's pool; see
+        depthwatch/threadnames.py); anything else is `python`. Empty where
+        /proc has no per-thread times.
+        """
+        totals: dict[str, float] = {}
+        tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        try:
+            tasks = list(Path(f"/proc/{self.pid}/task").iterdir())
+        except OSError:
+            return totals
+        for task in tasks:
+            try:
+                text = (task / "stat").read_text()
+            except OSError:
+                continue  # the thread ended meanwhile
+            name = text[text.index("(") + 1 : text.rindex(")")]
+            fields = text[text.rindex(")") + 2 :].split()
+            role = re.sub(r"_\d+$", "", name)
+            totals[role] = totals.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        return totals
 
     def peak_rss(self) -> int:
         """The largest resident set seen so far (the kernel's VmHWM where there is one)."""

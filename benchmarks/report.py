@@ -301,6 +301,14 @@ def table(results: dict[str, Any]) -> str:
                 f"daemon CPU {_f(r.get('cpu_ms_per_frame'))} ms/frame, "
                 f"{_f(100 * r['cores_busy'] if r.get('cores_busy') is not None else None, '.0f')}% of the cores busy",
             )
+    if b and b.get("cpu_ms_per_frame_by_thread"):
+        split = sorted(b["cpu_ms_per_frame_by_thread"].items(), key=lambda kv: -kv[1])
+        costs = s.get("costs") or {}
+        lines.append(
+            "  burst, daemon CPU by thread (ms/frame): "
+            + " ".join(f"{k} {v:.1f}" for k, v in split if v >= 0.05)
+            + f"; alone, one thread: inference {_f(costs.get('infer_cpu_ms'))}, image work {_f(costs.get('image_cpu_ms'))}"
+        )
     if b and b.get("daemon_stage_ms"):
         st = b["daemon_stage_ms"]
         lines.append("  burst, daemon's own stage medians (ms): " + " ".join(f"{k} {v:.1f}" for k, v in st.items()))

@@ -390,6 +390,7 @@ def burst(plan: Plan, knobs: Knobs | None = None, name: str = "burst") -> dict[s
     knobs = knobs or plan.knobs
     runs, startups, peaks, loads, produced, failed = [], [], [], [], 0, 0
     cpu_per_frame: list[float] = []
+    by_thread: list[dict[str, float]] = []
     busy: list[float] = []
     timings: list[dict[str, float]] = []
     for r in range(plan.repeats):
@@ -406,12 +407,14 @@ def burst(plan: Plan, knobs: Knobs | None = None, name: str = "burst") -> dict[s
             staged = [stage(folder, n, plan.frames.data[i % len(plan.frames)]) for i, n in enumerate(names)]
             outputs = [folder / f"{Path(n).stem}_depth.jpg" for n in names]
             assert daemon.child is not None
-            cpu = daemon.child.cpu_seconds()
+            cpu, threads = daemon.child.cpu_seconds(), daemon.child.thread_cpu_seconds()
             start = time.perf_counter()
             for tmp, n in zip(staged, names):
                 os.rename(tmp, folder / n)
             elapsed = _wait_files(outputs, daemon, max(plan.poll_s, 0.002), 60 + 5 * plan.count) - start
             cpu = daemon.child.cpu_seconds() - cpu
+            after = daemon.child.thread_cpu_seconds()
+            by_thread.append({k: (v - threads.get(k, 0.0)) * 1000 / plan.count for k, v in after.items()})
             runs.append(plan.count / elapsed)
             cpu_per_frame.append(cpu * 1000 / plan.count)
             busy.append(cpu / (elapsed * cores()))
@@ -430,6 +433,11 @@ def burst(plan: Plan, knobs: Knobs | None = None, name: str = "burst") -> dict[s
         # The daemon's own CPU time (all threads) per frame during the burst, and the
         # share of the machine's cores it kept busy: fps = busy x cores / cpu per frame.
         "cpu_ms_per_frame": median(cpu_per_frame),
+        # ... split by thread role (Linux): the model (dw-inference with the engine's own
+        # threads), the image work (dw-worker with OpenCV's), the watcher, the rest.
+        "cpu_ms_per_frame_by_thread": {
+            k: median([run.get(k, 0.0) for run in by_thread]) for k in sorted({k for run in by_thread for k in run})
+        },
         "cores_busy": median(busy),
         # The daemon's own per-stage medians (ms of wall time) during the bursts, from its log.
         "daemon_stage_ms": _stage_medians(timings),

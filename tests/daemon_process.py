@@ -56,16 +56,23 @@ class DaemonProcess(harness.DaemonProcess):
         restricted: bool = False,
         wrapper: tuple[str, ...] = (),
         providers: list[str] | None = None,
+        model_options: dict[str, Any] | None = None,
         **sections: dict[str, Any],
     ) -> None:
         """`wrapper`: a command the daemon runs under (strace), after the privilege drop.
         `providers`: model.providers (default auto); a test that needs inference to take its
-        time pins ["cpu"], since auto may measure OpenVINO several times faster."""
+        time pins ["cpu"], since auto may measure OpenVINO several times faster.
+        `model_options`: more of the model section (`model` names the model file)."""
         root.mkdir(parents=True, exist_ok=True)
         self.watch = root / "watch"
         self.watch.mkdir(parents=True, exist_ok=True)
         config: dict[str, Any] = {
-            "model": {"path": str(model), "profile": "midas-v21-small", **({"providers": providers} if providers else {})},
+            "model": {
+                "path": str(model),
+                "profile": "midas-v21-small",
+                **({"providers": providers} if providers else {}),
+                **(model_options or {}),
+            },
             "watch": {"folders": [str(self.watch)], "patterns": ["frame.jpg"]},
             "output": {"template": "depth.jpg"},
             "daemon": {"workers": 2},

@@ -314,3 +314,22 @@ def test_a_burst_larger_than_the_queue_is_picked_up_by_a_rescan(daemon):
     assert d.stop() == 0
     assert "queue full (16 frames); the frames beyond it will be picked up by a rescan" in d.log()
     assert d.counts()["done"] == count and d.counts()["failed"] == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")
+def test_the_daemons_threads_carry_their_names_in_the_operating_system(tmp_path, tiny_model):
+    """`top -H` and the benchmarks' CPU split by thread see dw-inference, dw-worker_N, ...; the engine's pool too."""
+    d = DaemonProcess(tmp_path, tiny_model, providers=["cpu"], model_options={"intra_op_threads": 2})
+    d.start()
+    try:
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: d.counts().get("done") == 1, what="one map")
+        tasks = Path(f"/proc/{d.child.pid}/task")
+        names = [(t / "comm").read_text().strip() for t in tasks.iterdir() if (t / "comm").exists()]
+        assert {"dw-inference", "dw-worker_0", "dw-settle", "dw-scan", "dw-clip"} <= set(names), names
+        # onnxruntime's second operator thread was made by the inference thread, and took its name.
+        assert names.count("dw-inference") >= 2, names
+        roles = d.child.thread_cpu_seconds()
+        assert {"dw-inference", "dw-worker", "python"} <= set(roles), roles  # worker_N counted as one role
+    finally:
+        assert d.stop() == 0

@@ -52,6 +52,7 @@ from depthwatch.frames.result import Result
 from depthwatch.frames.rules import Rules
 from depthwatch.imaging import formats
 from depthwatch.logtext import shown
+from depthwatch.threadnames import name_this_thread
 
 log = logging.getLogger("depthwatch.daemon.api")
 
@@ -399,6 +400,7 @@ class ApiServer:
         self._thread.start()
 
     def _loop(self) -> None:
+        name_this_thread()
         server = self._server
         channels = server._map
         use_poll = server.adj.asyncore_use_poll

@@ -38,6 +38,7 @@ from depthwatch.frames.reading import open_checked
 from depthwatch.frames.rules import Rules, map_is_current
 from depthwatch.imaging import formats, video
 from depthwatch.logtext import shown
+from depthwatch.threadnames import name_this_thread
 
 log = logging.getLogger("depthwatch.watch")
 
@@ -349,6 +350,7 @@ class Watcher:
             self._scan_cond.notify()
 
     def _scan_loop(self) -> None:
+        name_this_thread()
         while True:
             with self._scan_cond:
                 while not self._scans and not self._stopping:
@@ -410,6 +412,7 @@ class Watcher:
         return not map_is_current(path, output)
 
     def _loop(self) -> None:
+        name_this_thread()
         next_health = time.monotonic() + _HEALTH_INTERVAL
         while True:
             due: list[tuple[Path, _Pending]] = []

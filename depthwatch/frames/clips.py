@@ -39,6 +39,7 @@ from depthwatch.imaging import clipwrite, codec, normalise, render, stabilise, t
 from depthwatch.logtext import shown
 from depthwatch.model.engine import BACKGROUND, Engine, Inference
 from depthwatch.model.spec import ModelInfo
+from depthwatch.threadnames import name_this_thread
 
 #: Frames handed to the engine ahead of the one being finished: the model never waits on decoding.
 WINDOW = 2
@@ -291,6 +292,7 @@ class _WriteBehind:
         self._thread.start()
 
     def _loop(self) -> None:
+        name_this_thread()
         while True:
             item = self._queue.get()
             if item is None:

@@ -55,6 +55,7 @@ from depthwatch.frames.writer import atomic_write, ensure_folder
 from depthwatch.imaging import codec, formats, normalise, stabilise, tensor
 from depthwatch.imaging.render import Stable, depth_map
 from depthwatch.logtext import shown
+from depthwatch.threadnames import name_this_thread
 from depthwatch.model.engine import Engine, Inference
 from depthwatch.model.spec import ModelInfo
 
@@ -122,8 +123,10 @@ def yield_to_inference(niceness: int) -> None:
     the cores; when both want one the model should win, and decoding and
     encoding should fill the gaps its parallel sections leave (measured: burst
     throughput 21 -> 25 frames/s on two cores at niceness 10; see docs/benchmarks.md).
-    Linux applies nice to single threads; elsewhere this does nothing.
+    Linux applies nice to single threads; elsewhere this does nothing. The
+    thread gets its name in the operating system too (see `threadnames`).
     """
+    name_this_thread()
     if not sys.platform.startswith("linux") or niceness <= 0:
         return
     try:

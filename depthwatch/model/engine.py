@@ -48,6 +48,7 @@ from depthwatch.model.contract import (
 from depthwatch.model.profiles import Profile
 from depthwatch.model.sessions import Session, ort
 from depthwatch.model.spec import ModelInfo, ModelSpec
+from depthwatch.threadnames import name_this_thread
 
 log = logging.getLogger("depthwatch.model.engine")
 
@@ -276,6 +277,7 @@ class Engine:
     # -- the inference thread ----------------------------------------------------
 
     def _serve(self) -> None:
+        name_this_thread()  # before the session exists: its operator threads take this name
         session: Session | None = None
         try:
             try:

@@ -1,0 +1,41 @@
+"""Operating-system names for depthwatch's threads, so `top -H`, `ps -L` and a profiler tell them apart.
+
+Python names its threads only for itself (before 3.14): the kernel shows every
+one of them as `python`, and a busy daemon cannot say which thread spends the
+CPU. A native thread takes its creator's name when it is made, so the
+inference thread, named before it loads the model, also names the engine's own
+pool (OpenVINO's and onnxruntime's operator threads); a worker named before its
+first OpenCV call names OpenCV's pool with it. The benchmarks read these names
+to split the daemon's CPU time between the model and the image work.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+import threading
+
+#: The kernel keeps 15 bytes of a thread's name (Linux's TASK_COMM_LEN less the NUL).
+MAX_LENGTH = 15
+
+
+def os_name(name: str) -> str:
+    """`depthwatch-worker_0` -> `dw-worker_0`: short enough for the kernel to keep whole."""
+    if name.startswith("depthwatch-"):
+        name = "dw-" + name[len("depthwatch-") :]
+    return name.encode("ascii", "replace")[:MAX_LENGTH].decode("ascii")
+
+
+def name_this_thread(name: str | None = None) -> None:
+    """Give the calling thread `name` (default: its Python name) in the operating system; best effort."""
+    text = os_name(name or threading.current_thread().name)
+    try:
+        if sys.platform.startswith("linux"):
+            with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w", encoding="ascii") as f:
+                f.write(text)
+        elif sys.platform == "darwin":  # only a thread's own name can be set there
+            libc = ctypes.CDLL(ctypes.util.find_library("c"))
+            libc.pthread_setname_np(text.encode("ascii"))
+    except (OSError, AttributeError):
+        pass  # a name is a convenience: never a reason for a thread not to start
