@@ -12,7 +12,6 @@ to split the daemon's CPU time between the model and the image work.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 import threading
 
@@ -35,7 +34,6 @@ def name_this_thread(name: str | None = None) -> None:
             with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w", encoding="ascii") as f:
                 f.write(text)
         elif sys.platform == "darwin":  # only a thread's own name can be set there
-            libc = ctypes.CDLL(ctypes.util.find_library("c"))
-            libc.pthread_setname_np(text.encode("ascii"))
+            ctypes.CDLL(None).pthread_setname_np(text.encode("ascii"))  # libSystem, already loaded
     except (OSError, AttributeError):
         pass  # a name is a convenience: never a reason for a thread not to start

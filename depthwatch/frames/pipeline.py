@@ -55,9 +55,9 @@ from depthwatch.frames.writer import atomic_write, ensure_folder
 from depthwatch.imaging import codec, formats, normalise, stabilise, tensor
 from depthwatch.imaging.render import Stable, depth_map
 from depthwatch.logtext import shown
-from depthwatch.threadnames import name_this_thread
 from depthwatch.model.engine import Engine, Inference
 from depthwatch.model.spec import ModelInfo
+from depthwatch.threadnames import name_this_thread
 
 log = logging.getLogger("depthwatch.frames")
 
