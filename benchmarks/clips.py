@@ -179,6 +179,8 @@ def memory(plan: Any, frames: int, size: tuple[int, int]) -> dict[str, Any]:
                 raise BenchError(f"the long clip was not mapped in time: {d.child.tail() if d.child else ''}")
             d.child.check_alive()  # type: ignore[union-attr]
             time.sleep(0.05)  # the sampling period
+        # And once the job is done: a short clip may finish between two status writes.
+        samples.append(("done", count, int(process.memory_info().rss)))
         peak = d.peak_rss()
     finally:
         d.stop()
