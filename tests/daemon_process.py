@@ -9,6 +9,7 @@ section overrides, a `watch/` folder, and a privilege drop for permission tests.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -31,6 +32,18 @@ def strace_works() -> str | None:
     if probe.returncode != 0:
         return f"strace cannot trace here (ptrace not permitted?): {probe.stderr.decode(errors='replace').strip()[:200]}"
     return None
+
+
+def assert_one_process(trace: Path) -> None:
+    """The `strace -f` trace shows one program started and threads only: no fork, no second process."""
+    lines = trace.read_text().splitlines()
+    execs = [line for line in lines if "execve(" in line]
+    assert len(execs) == 1, execs  # the start of python itself
+    threads = [line for line in lines if re.search(r"\bclone3?\(", line)]
+    assert threads, "strace saw no threads at all: the trace is not working"
+    processes = [line for line in lines if re.search(r"\b(v?fork)\(", line)]
+    processes += [line for line in threads if "CLONE_THREAD" not in line]
+    assert not processes, processes
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = TIMEOUT, what: str = "condition") -> Any:

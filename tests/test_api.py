@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -16,7 +15,7 @@ import cv2
 import numpy as np
 import pytest
 from conftest import jpeg_bytes, write_by_rename
-from daemon_process import DaemonProcess, strace_works, wait_for
+from daemon_process import DaemonProcess, assert_one_process, strace_works, wait_for
 
 requests = pytest.importorskip("requests")
 pytest.importorskip("waitress")
@@ -386,14 +385,7 @@ def test_no_process_is_ever_created(api_daemon, tmp_path):
         assert http.get(f"{d.url}/health", timeout=HTTP_TIMEOUT).ok
     os.kill(daemon_pid, signal.SIGTERM)
     assert d.proc.wait(HTTP_TIMEOUT) == 0
-    lines = trace.read_text().splitlines()
-    execs = [line for line in lines if "execve(" in line]
-    assert len(execs) == 1, execs  # the start of python itself
-    threads = [line for line in lines if re.search(r"\bclone3?\(", line)]
-    assert threads, "strace saw no threads at all: the trace is not working"
-    processes = [line for line in lines if re.search(r"\b(v?fork)\(", line)]
-    processes += [line for line in threads if "CLONE_THREAD" not in line]
-    assert not processes, processes
+    assert_one_process(trace)
 
 
 # -- the waiters, in-process: a superseded version still releases its request -----------------------

@@ -14,7 +14,6 @@ import dataclasses
 import importlib.util
 import logging
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -27,7 +26,7 @@ import numpy as np
 import onnxruntime
 import pytest
 import yaml
-from daemon_process import DaemonProcess, strace_works, wait_for
+from daemon_process import DaemonProcess, assert_one_process, strace_works, wait_for
 from onnx_models import brightness_model, cancelling_model, slow_model, spec_for
 from scipy.stats import spearmanr
 from skimage import data
@@ -235,14 +234,7 @@ def test_no_process_is_created_with_openvino(tmp_path, tiny_model):
     finally:
         d.close()
     assert "applied providers: OpenVINO" in d.log()
-    lines = trace.read_text().splitlines()
-    execs = [line for line in lines if "execve(" in line]
-    assert len(execs) == 1, execs  # the start of python itself
-    threads = [line for line in lines if re.search(r"\bclone3?\(", line)]
-    assert threads, "strace saw no threads at all: the trace is not working"
-    processes = [line for line in lines if re.search(r"\b(v?fork)\(", line)]
-    processes += [line for line in threads if "CLONE_THREAD" not in line]
-    assert not processes, processes
+    assert_one_process(trace)
 
 
 def test_a_start_that_remembers_onnxruntime_never_imports_openvino(tmp_path, tiny_model):
