@@ -230,6 +230,12 @@ def _bench(args: argparse.Namespace, work: Path) -> int:
     config, single = scenarios.load_reference(plan, intra_op_threads=1)
     chosen = scenarios.engine_name(captured)
     s["costs"] = _run(results, f"single-threaded costs ({chosen})", lambda: scenarios.costs(plan, config, single))
+    if not results["machine"]["accelerated"]:
+        s["side_by_side"] = _run(
+            results,
+            f"the limit's two loops side by side ({chosen})",
+            lambda: scenarios.side_by_side(plan, config, single, seconds=0.3 if args.quick else 2.0),
+        )
     s["ceiling"] = _run(results, f"ceiling ({chosen})", lambda: scenarios.ceiling(plan, captured))
     ort_config, ort_single = (config, single) if same_engine else scenarios.load_reference(plan, intra_op_threads=1, knobs=ort_knobs)
     if not same_engine:

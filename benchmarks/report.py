@@ -309,6 +309,14 @@ def table(results: dict[str, Any]) -> str:
             + " ".join(f"{k} {v:.1f}" for k, v in split if v >= 0.05)
             + f"; alone, one thread: inference {_f(costs.get('infer_cpu_ms'))}, image work {_f(costs.get('image_cpu_ms'))}"
         )
+    side = s.get("side_by_side") or {}
+    if side.get("infer_ms_alone"):
+        lines.append(
+            "  the limit's two loops side by side (one thread each, at once): "
+            f"inference {_f(side['infer_ms_alone'])} ms alone, {_f(side['infer_ms_beside'])} beside the image work "
+            f"({_f(side['infer_ratio'], '.2f')}x); image work {_f(side['image_cpu_ms_alone'])} ms CPU alone, "
+            f"{_f(side['image_cpu_ms_beside'])} beside the inference ({_f(side['image_ratio'], '.2f')}x)"
+        )
     if b and b.get("daemon_stage_ms"):
         st = b["daemon_stage_ms"]
         lines.append("  burst, daemon's own stage medians (ms): " + " ".join(f"{k} {v:.1f}" for k, v in st.items()))

@@ -16,6 +16,7 @@ import os
 import shutil
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,15 +126,8 @@ def costs(plan: Plan, config: Any, single: sessions.Captured) -> dict[str, Any]:
     frame's size, encode) and the atomic write, with OpenCV on one thread.
     """
     from depthwatch.frames.frameline import STAGES
-    from depthwatch.frames.reading import read_source
-    from depthwatch.frames.settings import Settings
-    from depthwatch.frames.writer import atomic_write
-    from depthwatch.imaging import codec, render, tensor
-    from depthwatch.model.contract import depth_map
 
-    settings = Settings.from_config(config)
-    info = single.info
-    contract, profile = info.contract, info.profile
+    work = _ImageWork(config, single)
     paths = _write_frames(plan, "costs", max(plan.count, WARM_UP + 1))
     samples = min(max(plan.count, 3), 40)
     order = [paths[i % len(paths)] for i in range(WARM_UP + samples)]
@@ -152,27 +146,12 @@ def costs(plan: Plan, config: Any, single: sessions.Captured) -> dict[str, Any]:
                 clock[0] = now
 
             w0 = time.perf_counter()
-            data, _ = read_source(path)
-            lap("read")
-            decoded = codec.decode(data, max_pixels=settings.max_pixels, min_size=info.min_frame_size)
-            lap("decode")
-            prepared = tensor.prepare(decoded, contract, profile)
-            lap("prepare")
+            decoded, prepared = work.front(path, lap)
             w2 = time.perf_counter()
-            output = single.session.run([contract.output_name], {contract.input_name: prepared})[0]
+            output = work.infer(prepared)
             lap("infer")
             w3 = time.perf_counter()
-            made = render.depth_map(
-                depth_map(output),
-                profile.predicts,
-                decoded,
-                ext=".jpg",
-                options=settings.render,
-                encoding=settings.encoding,
-                lap=lap,
-            )
-            atomic_write(path.with_name(path.stem + "_depth.jpg"), made.data)
-            lap("write")
+            work.back(path, decoded, output, lap)
             w5 = time.perf_counter()
             if n < WARM_UP:
                 continue
@@ -191,6 +170,133 @@ def costs(plan: Plan, config: Any, single: sessions.Captured) -> dict[str, Any]:
         "stage_cpu_ms": per_stage,
         "decode_scale": f"1/{_reduction(decoded.image.shape, decoded.size)}",
     }
+
+
+class _ImageWork:
+    """One frame's work as the daemon does it, in the order its stages run, outside any daemon."""
+
+    def __init__(self, config: Any, single: sessions.Captured) -> None:
+        from depthwatch.frames.settings import Settings
+
+        self.settings = Settings.from_config(config)
+        self.single = single
+        self.info = single.info
+
+    def front(self, path: Path, lap: Callable[[str], None]) -> tuple[Any, np.ndarray]:
+        """read, decode, prepare."""
+        from depthwatch.frames.reading import read_source
+        from depthwatch.imaging import codec, tensor
+
+        data, _ = read_source(path)
+        lap("read")
+        decoded = codec.decode(data, max_pixels=self.settings.max_pixels, min_size=self.info.min_frame_size)
+        lap("decode")
+        prepared = tensor.prepare(decoded, self.info.contract, self.info.profile)
+        lap("prepare")
+        return decoded, prepared
+
+    def infer(self, prepared: np.ndarray) -> np.ndarray:
+        contract = self.info.contract
+        return self.single.session.run([contract.output_name], {contract.input_name: prepared})[0]
+
+    def back(self, path: Path, decoded: Any, output: np.ndarray, lap: Callable[[str], None]) -> None:
+        """normalise, render, encode, then the atomic write of the map."""
+        from depthwatch.frames.writer import atomic_write
+        from depthwatch.imaging import render
+        from depthwatch.model.contract import depth_map
+
+        made = render.depth_map(
+            depth_map(output),
+            self.info.profile.predicts,
+            decoded,
+            ext=".jpg",
+            options=self.settings.render,
+            encoding=self.settings.encoding,
+            lap=lap,
+        )
+        atomic_write(path.with_name(path.stem + "_depth.jpg"), made.data)
+        lap("write")
+
+
+def side_by_side(plan: Plan, config: Any, single: sessions.Captured, seconds: float = 2.0) -> dict[str, Any]:
+    """Do two busy cores slow each other down? The two single-threaded loops the limit adds up, alone and at once.
+
+    The machine's limit assumes a core does as much beside a busy neighbour as
+    it does alone. Here the inference loop (one operator thread) and the image
+    work loop (OpenCV on one thread; the frames are in the page cache) run for
+    `seconds` each alone, then both together on two threads of this process;
+    each reports its median per frame (the inference loop in wall time, as its
+    work may run on the engine's own thread; the image work in its thread's
+    CPU time). A ratio near 1.00 says the cores and caches are not what the
+    daemon loses against the limit.
+    """
+    import threading
+
+    if cores() < 2:
+        return {"skipped": "one core"}
+    work = _ImageWork(config, single)
+    paths = _write_frames(plan, "side", max(1, min(plan.count, 16)))
+    outputs = [work.front(p, _no_lap) for p in paths]
+    prediction = work.infer(outputs[0][1])
+
+    def inference(stop: threading.Event, samples: list[float]) -> None:
+        i = 0
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            work.infer(outputs[i % len(outputs)][1])
+            samples.append((time.perf_counter() - t0) * 1000)
+            i += 1
+
+    def image(stop: threading.Event, samples: list[float]) -> None:
+        i = 0
+        while not stop.is_set():
+            t0 = time.thread_time()
+            path = paths[i % len(paths)]
+            decoded, _ = work.front(path, _no_lap)
+            work.back(path, decoded, prediction, _no_lap)
+            samples.append((time.thread_time() - t0) * 1000)
+            i += 1
+
+    def run(*loops: Any) -> list[float]:
+        stop = threading.Event()
+        samples: list[list[float]] = [[] for _ in loops]
+        threads = [
+            threading.Thread(target=loop, args=(stop, out), name=f"bench-side-{k}")
+            for k, (loop, out) in enumerate(zip(loops, samples, strict=True))
+        ]
+        for t in threads:
+            t.start()
+        time.sleep(seconds)
+        stop.set()
+        for t in threads:
+            t.join()
+        return [median(s[WARM_UP:] or s) for s in samples]
+
+    cv_threads = cv2.getNumThreads()
+    cv2.setNumThreads(1)  # as in `costs`: the limit's image work is timed on one thread
+    try:
+        (infer_alone,) = run(inference)
+        (image_alone,) = run(image)
+        infer_beside, image_beside = run(inference, image)
+    finally:
+        cv2.setNumThreads(cv_threads)
+    return {
+        "seconds": seconds,
+        "infer_ms_alone": infer_alone,
+        "infer_ms_beside": infer_beside,
+        "image_cpu_ms_alone": image_alone,
+        "image_cpu_ms_beside": image_beside,
+        "infer_ratio": _slowdown(infer_beside, infer_alone),
+        "image_ratio": _slowdown(image_beside, image_alone),
+    }
+
+
+def _no_lap(stage: str) -> None:
+    """Stage timings are not wanted here."""
+
+
+def _slowdown(beside: float, alone: float) -> float | None:
+    return beside / alone if alone else None
 
 
 def _reduction(shape: tuple[int, ...], size: tuple[int, int]) -> int:

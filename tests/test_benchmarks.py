@@ -80,6 +80,11 @@ def test_quick_benchmark_runs_every_scenario(tmp_path: Path) -> None:
         assert _positive(s[name]["fps"]), name
     if not results["machine"]["accelerated"]:
         assert _positive(s["parallel_ceiling"]["fps"])
+        side = s["side_by_side"]  # the limit's two loops, alone and at once
+        if results["machine"]["cores"] >= 2:
+            for key in ("infer_ms_alone", "infer_ms_beside", "image_cpu_ms_alone", "image_cpu_ms_beside"):
+                assert _positive(side[key]), key
+            assert "the limit's two loops side by side" in stdout
     for server in ("classic_flask", "classic_gunicorn", "classic_full"):
         assert s[server]["outputs"] == s[server]["requests"] > 0, server
         assert _positive(s[server]["startup_s"])
