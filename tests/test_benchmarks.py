@@ -84,6 +84,8 @@ def test_quick_benchmark_runs_every_scenario(tmp_path: Path) -> None:
         if results["machine"]["cores"] >= 2:
             for key in ("infer_ms_alone", "infer_ms_beside", "image_cpu_ms_alone", "image_cpu_ms_beside"):
                 assert _positive(side[key]), key
+            for key in ("side_infer_beside_vs_alone", "side_image_beside_vs_alone"):
+                assert _positive(results["derived"][key]), key
             assert "the limit's two loops side by side" in stdout
     for server in ("classic_flask", "classic_gunicorn", "classic_full"):
         assert s[server]["outputs"] == s[server]["requests"] > 0, server
