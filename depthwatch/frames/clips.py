@@ -225,7 +225,7 @@ def _make(
                 os.mkdir(temp)
                 (temp / clipwrite.SEQUENCE_MARKER).write_text(clipwrite.MARK + "\n")
             except OSError as exc:
-                raise OutputError(f"cannot write in {folder}: {exc.strerror or exc}") from None
+                raise OutputError(f"cannot write in {shown(folder)}: {exc.strerror or exc}") from None
             sink = _WriteBehind(lambda k, depth: _write_still(temp, job.output, k, depth, settings), gate)
         else:
             assert kind is not None
@@ -417,7 +417,7 @@ def _ensure_folder(folder: Path, roots: tuple[Path, ...]) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise OutputError(f"cannot create the output folder {folder}: {exc.strerror or exc}") from None
+        raise OutputError(f"cannot create the output folder {shown(folder)}: {exc.strerror or exc}") from None
 
 
 def _rename_into_place(temp: Path, final: Path, roots: tuple[Path, ...]) -> None:

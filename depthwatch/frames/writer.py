@@ -81,7 +81,7 @@ def open_folder(folder: Path, roots: tuple[Path, ...] = ()) -> int:
     try:
         fd = os.open(folder, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
     except OSError as exc:
-        raise OutputError(f"cannot open the output folder {folder}: {_reason(exc)}") from None
+        raise OutputError(f"cannot open the output folder {shown(folder)}: {_reason(exc)}") from None
     if not roots:
         return fd
     try:
@@ -89,12 +89,12 @@ def open_folder(folder: Path, roots: tuple[Path, ...] = ()) -> int:
         here, there = os.fstat(fd), os.stat(real)
         if not really_inside(folder, roots) or (here.st_dev, here.st_ino) != (there.st_dev, there.st_ino):
             raise OutputError(
-                f"the output folder {folder} now leads outside the configured folders (replaced by a link?); not writing",
+                f"the output folder {shown(folder)} now leads outside the configured folders (replaced by a link?); not writing",
                 retryable=False,
             )
     except OSError as exc:
         os.close(fd)
-        raise OutputError(f"cannot check the output folder {folder}: {_reason(exc)}") from None
+        raise OutputError(f"cannot check the output folder {shown(folder)}: {_reason(exc)}") from None
     except BaseException:
         os.close(fd)
         raise
@@ -122,7 +122,7 @@ def ensure_folder(folder: Path, roots: tuple[Path, ...] = ()) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise OutputError(f"cannot create the output folder {folder}: {exc.strerror or exc}") from None
+        raise OutputError(f"cannot create the output folder {shown(folder)}: {exc.strerror or exc}") from None
 
 
 #: Asked right before the rename, with the folder's descriptor and the target's name:
@@ -175,7 +175,7 @@ def _write_in(folder: int, target: Path, data: bytes, may_replace: ReplaceCheck 
     except OSError as exc:
         _remove_quietly(tmp, folder)
         retryable = exc.errno not in (errno.ENAMETOOLONG, errno.EINVAL, errno.EISDIR)
-        raise OutputError(f"cannot write {target.name} in {target.parent}: {_reason(exc)}", retryable) from None
+        raise OutputError(f"cannot write {shown(target.name)} in {shown(target.parent)}: {_reason(exc)}", retryable) from None
     except BaseException:
         _remove_quietly(tmp, folder)
         raise
