@@ -211,7 +211,7 @@ class ModelConfig:
     profile: str = field(default="auto", metadata=_spec(_choice("auto", *PROFILES)))
     providers: str | tuple[str, ...] = field(default="auto", metadata=_spec(_providers))
     intra_op_threads: int = field(default=0, metadata=_spec(_int(0, 256)))
-    precision: str = field(default="auto", metadata=_spec(_choice("auto", "fp32", "bf16", "fp16")))
+    precision: str = field(default="auto", metadata=_spec(_choice("auto", "fp32", "bf16", "fp16", "int8")))
     coreml_cache: Path | None = field(default=None, metadata=_spec(_optional(_path)))
     folder: Path | None = field(default=None, metadata=_spec(_optional(_path)))
     input_size: int | None = field(default=None, metadata=_spec(_optional(_int(14, 4096))))

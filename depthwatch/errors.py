@@ -73,6 +73,8 @@ class OwnOutput(Superseded):
 
 #: sysexits.h EX_UNAVAILABLE: a service depthwatch needs (the farm's scheduler) cannot be reached.
 EX_UNAVAILABLE = 69
+#: sysexits.h EX_SOFTWARE: depthwatch's own fault (its inference thread died); a restart may help.
+EX_SOFTWARE = 70
 
 
 class FarmError(DepthwatchError):

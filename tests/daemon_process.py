@@ -74,7 +74,8 @@ class DaemonProcess(harness.DaemonProcess):
     ) -> None:
         """`wrapper`: a command the daemon runs under (strace), after the privilege drop.
         `providers`: model.providers (default auto); a test that needs inference to take its
-        time pins ["cpu"], since auto may measure OpenVINO several times faster.
+        time pins ["cpu"], since auto may measure OpenVINO several times faster (and then
+        precision fp32 too, unless `model_options` says otherwise: auto would try int8).
         `model_options`: more of the model section (`model` names the model file)."""
         root.mkdir(parents=True, exist_ok=True)
         self.watch = root / "watch"
@@ -83,7 +84,7 @@ class DaemonProcess(harness.DaemonProcess):
             "model": {
                 "path": str(model),
                 "profile": "midas-v21-small",
-                **({"providers": providers} if providers else {}),
+                **({"providers": providers, "precision": "fp32"} if providers else {}),
                 **(model_options or {}),
             },
             "watch": {"folders": [str(self.watch)], "patterns": ["frame.jpg"]},

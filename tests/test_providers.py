@@ -90,13 +90,13 @@ class Machine:
         return self.last
 
 
-def spec(model: Path, providers_: str | tuple[str, ...] = "auto") -> ModelSpec:
-    return ModelSpec(path=model, profile=PROFILES["midas-v21-small"], providers=providers_)
+def spec(model: Path, providers_: str | tuple[str, ...] = "auto", precision: str = "auto") -> ModelSpec:
+    return ModelSpec(path=model, profile=PROFILES["midas-v21-small"], providers=providers_, precision=precision)
 
 
-def load(model: Path, machine: Machine, providers_: str | tuple[str, ...] = "auto"):
-    """A daemon's start: load, note what happened, stop."""
-    engine = Engine(spec(model, providers_), session_factory=machine, available_providers=machine.available)
+def load(model: Path, machine: Machine, providers_: str | tuple[str, ...] = "auto", precision: str = "auto"):
+    """A start of batch work (`once`): load, measuring first if need be, note what happened, stop."""
+    engine = Engine(spec(model, providers_, precision), session_factory=machine, available_providers=machine.available)
     with engine:
         info = engine.wait_ready(120)
         result = engine.infer(np.zeros((1, 3, 32, 32), np.float32), info.generation).result(60)
@@ -114,11 +114,12 @@ def test_auto_measures_once_keeps_the_fastest_and_remembers_it_across_restarts(t
     trials = {t.provider: t for t in info.trials}
     assert set(trials) == {COREML, CUDA, CPU} and all(t.ok for t in trials.values())
     assert trials[CUDA].run_ms < trials[CPU].run_ms < trials[COREML].run_ms
-    # One session per candidate, then the serving one, all on the inference thread, before ready.
-    assert [p for p, _ in machine.sessions] == [CPU, COREML, CUDA, CUDA]
+    # One session per candidate (the second CPU one is int8), then the serving one, all on the
+    # inference thread, before ready.
+    assert [p for p, _ in machine.sessions] == [CPU, COREML, CUDA, CPU, CUDA]
     assert {t for _, t in machine.sessions} == {"depthwatch-inference"}
     figures = [m for m in caplog.messages if m.startswith("providers: measured m.onnx: ")]
-    assert len(figures) == 1 and figures[0].endswith("; auto uses CUDAExecutionProvider")
+    assert len(figures) == 1 and figures[0].endswith("; auto uses CUDAExecutionProvider at fp32")  # int8 was measured
     decisions = json.loads((cache_home / "providers.json").read_text())
     assert [d["provider"] for d in decisions.values()] == [CUDA]
 
@@ -165,9 +166,9 @@ def test_an_explicit_list_is_honoured_without_measuring(tmp_path, cache_home):
     assert not (cache_home / "providers.json").exists()
 
 
-def test_cpu_alone_is_not_measured_and_nothing_is_written(tmp_path, cache_home):
+def test_cpu_alone_at_fp32_is_not_measured_and_nothing_is_written(tmp_path, cache_home):
     model = brightness_model(tmp_path / "m.onnx")
-    engine, info = load(model, Machine({CPU: 0.0}))
+    engine, info = load(model, Machine({CPU: 0.0}), precision="fp32")
     assert engine.measurements == 0 and info.providers == (CPU,) and info.chosen_by == ""
     assert not cache_home.exists()
 

@@ -43,7 +43,7 @@ from depthwatch.daemon.status import (
 )
 from depthwatch.daemon.waiters import MapWaiters, Ticket
 from depthwatch.daemon.watcher import Watcher
-from depthwatch.errors import ConfigError, DepthwatchError, FrameError, OutputError
+from depthwatch.errors import EX_SOFTWARE, ConfigError, DepthwatchError, FrameError, OutputError
 from depthwatch.frames import provenance
 from depthwatch.frames.clips import ClipJob, ClipResult
 from depthwatch.frames.job import Job, Signature, signature_of
@@ -177,6 +177,10 @@ class Daemon:
         self._queue_superseded_seen = 0
         #: Set by run(): a thread was still running after the shutdown's time bound.
         self.stuck = False
+        #: The inference thread died: the daemon stopped and exits EX_SOFTWARE (see `_watch_engine`).
+        self.engine_failed = False
+        #: The model info last written to the status (a switch of engine shows as a new one).
+        self._published: ModelInfo | None = None
         #: Requests of the HTTP API waiting for a frame's map.
         self.waiters = MapWaiters()
         self.api: ApiServer | None = None
@@ -195,12 +199,13 @@ class Daemon:
         whether a thread could not be joined.
         """
         with self._capture_signals():
-            self.startup()
+            if not self.startup():
+                return 0  # stopped by a signal before it was ready: nothing was watched yet
             try:
                 self.main_loop()
             finally:
                 self.stuck = not self.shutdown()
-        return 0
+        return EX_SOFTWARE if self.engine_failed else 0
 
     @contextmanager
     def _capture_signals(self) -> Iterator[None]:
@@ -246,18 +251,26 @@ class Daemon:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def startup(self) -> None:
+    def startup(self) -> bool:
+        """Everything up to `ready`; False if a stop was asked for before then (it is then undone)."""
         config = self.config
         _make_folders(self.rules.roots)  # ConfigError (78): one it cannot make
         self._locks.hold(self.rules.roots, recursive=config.watch.recursive)  # AlreadyRunning: another daemon has one of them
         spec = catalogue.resolve(config.model, config.base)
         self._announce(config)
-        self.engine = Engine(spec, session_factory=self._session_factory).start()
+        # The engine measurement never holds the start: it runs in idle time once frames are served.
+        self.engine = Engine(spec, session_factory=self._session_factory, measure_providers="background").start()
         try:
-            info = self.engine.wait_ready()  # loaded exactly once, before the first job
+            info = self._wait_for_model()  # loaded exactly once, before the first job
         except BaseException:
-            self.engine.stop()
+            self.engine.stop(self.config.daemon.shutdown_timeout_s, interrupt=True)
+            self._locks.release()
             raise
+        if info is None:
+            log.info("stopped before the model was ready")
+            self.engine.stop(self.config.daemon.shutdown_timeout_s, interrupt=True)
+            self._locks.release()
+            return False
         log.info("%s", info.describe())
         self.pipeline = Pipeline(self.engine, workers=config.daemon.workers, niceness=config.daemon.worker_niceness)
         self.pipeline.feed(self.queue, lambda: self._settings, self._finished)
@@ -282,7 +295,19 @@ class Daemon:
         # systemd (Type=notify) holds `systemctl start` until now: the model is loaded, the API
         # listens and the folders are watched, so a bad model fails the start itself.
         notify("READY=1", f"STATUS=watching {len(self.rules.roots)} folder(s)")
+        return True
 
+    def _wait_for_model(self) -> ModelInfo | None:
+        """The first load's result, or None if SIGTERM/SIGINT came while it loaded (main thread)."""
+        assert self.engine is not None
+        while True:
+            self._take_signals()
+            if self._stop.is_set():
+                return None
+            try:
+                return self.engine.wait_ready(0.1)
+            except TimeoutError:
+                continue
     def _start_api(self) -> None:
         """The HTTP listener, once the model is ready (imported only when enabled: an extra)."""
         try:
@@ -309,6 +334,8 @@ class Daemon:
             if self._stop.wait(0.25):
                 return
             self._take_signals()
+            if not self._watch_engine():
+                return
             self._poll_config()
             self._report_swap()
             self._rescan_after_overflow()
@@ -452,6 +479,29 @@ class Daemon:
         self._swap = self.engine.reload(spec)  # the main loop reports it when done
         self._swap_for = (new.model, key)
 
+    def _watch_engine(self) -> bool:
+        """Say what the engine does now (a switch to a faster engine); False if its thread has died.
+
+        A daemon whose inference thread is gone maps nothing: it must not go on
+        saying "running". The status and /health say why, and the process exits
+        non-zero so its service manager restarts it.
+        """
+        engine = self.engine
+        assert engine is not None
+        if engine.alive:
+            if engine.info is not self._published or self.status.measuring != engine.measuring:
+                self._publish_model()
+            return True
+        self.engine_failed = True
+        why = engine.failure or "the inference thread ended"
+        log.error("%s; stopping, so that the service manager starts depthwatch again", why)
+        self.status.health_error = why
+        self.status.state = "failed"
+        self._status_dirty = True
+        self._write_status()
+        self._stop.set()
+        return False
+
     def _report_swap(self) -> None:
         """Once a model swap has finished on the inference thread, say so (main thread)."""
         swap = self._swap
@@ -510,7 +560,7 @@ class Daemon:
         if self.pipeline is not None:
             self.pipeline.close(0.1)
         self._report_superseded(final=True)
-        self.status.state = "stopped"
+        self.status.state = "failed" if self.engine_failed else "stopped"
         self._status_dirty = True
         self._write_status()
         self._locks.release()
@@ -610,9 +660,12 @@ class Daemon:
         return self.pipeline.submit(Job.held(data, ext), settings)
 
     def health(self) -> tuple[bool, bytes]:
-        """(serving, the status file's JSON) as of now."""
+        """(serving, the status file's JSON) as of now; not serving once the inference thread is gone."""
         self._refresh_status()
-        return self.status.state == "running" and not self._stop.is_set(), self.status.to_json()
+        engine_ok = self.engine is not None and self.engine.alive
+        if not engine_ok and self.status.health_error is None and self.engine is not None:
+            self.status.health_error = self.engine.failure or "the inference thread ended"
+        return self.status.state == "running" and engine_ok and not self._stop.is_set(), self.status.to_json()
 
     def _on_unusable(self, source: Path, reason: str) -> None:
         """A file the watcher will not hand over (never completed, forbidden link): report it."""
@@ -804,13 +857,19 @@ class Daemon:
     def _publish_model(self) -> None:
         assert self.engine is not None
         info = self.engine.info
+        self.status.measuring = self.engine.measuring
+        self.status.engine_switches = self.engine.switches
+        self._status_dirty = True
         if info is None:
             return
+        if self._published is not None and info.generation != self._published.generation and info.chosen_by == "measured":
+            log.info("now using %s", info.describe())
+        self._published = info
         self.status.model = str(info.spec.path)
         self.status.profile = info.profile.name
         self.status.providers = list(info.providers)
+        self.status.precision = info.precision
         self.status.contract = info.contract.describe()
-        self._status_dirty = True
 
     def _write_status(self) -> None:
         path = path_for(self.config)

@@ -72,8 +72,15 @@ class Status:
     model: str | None = None
     profile: str | None = None
     providers: list[str] = field(default_factory=list)
+    #: The arithmetic the model runs at (fp32, bf16, fp16, int8).
+    precision: str | None = None
     contract: str | None = None
+    #: Loads of the model asked for (start, reloads, a rebuild on CPU).
     model_loads: int = 0
+    #: With `providers: auto`: whether the idle-time engine measurement is still to come or
+    #: under way, and how often it moved serving to a faster engine (no load of its own).
+    measuring: bool = False
+    engine_switches: int = 0
     queue_depth: int = 0
     in_progress: int = 0
     watching: list[str] = field(default_factory=list)

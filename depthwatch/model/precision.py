@@ -1,8 +1,9 @@
 """`model.precision`: which arithmetic a runtime may use, and the check that keeps a map faithful.
 
-Reduced precision (bf16 on CPUs with AVX-512 BF16 or AMX, fp16 on CoreML)
-roughly halves the time per frame on the runtimes that have it, and on most
-depth models changes nothing an editor can see. Not on all: a graph that
+Reduced precision (bf16 on CPUs with AVX-512 BF16 or AMX, fp16 on CoreML,
+int8 on onnxruntime's CPU provider through a static quantization, see
+`quantize`) roughly halves the time per frame on the runtimes that have it,
+and on most depth models changes nothing an editor can see. Not on all: a graph that
 takes small differences of large numbers loses them in bf16's 8-bit mantissa.
 So `auto` tries the reduced precision only where the hardware runs it natively
 and keeps it only if, on the probe images below, its maps correlate with the
@@ -26,8 +27,8 @@ from depthwatch.model import providers
 from depthwatch.model.contract import Contract, model_input_size
 from depthwatch.model.profiles import Profile
 
-AUTO, FP32, BF16, FP16 = "auto", "fp32", "bf16", "fp16"
-CHOICES = (AUTO, FP32, BF16, FP16)
+AUTO, FP32, BF16, FP16, INT8 = "auto", "fp32", "bf16", "fp16", "int8"
+CHOICES = (AUTO, FP32, BF16, FP16, INT8)
 #: Lowest Pearson correlation, on every probe image, of a reduced-precision map with the fp32 map.
 FAITHFUL = 0.995
 #: Probe images per check.
@@ -40,8 +41,11 @@ def candidates(provider: str, setting: str) -> tuple[list[str], str | None]:
     OpenVINO: bf16 and fp16 where the CPU runs them natively (auto), or as
     asked. CoreML: fp16 when asked (`auto` leaves CoreML's own choice, which
     `fp32` also keeps). onnxruntime's CPU and CUDA providers run the graph as
-    it is, in fp32.
+    it is, in fp32; the CPU provider also runs the model quantized to int8
+    (auto tries it where the `onnx` package is there to quantize with).
     """
+    if setting == INT8 and provider != providers.CPU:
+        return [FP32], f"int8 runs on onnxruntime's CPU provider; {providers.short(provider)} runs fp32"
     if provider == providers.OPENVINO:
         if setting == AUTO:
             from depthwatch.model.sessions import openvino
@@ -54,6 +58,12 @@ def candidates(provider: str, setting: str) -> tuple[list[str], str | None]:
         if setting == BF16:
             return [FP32], "CoreML has no bf16; it runs at its own precision"
         return [FP32], None
+    if provider == providers.CPU and setting in (AUTO, INT8):
+        from depthwatch.model import quantize
+
+        if setting == INT8:
+            return ([INT8], None) if quantize.offered() else ([FP32], "int8 needs the onnx package (pip install onnx)")
+        return ([FP32, INT8] if quantize.offered() else [FP32]), None
     if setting in (BF16, FP16):
         return [FP32], f"{providers.short(provider)} runs the graph in fp32; precision {setting} applies to OpenVINO and CoreML"
     return [FP32], None

@@ -1,0 +1,184 @@
+"""int8: a static quantization of the model, made once per model and machine, kept beside the compiled models.
+
+On a CPU without bf16 (AVX2 alone, most laptops and many cloud machines) the
+one precision left to gain speed is int8: the same MiDaS-sized model ran 1.6x
+faster quantized on one thread, where OpenVINO's fp32 was no faster than
+onnxruntime's. Whether a model stays faithful in int8 depends on the model, so
+`precision: auto` measures the quantized model beside fp32 and keeps it only
+if its maps pass the same check as bf16 (see `precision`).
+
+The quantization is onnxruntime's own post-training static quantization
+(`onnxruntime.quantization.quantize_static`): the QDQ format, activations
+uint8 and weights int8 per channel, MinMax ranges calibrated on the built-in
+probe images. Without VNNI (AVX2 alone) the weights use 7 bits
+(`reduce_range`), since u8s8 products saturate there. It runs in this process
+on the inference thread, like every other session; it needs the `onnx`
+package, which it imports only here.
+
+The quantized file lives under the cache folder's `int8/`, one folder per
+(model contents, onnxruntime version, quantization settings), pruned as
+CoreML's compiled models are (see `caches`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from depthwatch.errors import ModelError
+from depthwatch.model import caches, choice, providers
+
+log = logging.getLogger("depthwatch.model.engine")
+
+#: The quantized model's file name inside its cache folder.
+FILE = "model.int8.onnx"
+#: Probe images the activation ranges are calibrated on, at most (a slow model gets fewer).
+CALIBRATION_IMAGES = 8
+#: Seconds of calibration runs aimed at: a model slower than this per run gets fewer images.
+CALIBRATION_S = 2.0
+#: Operators that mean the graph is quantized already (FastDepth int8, say).
+_QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger"}
+
+
+def offered() -> bool:
+    """Whether this install can quantize (onnxruntime's tools need the `onnx` package)."""
+    return importlib.util.find_spec("onnx") is not None
+
+
+def reduce_range(features: tuple[str, ...] | None = None) -> bool:
+    """7-bit weights on x86 without an int8 dot product (VNNI, AMX): u8s8 saturates there."""
+    features = choice.cpu_features() if features is None else features
+    if not {"avx2", "avx512f"} & set(features):
+        return False  # not an x86 CPU (Arm's dot product has no such saturation)
+    return not {"avx512_vnni", "avx_vnni", "amx_int8"} & set(features)
+
+
+def calibration_count(run_seconds: float | None) -> int:
+    """How many probe images to calibrate on, for a model that takes `run_seconds` a run."""
+    if not run_seconds or run_seconds <= 0:
+        return CALIBRATION_IMAGES
+    return max(2, min(CALIBRATION_IMAGES, int(CALIBRATION_S / run_seconds)))
+
+
+def _settings() -> dict[str, Any]:
+    """What the quantized file is made with: part of its cache key, so new settings make a new file."""
+    return {
+        "format": "QDQ",
+        "activations": "uint8",
+        "weights": "int8 per channel",
+        "reduce_range": reduce_range(),
+        "calibration": "probe images",
+        "scheme": 1,
+    }
+
+
+def _target(model: Path, cache_root: Path, state_dir: Path) -> Path:
+    try:
+        digest = caches.model_digest(model, state_dir)
+        entry = caches.open_entry(cache_root, model, digest, providers.runtime_version(), _settings())
+    except OSError as exc:
+        raise ModelError(f"cannot use the int8 cache in {cache_root}: {exc.strerror or exc}") from None
+    return entry.path / FILE
+
+
+def cached(model: Path, cache_root: Path, state_dir: Path) -> Path | None:
+    """The int8 model of `model` made earlier with today's settings, or None."""
+    if not offered():
+        raise ModelError("int8 needs the onnx package (pip install onnx)")
+    target = _target(model, cache_root, state_dir)
+    return target if target.is_file() else None
+
+
+def int8_model(model: Path, cache_root: Path, state_dir: Path, input_name: str, tensors: list[np.ndarray]) -> Path:
+    """The int8 model of `model`: from the cache, or quantized now on `tensors` (its input, one frame each).
+
+    Raises ModelError with one line when it cannot be made (a graph that is
+    already quantized, a graph the tools cannot read); the caller drops the
+    int8 variant and serves fp32.
+    """
+    target = cached(model, cache_root, state_dir) or _target(model, cache_root, state_dir)
+    if target.is_file():
+        return target
+    if already_quantized(model):
+        raise ModelError("the model is quantized already")
+    log.info("quantizing %s to int8 on %d probe images (once; kept in %s)", model.name, len(tensors), target.parent)
+    _quantize(model, target, input_name, tensors, reduce_range())
+    return target
+
+
+def already_quantized(model: Path) -> bool:
+    import onnx
+
+    try:
+        graph = onnx.load(str(model), load_external_data=False).graph
+    except Exception as exc:  # onnx raises DecodeError and others for a file it cannot read
+        raise ModelError(f"cannot read the graph of {model.name}: {exc}") from None
+    return any(node.op_type in _QUANTIZED_OPS for node in graph.node)
+
+
+class _QuantizerChatter(logging.Filter):
+    """onnxruntime's quantizer logs its advice through the root logger: not lines for a daemon's log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "/onnxruntime/quantization/" not in record.pathname.replace("\\", "/")
+
+
+def _quantize(model: Path, target: Path, input_name: str, tensors: list[np.ndarray], reduce: bool) -> None:
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    class Probes(CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self._feeds = iter([{input_name: t} for t in tensors])
+
+        def get_next(self) -> dict[str, Any] | None:
+            return next(self._feeds, None)
+
+    # Written under temporary names in the entry's folder, then renamed: another
+    # depthwatch reading the cache never takes half a model.
+    temporaries = []
+    for suffix in (".pre.onnx.dwtmp", ".onnx.dwtmp"):
+        fd, name = tempfile.mkstemp(prefix=".int8-", suffix=suffix, dir=target.parent)
+        os.close(fd)
+        temporaries.append(name)
+    prepared, temporary = temporaries
+    chatter = _QuantizerChatter()
+    logging.getLogger().addFilter(chatter)
+    try:
+        # The tools' own preparation (shape inference, graph fusions), which the quantizer
+        # advises; a graph it cannot prepare is quantized as it is.
+        source = str(model)
+        try:
+            quant_pre_process(str(model), prepared)
+            source = prepared
+        except Exception as exc:  # the preparation is advice, not a need
+            log.debug("int8: %s quantized without the preparation step (%s)", model.name, exc)
+        # Its calibration model goes to a temporary folder of its own, removed when it returns.
+        quantize_static(
+            source,
+            temporary,
+            Probes(),
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            reduce_range=reduce,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+        )
+        os.replace(temporary, target)
+    except ModelError:
+        raise
+    except Exception as exc:  # onnxruntime and onnx raise many types for graphs they cannot take
+        text = (str(exc).strip() or type(exc).__name__).splitlines()[0][:200]
+        raise ModelError(f"could not quantize {model.name} to int8: {text}") from None
+    finally:
+        logging.getLogger().removeFilter(chatter)
+        for name in temporaries:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name)
