@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import psutil
 import pytest
 
 # The test helpers beside this file, and the repository root for `benchmarks` (whose
@@ -103,6 +105,34 @@ def _user_folders_of_its_own(tmp_path_factory: pytest.TempPathFactory, monkeypat
     home = tmp_path_factory.mktemp("user")
     for name in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME"):
         monkeypatch.setenv(name, str(home / name.lower()))
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every process a test starts is gone when it ends, also when it failed: one left is killed, and named.
+
+    Processes of module-scoped fixtures exist before this runs and are theirs to stop.
+    """
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    yield
+    left = [p for p in me.children(recursive=True) if p.pid not in before and _running(p)]
+    _, alive = psutil.wait_procs(left, timeout=10)  # one that is stopping right now gets the time to end
+    names = []
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            names.append(" ".join(proc.cmdline())[:200] or proc.name())
+            proc.kill()
+    psutil.wait_procs(alive, timeout=10)
+    assert not names, f"processes left running by {request.node.name}: {names}"
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Not yet ended (a zombie has ended: its Popen reaps it)."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 @pytest.fixture(autouse=True)

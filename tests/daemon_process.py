@@ -96,10 +96,14 @@ class DaemonProcess(harness.DaemonProcess):
         super().__init__(root, config, prefix=[*privileges(restricted), *wrapper])
 
     def start(self, wait: bool = True, timeout: float = TIMEOUT) -> DaemonProcess:
+        """Start it and wait for `running`; a daemon that never gets there is stopped before the test fails."""
         try:
             super().start(wait, timeout)
-        except harness.BenchError as exc:
-            raise AssertionError(str(exc)) from None
+        except BaseException as exc:
+            self.close()
+            if isinstance(exc, harness.BenchError):
+                raise AssertionError(str(exc)) from None
+            raise
         return self
 
     def temp_files(self) -> list[str]:

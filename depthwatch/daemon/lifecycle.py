@@ -268,7 +268,9 @@ class Daemon:
             raise
         if info is None:
             log.info("stopped before the model was ready")
-            self.engine.stop(self.config.daemon.shutdown_timeout_s, interrupt=True)
+            # A session still being made cannot be stopped: leave without it (`stuck`), rather than
+            # let the interpreter's exit tear the runtime down under it.
+            self.stuck = not self.engine.stop(self.config.daemon.shutdown_timeout_s, interrupt=True)
             self._locks.release()
             return False
         log.info("%s", info.describe())

@@ -68,8 +68,13 @@ def model_digest(path: Path, state_dir: Path) -> str:
     digests = read_json(index)
     stat = path.stat()
     known = digests.get(str(path))
-    if isinstance(known, dict) and {k: known.get(k) for k in ("size", "mtime_ns", "inode")} == _stat_key(stat):
-        return str(known["sha256"])
+    if (
+        isinstance(known, dict)
+        and {k: known.get(k) for k in ("size", "mtime_ns", "inode")} == _stat_key(stat)
+        and isinstance(known.get("sha256"), str)
+        and len(known["sha256"]) == 64
+    ):
+        return known["sha256"]  # a damaged entry (no digest, not a digest) is hashed again
     digest = sha256_of(path)
     digests[str(path)] = {**_stat_key(stat), "sha256": digest, "used": time.time()}
     if len(digests) > MAX_DIGESTS:

@@ -220,8 +220,9 @@ class Engine:
         self._measurement: Measurement | None = None
         self._plan: _Plan | None = None
         self._live_at = 0.0
-        #: The RunOptions of a measured run in progress, which a live job stops.
-        self._measuring_options: Any = None
+        #: A run in progress that is not a frame's (a warm-up, a measured run): its RunOptions,
+        #: which a stop always stops, and whether a live job stops it too (a measured run).
+        self._side_run: tuple[Any, bool] | None = None
         #: Why the inference thread ended while the engine was not being stopped (None: it did not).
         self.failure: str | None = None
         #: Seconds the last serving session's warm-up run took (the measurement's estimate).
@@ -311,8 +312,8 @@ class Engine:
         dropped and a running inference is told to stop, rather than waited for.
         """
         with self._lock:
-            if self._measuring_options is not None:
-                self._measuring_options.terminate = True  # a measurement never holds a stop
+            if self._side_run is not None:
+                self._side_run[0].terminate = True  # neither a warm-up nor a measurement holds a stop
             if interrupt:
                 self._interrupted = True
                 if self._running is not None:
@@ -341,8 +342,8 @@ class Engine:
                 # A clip's frame is running: stop it between operators and run it again after.
                 self._preempted = True
                 self._running[1].terminate = True
-            if priority == LIVE and self._measuring_options is not None:
-                self._measuring_options.terminate = True  # a measured run makes way, and is run again later
+            if priority == LIVE and self._side_run is not None and self._side_run[1]:
+                self._side_run[0].terminate = True  # a measured run makes way, and is run again later
         return future
 
     # -- the inference thread ----------------------------------------------------
@@ -392,10 +393,9 @@ class Engine:
                 finally:
                     if priority == LIVE:
                         self._live_at = time.monotonic()
-        except BaseException as exc:
+        except BaseException as exc:  # not even this ends the thread unseen: `failure` says why
             if not self._closed:
                 self.failure = _internal("that stopped the inference thread", exc)
-            raise
         finally:
             self._end_measurement()
             session = None  # release the model before the thread ends
@@ -728,28 +728,32 @@ class Engine:
         def probe(session: Session) -> list[np.ndarray]:
             contract = read_contract(session)
             return [
-                depth_map(self._preemptible_run(session, [contract.output_name], {contract.input_name: x}))
+                depth_map(self._side(session, [contract.output_name], {contract.input_name: x}, preemptible=True))
                 for x in precisions.probe_tensors(contract, spec.profile)
             ]
 
         return probe
 
-    def _preemptible_run(self, session: Session, names: list[str], feed: dict[str, np.ndarray]) -> Any:
-        """One measured run, which a live job stops (Preempted: the measurement does it again later)."""
-        if self._measurement is None:  # measured before the first load: nothing to make way for
-            return session.run(names, feed)[0]
+    def _side(self, session: Session, names: list[str], feed: dict[str, np.ndarray], preemptible: bool) -> Any:
+        """A run that is not a frame's: a stop ends it (EngineStopped); a `preemptible` one (a run of
+        the idle-time measurement) also makes way for a live job (Preempted: it is done again later)."""
+        preemptible = preemptible and self._measurement is not None  # before the first load nothing waits
         options = ort.run_options()
         with self._lock:
-            self._measuring_options = options
+            if self._closed:
+                raise EngineStopped("the inference engine was stopped")
+            self._side_run = (options, preemptible)
         try:
             return session.run(names, feed, options)[0]
         except Exception:
-            if options.terminate:
+            if options.terminate and self._closed:
+                raise EngineStopped("the inference engine was stopped") from None
+            if options.terminate and preemptible:
                 raise Preempted() from None
             raise
         finally:
             with self._lock:
-                self._measuring_options = None
+                self._side_run = None
 
     def _int8_file(self, spec: ModelSpec) -> Path:
         """The int8 model of `spec`: cached, or quantized now on probe images (see `quantize`)."""
@@ -807,6 +811,9 @@ class Engine:
             if more:
                 return session
         except Exception as exc:  # a measurement that fails leaves the engine serving as it was
+            if self._closed:  # stopped in the middle of a step: nothing failed
+                self._end_measurement()
+                return session
             log.warning(
                 "the engine measurement for %s failed (%s); keeping %s",
                 info.spec.path.name, _first_line(exc), ", ".join(info.providers),
@@ -922,10 +929,7 @@ class Engine:
         shape = (1, 3, h, w) if contract.layout == "NCHW" else (1, h, w, 3)
         feed = {contract.input_name: np.zeros(shape, contract.input_dtype)}
         try:
-            if preemptible:
-                depth_map(self._preemptible_run(session, [contract.output_name], feed))
-            else:
-                depth_map(session.run([contract.output_name], feed)[0])
+            depth_map(self._side(session, [contract.output_name], feed, preemptible))
         except (DepthwatchError, Preempted):
             raise
         except Exception as exc:

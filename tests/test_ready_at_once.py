@@ -1,0 +1,366 @@
+"""Ready at once: the engine measurement is off the start path, int8 where faithful, a key that names the CPU.
+
+The daemon serves its first frame from the remembered choice, or from the
+reference (onnxruntime's CPU provider at fp32) when there is none, and
+measures the other engines in idle time on its one inference thread, every
+live frame first. These tests drive the real daemon with a model slow enough
+that a measurement takes many frames' time, the engine with stand-in
+accelerators (real CPU sessions wearing an accelerator's name, see
+test_providers), and real int8 quantizations of models built here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+import pytest
+from conftest import jpeg_bytes, quadrant_frame, write_by_rename
+from daemon_process import DaemonProcess, wait_for
+from onnx_models import brightness_model, cancelling_model, slow_model
+from test_providers import CPU, CPU_DELAY, CUDA, FAST, SLOW, COREML, Machine, StandIn, spec
+
+from depthwatch.config import parse
+from depthwatch.daemon.lifecycle import Daemon
+from depthwatch.errors import EX_SOFTWARE, BadPrediction, ModelChanged
+from depthwatch.model import caches, choice, providers, quantize
+from depthwatch.model.engine import Engine
+from depthwatch.model.profiles import PROFILES
+from depthwatch.model.spec import ModelSpec
+
+INT8 = "int8"
+
+
+@pytest.fixture(autouse=True)
+def cache_home(tmp_path, monkeypatch) -> Path:
+    home = tmp_path / "cache-home"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home))
+    return home / "depthwatch"
+
+
+def log_lines(d: DaemonProcess, text: str) -> list[int]:
+    return [i for i, line in enumerate(d.log().splitlines()) if text in line]
+
+
+# -- the real daemon -------------------------------------------------------------------------
+
+
+def test_the_daemon_is_ready_and_maps_a_frame_before_the_measurement_ends_and_sigterm_ends_it(tmp_path):
+    """A model of about a second a run, never measured: `ready` at once, the first map while the
+    measurement still has many runs to make, then SIGTERM in the middle of the measurement."""
+    model = slow_model(tmp_path / "slow.onnx", layers=100, size=256)
+    d = DaemonProcess(tmp_path, model, daemon={"workers": 1, "shutdown_timeout_s": 5})
+    try:
+        d.start()
+        assert d.status()["measuring"] is True
+        wait_for(lambda: log_lines(d, "ready: watching"), what="the ready line")
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame(256, 256)))
+        wait_for(lambda: (d.watch / "depth.jpg").exists(), timeout=120, what="the first map")
+        wait_for(lambda: d.frame_lines(), what="the frame's log line")
+        measured = log_lines(d, "providers: measured slow.onnx")
+        assert not measured or measured[0] > log_lines(d, "frame.jpg")[0]
+        wait_for(lambda: log_lines(d, "measuring engines for slow.onnx in idle time"), timeout=60, what="the measurement to start")
+        started = log_lines(d, "measuring engines for slow.onnx in idle time")[0]
+        assert "about" in d.log().splitlines()[started] and "every frame goes first" in d.log().splitlines()[started]
+        assert d.stop(timeout=60) == 0  # SIGTERM; killed (and so not 0) had it waited for the measurement
+        assert log_lines(d, "stopped")
+    finally:
+        d.close()
+
+
+def test_sigterm_while_the_model_loads_ends_the_daemon(tmp_path):
+    """SIGTERM before `ready` (the first load of a slow model) is honoured, not held until the start ends."""
+    model = slow_model(tmp_path / "slow.onnx", layers=400, size=256)
+    d = DaemonProcess(tmp_path, model, daemon={"shutdown_timeout_s": 5})
+    try:
+        d.start(wait=False)
+        wait_for(lambda: log_lines(d, "config "), timeout=60, what="the daemon to start loading")
+        assert d.state() != "running"
+        d.send(signal.SIGTERM)
+        # Before, the start held the signal until the load and a measurement of every engine
+        # (minutes for this model) had ended; now it ends within its shutdown time.
+        assert d.proc.wait(60) == 0
+        assert log_lines(d, "stopped before the model was ready")
+        assert not log_lines(d, "ready: watching")
+    finally:
+        d.close()
+
+
+# -- the engine, with stand-in accelerators ----------------------------------------------------
+
+
+def background(model: Path, machine: Machine, precision: str = "auto") -> Engine:
+    return Engine(
+        spec(model, "auto", precision), session_factory=machine, available_providers=machine.available, measure_providers="background"
+    )
+
+
+def test_the_switch_after_the_measurement_serves_from_the_measured_session_on_the_one_thread(tmp_path, cache_home):
+    model = brightness_model(tmp_path / "m.onnx")
+    machine = Machine({COREML: SLOW, CUDA: FAST, CPU: CPU_DELAY})
+    x = np.zeros((1, 3, 32, 32), np.float32)
+    with background(model, machine) as engine:
+        info = engine.wait_ready(60)
+        # Ready with the reference, before any measurement: one session, nothing measured yet.
+        assert info.providers == (CPU,) and info.chosen_by == "" and engine.measuring
+        assert [p for p, _ in machine.sessions] == [CPU]
+        assert engine.infer(x, info.generation).result(60).model.providers == (CPU,)
+        wait_for(lambda: not engine.measuring, timeout=120, what="the measurement to end")
+        now = engine.info
+        assert now.providers == (CUDA, CPU) and now.generation == info.generation + 1
+        assert engine.switches == 1 and engine.load_count == 1 and engine.measurements == 1
+        # Every session made on the inference thread; the CUDA one measured is the one serving
+        # (no second CUDA session was loaded for it), the int8 one (a CPU session) came and went.
+        assert [p for p, _ in machine.sessions] == [CPU, COREML, CUDA, CPU]
+        assert {t for _, t in machine.sessions} == {"depthwatch-inference"}
+        with pytest.raises(ModelChanged):  # a tensor prepared for the old generation is prepared again
+            engine.infer(x, info.generation).result(60)
+        assert engine.infer(x, now.generation).result(60).model.providers == (CUDA, CPU)
+    decisions = json.loads((cache_home / "providers.json").read_text())
+    assert [d["provider"] for d in decisions.values()] == [CUDA]
+
+    machine.sessions.clear()
+    with background(model, machine) as again:  # a restart: the remembered choice serves at once
+        info = again.wait_ready(60)
+        assert info.providers == (CUDA, CPU) and info.chosen_by == "remembered"
+        busy = next(iter(decisions.values()))["busy"]
+        assert again.measuring == busy  # measured again only if the first was on a busy machine
+    if not busy:
+        assert [p for p, _ in machine.sessions] == [CUDA]
+
+
+def test_a_live_frame_goes_before_the_measurement(tmp_path):
+    """A frame handed over while the measurement is under way is served before the measurement ends."""
+    model = brightness_model(tmp_path / "m.onnx")
+    machine = Machine({COREML: SLOW, CUDA: SLOW, CPU: CPU_DELAY})  # every measured run a while
+    x = np.zeros((1, 3, 32, 32), np.float32)
+    with background(model, machine) as engine:
+        info = engine.wait_ready(60)
+        wait_for(lambda: len(machine.sessions) >= 2, timeout=60, what="the measurement to make its first session")
+        result = engine.infer(x, info.generation).result(60)
+        assert result.model.providers == (CPU,)
+        assert engine.measuring, "the measurement (tens of runs of 0.1-0.3 s) ended before one frame was served"
+
+
+def test_an_error_of_our_own_fails_the_frame_and_the_inference_thread_serves_on(tmp_path):
+    """An empty prediction made the map check raise ValueError, which ended the inference thread."""
+    model = brightness_model(tmp_path / "m.onnx")
+    empty = threading.Event()
+
+    class Empty(StandIn):
+        def run(self, names, feed, options=None):
+            out = self.session.run(names, feed, options)
+            return [np.zeros((1, 0, 0), np.float32)] if empty.is_set() else out
+
+    def factory(path, sess_options=None, providers=None):
+        return Empty(onnxruntime.InferenceSession(path, sess_options=sess_options, providers=[CPU]), CPU, 0.0)
+
+    x = np.full((1, 3, 32, 32), 0.5, np.float32)
+    x[..., :16] = 0.1
+    with Engine(spec(model, ("cpu",), "fp32"), session_factory=factory) as engine:
+        info = engine.wait_ready(60)
+        empty.set()
+        with pytest.raises(BadPrediction, match="empty map"):
+            engine.infer(x, info.generation).result(60)
+        empty.clear()
+        assert engine.infer(x, info.generation).result(60).prediction.shape == (32, 32)
+        assert engine.alive and engine.failure is None
+
+
+def test_a_damaged_digest_record_is_hashed_again_and_the_model_loads(tmp_path, cache_home):
+    """A digests.json entry without its sha256 was a KeyError on the inference thread: a bare exit 1."""
+    model = brightness_model(tmp_path / "m.onnx")
+    machine = Machine({CUDA: FAST, CPU: CPU_DELAY})
+    real = caches.model_digest(model, cache_home)
+    index = cache_home / "digests.json"
+    damaged = json.loads(index.read_text())
+    del damaged[str(model)]["sha256"]
+    index.write_text(json.dumps(damaged))
+    with Engine(spec(model), session_factory=machine, available_providers=machine.available) as engine:
+        assert engine.wait_ready(60).providers[0] == CUDA
+    assert json.loads(index.read_text())[str(model)]["sha256"] == real
+
+
+def test_a_daemon_whose_inference_thread_dies_says_so_and_exits_non_zero(tmp_path):
+    """The thread ending (here: a BaseException from a session, which nothing should catch) is no
+    longer hidden: the status says failed with the reason, /health would not say serving, exit 70."""
+
+    class Fatal(BaseException):
+        pass
+
+    class Dying(StandIn):
+        def run(self, names, feed, options=None):
+            if np.any(feed[next(iter(feed))] != 0):  # a real frame, not the warm-up's zeros
+                raise Fatal("the runtime pulled the rug")
+            return self.session.run(names, feed, options)
+
+    def factory(path, sess_options=None, providers=None):
+        return Dying(onnxruntime.InferenceSession(path, sess_options=sess_options, providers=[CPU]), CPU, 0.0)
+
+    model = brightness_model(tmp_path / "m.onnx")
+    watch = tmp_path / "watch"
+    watch.mkdir()
+    status = tmp_path / "status.json"
+    text = (
+        f"model: {{path: '{model}', profile: midas-v21-small, providers: [cpu], precision: fp32}}\n"
+        f"watch: {{folders: ['{watch}'], patterns: [frame.jpg]}}\n"
+        f"daemon: {{status_file: '{status}', workers: 1, shutdown_timeout_s: 5}}\n"
+    )
+    config = parse(text, tmp_path / "config.yaml")
+    daemon = Daemon(config, session_factory=factory)
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(daemon.run()), name="test-daemon")
+    thread.start()
+    try:
+        wait_for(lambda: json.loads(status.read_text()).get("state") == "running" if status.exists() else None, what="running")
+        assert daemon.health()[0]
+        write_by_rename(watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        thread.join(60)
+        assert not thread.is_alive() and codes == [EX_SOFTWARE]
+        written = json.loads(status.read_text())
+        assert written["state"] == "failed"
+        assert "stopped the inference thread" in written["health_error"] and "Fatal" in written["health_error"]
+        assert daemon.health()[0] is False
+    finally:
+        daemon.request_stop()
+        thread.join(30)
+
+
+# -- int8 -------------------------------------------------------------------------------------
+
+
+def conv_model(path: Path) -> Path:
+    """A small convolutional model (6 layers of 3x3, ReLU) plus the frame's brightness: int8 keeps it."""
+    return slow_model(path, layers=6, size=64, channels=16)
+
+
+def test_int8_is_kept_where_its_maps_are_faithful_and_refused_where_not(tmp_path, cache_home, caplog):
+    caplog.set_level(logging.INFO, logger="depthwatch")
+    good = conv_model(tmp_path / "conv.onnx")
+    with Engine(spec(good, ("cpu",))) as engine:
+        info = engine.wait_ready(120)
+    int8 = next(t for t in info.trials if t.precision == INT8)
+    assert int8.ok and int8.agreement >= 0.995 and int8.eligible, int8
+    fastest = min((t for t in info.trials if t.eligible), key=lambda t: t.run_ms)
+    assert info.precision == fastest.precision and info.refused == ()
+    files = list((cache_home / "int8").rglob(quantize.FILE))
+    assert len(files) == 1  # kept beside the compiled models
+    caplog.clear()
+    with Engine(spec(good, ("cpu",), INT8)) as again:  # int8 as configured: the cached file, no new quantization
+        assert again.wait_ready(120).precision == INT8
+    assert not any("quantizing" in m for m in caplog.messages)
+
+    bad = cancelling_model(tmp_path / "cancelling.onnx")
+    caplog.clear()
+    with Engine(spec(bad, ("cpu",))) as engine:
+        info = engine.wait_ready(120)
+    int8 = next(t for t in info.trials if t.precision == INT8)
+    assert int8.ok and int8.agreement < 0.995 and not int8.eligible
+    assert info.precision == "fp32" and len(info.refused) == 1 and info.refused[0].startswith("int8 on CPU: its maps correlate")
+    assert any("precision: auto refused int8 on CPU" in m for m in caplog.messages)
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEPTHWATCH_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "depthwatch", "check", "--model", str(bad), "--profile", "midas-v21-small"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "refused int8 on CPU: its maps correlate" in done.stdout, done.stdout
+
+
+def test_a_model_that_is_int8_already_is_not_quantized_again(tmp_path, fastdepth):
+    with Engine(ModelSpec(path=fastdepth, profile=PROFILES["fastdepth-nyu"], providers=("cpu",))) as engine:
+        info = engine.wait_ready(120)
+    int8 = next(t for t in info.trials if t.precision == INT8)
+    assert int8.error == "the model is quantized already" and info.precision == "fp32"
+
+
+# -- what the choice is remembered under --------------------------------------------------------
+
+
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo here")
+
+
+def _with_flags(cpuinfo: str, add: set[str], remove: set[str]) -> str:
+    out = []
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip().lower() in ("flags", "features"):
+            flags = (set(value.split()) - remove) | add
+            line = f"{key}: {' '.join(sorted(flags))}"
+        out.append(line)
+    return "\n".join(out)
+
+
+def test_the_decision_key_changes_with_the_cpus_features(tmp_path, cache_home):
+    """Whatever this CPU has: the same machine with AVX-512 BF16 taken away or added is another key."""
+    text = _cpuinfo()
+    has = "avx512_bf16" in choice.cpu_features(text)
+    other = _with_flags(text, set() if has else {"avx512_bf16"}, {"avx512_bf16"} if has else set())
+    assert choice.machine(text) == choice.machine()
+    assert choice.machine(other) != choice.machine(text)
+    assert choice.machine(_with_flags(text, {"sse3_made_up_flag"}, set())) == choice.machine(text)  # not one that matters
+    assert f"{os.cpu_count()} cores" in choice.machine(text)
+
+    # A decision measured on the other CPU is not taken here: this start measures for itself.
+    model = brightness_model(tmp_path / "m.onnx")
+    machine = Machine({CUDA: FAST, CPU: CPU_DELAY})
+    digest = caches.model_digest(model, cache_home)
+    versions = providers.runtimes_version(machine.available())
+    foreign = choice.decision_key(digest, versions, machine.available(), "auto").replace(choice.machine(), choice.machine(other))
+    assert foreign != choice.decision_key(digest, versions, machine.available(), "auto")
+    cache_home.mkdir(parents=True, exist_ok=True)
+    (cache_home / "providers.json").write_text(json.dumps({foreign: {"provider": CPU, "precision": "fp32", "at": time.time()}}))
+    with Engine(spec(model), session_factory=machine, available_providers=machine.available) as engine:
+        info = engine.wait_ready(120)
+    assert engine.measurements == 1 and info.chosen_by == "measured" and info.providers[0] == CUDA
+
+
+def test_a_choice_measured_on_a_busy_machine_serves_and_is_measured_again(tmp_path, cache_home, caplog):
+    caplog.set_level(logging.INFO, logger="depthwatch")
+    model = brightness_model(tmp_path / "m.onnx")
+    machine = Machine({CUDA: FAST, CPU: CPU_DELAY})
+    with Engine(spec(model), session_factory=machine, available_providers=machine.available) as first:
+        first.wait_ready(120)
+    path = cache_home / "providers.json"
+    decisions = json.loads(path.read_text())
+    (key,) = decisions
+    decisions[key]["busy"] = True
+    path.write_text(json.dumps(decisions))
+    machine.sessions.clear()
+    with background(model, machine) as engine:
+        info = engine.wait_ready(60)
+        assert info.chosen_by == "remembered" and info.providers[0] == CUDA and engine.measuring
+        wait_for(lambda: not engine.measuring, timeout=120, what="the second measurement")
+        assert engine.measurements == 1
+    assert any("on a busy machine: measuring again in idle time" in m for m in caplog.messages)
+    assert json.loads(path.read_text())[key]["measured"]
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="the load of other processes is read from /proc/stat")
+def test_other_processes_keeping_the_cpus_busy_are_seen():
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        load = choice.CpuLoad()
+        wait_for(lambda: all(p.poll() is None for p in burners), what="the burners")
+        load.begin()
+        time.sleep(1.0)
+        others = load.others()
+        assert others is not None and others > choice.BUSY_CORES, others
+    finally:
+        for p in burners:
+            p.kill()
+            p.wait(10)
