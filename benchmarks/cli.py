@@ -24,6 +24,7 @@ from typing import Any
 
 from benchmarks import clips as clip_bench
 from benchmarks import farm as farm_bench
+from benchmarks import firststart
 from benchmarks import frames as framesets
 from benchmarks import predict, report, scenarios, stable, standin
 from benchmarks import refine as refine_bench
@@ -31,7 +32,7 @@ from benchmarks.daemon import Knobs
 from benchmarks.processes import BenchError
 from depthwatch.errors import DepthwatchError
 
-SCENARIOS = ("classic", "predict", "burst", "latency", "memory", "refine", "stable", "farm", "clips")
+SCENARIOS = ("classic", "predict", "burst", "latency", "memory", "refine", "stable", "farm", "clips", "first-start")
 
 
 def _ints(text: str) -> list[int]:
@@ -48,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="PATH", type=Path, help="an .onnx depth model (default: a generated MiDaS v2.1 small stand-in)")
     p.add_argument("--profile", default=None, help="depthwatch profile for --model (default: auto; the stand-in uses midas-v21-small)")
     p.add_argument("--providers", default="auto", help="execution providers as depthwatch takes them: auto or e.g. openvino,cpu")
-    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"), help="model.precision (default auto)")
+    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16", "int8"), help="model.precision (default auto)")
     p.add_argument(
         "--frames", metavar="DIR", type=Path, help="a folder of .jpg frames (default: 1920x1080 frames from scikit-image photographs)"
     )
@@ -103,11 +104,13 @@ def machine(applied: Sequence[str]) -> dict[str, Any]:
     import cv2
     import onnxruntime
 
-    from depthwatch.model import providers
+    from depthwatch.model import choice, providers
 
     return {
         "cores": scenarios.cores(),
         "cpu": _cpu_name(),
+        # The ISA features that change which engine and precision win (every figure here ran with them).
+        "cpu_features": list(choice.cpu_features()),
         "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
         "python": platform.python_version(),
         "onnxruntime": onnxruntime.__version__,
@@ -286,6 +289,8 @@ def _bench(args: argparse.Namespace, work: Path) -> int:
             s["farm"] = _run(results, "render farm", lambda: farm_bench.farm(plan))
         elif "farm" not in args.skip:
             _progress("render farm skipped: it needs the farm extra (pip install -e '.[farm]')")
+        if "first-start" not in args.skip:
+            s["first_start"] = _run(results, "first start of a model never measured here", lambda: firststart.first_start(plan))
         if "clips" not in args.skip and clip_bench.available():
             s["clip_throughput"] = _run(results, "once CLIP vs once over stills", lambda: clip_bench.throughput(plan))
             long_clip = (120, (320, 180)) if args.quick else (args.clip_frames, framesets.FULL_HD)

@@ -69,6 +69,10 @@ def test_quick_benchmark_runs_every_scenario(tmp_path: Path) -> None:
     assert set(s) >= SCENARIOS
 
     assert results["machine"]["cores"] >= 1
+    assert isinstance(results["machine"]["cpu_features"], list)  # the features every figure ran with
+    first = s["first_start"]  # a model never measured: ready, then its first map, then the measurement
+    assert _positive(first["ready_s"]) and _positive(first["first_map_s"]) and _positive(first["infer_ms"])
+    assert first["measured_after_s"] >= first["ready_s"] and first["model_loads"] == 1
     assert results["derived"]["model_loads"] == 1
     assert results["settings"]["session"]["inter_op_num_threads"] == 1  # depthwatch's own settings
 
