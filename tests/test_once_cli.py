@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import cv2
+import numpy as np
 from conftest import quadrant_frame
 
 
@@ -100,3 +104,108 @@ def test_two_frames_that_map_to_one_output_are_refused_before_anything_is_writte
 
     assert by_name.returncode == 0, by_name.stderr
     assert by_name.stdout.startswith("3 depth maps written, 0 failed, in ")
+
+
+def pan(folder: Path, count: int) -> list[Path]:
+    """A slow pan across a real photograph, `shot_1001.jpg` on (96x64): one shot, with motion to follow."""
+    from skimage import data
+
+    photo = cv2.cvtColor(data.astronaut(), cv2.COLOR_RGB2BGR)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(count):
+        frame = cv2.resize(photo[100 : 100 + 192, 50 + 4 * i : 50 + 4 * i + 288], (96, 64), interpolation=cv2.INTER_AREA)
+        paths.append(folder / f"shot_{1001 + i}.jpg")
+        assert cv2.imwrite(str(paths[-1]), frame, [cv2.IMWRITE_JPEG_QUALITY, 95])
+    return paths
+
+
+def slow_config(tmp_path: Path) -> Path:
+    """A model slow enough (on the CPU, not measured against others) that pass 1 of a few frames takes seconds."""
+    import yaml
+    from onnx_models import slow_model
+
+    model = slow_model(tmp_path / "slow.onnx", layers=60, size=128, channels=64)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"model": {"path": str(model), "profile": "midas-v21-small", "providers": ["cpu"]}}))
+    return config
+
+
+def new_version(frame: Path) -> Path:
+    """What a late render might bring for `frame`: something bright in one place; written beside its folder."""
+    image = cv2.imread(str(frame))
+    image[16:40, 24:56] = 255
+    new = frame.parent.parent / f"new_{frame.name}"
+    assert cv2.imwrite(str(new), image, [cv2.IMWRITE_JPEG_QUALITY, 95])
+    return new
+
+
+def rewrite_between_the_passes(
+    frame: Path, new: Path, started: Callable[[], subprocess.Popen[bytes]], events: Any
+) -> subprocess.Popen[bytes]:
+    """Start a two-pass run and, once its pass 1 has read `frame`, move `new` into its place.
+
+    The kernel's events say when pass 1 has read the frame; pass 2 reads it
+    only once the slow model has run on every frame of the shot. The events
+    read back afterwards show the new version landed between the two reads.
+    """
+    proc = started()
+    try:
+        events.wait_for(lambda seen: ("read", frame.name) in seen, f"pass 1 to read {frame.name}")
+        os.replace(new, frame)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc
+
+
+def assert_read_once_before_the_rewrite_and_again_after(events: Any, name: str) -> None:
+    seen = events.take()
+    moved = seen.index(("moved in", name))
+    assert seen[:moved].count(("read", name)) == 1, seen  # pass 1 had read it, pass 2 had not
+    assert ("open", name) in seen[moved:], seen
+
+
+def test_a_frame_rewritten_between_the_two_passes_is_mapped_from_its_new_version(tmp_path):
+    """Shot-stable `once` reads a frame twice: for the model (pass 1), then for the edges and the write.
+
+    A frame rewritten in between (a render landing late) must not get pass 1's
+    depth under a record naming the new version, which neither a resume nor
+    the daemon's start-up scan would ever redo: it is mapped from the version
+    there now, exactly as a fresh run maps it.
+    """
+    from depthwatch.frames.rules import map_is_current
+    from file_events import FileEvents
+
+    paths = pan(tmp_path / "frames", 8)
+    config = slow_config(tmp_path)
+    frame, out = paths[3], tmp_path / "maps"
+    new = new_version(frame)
+    events = FileEvents(frame.parent)
+    try:
+        proc = rewrite_between_the_passes(
+            frame,
+            new,
+            lambda: subprocess.Popen(
+                [sys.executable, "-m", "depthwatch", "once", *map(str, paths), "-o", str(out), "-c", str(config)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+            ),
+            events,
+        )
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr.decode()
+        assert stdout.decode().startswith("8 depth maps written, 0 failed, in "), stdout.decode()
+        assert_read_once_before_the_rewrite_and_again_after(events, frame.name)
+    finally:
+        events.close()
+    ours = out / "shot_1004_depth.jpg"
+    assert map_is_current(frame, ours)
+    fresh = subprocess.run(
+        [sys.executable, "-m", "depthwatch", "once", *map(str, paths), "-o", str(tmp_path / "fresh"), "-c", str(config)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False,
+    )
+    assert fresh.returncode == 0, fresh.stderr
+    got, want = (cv2.imread(str(p), cv2.IMREAD_GRAYSCALE).astype(int) for p in (ours, tmp_path / "fresh" / ours.name))
+    differs = np.abs(got - want).max()
+    assert differs <= 2, f"the map is not the new version's: {differs} grey levels off a fresh run's in places"
