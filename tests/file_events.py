@@ -12,10 +12,12 @@ import ctypes
 import os
 import select
 import struct
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import cv2
 from daemon_process import TIMEOUT
 
 IN_OPEN = 0x00000020
@@ -72,3 +74,39 @@ class FileEvents:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def new_version(frame: Path) -> Path:
+    """What a late render might bring for `frame`: something bright in one place; written beside its folder."""
+    image = cv2.imread(str(frame))
+    image[16:40, 24:56] = 255
+    new = frame.parent.parent / f"new_{frame.name}"
+    assert cv2.imwrite(str(new), image, [cv2.IMWRITE_JPEG_QUALITY, 95])
+    return new
+
+
+def rewrite_between_the_passes(
+    frame: Path, new: Path, started: Callable[[], subprocess.Popen[bytes]], events: FileEvents
+) -> subprocess.Popen[bytes]:
+    """Start a two-pass run and, once its pass 1 has read `frame`, move `new` into its place.
+
+    The kernel's events say when pass 1 has read the frame; pass 2 reads it
+    only once the slow model has run on every frame of the shot. The events
+    read back afterwards show the new version landed between the two reads.
+    """
+    proc = started()
+    try:
+        events.wait_for(lambda seen: ("read", frame.name) in seen, f"pass 1 to read {frame.name}")
+        os.replace(new, frame)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc
+
+
+def assert_read_once_before_the_rewrite_and_again_after(events: FileEvents, name: str) -> None:
+    seen = events.take()
+    moved = seen.index(("moved in", name))
+    assert seen[:moved].count(("read", name)) == 1, seen  # pass 1 had read it, pass 2 had not
+    assert ("open", name) in seen[moved:], seen

@@ -5,9 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import cv2
 import numpy as np
@@ -131,42 +129,6 @@ def slow_config(tmp_path: Path) -> Path:
     return config
 
 
-def new_version(frame: Path) -> Path:
-    """What a late render might bring for `frame`: something bright in one place; written beside its folder."""
-    image = cv2.imread(str(frame))
-    image[16:40, 24:56] = 255
-    new = frame.parent.parent / f"new_{frame.name}"
-    assert cv2.imwrite(str(new), image, [cv2.IMWRITE_JPEG_QUALITY, 95])
-    return new
-
-
-def rewrite_between_the_passes(
-    frame: Path, new: Path, started: Callable[[], subprocess.Popen[bytes]], events: Any
-) -> subprocess.Popen[bytes]:
-    """Start a two-pass run and, once its pass 1 has read `frame`, move `new` into its place.
-
-    The kernel's events say when pass 1 has read the frame; pass 2 reads it
-    only once the slow model has run on every frame of the shot. The events
-    read back afterwards show the new version landed between the two reads.
-    """
-    proc = started()
-    try:
-        events.wait_for(lambda seen: ("read", frame.name) in seen, f"pass 1 to read {frame.name}")
-        os.replace(new, frame)
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    return proc
-
-
-def assert_read_once_before_the_rewrite_and_again_after(events: Any, name: str) -> None:
-    seen = events.take()
-    moved = seen.index(("moved in", name))
-    assert seen[:moved].count(("read", name)) == 1, seen  # pass 1 had read it, pass 2 had not
-    assert ("open", name) in seen[moved:], seen
-
-
 def test_a_frame_rewritten_between_the_two_passes_is_mapped_from_its_new_version(tmp_path):
     """Shot-stable `once` reads a frame twice: for the model (pass 1), then for the edges and the write.
 
@@ -176,7 +138,7 @@ def test_a_frame_rewritten_between_the_two_passes_is_mapped_from_its_new_version
     there now, exactly as a fresh run maps it.
     """
     from depthwatch.frames.rules import map_is_current
-    from file_events import FileEvents
+    from file_events import FileEvents, assert_read_once_before_the_rewrite_and_again_after, new_version, rewrite_between_the_passes
 
     paths = pan(tmp_path / "frames", 8)
     config = slow_config(tmp_path)
@@ -209,3 +171,49 @@ def test_a_frame_rewritten_between_the_two_passes_is_mapped_from_its_new_version
     got, want = (cv2.imread(str(p), cv2.IMREAD_GRAYSCALE).astype(int) for p in (ours, tmp_path / "fresh" / ours.name))
     differs = np.abs(got - want).max()
     assert differs <= 2, f"the map is not the new version's: {differs} grey levels off a fresh run's in places"
+
+
+def test_a_frame_rewritten_again_while_its_shot_is_mapped_again_fails_with_no_map(tmp_path):
+    """The second time round, a frame that changes yet again between its passes fails with its
+    line: no map, rather than one that names a version it was not made from."""
+    from file_events import FileEvents, new_version, rewrite_between_the_passes
+
+    paths = pan(tmp_path / "frames", 8)
+    config = slow_config(tmp_path)
+    frame, out = paths[3], tmp_path / "maps"
+    new = new_version(frame)
+    events = FileEvents(frame.parent)
+    try:
+        proc = rewrite_between_the_passes(
+            frame,
+            new,
+            lambda: subprocess.Popen(
+                [sys.executable, "-m", "depthwatch", "once", *map(str, paths), "-o", str(out), "-c", str(config)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+            ),
+            events,
+        )
+        try:
+            # Read by pass 2 (refused: not pass 1's version), then by pass 1 of its shot's second time round.
+            events.wait_for(lambda seen: seen.count(("read", frame.name)) >= 3, "the shot's second pass 1 to read it")
+            again = new_version(paths[2])
+            os.replace(again, frame)
+        except BaseException:
+            proc.kill()
+            proc.communicate()
+            raise
+        stdout, stderr = proc.communicate(timeout=300)
+        seen = events.take()
+    finally:
+        events.close()
+    reads = [i for i, event in enumerate(seen) if event == ("read", frame.name)]
+    moves = [i for i, event in enumerate(seen) if event == ("moved in", frame.name)]
+    assert len(reads) == 4 and reads[0] < moves[0] < reads[1] and reads[2] < moves[1] < reads[3], seen
+    assert proc.returncode == 1, stderr.decode()
+    assert stdout.decode().startswith("7 depth maps written, 1 failed, in "), stdout.decode()
+    lines = [line for line in stderr.decode().splitlines() if line.startswith("depthwatch: ")]
+    assert lines == [
+        f"depthwatch: {frame}: changed again while its shot was being mapped again; no map written (map it once it is settled)"
+    ]
+    assert not (out / "shot_1004_depth.jpg").exists()
+    assert sorted(p.name for p in out.iterdir()) == [f"shot_{n}_depth.jpg" for n in range(1001, 1009) if n != 1004]

@@ -246,14 +246,19 @@ def main(args: argparse.Namespace) -> int:
     by_source = {job.source: job for job in jobs}
     with Engine(spec) as engine:
         engine.wait_ready()
-        pipeline = Pipeline(engine, workers=config.daemon.workers, niceness=config.daemon.worker_niceness)
+        def started() -> Pipeline:
+            return Pipeline(engine, workers=config.daemon.workers, niceness=config.daemon.worker_niceness)
+
+        pipeline = started()
         for source in stills:  # each its own map, exactly the per-frame one
             pipeline.submit(by_source[source], replace(settings, normalise=FRAME)).add_done_callback(report)
         passes = [_sequence(pipeline, [by_source[p] for p in sequence.paths], settings, report) for sequence in found]
-        pipeline.wait_idle()  # every pass 2 is in: the frames rewritten since their pass 1 are known
-        for changed, shots in passes:
-            _again(pipeline, changed, shots, settings, report)
-        pipeline.close()
+        pipeline.close()  # its threads joined, so every pass 2 has reported: the frames rewritten since pass 1 are known
+        if any(changed for changed, _shots in passes):
+            pipeline = started()
+            for changed, shots in passes:
+                _again(pipeline, changed, shots, settings, report)
+            pipeline.close()
         progress.close()
         clip_failures = _clips(clips, config, engine) if clips else 0
     _summary(len(sources), len(failures), began)
@@ -367,10 +372,11 @@ def _sequence(
     Pass 2 reads each frame again and takes only the version pass 1 ran the
     model on (its signature): a frame rewritten in between would otherwise get
     the old version's depth, the new one's edges, and a record naming the new
-    one, which no resume would redo. Such frames come back in the first set,
-    once every pass 2 is in (the shots as planned, second, to map them again:
-    `_again`). `only`: that second time, over one shot; only these frames are
-    mapped (the rest of the shot keeps its maps), and one rewritten yet again fails.
+    one, which no resume would redo. Such frames are added to the first set
+    returned as their pass 2 reports (the shots as planned come second, for
+    `_again` to map them from the version there now). `only`: that second
+    time, over one shot; only these frames are mapped (the rest of the shot
+    keeps its maps), and one rewritten yet again fails.
     """
     from depthwatch.imaging import stabilise
 
