@@ -73,9 +73,9 @@ def assert_whole(folder: Path, count: int) -> None:
 
 
 class Farm:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, model: Path | None = None) -> None:
         self.root = root
-        self.model = busy_brightness_model(root / "busy.onnx")
+        self.model = model or busy_brightness_model(root / "busy.onnx")
         self.config = root / "config.yaml"
         self.write_config()
         self.scheduler = Scheduler(root).start()
@@ -331,3 +331,40 @@ def test_an_unreachable_scheduler_or_a_missing_model_is_one_line(tmp_path: Path,
     )
     assert worker.returncode == 78  # before it ever looks for the scheduler
     assert worker.stderr.strip().splitlines()[-1].startswith("depthwatch: model file") and "joining" not in worker.stderr
+
+
+def test_a_frame_rewritten_between_the_two_passes_is_mapped_from_its_new_version(tmp_path: Path) -> None:
+    """The farm's two passes read a frame twice too, on whichever workers: the second takes only
+    the version the first ran the model on, and a frame rewritten in between is mapped from the
+    version there now (its shot planned again), as local once and a fresh run map it.
+    """
+    from file_events import FileEvents, assert_read_once_before_the_rewrite_and_again_after, new_version, rewrite_between_the_passes
+    from onnx_models import slow_model
+
+    from depthwatch.frames.rules import map_is_current
+
+    farm = Farm(tmp_path, model=slow_model(tmp_path / "slow.onnx", layers=60, size=128, channels=64))
+    try:
+        farm.add_workers(1)
+        paths = make_frames(tmp_path / "frames", 8)
+        frame, out, log = paths[3], tmp_path / "maps", tmp_path / "once.log"
+        new = new_version(frame)
+        events = FileEvents(frame.parent)
+        try:
+            args = ("--farm", farm.address, "-c", str(farm.config), *map(str, paths), "-o", str(out))
+            proc = rewrite_between_the_passes(frame, new, lambda: start_once(*args, cwd=tmp_path, log=log), events)
+            assert proc.wait(300) == 0, log.read_text()
+            assert_read_once_before_the_rewrite_and_again_after(events, frame.name)
+        finally:
+            events.close()
+    finally:
+        farm.close()
+    ours = out / "shot_1004_depth.jpg"
+    assert map_is_current(frame, ours)
+    fresh = run_once(*map(str, paths), "-o", str(tmp_path / "fresh"), "-c", str(farm.config), cwd=tmp_path)
+    assert fresh.returncode == 0, fresh.stderr
+    got, want = (read_map(p).astype(int) for p in (ours, tmp_path / "fresh" / ours.name))
+    differs = np.abs(got - want).max()
+    assert differs <= 2, f"the map is not the new version's: {differs} grey levels off a fresh run's in places"
+    assert "1 frame(s) rewritten between the two passes; planning their shots again" in log.read_text()
+    assert "8 depth maps written, 0 failed" in log.read_text()
