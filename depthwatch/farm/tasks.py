@@ -15,7 +15,8 @@ never the frame's pixels) without writing anything; the client takes them in
 frame order through the shot planner (`stabilise.stabilised`) and makes each
 frame's [0, 1] map (cheap, at model resolution); `render_frames` with those maps
 in the tasks then only decodes the frames (the edge-aware upscale needs them),
-renders and writes.
+renders and writes, and only the version of each frame its first pass saw (a
+frame rewritten in between comes back `changed`, and the client maps it again).
 """
 
 from __future__ import annotations
