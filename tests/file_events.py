@@ -14,7 +14,8 @@ import select
 import struct
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import cv2
@@ -85,24 +86,26 @@ def new_version(frame: Path) -> Path:
     return new
 
 
-def rewrite_between_the_passes(
+@contextmanager
+def rewritten_between_the_passes(
     frame: Path, new: Path, started: Callable[[], subprocess.Popen[bytes]], events: FileEvents
-) -> subprocess.Popen[bytes]:
-    """Start a two-pass run and, once its pass 1 has read `frame`, move `new` into its place.
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A two-pass run that, once its pass 1 has read `frame`, finds `new` moved into its place.
 
     The kernel's events say when pass 1 has read the frame; pass 2 reads it
     only once the slow model has run on every frame of the shot. The events
     read back afterwards show the new version landed between the two reads.
+    The run is stopped on the way out if it is still going (a failed test).
     """
     proc = started()
     try:
         events.wait_for(lambda seen: ("read", frame.name) in seen, f"pass 1 to read {frame.name}")
         os.replace(new, frame)
-    except BaseException:
-        proc.kill()
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
         proc.wait()
-        raise
-    return proc
 
 
 def assert_read_once_before_the_rewrite_and_again_after(events: FileEvents, name: str) -> None:

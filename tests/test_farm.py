@@ -339,7 +339,7 @@ def test_a_frame_rewritten_between_the_two_passes_is_mapped_from_its_new_version
     the version the first ran the model on, and a frame rewritten in between is mapped from the
     version there now (its shot planned again), as local once and a fresh run map it.
     """
-    from file_events import FileEvents, assert_read_once_before_the_rewrite_and_again_after, new_version, rewrite_between_the_passes
+    from file_events import FileEvents, assert_read_once_before_the_rewrite_and_again_after, new_version, rewritten_between_the_passes
     from onnx_models import slow_model
 
     from depthwatch.frames.rules import map_is_current
@@ -353,8 +353,8 @@ def test_a_frame_rewritten_between_the_two_passes_is_mapped_from_its_new_version
         events = FileEvents(frame.parent)
         try:
             args = ("--farm", farm.address, "-c", str(farm.config), *map(str, paths), "-o", str(out))
-            proc = rewrite_between_the_passes(frame, new, lambda: start_once(*args, cwd=tmp_path, log=log), events)
-            assert proc.wait(300) == 0, log.read_text()
+            with rewritten_between_the_passes(frame, new, lambda: start_once(*args, cwd=tmp_path, log=log), events) as proc:
+                assert proc.wait(300) == 0, log.read_text()
             assert_read_once_before_the_rewrite_and_again_after(events, frame.name)
         finally:
             events.close()
@@ -374,7 +374,7 @@ def test_a_frame_rewritten_between_the_two_passes_is_mapped_from_its_new_version
 def test_a_frame_rewritten_again_while_its_shot_is_mapped_again_fails_with_no_map(tmp_path: Path) -> None:
     """The second time round on the farm, a frame that changes yet again between its passes
     fails with its line, and gets no map, as in local once."""
-    from file_events import FileEvents, new_version, rewrite_between_the_passes
+    from file_events import FileEvents, new_version, rewritten_between_the_passes
     from onnx_models import slow_model
 
     farm = Farm(tmp_path, model=slow_model(tmp_path / "slow.onnx", layers=60, size=128, channels=64))
@@ -386,16 +386,11 @@ def test_a_frame_rewritten_again_while_its_shot_is_mapped_again_fails_with_no_ma
         events = FileEvents(frame.parent)
         try:
             args = ("--farm", farm.address, "-c", str(farm.config), *map(str, paths), "-o", str(out))
-            proc = rewrite_between_the_passes(frame, new, lambda: start_once(*args, cwd=tmp_path, log=log), events)
-            try:
+            with rewritten_between_the_passes(frame, new, lambda: start_once(*args, cwd=tmp_path, log=log), events) as proc:
                 # Read by its second pass (refused: not the first pass's version), then by the shot's first pass again.
                 events.wait_for(lambda seen: seen.count(("read", frame.name)) >= 3, "the shot's first pass again")
                 os.replace(new_version(paths[2]), frame)
-            except BaseException:
-                proc.kill()
-                proc.wait()
-                raise
-            assert proc.wait(300) == 1, log.read_text()
+                assert proc.wait(300) == 1, log.read_text()
             seen = events.take()
         finally:
             events.close()

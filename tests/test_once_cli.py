@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import cv2
@@ -118,6 +119,13 @@ def pan(folder: Path, count: int) -> list[Path]:
     return paths
 
 
+def starter(cwd: Path, *args: str) -> Callable[[], subprocess.Popen[bytes]]:
+    """How to start `once ARGS` in the background, its output in pipes."""
+    return lambda: subprocess.Popen(
+        [sys.executable, "-m", "depthwatch", "once", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd
+    )
+
+
 def slow_config(tmp_path: Path) -> Path:
     """A model slow enough (on the CPU, not measured against others) that pass 1 of a few frames takes seconds."""
     import yaml
@@ -138,24 +146,17 @@ def test_a_frame_rewritten_between_the_two_passes_is_mapped_from_its_new_version
     there now, exactly as a fresh run maps it.
     """
     from depthwatch.frames.rules import map_is_current
-    from file_events import FileEvents, assert_read_once_before_the_rewrite_and_again_after, new_version, rewrite_between_the_passes
+    from file_events import FileEvents, assert_read_once_before_the_rewrite_and_again_after, new_version, rewritten_between_the_passes
 
     paths = pan(tmp_path / "frames", 8)
     config = slow_config(tmp_path)
     frame, out = paths[3], tmp_path / "maps"
     new = new_version(frame)
+    args = (*map(str, paths), "-o", str(out), "-c", str(config))
     events = FileEvents(frame.parent)
     try:
-        proc = rewrite_between_the_passes(
-            frame,
-            new,
-            lambda: subprocess.Popen(
-                [sys.executable, "-m", "depthwatch", "once", *map(str, paths), "-o", str(out), "-c", str(config)],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
-            ),
-            events,
-        )
-        stdout, stderr = proc.communicate(timeout=300)
+        with rewritten_between_the_passes(frame, new, starter(tmp_path, *args), events) as proc:
+            stdout, stderr = proc.communicate(timeout=300)
         assert proc.returncode == 0, stderr.decode()
         assert stdout.decode().startswith("8 depth maps written, 0 failed, in "), stdout.decode()
         assert_read_once_before_the_rewrite_and_again_after(events, frame.name)
@@ -163,7 +164,7 @@ def test_a_frame_rewritten_between_the_two_passes_is_mapped_from_its_new_version
         events.close()
     ours = out / "shot_1004_depth.jpg"
     assert map_is_current(frame, ours)
-    fresh = subprocess.run(
+    fresh = subprocess.run(  # the same frames, as they are now, mapped from scratch
         [sys.executable, "-m", "depthwatch", "once", *map(str, paths), "-o", str(tmp_path / "fresh"), "-c", str(config)],
         capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False,
     )
@@ -176,33 +177,20 @@ def test_a_frame_rewritten_between_the_two_passes_is_mapped_from_its_new_version
 def test_a_frame_rewritten_again_while_its_shot_is_mapped_again_fails_with_no_map(tmp_path):
     """The second time round, a frame that changes yet again between its passes fails with its
     line: no map, rather than one that names a version it was not made from."""
-    from file_events import FileEvents, new_version, rewrite_between_the_passes
+    from file_events import FileEvents, new_version, rewritten_between_the_passes
 
     paths = pan(tmp_path / "frames", 8)
     config = slow_config(tmp_path)
     frame, out = paths[3], tmp_path / "maps"
     new = new_version(frame)
+    args = (*map(str, paths), "-o", str(out), "-c", str(config))
     events = FileEvents(frame.parent)
     try:
-        proc = rewrite_between_the_passes(
-            frame,
-            new,
-            lambda: subprocess.Popen(
-                [sys.executable, "-m", "depthwatch", "once", *map(str, paths), "-o", str(out), "-c", str(config)],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
-            ),
-            events,
-        )
-        try:
+        with rewritten_between_the_passes(frame, new, starter(tmp_path, *args), events) as proc:
             # Read by pass 2 (refused: not pass 1's version), then by pass 1 of its shot's second time round.
             events.wait_for(lambda seen: seen.count(("read", frame.name)) >= 3, "the shot's second pass 1 to read it")
-            again = new_version(paths[2])
-            os.replace(again, frame)
-        except BaseException:
-            proc.kill()
-            proc.communicate()
-            raise
-        stdout, stderr = proc.communicate(timeout=300)
+            os.replace(new_version(paths[2]), frame)
+            stdout, stderr = proc.communicate(timeout=300)
         seen = events.take()
     finally:
         events.close()
