@@ -7,6 +7,7 @@ the tests that kill or stop workers start fresh ones for the tests after them.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
@@ -73,9 +74,9 @@ def assert_whole(folder: Path, count: int) -> None:
 
 
 class Farm:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, model: Path | None = None) -> None:
         self.root = root
-        self.model = busy_brightness_model(root / "busy.onnx")
+        self.model = model or busy_brightness_model(root / "busy.onnx")
         self.config = root / "config.yaml"
         self.write_config()
         self.scheduler = Scheduler(root).start()
@@ -331,3 +332,74 @@ def test_an_unreachable_scheduler_or_a_missing_model_is_one_line(tmp_path: Path,
     )
     assert worker.returncode == 78  # before it ever looks for the scheduler
     assert worker.stderr.strip().splitlines()[-1].startswith("depthwatch: model file") and "joining" not in worker.stderr
+
+
+def test_a_frame_rewritten_between_the_two_passes_is_mapped_from_its_new_version(tmp_path: Path) -> None:
+    """The farm's two passes read a frame twice too, on whichever workers: the second takes only
+    the version the first ran the model on, and a frame rewritten in between is mapped from the
+    version there now (its shot planned again), as local once and a fresh run map it.
+    """
+    from file_events import FileEvents, assert_read_once_before_the_rewrite_and_again_after, new_version, rewritten_between_the_passes
+    from onnx_models import slow_model
+
+    from depthwatch.frames.rules import map_is_current
+
+    farm = Farm(tmp_path, model=slow_model(tmp_path / "slow.onnx", layers=60, size=128, channels=64))
+    try:
+        farm.add_workers(1)
+        paths = make_frames(tmp_path / "frames", 8)
+        frame, out, log = paths[3], tmp_path / "maps", tmp_path / "once.log"
+        new = new_version(frame)
+        events = FileEvents(frame.parent)
+        try:
+            args = ("--farm", farm.address, "-c", str(farm.config), *map(str, paths), "-o", str(out))
+            with rewritten_between_the_passes(frame, new, lambda: start_once(*args, cwd=tmp_path, log=log), events) as proc:
+                assert proc.wait(300) == 0, log.read_text()
+            assert_read_once_before_the_rewrite_and_again_after(events, frame.name)
+        finally:
+            events.close()
+    finally:
+        farm.close()
+    ours = out / "shot_1004_depth.jpg"
+    assert map_is_current(frame, ours)
+    fresh = run_once(*map(str, paths), "-o", str(tmp_path / "fresh"), "-c", str(farm.config), cwd=tmp_path)
+    assert fresh.returncode == 0, fresh.stderr
+    got, want = (read_map(p).astype(int) for p in (ours, tmp_path / "fresh" / ours.name))
+    differs = np.abs(got - want).max()
+    assert differs <= 2, f"the map is not the new version's: {differs} grey levels off a fresh run's in places"
+    assert "1 frame(s) rewritten between the two passes; planning their shots again" in log.read_text()
+    assert "8 depth maps written, 0 failed" in log.read_text()
+
+
+def test_a_frame_rewritten_again_while_its_shot_is_mapped_again_fails_with_no_map(tmp_path: Path) -> None:
+    """The second time round on the farm, a frame that changes yet again between its passes
+    fails with its line, and gets no map, as in local once."""
+    from file_events import FileEvents, new_version, rewritten_between_the_passes
+    from onnx_models import slow_model
+
+    farm = Farm(tmp_path, model=slow_model(tmp_path / "slow.onnx", layers=60, size=128, channels=64))
+    try:
+        farm.add_workers(1)
+        paths = make_frames(tmp_path / "frames", 8)
+        frame, out, log = paths[3], tmp_path / "maps", tmp_path / "once.log"
+        new = new_version(frame)
+        events = FileEvents(frame.parent)
+        try:
+            args = ("--farm", farm.address, "-c", str(farm.config), *map(str, paths), "-o", str(out))
+            with rewritten_between_the_passes(frame, new, lambda: start_once(*args, cwd=tmp_path, log=log), events) as proc:
+                # Read by its second pass (refused: not the first pass's version), then by the shot's first pass again.
+                events.wait_for(lambda seen: seen.count(("read", frame.name)) >= 3, "the shot's first pass again")
+                os.replace(new_version(paths[2]), frame)
+                assert proc.wait(300) == 1, log.read_text()
+            seen = events.take()
+        finally:
+            events.close()
+    finally:
+        farm.close()
+    reads = [i for i, event in enumerate(seen) if event == ("read", frame.name)]
+    moves = [i for i, event in enumerate(seen) if event == ("moved in", frame.name)]
+    assert len(reads) == 4 and reads[0] < moves[0] < reads[1] and reads[2] < moves[1] < reads[3], seen
+    said = log.read_text()
+    assert f"depthwatch: {frame}: changed again while its shot was being mapped again; no map written" in said, said
+    assert "7 depth maps written, 1 failed" in said, said
+    assert sorted(p.name for p in out.iterdir()) == [f"shot_{n}_depth.jpg" for n in range(1001, 1009) if n != 1004]

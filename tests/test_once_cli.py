@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import cv2
+import numpy as np
 from conftest import quadrant_frame
 
 
@@ -100,3 +103,105 @@ def test_two_frames_that_map_to_one_output_are_refused_before_anything_is_writte
 
     assert by_name.returncode == 0, by_name.stderr
     assert by_name.stdout.startswith("3 depth maps written, 0 failed, in ")
+
+
+def pan(folder: Path, count: int) -> list[Path]:
+    """A slow pan across a real photograph, `shot_1001.jpg` on (96x64): one shot, with motion to follow."""
+    from skimage import data
+
+    photo = cv2.cvtColor(data.astronaut(), cv2.COLOR_RGB2BGR)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(count):
+        frame = cv2.resize(photo[100 : 100 + 192, 50 + 4 * i : 50 + 4 * i + 288], (96, 64), interpolation=cv2.INTER_AREA)
+        paths.append(folder / f"shot_{1001 + i}.jpg")
+        assert cv2.imwrite(str(paths[-1]), frame, [cv2.IMWRITE_JPEG_QUALITY, 95])
+    return paths
+
+
+def starter(cwd: Path, *args: str) -> Callable[[], subprocess.Popen[bytes]]:
+    """How to start `once ARGS` in the background, its output in pipes."""
+    return lambda: subprocess.Popen(
+        [sys.executable, "-m", "depthwatch", "once", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd
+    )
+
+
+def slow_config(tmp_path: Path) -> Path:
+    """A model slow enough (on the CPU, not measured against others) that pass 1 of a few frames takes seconds."""
+    import yaml
+    from onnx_models import slow_model
+
+    model = slow_model(tmp_path / "slow.onnx", layers=60, size=128, channels=64)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"model": {"path": str(model), "profile": "midas-v21-small", "providers": ["cpu"]}}))
+    return config
+
+
+def test_a_frame_rewritten_between_the_two_passes_is_mapped_from_its_new_version(tmp_path):
+    """Shot-stable `once` reads a frame twice: for the model (pass 1), then for the edges and the write.
+
+    A frame rewritten in between (a render landing late) must not get pass 1's
+    depth under a record naming the new version, which neither a resume nor
+    the daemon's start-up scan would ever redo: it is mapped from the version
+    there now, exactly as a fresh run maps it.
+    """
+    from depthwatch.frames.rules import map_is_current
+    from file_events import FileEvents, assert_read_once_before_the_rewrite_and_again_after, new_version, rewritten_between_the_passes
+
+    paths = pan(tmp_path / "frames", 8)
+    config = slow_config(tmp_path)
+    frame, out = paths[3], tmp_path / "maps"
+    new = new_version(frame)
+    args = (*map(str, paths), "-o", str(out), "-c", str(config))
+    events = FileEvents(frame.parent)
+    try:
+        with rewritten_between_the_passes(frame, new, starter(tmp_path, *args), events) as proc:
+            stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr.decode()
+        assert stdout.decode().startswith("8 depth maps written, 0 failed, in "), stdout.decode()
+        assert_read_once_before_the_rewrite_and_again_after(events, frame.name)
+    finally:
+        events.close()
+    ours = out / "shot_1004_depth.jpg"
+    assert map_is_current(frame, ours)
+    fresh = subprocess.run(  # the same frames, as they are now, mapped from scratch
+        [sys.executable, "-m", "depthwatch", "once", *map(str, paths), "-o", str(tmp_path / "fresh"), "-c", str(config)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False,
+    )
+    assert fresh.returncode == 0, fresh.stderr
+    got, want = (cv2.imread(str(p), cv2.IMREAD_GRAYSCALE).astype(int) for p in (ours, tmp_path / "fresh" / ours.name))
+    differs = np.abs(got - want).max()
+    assert differs <= 2, f"the map is not the new version's: {differs} grey levels off a fresh run's in places"
+
+
+def test_a_frame_rewritten_again_while_its_shot_is_mapped_again_fails_with_no_map(tmp_path):
+    """The second time round, a frame that changes yet again between its passes fails with its
+    line: no map, rather than one that names a version it was not made from."""
+    from file_events import FileEvents, new_version, rewritten_between_the_passes
+
+    paths = pan(tmp_path / "frames", 8)
+    config = slow_config(tmp_path)
+    frame, out = paths[3], tmp_path / "maps"
+    new = new_version(frame)
+    args = (*map(str, paths), "-o", str(out), "-c", str(config))
+    events = FileEvents(frame.parent)
+    try:
+        with rewritten_between_the_passes(frame, new, starter(tmp_path, *args), events) as proc:
+            # Read by pass 2 (refused: not pass 1's version), then by pass 1 of its shot's second time round.
+            events.wait_for(lambda seen: seen.count(("read", frame.name)) >= 3, "the shot's second pass 1 to read it")
+            os.replace(new_version(paths[2]), frame)
+            stdout, stderr = proc.communicate(timeout=300)
+        seen = events.take()
+    finally:
+        events.close()
+    reads = [i for i, event in enumerate(seen) if event == ("read", frame.name)]
+    moves = [i for i, event in enumerate(seen) if event == ("moved in", frame.name)]
+    assert len(reads) == 4 and reads[0] < moves[0] < reads[1] and reads[2] < moves[1] < reads[3], seen
+    assert proc.returncode == 1, stderr.decode()
+    assert stdout.decode().startswith("7 depth maps written, 1 failed, in "), stdout.decode()
+    lines = [line for line in stderr.decode().splitlines() if line.startswith("depthwatch: ")]
+    assert lines == [
+        f"depthwatch: {frame}: changed again while its shot was being mapped again; no map written (map it once it is settled)"
+    ]
+    assert not (out / "shot_1004_depth.jpg").exists()
+    assert sorted(p.name for p in out.iterdir()) == [f"shot_{n}_depth.jpg" for n in range(1001, 1009) if n != 1004]

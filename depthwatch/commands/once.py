@@ -246,12 +246,19 @@ def main(args: argparse.Namespace) -> int:
     by_source = {job.source: job for job in jobs}
     with Engine(spec) as engine:
         engine.wait_ready()
-        pipeline = Pipeline(engine, workers=config.daemon.workers, niceness=config.daemon.worker_niceness)
+        def started() -> Pipeline:
+            return Pipeline(engine, workers=config.daemon.workers, niceness=config.daemon.worker_niceness)
+
+        pipeline = started()
         for source in stills:  # each its own map, exactly the per-frame one
             pipeline.submit(by_source[source], replace(settings, normalise=FRAME)).add_done_callback(report)
-        for sequence in found:
-            _sequence(pipeline, [by_source[p] for p in sequence.paths], settings, report)
-        pipeline.close()
+        passes = [_sequence(pipeline, [by_source[p] for p in sequence.paths], settings, report) for sequence in found]
+        pipeline.close()  # its threads joined, so every pass 2 has reported: the frames rewritten since pass 1 are known
+        if any(changed for changed, _shots in passes):
+            pipeline = started()
+            for changed, shots in passes:
+                _again(pipeline, changed, shots, settings, report)
+            pipeline.close()
         progress.close()
         clip_failures = _clips(clips, config, engine) if clips else 0
     _summary(len(sources), len(failures), began)
@@ -351,7 +358,9 @@ def _refuse_replacing(jobs: list[Any]) -> None:
     )
 
 
-def _sequence(pipeline: Any, jobs: list[Any], settings: Any, report: Any) -> None:
+def _sequence(
+    pipeline: Any, jobs: list[Any], settings: Any, report: Any, only: set[Path] | None = None
+) -> tuple[set[Path], list[list[Any]]]:
     """Model and summary for each frame, then its map and write, in frame order, with bounded memory.
 
     `stabilise.stabilised` (the shot planner the farm shares) takes the
@@ -359,17 +368,58 @@ def _sequence(pipeline: Any, jobs: list[Any], settings: Any, report: Any) -> Non
     on are in; pass 1 runs at most `pipeline.in_flight` frames ahead of it.
     So the predictions held at once are bounded (`stabilise.held_at_most()`
     plus those in flight), whatever the sequence's length, and none is computed twice.
+
+    Pass 2 reads each frame again and takes only the version pass 1 ran the
+    model on (its signature): a frame rewritten in between would otherwise get
+    the old version's depth, the new one's edges, and a record naming the new
+    one, which no resume would redo. Such frames are added to the first set
+    returned as their pass 2 reports (the shots as planned come second, for
+    `_again` to map them from the version there now). `only`: that second
+    time, over one shot; only these frames are mapped (the rest of the shot
+    keeps its maps), and one rewritten yet again fails.
     """
     from depthwatch.imaging import stabilise
 
+    changed: set[Path] = set()
+    shots: list[list[Any]] = []
+
+    def written(done: Future[Any]) -> None:
+        result = done.result()
+        if result.superseded and only is None:  # rewritten since pass 1: its shot is planned again
+            changed.add(result.job.source)
+            return
+        if result.superseded:
+            result.error = "changed again while its shot was being mapped again; no map written (map it once it is settled)"
+        report(done)
+
+    collected = report if only is None else (lambda done: report(done) if done.result().job.source in only else None)
     kind = pipeline.engine.wait_ready().profile.predicts
-    maps = stabilise.stabilised(_collected(pipeline, jobs, settings, report), kind, settings.render.clip_percent)
-    for job, nearness, _first in maps:
-        pipeline.submit(replace(job, nearness=nearness), settings).add_done_callback(report)
+    maps = stabilise.stabilised(_collected(pipeline, jobs, settings, collected), kind, settings.render.clip_percent)
+    for job, nearness, first in maps:
+        if first or not shots:
+            shots.append([])
+        shots[-1].append(replace(job, signature=None))
+        if only is None or job.source in only:
+            pipeline.submit(replace(job, nearness=nearness), settings).add_done_callback(written)
+    return changed, shots
+
+
+def _again(pipeline: Any, changed: set[Path], shots: list[list[Any]], settings: Any, report: Any) -> None:
+    """The frames rewritten between their two passes, mapped from the version there now.
+
+    Their shot goes through both passes again (its plan, its grey levels,
+    come from every frame of it), and only they are written.
+    """
+    for shot in shots:
+        if changed.intersection(job.source for job in shot):
+            _sequence(pipeline, shot, settings, report, only=changed)
 
 
 def _collected(pipeline: Any, jobs: list[Any], settings: Any, report: Any) -> Iterator[tuple[Any, Any, Any]]:
-    """(job, summary, prediction) of each frame that the model ran on, in frame order; a failed one is reported."""
+    """(job, summary, prediction) of each frame that the model ran on, in frame order; a failed one is reported.
+
+    Each job comes back with the signature of the version the model ran on, for pass 2 to read that one.
+    """
     ahead: deque[tuple[Any, Future[Any]]] = deque()
     for job in jobs:
         ahead.append((job, pipeline.submit(replace(job, collect=True), settings)))  # blocks while full
@@ -386,7 +436,7 @@ def _one(job: Any, future: Future[Any], report: Any) -> Iterator[tuple[Any, Any,
         return
     summary, prediction = result.summary, result.prediction
     result.summary = result.prediction = None  # held by the planner from here, and only as long as it needs
-    yield job, summary, prediction
+    yield replace(job, signature=result.signature), summary, prediction
 
 
 def _summary(frames: int, failed: int, began: float) -> None:

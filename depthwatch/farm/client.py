@@ -43,6 +43,9 @@ log = logging.getLogger("depthwatch")
 #: How long to wait for the scheduler to answer before saying it is not there.
 CONNECT_TIMEOUT = "10s"
 
+#: A frame rewritten between its passes, and again while its shot was planned again.
+CHANGED_AGAIN = "changed again while its shot was being mapped again; no map written (map it once it is settled)"
+
 
 def plan(jobs: Sequence[Job], force: bool) -> list[int]:
     """Indexes of the jobs whose map is missing or older than its frame (all, with `force`)."""
@@ -121,20 +124,36 @@ def run(
             future = submit(render_frames, batch, plain_settings, force)
             batch_of[future.key] = batch
             futures.append(future)
-        firsts = []  # first pass: every frame of each sequence, for its plan; all queued at once
-        for shot in shots:
-            firsts.append([(batch, submit(collect_frames, batch, settings)) for batch in tasks_for(jobs, shot, config)])
         completed = distributed.as_completed(futures, loop=client.loop)
-        for shot_tasks in firsts:  # second pass: each sequence's maps, a task at a time as the planner gives them
-            for batch in _second_pass(jobs, shot_tasks, todo_set, config, tally):
-                second = submit(render_frames, batch, settings, force)
-                batch_of[second.key] = batch
-                completed.add(second)
-        for future in completed:
-            outcomes = _outcomes(future, batch_of.pop(future.key))
-            future.release()
-            for outcome in outcomes:
-                tally(outcome)
+
+        def both_passes(sequences: list[list[int]], mapped: set[int], completed: Any, planned: list[list[int]] | None = None) -> set[int]:
+            """Each sequence's first pass (all queued at once), then its maps; the frames rewritten in between."""
+            firsts = [
+                [(batch, submit(collect_frames, batch, settings)) for batch in tasks_for(jobs, sequence, config)]
+                for sequence in sequences
+            ]
+            for shot_tasks in firsts:  # second pass: each sequence's maps, a task at a time as the planner gives them
+                for batch in _second_pass(jobs, shot_tasks, mapped, config, tally, planned):
+                    second = submit(render_frames, batch, settings, force)
+                    batch_of[second.key] = batch
+                    completed.add(second)
+            changed: set[int] = set()
+            for future in completed:
+                outcomes = _outcomes(future, batch_of.pop(future.key))
+                future.release()
+                for outcome in outcomes:
+                    if outcome.changed and planned is not None:  # not the version its first pass saw
+                        changed.add(outcome.index)
+                    else:
+                        tally(replace(outcome, error=CHANGED_AGAIN) if outcome.changed else outcome)
+            return changed
+
+        planned: list[list[int]] = []  # the shots, as the planner found them
+        changed = both_passes(shots, todo_set, completed, planned)
+        if changed:  # mapped from the version there now: their shots planned again, only they written
+            report(f"depthwatch: {len(changed)} frame(s) rewritten between the two passes; planning their shots again")
+            again = [shot for shot in planned if changed.intersection(shot)]
+            both_passes(again, changed, distributed.as_completed([], loop=client.loop))
         _report_workers(client, done_by, report)
     finally:
         client.close()
@@ -168,17 +187,23 @@ def _second_pass(
     todo: set[int],
     config: Config,
     tally: Callable[[FrameReport], None],
+    planned: list[list[int]] | None = None,
 ) -> Iterator[list[FrameTask]]:
     """A sequence's render tasks, each as soon as the shot planner has made its frames' maps.
 
     The first-pass results are taken in frame order, one task's at a time, and
     go through `stabilise.stabilised` (the planner local `once` uses), so the
     client holds a bounded number of predictions whatever the sequence's length.
+    Each task carries the version of the frame its first pass saw, so a frame
+    rewritten since is not mapped from it (local once does the same). The
+    shots, as the planner finds them, go into `planned`.
     """
     from depthwatch.imaging import stabilise
 
     size = config.farm.frames_per_task
     path_map = config.farm.path_map
+
+    seen: dict[int, Any] = {}  # the version each frame's first pass saw, until its task is made
 
     def collected() -> Iterator[tuple[int, Any, Any, str]]:
         for batch, future in first_pass:
@@ -190,6 +215,7 @@ def _second_pass(
                     if frame.index in todo:  # it fails alone, with its line; the shot is planned without it
                         tally(outcome or FrameReport(frame.index, "the farm returned nothing for it; run the command again to retry"))
                     continue
+                seen[frame.index] = outcome.signature
                 yield frame.index, outcome.summary, outcome.prediction, outcome.kind
 
     frames: list[FrameTask] = []
@@ -199,9 +225,14 @@ def _second_pass(
         return
     kind = first[3]
     results = ((i, summary, prediction) for i, summary, prediction, _kind in itertools.chain([first], source))
-    for i, nearness, _start in stabilise.stabilised(results, kind, config.output.clip_percent):
+    for i, nearness, start in stabilise.stabilised(results, kind, config.output.clip_percent):
+        if planned is not None:
+            if start:
+                planned.append([])
+            planned[-1].append(i)
+        signature = seen.pop(i, None)
         if i in todo:
-            frames.append(FrameTask.of(i, jobs[i], path_map, nearness))
+            frames.append(FrameTask.of(i, jobs[i], path_map, nearness, signature))
         if len(frames) == size:
             yield frames
             frames = []

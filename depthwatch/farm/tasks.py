@@ -15,7 +15,8 @@ never the frame's pixels) without writing anything; the client takes them in
 frame order through the shot planner (`stabilise.stabilised`) and makes each
 frame's [0, 1] map (cheap, at model resolution); `render_frames` with those maps
 in the tasks then only decodes the frames (the edge-aware upscale needs them),
-renders and writes.
+renders and writes, and only the version of each frame its first pass saw (a
+frame rewritten in between comes back `changed`, and the client maps it again).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from depthwatch.frames.job import Job
+from depthwatch.frames.job import Job, Signature
 from depthwatch.frames.settings import Settings
 from depthwatch.pathmap import PathMap
 
@@ -53,9 +54,14 @@ class FrameTask:
     #: The job's `link_root` and `output_roots`, in the workers' view.
     link_root: str | None = None
     output_roots: tuple[str, ...] = ()
+    #: With `nearness`: the version of the frame its first pass ran the model on (as the
+    #: worker saw it); another version there now is not mapped with this nearness.
+    signature: Signature | None = None
 
     @classmethod
-    def of(cls, index: int, job: Job, path_map: PathMap, nearness: np.ndarray | None = None) -> FrameTask:
+    def of(
+        cls, index: int, job: Job, path_map: PathMap, nearness: np.ndarray | None = None, signature: Signature | None = None
+    ) -> FrameTask:
         """The task for the client's `job`, with every path in the workers' view."""
         return cls(
             index,
@@ -64,6 +70,7 @@ class FrameTask:
             nearness,
             None if job.link_root is None else path_map.to_worker(job.link_root),
             tuple(path_map.to_worker(root) for root in job.output_roots),
+            signature,
         )
 
     def job(self, collect: bool = False) -> Job:
@@ -73,6 +80,7 @@ class FrameTask:
             Path(self.output),
             link_root=None if self.link_root is None else Path(self.link_root),
             output_roots=tuple(Path(root) for root in self.output_roots),
+            signature=self.signature,
             collect=collect,
             nearness=self.nearness,
         )
@@ -96,6 +104,10 @@ class FrameReport:
     summary: Any = None
     prediction: np.ndarray | None = field(default=None, repr=False)
     kind: str = ""
+    #: `collect_frames`: the version of the frame the model ran on. A second pass: the frame
+    #: was no longer that version (rewritten since), so nothing was written for it.
+    signature: Signature | None = None
+    changed: bool = False
 
     @property
     def ok(self) -> bool:

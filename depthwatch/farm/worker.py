@@ -83,14 +83,17 @@ class FrameRunner:
         for frame, future, started in submitted:
             result = future.result()
             line = result.describe()
+            changed = result.superseded and frame.signature is not None  # not the version its first pass saw
             with self._lock:
                 self.status.in_progress -= 1
-                if not result.ok:
+                if not result.ok and not changed:
                     counts.failed += 1
                     counts.last_error = line
-                elif not collect:
+                elif not collect and not changed:
                     counts.done += 1
-            if not result.ok:
+            if changed:
+                frames_log.info("%s, since its first pass: not mapped from that pass", line)
+            elif not result.ok:
                 log.error("%s", line)
             elif collect:
                 frames_log.debug("%s (first pass of a shot-stable sequence)", line)
@@ -99,10 +102,13 @@ class FrameRunner:
             if collect and result.ok:
                 kind = self.engine.wait_ready().profile.predicts
                 outcomes.append(
-                    FrameReport(frame.index, line=line, worker=address, summary=result.summary, prediction=result.prediction, kind=kind)
+                    FrameReport(
+                        frame.index, line=line, worker=address, summary=result.summary, prediction=result.prediction,
+                        kind=kind, signature=result.signature,
+                    )
                 )
             else:
-                outcomes.append(FrameReport(frame.index, result.error, line=line, worker=address))
+                outcomes.append(FrameReport(frame.index, result.error, line=line, worker=address, changed=changed))
         self.write_status()
         return sorted(outcomes, key=lambda o: o.index)
 

@@ -511,6 +511,8 @@ class Pipeline:
             inference.prediction, info.profile.predicts, frame.decoded.image, frame.settings.render.clip_percent
         )
         result.prediction = inference.prediction.astype(np.float16)
+        if frame.source_stat is not None:
+            result.signature = signature_from(frame.source_stat)
         frame.decoded = None
         frame.lap("normalise")
         frame.future.set_result(result)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from depthwatch.frames.frameline import frame_line
-from depthwatch.frames.job import Job
+from depthwatch.frames.job import Job, Signature
 from depthwatch.imaging import stabilise
 from depthwatch.logtext import shown
 
@@ -43,6 +43,8 @@ class Result:
     #: Job.collect: what planning a sequence needs of this frame.
     summary: stabilise.Summary | None = None
     prediction: np.ndarray | None = None
+    #: Job.collect: the version of the frame the model ran on; pass 2 reads that one or none.
+    signature: Signature | None = None
     #: A job with no output (image bytes held in memory): its encoded map.
     data: bytes | None = field(default=None, repr=False)
 
