@@ -218,7 +218,7 @@ class PredictApp:
     def _too_large(self) -> str:
         return f"the body is over api.max_body_mb ({self.config.max_body_mb:g} MB); send a smaller image or raise api.max_body_mb"
 
-    # -- a frame on disk -------------------------------------------------------------
+    # -- waiting ---------------------------------------------------------------------
 
     def _wait(self, environ: dict[str, Any], ready: Callable[[float], bool], deadline: float) -> str:
         """Call `ready(seconds)` until it is true (_READY), the client hangs up, time runs out or `release`."""
@@ -239,6 +239,8 @@ class PredictApp:
         if how == _GONE:
             return Refused(499, f"the client went away before the answer; {after}")
         return Refused(504, f"no depth map {what}within api.timeout_s ({self.config.timeout_s:g} s); the daemon may be overloaded")
+
+    # -- a frame on disk -------------------------------------------------------------
 
     def _predict_frame(self, params: dict[str, list[str]], environ: dict[str, Any]) -> _Answer:
         rules = self.backend.rules
