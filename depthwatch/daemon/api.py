@@ -221,16 +221,20 @@ class PredictApp:
     # -- waiting ---------------------------------------------------------------------
 
     def _wait(self, environ: dict[str, Any], ready: Callable[[float], bool], deadline: float) -> str:
-        """Call `ready(seconds)` until it is true (_READY), the client hangs up, time runs out or `release`."""
+        """Call `ready(seconds)` until it is true (_READY), the client hangs up, time runs out or `release`.
+
+        A client gone is looked for first: a request served after its client left starts nothing.
+        """
         gone = environ.get("waitress.client_disconnected")
-        while not ready(max(0.0, min(_CHECK_S, deadline - time.monotonic()))):
-            if self._released.is_set():
-                return _STOPPED
+        while True:
             if gone is not None and gone():
                 return _GONE
+            if ready(max(0.0, min(_CHECK_S, deadline - time.monotonic()))):
+                return _READY
+            if self._released.is_set():
+                return _STOPPED
             if time.monotonic() >= deadline:
                 return _TIMEOUT
-        return _READY
 
     def _waited_in_vain(self, how: str, what: str, after: str) -> Refused:
         """The refusal for a wait that did not end _READY; `after` says what became of the work."""
@@ -238,7 +242,7 @@ class PredictApp:
             return Refused(503, _STOPPING)
         if how == _GONE:
             return Refused(499, f"the client went away before the answer; {after}")
-        return Refused(504, f"no depth map {what}within api.timeout_s ({self.config.timeout_s:g} s); the daemon may be overloaded")
+        return Refused(504, f"no depth map {what}within api.timeout_s ({self.config.timeout_s:g} s); the daemon may be overloaded; {after}")
 
     # -- a frame on disk -------------------------------------------------------------
 
