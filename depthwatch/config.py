@@ -313,6 +313,7 @@ class ApiConfig:
     port: int = field(default=5000, metadata=_spec(_int(0, 65535)))
     max_body_mb: float = field(default=64.0, metadata=_spec(_number(0.01, 4096)))
     timeout_s: float = field(default=30.0, metadata=_spec(_number(0.1, 3600)))
+    request_timeout_s: float = field(default=30.0, metadata=_spec(_number(0.1, 3600)))
     token: str | None = field(default=None, metadata=_spec(_optional(_text)))
 
 

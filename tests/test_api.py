@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,6 +24,7 @@ pytest.importorskip("waitress")
 from depthwatch.imaging import codec, normalise, render, tensor  # noqa: E402
 from depthwatch.config import ApiConfig, Config, OutputConfig, WatchConfig  # noqa: E402
 from depthwatch.daemon.waiters import DONE, TIMEOUT, MapWaiters  # noqa: E402
+from depthwatch.frames import provenance  # noqa: E402
 from depthwatch.frames.job import Job  # noqa: E402
 from depthwatch.frames.result import Result  # noqa: E402
 from depthwatch.frames.settings import Settings  # noqa: E402
@@ -409,11 +411,16 @@ def test_a_superseded_version_is_released_by_the_newer_map(tmp_path):
     newer = Job(source, output, signature=(12, 2, 1))  # made after the request came
     waiters.finished(newer, _result(newer))
     assert ticket.wait(0).kind == DONE
-    # The very version already written: answered at once, nothing queued.
+    # The very version already written, its map on disk: answered at once, nothing queued.
+    output.write_bytes(provenance.embed(jpeg_bytes(block_frame(0)), {"source": "frame.jpg", "size": 12, "mtime_ns": 2, "inode": 1}))
     again = waiters.attach(newer, lambda job: queued.append(job) or True)
     assert again.wait(0).kind == DONE and queued == [older]
     # A request's own version taken first: the watcher's event for it is dropped once.
     assert waiters.absorb(source, (10, 1, 1)) and not waiters.absorb(source, (10, 1, 1))
+    # Its map deleted since: not DONE from memory, but queued again.
+    output.unlink()
+    gone = waiters.attach(newer, lambda job: queued.append(job) or True)
+    assert gone.wait(0).kind == TIMEOUT and queued == [older, newer]
 
 
 def test_an_older_versions_map_does_not_release_a_request(tmp_path):
@@ -542,3 +549,163 @@ def test_the_waitress_internals_the_shutdown_drives_are_where_it_expects():
         server.task_dispatcher.shutdown(cancel_pending=True, timeout=1)
         wasyncore.close_all(server._map, ignore_all=True)
     assert not server._map
+
+
+# -- work nobody waits for, the bound on waiting requests, the stop, the request deadline ------------
+
+
+@pytest.fixture
+def slow_api_daemon(tmp_path):
+    """Daemons with the API on a model slow enough (about a second a frame) that requests pile up."""
+    from onnx_models import slow_model
+
+    model = slow_model(tmp_path / "slow.onnx", layers=40, size=256)
+    started: list[DaemonProcess] = []
+
+    def start(**sections) -> DaemonProcess:
+        sections["api"] = {"enabled": True, "port": 0, **sections.get("api", {})}
+        d = DaemonProcess(tmp_path / f"s{len(started)}", model, providers=["cpu"], **sections)
+        started.append(d)
+        d.start()
+        d.url = wait_for(lambda: d.status().get("api"), what="the API address in the status file")
+        return d
+
+    yield start
+    for d in started:
+        d.close()
+
+
+def refusals(d: DaemonProcess) -> list[str]:
+    return [line for line in api_lines(d) if "POST /predict: " in line]
+
+
+@pytest.mark.parametrize("how", ["client gone", "deadline"])
+def test_abandoned_image_requests_do_not_hold_up_a_dropped_frame(slow_api_daemon, how):
+    """30 image bodies nobody waits for any more (clients gone, or api.timeout_s passed), then a frame
+    dropped: its map comes after its own inference, not after 30 others (38.8 s, once)."""
+    d = slow_api_daemon(api={"timeout_s": 0.5} if how == "deadline" else {}, daemon={"log_level": "debug"})
+    body = jpeg_bytes(block_frame(2))
+    client_timeout = 0.5 if how == "client gone" else HTTP_TIMEOUT
+
+    def abandon(_: int) -> int | str:
+        try:
+            return requests.post(
+                f"{d.url}/predict", data=body, headers={"Content-Type": "image/jpeg"}, timeout=client_timeout
+            ).status_code
+        except requests.exceptions.Timeout:
+            return "gave up"
+
+    with ThreadPoolExecutor(30) as pool:
+        outcomes = list(pool.map(abandon, range(30)))
+    assert set(outcomes) <= {"gave up" if how == "client gone" else 504, 503, 200}, outcomes
+    assert 503 in outcomes, "beyond the bound, a request is answered 503 at once"
+    # A request's end is one line (499 for a client gone); every job begun has been told to stop by then.
+    begun = lambda: d.log().count("its job has begun")  # noqa: E731
+    ended = lambda: d.log().count("its job was stopped") + len(re.findall(r"api: image body \d+x\d+ -> ", d.log()))  # noqa: E731
+    wait_for(lambda: begun() and ended() == begun(), what="every image job begun to be stopped or answered")
+    code = ": 499 " if how == "client gone" else ": 504 "
+    assert all(code in line or "waiting already" in line for line in refusals(d)), refusals(d)
+    write_by_rename(d.watch / "frame.jpg", jpeg_bytes(block_frame(3)))
+    wait_for(lambda: d.counts().get("done") == 1, what="the dropped frame's map")
+    counts = d.counts()
+    own_ms = sum(counts["last_stage_ms"].values())
+    assert counts["last_latency_ms"] < 2 * own_ms, f"waited {counts['last_latency_ms']:.0f} ms for a frame whose own work took {own_ms:.0f} ms"
+    assert d.stop() == 0
+    assert d.counts()["failed"] == 0
+
+
+def test_stop_answers_waiting_image_requests_with_503(slow_api_daemon):
+    """SIGTERM while image bodies wait and the shutdown has no time for them: each gets its 503."""
+    d = slow_api_daemon(daemon={"shutdown_timeout_s": 0.5, "log_level": "debug"})
+    body = jpeg_bytes(block_frame(4))
+    begun = lambda: d.log().count("its job has begun")  # noqa: E731
+    with ThreadPoolExecutor(6) as pool:
+        pending = [
+            pool.submit(requests.post, f"{d.url}/predict", data=body, headers={"Content-Type": "image/jpeg"}, timeout=HTTP_TIMEOUT)
+            for _ in range(6)
+        ]
+        wait_for(lambda: begun() >= 3, what="image jobs in the pipeline")
+        d.send(signal.SIGTERM)
+        answers = [p.result(HTTP_TIMEOUT) for p in pending]  # a dropped connection raises here
+    codes = [a.status_code for a in answers]
+    assert 503 in codes and set(codes) <= {200, 503}, codes
+    assert all(a.text.strip() == "the daemon is stopping; try again once it is back" for a in answers if a.status_code == 503)
+    assert d.proc.wait(HTTP_TIMEOUT) == 0
+    assert "threads still running" not in d.log()
+
+
+def test_health_answers_while_many_requests_wait(api_daemon):
+    """More requests waiting than request threads: the ones beyond the bound get 503 at once, /health answers."""
+    from depthwatch.daemon.api import THREADS, WAITING
+
+    d = api_daemon(restricted=True, api={"timeout_s": 600}, daemon={"retries": 100}, output={"template": "ro/depth.jpg"})
+    ro = d.watch / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)  # the map is retried and never lands: the requests wait until the stop
+    try:
+        (d.watch / "frame.jpg").write_bytes(jpeg_bytes(block_frame(13)))
+        many = THREADS + 4
+        with ThreadPoolExecutor(many) as pool:
+            pending = [pool.submit(requests.post, f"{d.url}/predict", timeout=HTTP_TIMEOUT) for _ in range(many)]
+            wait_for(lambda: sum(p.done() for p in pending) == many - WAITING, what="the requests beyond the bound to be answered")
+            busy = [p.result() for p in pending if p.done()]
+            assert all(a.status_code == 503 and "waiting already" in a.text for a in busy), [a.text for a in busy]
+            for _ in range(3):
+                health = requests.get(f"{d.url}/health", timeout=10)
+                assert health.status_code == 200 and health.json()["state"] == "running"
+            assert sum(p.done() for p in pending) == many - WAITING, "a waiting request was answered"
+            d.send(signal.SIGTERM)
+            answers = [p.result(HTTP_TIMEOUT) for p in pending]
+        assert [a.status_code for a in answers].count(503) == many
+        assert d.proc.wait(HTTP_TIMEOUT) == 0
+    finally:
+        ro.chmod(0o755)
+
+
+def test_a_map_deleted_since_is_made_again_not_answered_done(api_daemon, reference):
+    d = api_daemon()
+    data = jpeg_bytes(block_frame(14))
+    write_by_rename(d.watch / "frame.jpg", data)
+    answer = requests.post(f"{d.url}/predict", timeout=HTTP_TIMEOUT)
+    assert (answer.status_code, answer.text) == (200, "DONE")
+    (d.watch / "depth.jpg").unlink()
+    answer = requests.post(f"{d.url}/predict", timeout=HTTP_TIMEOUT)
+    assert (answer.status_code, answer.text) == (200, "DONE")
+    assert_same_map(decode_map((d.watch / "depth.jpg").read_bytes()), reference.depth(data))
+    assert d.stop() == 0
+    assert d.counts()["done"] == 2
+
+
+def test_a_request_trickling_in_is_cut_off_at_api_request_timeout_s(api_daemon, tmp_path):
+    import select
+    import socket
+    import time
+
+    from depthwatch import config as configuration
+    from depthwatch.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="api.request_timeout_s must be between 0.1 and 3600"):
+        configuration.parse("api:\n  request_timeout_s: 0\n", tmp_path / "config.yaml")
+    assert ApiConfig().request_timeout_s == 30  # the default, as config.yaml says
+
+    d = api_daemon(api={"request_timeout_s": 1})
+    host, port = d.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=HTTP_TIMEOUT) as s:
+        start = time.monotonic()
+        s.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\nContent-Length: 100000\r\n\r\n")
+        closed = False
+        while not closed and time.monotonic() - start < HTTP_TIMEOUT:
+            try:
+                s.sendall(b"\xff")  # a byte every 0.1 s: never idle, never whole
+                readable, _, _ = select.select([s], [], [], 0.1)
+                closed = bool(readable) and s.recv(1) == b""
+            except OSError:
+                closed = True
+        elapsed = time.monotonic() - start
+    assert closed, "the trickling request was never cut off"
+    assert 1.0 <= elapsed < 10, elapsed
+    wait_for(lambda: "did not arrive whole within 1 s (api.request_timeout_s)" in d.log(), what="the log line")
+    write_by_rename(d.watch / "frame.jpg", jpeg_bytes(block_frame(15)))
+    answer = requests.post(f"{d.url}/predict", timeout=HTTP_TIMEOUT)  # whole at once: well within it
+    assert (answer.status_code, answer.text) == (200, "DONE")
+    assert d.stop() == 0

@@ -10,12 +10,17 @@ answered with its depth map and writes nothing.
 
 Waitress reads a whole request before a request thread sees it and buffers the
 answer, so a slow or stuck client holds only its own connection, never the
-inference thread, the workers or the watcher. Request threads only wait.
+inference thread, the workers or the watcher. Request threads only wait, and
+at most WAITING of them at once, so a few are always free for `/health` and for
+the 503 that turns away a request beyond them. A wait ends at `api.timeout_s`,
+when the client hangs up (waitress reads on while a request runs, so it sees
+that), or when the daemon stops; then an image's job is stopped where it is,
+so abandoned requests never queue work ahead of a frame someone waits for.
 
 Connections are a resource a local program can hoard: waitress stops accepting
 at its connection limit, so 100 idle, half-sent connections would lock every
 plugin out, and a byte every few seconds defeats its idle timeout. So, on the
-loop thread between polls: a request must arrive whole within REQUEST_DEADLINE_S
+loop thread between polls: a request must arrive whole within `api.request_timeout_s`
 of its first byte (trickling does not extend it), and at the limit, while a new
 connection is waiting, the connection that has waited longest without a request
 in flight is closed to make room.
@@ -33,7 +38,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import CancelledError, Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -59,12 +63,16 @@ log = logging.getLogger("depthwatch.daemon.api")
 #: Request threads. They only wait (for a map, or an in-memory job), so more than the
 #: cores is fine; requests beyond them wait in waitress's queue.
 THREADS = 16
+#: `POST /predict` requests waiting at once at most (for a map, or a slot for an image
+#: body); one beyond them is answered 503 at once. The other threads stay free for
+#: `/health` and those answers.
+WAITING = THREADS - 2
+#: How often a waiting request looks whether its client is still there.
+_CHECK_S = 0.1
 #: An idle keep-alive connection is closed after this long.
 CHANNEL_TIMEOUT_S = 60
 #: Open connections at most; at the limit the stalest idle one makes room for a new one.
 CONNECTION_LIMIT = 100
-#: A request (headers and body) must arrive whole within this long of its first byte.
-REQUEST_DEADLINE_S = 30.0
 #: How often overdue requests are looked for, and evictions summed up in the log.
 _POLICE_S = 1.0
 
@@ -86,9 +94,11 @@ class Backend(Protocol):
 
     def request_map(self, source: Path) -> Ticket: ...
 
-    def render_image(self, data: bytes, ext: str, png_bits: int | None = None) -> Future[Result]: ...
+    def render_image(
+        self, data: bytes, ext: str, png_bits: int | None = None, timeout: float | None = None
+    ) -> Future[Result]: ...
 
-    def give_up(self, ticket: Ticket) -> None: ...
+    def give_up(self, waited: Ticket | Future[Result]) -> None: ...
 
     def health(self) -> tuple[bool, bytes]: ...
 
@@ -111,6 +121,7 @@ _REASONS = {
     413: "Content Too Large",
     415: "Unsupported Media Type",
     422: "Unprocessable Content",
+    499: "Client Closed Request",
     500: "Internal Server Error",
     503: "Service Unavailable",
     504: "Gateway Timeout",
@@ -125,6 +136,11 @@ class _Answer:
     headers: tuple[tuple[str, str], ...] = ()
 
 
+#: How a request's wait ended.
+_READY, _GONE, _TIMEOUT, _STOPPED = "ready", "gone", "timeout", "stopped"
+_STOPPING = "the daemon is stopping; try again once it is back"
+
+
 class PredictApp:
     """The WSGI application: `POST /predict` and `GET /health`."""
 
@@ -133,6 +149,18 @@ class PredictApp:
         self.config = config
         self.max_body = int(config.max_body_mb * 1024 * 1024)
         self._token = config.token.encode() if config.token else None
+        self._waiting = threading.BoundedSemaphore(WAITING)
+        #: Set by `release`: every wait ends now with 503.
+        self._released = threading.Event()
+        self._wakers: set[threading.Event] = set()
+        self._wakers_lock = threading.Lock()
+
+    def release(self) -> None:
+        """The daemon is stopping and will not finish what is still waited for: answer 503 now."""
+        self._released.set()
+        with self._wakers_lock:
+            for waker in self._wakers:
+                waker.set()
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
@@ -165,14 +193,19 @@ class PredictApp:
         if method != "POST":
             raise Refused(405, "use POST /predict")
         if self.backend.stopping:
-            raise Refused(503, "the daemon is stopping; try again once it is back")
+            raise Refused(503, _STOPPING)
         params = parse_qs(query, keep_blank_values=True)
         length = _content_length(environ)
         if length > self.max_body:
             raise Refused(413, self._too_large())
-        if length > 0:
-            return self._predict_body(environ, length, params)
-        return self._predict_frame(params)
+        if not self._waiting.acquire(blocking=False):
+            raise Refused(503, f"{WAITING} requests are waiting already; try again shortly")
+        try:
+            if length > 0:
+                return self._predict_body(environ, length, params)
+            return self._predict_frame(params, environ)
+        finally:
+            self._waiting.release()
 
     def _authorise(self, environ: dict[str, Any]) -> None:
         if self._token is None:
@@ -185,9 +218,35 @@ class PredictApp:
     def _too_large(self) -> str:
         return f"the body is over api.max_body_mb ({self.config.max_body_mb:g} MB); send a smaller image or raise api.max_body_mb"
 
+    # -- waiting ---------------------------------------------------------------------
+
+    def _wait(self, environ: dict[str, Any], ready: Callable[[float], bool], deadline: float) -> str:
+        """Call `ready(seconds)` until it is true (_READY), the client hangs up, time runs out or `release`.
+
+        A client gone is looked for first: a request served after its client left starts nothing.
+        """
+        gone = environ.get("waitress.client_disconnected")
+        while True:
+            if gone is not None and gone():
+                return _GONE
+            if ready(max(0.0, min(_CHECK_S, deadline - time.monotonic()))):
+                return _READY
+            if self._released.is_set():
+                return _STOPPED
+            if time.monotonic() >= deadline:
+                return _TIMEOUT
+
+    def _waited_in_vain(self, how: str, what: str, after: str) -> Refused:
+        """The refusal for a wait that did not end _READY; `after` says what became of the work."""
+        if how == _STOPPED or self.backend.stopping:
+            return Refused(503, _STOPPING)
+        if how == _GONE:
+            return Refused(499, f"the client went away before the answer; {after}")
+        return Refused(504, f"no depth map {what}within api.timeout_s ({self.config.timeout_s:g} s); the daemon may be overloaded; {after}")
+
     # -- a frame on disk -------------------------------------------------------------
 
-    def _predict_frame(self, params: dict[str, list[str]]) -> _Answer:
+    def _predict_frame(self, params: dict[str, list[str]], environ: dict[str, Any]) -> _Answer:
         rules = self.backend.rules
         names = params.get("frame")
         source = self._resolve(names[-1], rules) if names else self._default_frame(rules)
@@ -199,16 +258,17 @@ class PredictApp:
             raise Refused(404, f"no such frame {source}; write it first") from None
         except FrameError as exc:
             raise Refused(403, f"{source}: {exc}") from None
-        outcome = ticket.wait(self.config.timeout_s)
+        how = self._wait(environ, lambda seconds: ticket.wait(seconds).kind != TIMEOUT, time.monotonic() + self.config.timeout_s)
+        if how != _READY:
+            self.backend.give_up(ticket)
+            raise self._waited_in_vain(how, f"for {source.name} ", "its map is made all the same")
+        outcome = ticket.wait(0)
         if outcome.kind == DONE:
             return _Answer(200, b"DONE")
-        if outcome.kind == TIMEOUT:
-            self.backend.give_up(ticket)
-            raise Refused(504, f"no depth map for {source.name} within api.timeout_s ({self.config.timeout_s:g} s); the daemon may be overloaded")
         if outcome.kind == FAILED:
             raise Refused(422 if outcome.frame_error else 500, f"{source.name}: {outcome.error}")
         if self.backend.stopping:
-            raise Refused(503, "the daemon is stopping; try again once it is back")
+            raise Refused(503, _STOPPING)
         raise Refused(503, outcome.error or "the daemon is stopping")
 
     def _default_frame(self, rules: Rules) -> Path:
@@ -251,20 +311,32 @@ class PredictApp:
         if len(data) > self.max_body:
             raise Refused(413, self._too_large())
         start = time.perf_counter()
+        deadline = time.monotonic() + self.config.timeout_s
         try:
-            future = self.backend.render_image(data, ext, bits)
-            result = future.result(timeout=self.config.timeout_s)
+            future = self._start_image(environ, deadline, data, ext, bits)
+            log.debug("api: image body of %d bytes: its job has begun", len(data))
+            done = threading.Event()
+            future.add_done_callback(lambda _: done.set())
+            with self._wakers_lock:
+                self._wakers.add(done)
+            try:
+                how = self._wait(environ, lambda seconds: done.wait(seconds) and future.done(), deadline)
+            finally:
+                with self._wakers_lock:
+                    self._wakers.discard(done)
+            if how != _READY:
+                self.backend.give_up(future)  # nobody will read it: the model moves on
+                raise self._waited_in_vain(how, "", "its job was stopped")
+            result = future.result()
         except CancelledError:  # the daemon stopped before it ran
-            raise Refused(503, "the daemon is stopping; try again once it is back") from None
-        except FutureTimeout:  # the job still finishes; nobody reads it
-            raise Refused(504, f"no depth map within api.timeout_s ({self.config.timeout_s:g} s); the daemon may be overloaded") from None
+            raise Refused(503, _STOPPING) from None
         except (DepthwatchError, RuntimeError) as exc:  # the pipeline was already shut down
             if self.backend.stopping:
-                raise Refused(503, "the daemon is stopping; try again once it is back") from None
+                raise Refused(503, _STOPPING) from None
             raise Refused(500, f"{exc}") from None
         if not result.ok or result.data is None:
             if self.backend.stopping:
-                raise Refused(503, "the daemon is stopping; try again once it is back")
+                raise Refused(503, _STOPPING)
             if result.unusable:
                 raise Refused(422, f"the {content_type} body cannot be used: {result.error}")
             raise Refused(500, f"{result.error}")
@@ -272,6 +344,24 @@ class PredictApp:
         log.info("api: image body %dx%d -> %s ms: %s total %.1f", w, h, label, timings(result.ms), (time.perf_counter() - start) * 1000)
         mime = "image/jpeg" if ext == ".jpg" else "image/png"
         return _Answer(200, result.data, mime, (("X-Depthwatch-Size", f"{w}x{h}"),))
+
+    def _start_image(self, environ: dict[str, Any], deadline: float, data: bytes, ext: str, bits: int | None) -> Future[Result]:
+        """The image's job, once the pipeline has a slot for it (images never take the last one)."""
+        started: list[Future[Result]] = []
+
+        def start(seconds: float) -> bool:
+            if self.backend.stopping:
+                raise Refused(503, _STOPPING)  # not begun: no new work once the stop has begun
+            try:
+                started.append(self.backend.render_image(data, ext, bits, timeout=seconds))
+            except TimeoutError:
+                return False
+            return True
+
+        how = self._wait(environ, start, deadline)
+        if how != _READY:
+            raise self._waited_in_vain(how, "", "its job had not begun")
+        return started[0]
 
     def _answer_format(self, params: dict[str, list[str]], accept: str) -> tuple[str, int | None, str]:
         chosen = params.get("format")
@@ -351,6 +441,8 @@ class _Channel(HTTPChannel):
 
 #: How often the loop thread looks at the stop flags between network events.
 _LOOP_TICK_S = 0.1
+#: At a stop, the least time the answers already decided (503s) get to go out.
+_HANDOVER_S = 0.5
 
 
 class ApiServer:
@@ -386,6 +478,8 @@ class ApiServer:
             channel_timeout=CHANNEL_TIMEOUT_S,
             connection_limit=CONNECTION_LIMIT,
             max_request_body_size=self.app.max_body,
+            # Read on while a request runs, so a client hanging up is seen (waitress.client_disconnected).
+            channel_request_lookahead=1,
             clear_untrusted_proxy_headers=True,
             expose_tracebacks=False,
             ident="depthwatch",
@@ -431,12 +525,13 @@ class ApiServer:
 
     def _close_overdue(self, channels: dict[int, Any]) -> None:
         """Close connections whose request has not arrived whole in time; one line for them all."""
-        cutoff = time.monotonic() - REQUEST_DEADLINE_S
+        limit = self.config.request_timeout_s
+        cutoff = time.monotonic() - limit
         overdue = [c for c in channels.values() if isinstance(c, _Channel) and c.partial and c.since < cutoff]
         for channel in overdue:
             channel.handle_close()
         if overdue:
-            log.warning("api: closed %d connection(s) whose request did not arrive whole within %g s", len(overdue), REQUEST_DEADLINE_S)
+            log.warning("api: closed %d connection(s) whose request did not arrive whole within %g s (api.request_timeout_s)", len(overdue), limit)
         if self._evicted:
             log.warning(
                 "api: closed %d idle connection(s) to make room for new ones (at most %d are kept open)",
@@ -449,7 +544,10 @@ class ApiServer:
         server = self._server
         if server is None or self._thread is None:
             return
-        deadline = time.monotonic() + timeout
+        # What is still waited for will not be finished (the frames in flight are done, or out
+        # of time): every waiting request answers 503 now, rather than once its connection is gone.
+        self.app.release()
+        deadline = time.monotonic() + max(timeout, _HANDOVER_S)
         dispatcher = server.task_dispatcher
         # Requests still queued or running get their answer (503 now the daemon is stopping)
         # rather than a dropped connection: waitress cancels what is still queued at shutdown.

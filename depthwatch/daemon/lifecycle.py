@@ -651,15 +651,26 @@ class Daemon:
                 raise FileNotFoundError(source)
             return self.waiters.attach(replace(job, signature=signature), self._enqueue)
 
-    def give_up(self, ticket: Ticket) -> None:
-        """A request stopped waiting for its map."""
-        self.waiters.give_up(ticket)
+    def give_up(self, waited: Ticket | Future[Result]) -> None:
+        """A request stopped waiting (out of time, its client gone, the daemon stopping).
 
-    def render_image(self, data: bytes, ext: str, png_bits: int | None = None) -> Future[Result]:
-        """The depth map of image bytes in memory, encoded for `ext` (in `Result.data`); written nowhere."""
+        A frame's job goes on: it is the watcher's job too, and its map is
+        wanted on disk. An image's job is stopped where it is: nobody else
+        wants its map, and the model should move on to work someone waits for.
+        """
+        if isinstance(waited, Ticket):
+            self.waiters.give_up(waited)
+        elif self.pipeline is not None:
+            self.pipeline.cancel(waited)
+
+    def render_image(self, data: bytes, ext: str, png_bits: int | None = None, timeout: float | None = None) -> Future[Result]:
+        """The depth map of image bytes in memory, encoded for `ext` (in `Result.data`); written nowhere.
+
+        TimeoutError if it found no slot in the pipeline within `timeout`.
+        """
         assert self.pipeline is not None
         settings = self._settings if png_bits is None else replace(self._settings, png_bits=png_bits)
-        return self.pipeline.submit(Job.held(data, ext), settings)
+        return self.pipeline.submit(Job.held(data, ext), settings, timeout=timeout)
 
     def health(self) -> tuple[bool, bytes]:
         """(serving, the status file's JSON) as of now; not serving once the inference thread is gone."""

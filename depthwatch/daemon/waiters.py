@@ -12,7 +12,8 @@ releases nobody: the newer job that superseded it will.
 Jobs are queued through the daemon's own path, under this module's lock, so a
 version the watcher already queued, started or finished is never run twice:
 the queue drops a second job for a version it holds, and a finished version
-is answered from `_last` at once (its map, or why it has none). The watcher's own event for a version a
+is answered from `_last` at once (why it has no map, or DONE if its map is still on
+disk with that version's record: a map deleted since is made again). The watcher's own event for a version a
 request queued first is dropped once (`absorb`). With two producers (the
 watcher, requests) the daemon also queues under `hold()` and looks at the file
 again there, so an older version can never be queued after a newer one and
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from depthwatch.frames import provenance
 from depthwatch.frames.job import Job, Signature
 from depthwatch.frames.result import Result
 
@@ -68,6 +70,12 @@ class Ticket:
             self._event.set()
 
 
+def _map_on_disk(output: Path, signature: Signature) -> bool:
+    """Whether `output` is still the map made from the frame version `signature` (its record says so)."""
+    record = provenance.read(output)
+    return record is not None and (record.get("size"), record.get("mtime_ns"), record.get("inode")) == signature
+
+
 def _remember(memory: OrderedDict, key: Path, value: object) -> None:
     memory[key] = value
     memory.move_to_end(key)
@@ -103,8 +111,10 @@ class MapWaiters:
                 return ticket
             last = self._last.get(job.output)
             if last is not None and last[:2] == (job.source, job.signature):
-                ticket._release(last[2])
-                return ticket
+                if last[2].kind != DONE or _map_on_disk(job.output, job.signature):
+                    ticket._release(last[2])
+                    return ticket
+                del self._last[job.output]  # deleted or replaced since: make it again
             self._waiting.setdefault(job.output, []).append(ticket)
             if enqueue(job):
                 _remember(self._taken, job.source, job.signature)

@@ -9,7 +9,9 @@ same bound on frames in flight (each holds a decoded frame in memory): `once`
 and the farm by `submit` blocking, the daemon by `feed`, which pulls from its
 latest-wins queue whenever a slot frees. An image held in memory (an API
 image body) is a job with bytes for a source and no output: the same path,
-minus the read and the write.
+minus the read and the write, in the same slots, but never in all of them (a
+frame from disk always finds one within about one job), and stopped where it is
+by `cancel` once nobody waits for it.
 
 The steps themselves live in their own modules: `reading`, `imaging.codec`,
 `imaging.tensor`, the engine, `imaging.render`, `provenance`, `writer`.
@@ -84,10 +86,8 @@ class _Frame:
     clock: float = field(default_factory=time.perf_counter)
     #: Submission order; a map never replaces one written by a later job for its output.
     seq: int = 0
-    #: Whether it holds one of the `in_flight` slots (an image in memory does not:
-    #: the request holding its bytes bounds it).
-    slot: bool = True
-    #: A newer job for the same output was submitted: do not start inference.
+    #: A newer job for the same output was submitted, or nobody waits for this one
+    #: any more (`cancel`): do not start inference.
     abandoned: bool = False
     inference: Future[Inference] | None = None
     #: output.normalise: stable: the shot state this frame's map leaves once written.
@@ -163,6 +163,12 @@ class Pipeline:
         #: this bounds memory; two more than the workers keeps the model fed meanwhile.
         self.in_flight = in_flight or workers + 2
         self._slots = threading.Semaphore(self.in_flight)
+        #: Images in memory take slots too, but leave one for frames from disk, so that
+        #: however many API requests send images, a dropped frame waits about one job.
+        self.held_in_flight = max(1, self.in_flight - 1)
+        self._held_slots = threading.Semaphore(self.held_in_flight)
+        #: Images in memory in flight, by their future (see `cancel`).
+        self._held: dict[Future[Result], _Frame] = {}
         self._pool = ThreadPoolExecutor(
             max_workers=workers,
             thread_name_prefix="depthwatch-worker",
@@ -189,14 +195,36 @@ class Pipeline:
 
         The future always completes with a Result (errors included). TimeoutError
         if no slot freed within `timeout`. A job with no output (image bytes in
-        memory) starts at once, takes no part in latest-wins, and its Result
-        carries the encoded map.
+        memory) takes no part in latest-wins, may hold all slots but one, and its
+        Result carries the encoded map.
         """
-        if job.output is None:  # an image in memory: the request holding its bytes bounds these
-            return self._start(job, settings, slot=False)
+        if job.output is None:
+            started = time.monotonic()
+            if not self._held_slots.acquire(timeout=timeout):
+                raise TimeoutError(f"{self.held_in_flight} images still in flight")
+            left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+            if not self._slots.acquire(timeout=left):
+                self._held_slots.release()
+                raise TimeoutError(f"{self.in_flight} frames still in flight")
+            return self._start(job, settings)
         if not self._slots.acquire(timeout=timeout):  # None: wait (a Semaphore takes -1 as "not at all")
             raise TimeoutError(f"{self.in_flight} frames still in flight")
         return self._start(job, settings)
+
+    def cancel(self, future: Future[Result]) -> None:
+        """Nobody waits for this image's map any more (an API client gone or out of time): stop it.
+
+        Before the model it stops at the next stage; a queued inference is
+        dropped and a running one told to stop, so the inference thread moves on
+        to work someone still waits for. The future still completes (superseded).
+        """
+        with self._lock:
+            frame = self._held.get(future)
+        if frame is None:
+            return
+        frame.abandoned = True
+        if frame.inference is not None:
+            self.engine.abort(frame.inference, running_too=True)
 
     def process(self, job: Job, settings: Settings) -> Result:
         return self.submit(job, settings).result()
@@ -244,19 +272,20 @@ class Pipeline:
         job: Job,
         settings: Settings,
         then: Callable[[Future[Result]], None] | None = None,
-        slot: bool = True,
     ) -> Future[Result]:
-        """Begin a job whose slot is already taken (or that needs none); `then` runs before the slot frees."""
+        """Begin a job whose slot is already taken; `then` runs before the slot frees."""
         future: Future[Result] = Future()
         if then is not None:
             future.add_done_callback(then)
-        frame = _Frame(job, settings, future, Result(job), seq=next(self._seq), slot=slot)
+        frame = _Frame(job, settings, future, Result(job), seq=next(self._seq))
         older = None
         with self._lock:
             self._pending += 1
             if job.output is not None:
                 older = self._newest.get(job.output)
                 self._newest[job.output] = frame
+            else:
+                self._held[future] = frame
             _, last_map, _ = self._written.get(job.output, (0, float("-inf"), None))
         if older is not None:
             older.abandoned = True
@@ -297,12 +326,14 @@ class Pipeline:
         with self._idle:
             if frame.job.output is not None and self._newest.get(frame.job.output) is frame:
                 del self._newest[frame.job.output]
+            self._held.pop(frame.future, None)
             self._pending -= 1
             if self._pending == 0:
                 self._idle.notify_all()
-        if frame.slot:
-            self._slots.release()
-            self.pull()
+        self._slots.release()
+        self.pull()  # a waiting frame from disk first, then another image may take a slot
+        if frame.job.output is None:
+            self._held_slots.release()
 
     # -- worker side ----------------------------------------------------------------
 
@@ -399,8 +430,8 @@ class Pipeline:
         frame.lap("prepare")
         frame.check()
         frame.inference = self.engine.infer(prepared, info.generation)
-        if frame.abandoned:  # a newer job came while this one was being handed over
-            self.engine.abort(frame.inference, running_too=False)
+        if frame.abandoned:  # a newer job (or a cancel) came while this one was being handed over
+            self.engine.abort(frame.inference, running_too=frame.job.output is None)
         frame.inference.add_done_callback(lambda done: self._handoff(frame, done))
 
     def _newer_written(self, frame: _Frame) -> bool:
