@@ -237,6 +237,12 @@ class Daemon:
         if caught.pop(signal.SIGHUP, _NONE) is not _NONE:
             self._reload.set()
 
+    def _stop_asked(self) -> bool:
+        """Whether a stop has been asked for, SIGTERM included (main thread: it takes the signals)."""
+        if threading.current_thread() is threading.main_thread():
+            self._take_signals()
+        return self._stop.is_set()
+
     def request_stop(self) -> None:
         """Stop (from another thread, or the main loop for SIGTERM/SIGINT). A second request forces a quick exit."""
         if self._stop.is_set():
@@ -386,7 +392,7 @@ class Daemon:
         self.watcher = Watcher(rules, config.watch, self._on_complete, self._on_unusable)
         self.watcher.start()
         self.status.watching = [str(r) for r in rules.roots]
-        pending = self.watcher.scan()
+        pending = self.watcher.scan(cancelled=self._stop_asked)
         if pending:
             log.info("%d frame(s) are waiting for their depth maps", pending)
 

@@ -379,12 +379,16 @@ class Watcher:
                 how = "moved in" if moved_in else "scanned again"
                 log.info("%s %s: %d frame(s) to map (scanned in %.1f s)", shown(folder), how, count, time.monotonic() - started)
 
-    def scan(self, folder: Path | None = None) -> int:
-        """Queue every frame whose depth map is missing or older than it; returns how many."""
+    def scan(self, folder: Path | None = None, cancelled: Callable[[], bool] | None = None) -> int:
+        """Queue every frame whose depth map is missing or older than it; returns how many.
+
+        `cancelled` is asked between files (the daemon's start-up scan runs on the main
+        thread, and a SIGTERM must not wait for a folder of a hundred thousand frames).
+        """
         count = 0
         for root in [folder] if folder else self.rules.roots:
             for path in self._walk(root):
-                if self._stopping:
+                if self._stopping or (cancelled is not None and cancelled()):
                     return count
                 if self._needs_output(path):
                     self.poke(path, Mode.SETTLE, scanned=True)
