@@ -364,3 +364,23 @@ def test_other_processes_keeping_the_cpus_busy_are_seen():
         for p in burners:
             p.kill()
             p.wait(10)
+
+
+def test_the_daemon_starts_with_a_damaged_digest_record(tmp_path):
+    """The real process: a digests.json whose entry lost its sha256 made the first load a bare
+    AssertionError and exit 1 (a restart loop under launchd); now the model is hashed again."""
+    model = brightness_model(tmp_path / "m.onnx")
+    stat = model.stat()
+    cache = Path(os.environ["XDG_CACHE_HOME"]) / "depthwatch"
+    cache.mkdir(parents=True, exist_ok=True)
+    entry = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "inode": stat.st_ino, "used": time.time()}
+    (cache / "digests.json").write_text(json.dumps({str(model.resolve()): entry}))
+    d = DaemonProcess(tmp_path / "d", model)
+    try:
+        d.start()
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: (d.watch / "depth.jpg").exists(), what="the map")
+        assert len(json.loads((cache / "digests.json").read_text())[str(model.resolve())]["sha256"]) == 64
+        assert d.stop() == 0
+    finally:
+        d.close()
