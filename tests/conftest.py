@@ -107,16 +107,30 @@ def _user_folders_of_its_own(tmp_path_factory: pytest.TempPathFactory, monkeypat
         monkeypatch.setenv(name, str(home / name.lower()))
 
 
+#: Processes a module-scoped fixture owns though a test started them (a farm's worker added for
+#: the tests after it): that fixture stops them. Everything else a test starts, the test stops.
+MODULE_OWNED: set[int] = set()
+
+
+def owned_by_the_module(pid: int) -> None:
+    """Say that the process `pid`, started in a test, is its module fixture's to stop."""
+    MODULE_OWNED.add(pid)
+
+
 @pytest.fixture(autouse=True)
 def _no_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
     """Every process a test starts is gone when it ends, also when it failed: one left is killed, and named.
 
-    Processes of module-scoped fixtures exist before this runs and are theirs to stop.
+    Processes of module-scoped fixtures exist before this runs (or are in MODULE_OWNED) and are theirs to stop.
     """
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
     yield
-    left = [p for p in me.children(recursive=True) if p.pid not in before and _running(p)]
+    owned = set(MODULE_OWNED)
+    for pid in list(owned):
+        with contextlib.suppress(psutil.Error):
+            owned.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+    left = [p for p in me.children(recursive=True) if p.pid not in before | owned and _running(p)]
     _, alive = psutil.wait_procs(left, timeout=10)  # one that is stopping right now gets the time to end
     names = []
     for proc in alive:

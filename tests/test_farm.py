@@ -22,6 +22,7 @@ import yaml
 
 pytest.importorskip("distributed", reason="the farm extra is not installed: pip install -e '.[farm]'")
 
+from conftest import owned_by_the_module  # noqa: E402
 from daemon_process import strace_works, wait_for  # noqa: E402
 from farm_process import (  # noqa: E402
     FarmWorker,
@@ -84,6 +85,8 @@ class Farm:
         self.strace_reason = strace_works()
         self.workers: list[FarmWorker] = []
         self._names = iter(f"w{i}" for i in range(1, 100))
+        #: True for the module's farm: workers added in a test are the fixture's to stop.
+        self.module_fixture = False
 
     def write_config(self, **farm: object) -> None:
         config = {
@@ -102,6 +105,8 @@ class Farm:
         ]
         for worker in fresh:
             worker.wait_ready()
+            if self.module_fixture and worker.proc is not None:
+                owned_by_the_module(worker.proc.pid)  # the module's farm stops it, with the farm
         self.workers.extend(fresh)
         return fresh
 
@@ -120,6 +125,7 @@ class Farm:
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory: pytest.TempPathFactory):
     farm = Farm(tmp_path_factory.mktemp("farm"))
+    farm.module_fixture = True  # the workers tests add for the tests after them are this fixture's
     try:
         farm.add_workers(2)
         yield farm
