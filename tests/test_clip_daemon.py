@@ -352,7 +352,7 @@ def _faststart(path: Path) -> bytes:
 
 def test_a_preallocating_copier_is_taken_once_when_filled(clip_watch, tmp_path: Path) -> None:
     """The full size first, then filled in, with pauses: never taken before it is whole, never reported."""
-    folder, watcher, recorder = clip_watch(settle_ms=50, incomplete_timeout_s=0.5)
+    folder, _watcher, recorder = clip_watch(settle_ms=50, incomplete_timeout_s=0.5)
     data = _faststart(tmp_path / "fast.mp4")
     target = folder / "E005.mp4"
     with open(target, "wb") as f:
@@ -377,7 +377,7 @@ def test_a_preallocating_copier_is_taken_once_when_filled(clip_watch, tmp_path: 
 
 def test_a_copy_slower_than_the_incomplete_timeout_is_no_failure(clip_watch, tmp_path: Path) -> None:
     """Appended with pauses longer than incomplete_timeout_s, still open: a warning at most, taken when closed."""
-    folder, watcher, recorder = clip_watch(settle_ms=50, incomplete_timeout_s=0.4)
+    folder, _watcher, recorder = clip_watch(settle_ms=50, incomplete_timeout_s=0.4)
     source = tmp_path / "slow.mp4"
     write_clip(source, pan_clip_frames(SIZE, 24, step=5), codec="h264")
     data = source.read_bytes()
@@ -404,7 +404,7 @@ def test_a_crafted_clip_is_walked_once(clip_watch, tmp_path: Path, monkeypatch: 
     walks = []
     state_at = video.state_at
     monkeypatch.setattr(video, "state_at", lambda read, size: walks.append(size) or state_at(read, size))
-    folder, watcher, recorder = clip_watch(settle_ms=20, incomplete_timeout_s=1.0)
+    folder, _watcher, recorder = clip_watch(settle_ms=20, incomplete_timeout_s=1.0)
     crafted = tmp_path / "crafted.mp4"
     boxes = video.MOST_TOP_BOXES - 10
     crafted.write_bytes(b"\x00\x00\x00\x10ftypisom\x00\x00\x02\x00" + b"\x00\x00\x00\x08free" * boxes + b"\x00\x00\x01\x00mdat")

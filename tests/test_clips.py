@@ -331,7 +331,7 @@ def test_a_dead_writers_temporary_sequence_folder_is_swept(tmp_path: Path) -> No
 def _once_run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "depthwatch", "once", *args, "--model", str(FASTDEPTH), "--profile", "fastdepth-nyu"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, check=False,
     )
 
 
@@ -348,8 +348,10 @@ def test_two_clips_for_one_depth_clip_are_refused_before_any_work(tmp_path: Path
     done = _once_run(str(tmp_path / "a.mp4"), str(tmp_path / "a.mov"))
     assert done.returncode == 78, done.stderr
     assert _errors(done) == [
-        f"depthwatch: {tmp_path / 'a.mp4'} and {tmp_path / 'a.mov'} both map to {tmp_path / 'a_depth.mov'}; one depth clip "
-        "would replace the other: name outputs with {name} (e.g. -o '{name}_depth.mov') or leave one out (nothing was written)"
+        (
+            f"depthwatch: {tmp_path / 'a.mp4'} and {tmp_path / 'a.mov'} both map to {tmp_path / 'a_depth.mov'}; one depth clip "
+            "would replace the other: name outputs with {name} (e.g. -o '{name}_depth.mov') or leave one out (nothing was written)"
+        )
     ]
     assert "loaded" not in done.stderr  # refused before the model loads
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.mov", "a.mp4"]
@@ -386,8 +388,10 @@ def test_a_users_clip_at_the_output_is_refused_before_the_model_loads(sources: d
     done = _once_run(str(source))
     assert done.returncode == 78, done.stderr
     assert _errors(done) == [
-        f"depthwatch: {source}: its output {theirs} is not a depth clip depthwatch made; not replacing it: "
-        "give another -o (nothing was written)"
+        (
+            f"depthwatch: {source}: its output {theirs} is not a depth clip depthwatch made; not replacing it: "
+            "give another -o (nothing was written)"
+        )
     ]
     assert "loaded" not in done.stderr
     assert theirs.read_bytes() == before

@@ -41,6 +41,9 @@ MOST_TOP_BOXES = 20_000
 #: The last bytes of a clip's data looked at: all zeros there is, most likely, a copy that set
 #: the full size first (preallocated) and is still filling it in.
 _TAIL = 64
+#: Containers with no end structure whose header says how long the clip is (AVI a frame count,
+#: MXF a duration): a copy cut short still declares the whole. (MPEG-TS only estimates its length.)
+_DECLARING = frozenset({"avi", "mxf"})
 _EBML = b"\x1a\x45\xdf\xa3"
 _SEGMENT = b"\x18\x53\x80\x67"
 
@@ -133,6 +136,7 @@ class Clip:
                 raise FrameError("its video stream declares no frame rate; cannot keep its timing")
             sar = stream.sample_aspect_ratio
             tags = {str(k).lower(): str(v) for k, v in self._container.metadata.items()}  # Matroska says COMMENT
+            declares = whole is None and self._container.format.name in _DECLARING
             self.info = ClipInfo(
                 width=ctx.width,
                 height=ctx.height,
@@ -142,7 +146,7 @@ class Clip:
                 sar=Fraction(sar) if sar and Fraction(sar) != 1 else None,
                 codec=ctx.name,
                 comment=tags.get("comment", ""),
-                expected=_declared_frames(stream, Fraction(rate)) if whole is None else 0,
+                expected=_declared_frames(stream, Fraction(rate)) if declares else 0,
             )
         except BaseException:
             self._container.close()
@@ -155,7 +159,8 @@ class Clip:
         cheaper than converting the whole frame and shrinking it after.
 
         (A copy that stopped half-way is refused when the clip is opened, by its structure:
-        the container's frame count is no guide, since an edit list may drop frames it lists.)
+        the container's frame count is no guide, since an edit list may drop frames it lists.
+        AVI and MXF have no such structure: `info.expected` is what their header declares.)
         """
         av = require_av()
         count = 0
