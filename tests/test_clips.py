@@ -435,6 +435,18 @@ def test_a_clip_cut_short_without_an_end_structure_is_an_error(engine: Engine, t
     (tmp_path / "cut.mxf").write_bytes(data[: len(data) * 2 // 3])
     result = make_clip(ClipJob(tmp_path / "cut.mxf", tmp_path / "cut_depth.mkv"), engine, Settings())
     assert result.error is not None and "of the 24 frames its header declares" in result.error, result.error
+    # One that changes while it is mapped (still being copied) is no bad clip: its next version comes.
+    changing = tmp_path / "changing.avi"
+    _write_plain(changing, "mjpeg", "yuvj420p", 96)
+    data = changing.read_bytes()
+
+    def cut_it(progress: object) -> None:
+        if getattr(progress, "done", 0) == 2 and changing.stat().st_size == len(data):
+            os.truncate(changing, len(data) // 3)
+
+    result = make_clip(ClipJob(changing, tmp_path / "changing_depth.mkv"), engine, Settings(), on_progress=cut_it)
+    assert result.superseded and result.error == "the clip changed while it was being mapped (still being copied?); it starts over with the new version"
+    changing.unlink()
     # The whole ones are mapped, every frame.
     for path in (whole, mxf):
         result = make_clip(ClipJob(path, tmp_path / f"{path.stem}_{path.suffix[1:]}_depth.mkv"), engine, Settings())

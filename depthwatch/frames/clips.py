@@ -47,6 +47,8 @@ WINDOW = 2
 CHECK_EVERY = 24
 #: Times a clip is started over when the model is swapped mid-job.
 RESTARTS = 2
+#: Why a clip that changed while it was mapped (and so looked damaged) is no failure.
+CHANGED = "the clip changed while it was being mapped (still being copied?); it starts over with the new version"
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,7 @@ def make_clip(
     began = time.monotonic()
     result = ClipResult(job)
     progress = Progress(job)
+    version = job.signature or _signature(job.source)
     for attempt in range(RESTARTS + 1):
         try:
             result.frames, result.info = _make(job, engine, settings, cancelled, gate, on_progress, progress)
@@ -168,6 +171,14 @@ def make_clip(
             progress = Progress(job)
         except Superseded as exc:
             result.error, result.superseded = str(exc), True
+            break
+        except FrameError as exc:
+            if _signature(job.source) != version:
+                # Damaged, or short, because it is still being written (a copy that preallocates,
+                # one that paused): not a bad clip; the version it becomes has an event of its own.
+                result.error, result.superseded = CHANGED, True
+            else:
+                result.error = str(exc)
             break
         except DepthwatchError as exc:
             result.error = str(exc)
@@ -253,12 +264,6 @@ def _make(
                 raise FrameError(
                     f"the clip is cut short: it holds {written} of the {meta.expected} frames its header declares (an unfinished copy?)"
                 )
-        except FrameError as exc:
-            if not isinstance(exc, Superseded) and _signature(job.source) != signature:
-                # Damaged or short because it is still being written (a copy that preallocates,
-                # one that paused): not a bad clip; the version it becomes has an event of its own.
-                raise Superseded("the clip changed while it was being mapped (still being copied?); it starts over with the new version") from None
-            raise
         finally:
             sink.close()
         if writer is not None:
