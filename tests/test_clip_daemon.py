@@ -412,3 +412,34 @@ def test_a_crafted_clip_is_walked_once(clip_watch, tmp_path: Path, monkeypatch: 
     wait_for(lambda: recorder.reported, what="the crafted clip reported as incomplete")
     assert len(walks) == 1, f"walked {len(walks)} times"
     assert recorder.emitted == []
+
+
+def test_a_clip_for_the_depth_clip_in_progress_is_refused_not_cancelling_it(tmp_path: Path) -> None:
+    """Two folders, one output folder: b/A.mov arriving while a/A.mov is mapped gets one line; a's job goes on."""
+    out = tmp_path / "out"
+    out.mkdir()
+    d = _daemon(tmp_path, clip_template=f"{out}/{{stem}}_depth.mov")
+    config = yaml.safe_load(d.config_path.read_text())
+    config["watch"]["recursive"] = True
+    d.config_path.write_text(yaml.safe_dump(config))
+    for name in ("a", "b"):
+        (d.watch / name).mkdir()
+    long = write_clip(tmp_path / "long.mov", pan_clip_frames((480, 270), 240, step=4, shot=80), codec="prores")
+    write_clip(tmp_path / "short.mov", pan_clip_frames(SIZE, 12, step=5), codec="prores")
+    try:
+        d.start()
+        os.rename(tmp_path / "long.mov", d.watch / "a" / "A.mov")
+        wait_for(lambda: ((d.status().get("clip") or {}).get("done") or 0) >= 2, timeout=120, what="a/A.mov being mapped")
+        os.rename(tmp_path / "short.mov", d.watch / "b" / "A.mov")
+        wait_for(lambda: d.counts().get("failed") == 1, what="b/A.mov refused")
+        wait_for(lambda: d.counts().get("clips") == 1, timeout=180, what="a/A.mov's depth clip")
+        log = d.log()
+    finally:
+        d.stop()
+    [line] = _errors(log)
+    assert line.endswith(
+        f"{d.watch / 'b' / 'A.mov'}: A.mov maps to A_depth.mov too; one depth clip would replace the other: rename one, "
+        "or name depth clips with {name} in output.clip_template (e.g. '{name}_depth.mov')"
+    ), line
+    assert "a newer version of the clip arrived" not in log
+    assert probe(out / "A_depth.mov")["frames"] == long
