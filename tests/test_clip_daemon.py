@@ -208,3 +208,238 @@ def test_bad_clips_in_the_daemon(tmp_path: Path) -> None:
     assert "growing.mp4: still growing after" in log
     assert sorted(p.name for p in d.watch.iterdir() if "_depth" in p.name) == []
     assert d.temp_files() == []
+
+
+def _clip_template(d: DaemonProcess, template: str) -> None:
+    config = yaml.safe_load(d.config_path.read_text())
+    config["output"]["clip_template"] = template
+    d.config_path.write_text(yaml.safe_dump(config))
+
+
+def _errors(log: str) -> list[str]:
+    return [line for line in log.splitlines() if "ERROR" in line]
+
+
+def test_two_clips_for_one_depth_clip_get_one_line(tmp_path: Path) -> None:
+    """A.mp4 and A.mov under `{stem}_depth.mov`: the second is refused in one line; the first's depth clip stays."""
+    d = _daemon(tmp_path)
+    write_clip(tmp_path / "A.mp4", pan_clip_frames(SIZE, 12, step=5), codec="h264")
+    write_clip(tmp_path / "A.mov", pan_clip_frames(SIZE, 12, step=5), codec="prores")
+    output = d.watch / "A_depth.mov"
+    try:
+        d.start()
+        os.rename(tmp_path / "A.mp4", d.watch / "A.mp4")
+        wait_for(lambda: d.counts().get("clips") == 1, timeout=120, what="A.mp4's depth clip")
+        made = _signature(output)
+        os.rename(tmp_path / "A.mov", d.watch / "A.mov")
+        wait_for(lambda: d.counts().get("failed") == 1, what="A.mov refused")
+        log = d.log()
+    finally:
+        d.stop()
+    assert _errors(log)[-1].endswith(
+        f"{d.watch / 'A.mov'}: A.mp4 maps to A_depth.mov too; one depth clip would replace the other: rename one, "
+        "or name depth clips with {name} in output.clip_template (e.g. '{name}_depth.mov')"
+    ), _errors(log)
+    assert len(_errors(log)) == 1 and "a newer version of the clip arrived" not in log
+    assert _signature(output) == made and d.counts().get("clips") == 1  # A.mp4's, not replaced
+    assert d.temp_files() == []
+
+
+def test_depth_clips_are_known_by_their_mark_live_and_at_restart(tmp_path: Path) -> None:
+    """A copy of a depth clip is no clip; nor are the old depth clips after a clip_template change."""
+    d = _daemon(tmp_path)
+    write_clip(tmp_path / "A.mov", pan_clip_frames(SIZE, 12, step=5), codec="prores")
+    try:
+        d.start()
+        os.rename(tmp_path / "A.mov", d.watch / "A.mov")
+        wait_for(lambda: d.counts().get("clips") == 1, timeout=120, what="A.mov's depth clip")
+        write_by_rename(d.watch / "copy.mov", (d.watch / "A_depth.mov").read_bytes())
+        wait_for(lambda: "clip copy.mov: is a depth clip depthwatch made; not taken as a clip" in d.log(), what="the copy refused")
+        assert d.stop() == 0
+        _clip_template(d, "{stem}_matte.mov")
+        d.start()
+        wait_for(lambda: d.counts().get("clips") == 1, timeout=120, what="A.mov mapped under the new template")
+        wait_for(lambda: "clip A_depth.mov: is a depth clip depthwatch made" in d.log(), what="the old depth clip left alone")
+        wait_for(lambda: d.log().count("clip copy.mov: is a depth clip depthwatch made") == 2, what="the copy left alone")
+        wait_for(lambda: not d.status().get("clip") and not d.status().get("clips_waiting"), what="the clip thread idle")
+        counts = d.counts()
+    finally:
+        d.stop()
+    names = sorted(p.name for p in d.watch.iterdir())
+    assert names == ["A.mov", "A_depth.mov", "A_matte.mov", "copy.mov"], names
+    assert counts.get("failed", 0) == 0 and counts.get("clips") == 1
+    assert d.temp_files() == []
+
+
+def test_a_clip_that_met_a_full_disk_is_made_again_when_there_is_room(tmp_path: Path, small_disk: Path) -> None:
+    """Disk full mid-clip: one line, no temporary file; the clip is parked and redone once space is back."""
+    d = _daemon(tmp_path, clip_template=f"{small_disk}/{{stem}}_depth.mov")
+    write_clip(tmp_path / "D004.mov", pan_clip_frames(SIZE, 24, step=5), codec="prores")
+    filler = small_disk / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(bytes(4096))
+        except OSError:
+            pass  # full
+    output = small_disk / "D004_depth.mov"
+    try:
+        d.start()
+        os.rename(tmp_path / "D004.mov", d.watch / "D004.mov")
+        wait_for(lambda: d.counts().get("failed") == 1, timeout=120, what="the full disk reported")
+        line = _errors(d.log())[-1]
+        assert "D004.mov: cannot" in line and "No space left on device" in line, line
+        assert line.endswith(f"; made again once {small_disk} can be written"), line
+        assert [p.name for p in small_disk.iterdir()] == ["filler"]  # no temporary file left
+        filler.unlink()
+        wait_for(lambda: output.exists(), timeout=120, what="the depth clip once there is room")
+        wait_for(lambda: d.counts().get("clips") == 1, what="the clip counted")
+    finally:
+        d.stop()
+    assert probe(output)["frames"] == 24
+    assert [p.name for p in small_disk.iterdir()] == ["D004_depth.mov"]
+
+
+# -- when a clip being copied in is whole: the watcher alone, on real files and threads ---------------
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.emitted: list[tuple[Path, tuple[int, int, int]]] = []
+        self.reported: list[tuple[Path, str]] = []
+
+    def emit(self, path: Path, signature: tuple[int, int, int], fmt: str | None) -> None:
+        self.emitted.append((path, signature))
+
+    def report(self, path: Path, reason: str) -> None:
+        self.reported.append((path, reason))
+
+
+@pytest.fixture
+def clip_watch(tmp_path: Path):
+    from depthwatch.config import OutputConfig, WatchConfig
+    from depthwatch.daemon.watcher import Watcher
+    from depthwatch.frames.rules import Rules
+
+    folder = tmp_path / "watch"
+    folder.mkdir()
+    started = []
+
+    def start(**settings: object) -> tuple[Path, Watcher, _Recorder]:
+        config = WatchConfig(folders=(folder,), patterns=("*.mp4", "*.mov"), **settings)
+        recorder = _Recorder()
+        watcher = Watcher(Rules(config, OutputConfig()), config, recorder.emit, recorder.report)
+        watcher.start()
+        started.append(watcher)
+        return folder, watcher, recorder
+
+    yield start
+    for watcher in started:
+        watcher.stop(5)
+
+
+def _faststart(path: Path) -> bytes:
+    import av
+
+    with av.open(str(path), "w", options={"movflags": "faststart"}) as container:
+        stream = container.add_stream("libx264", rate=24)
+        stream.width, stream.height, stream.pix_fmt = SIZE[0], SIZE[1], "yuv420p"
+        for image in pan_clip_frames(SIZE, 48, step=5):
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="bgr24")))
+        container.mux(stream.encode(None))
+    return path.read_bytes()
+
+
+def test_a_preallocating_copier_is_taken_once_when_filled(clip_watch, tmp_path: Path) -> None:
+    """The full size first, then filled in, with pauses: never taken before it is whole, never reported."""
+    folder, _watcher, recorder = clip_watch(settle_ms=50, incomplete_timeout_s=0.5)
+    data = _faststart(tmp_path / "fast.mp4")
+    target = folder / "E005.mp4"
+    with open(target, "wb") as f:
+        f.truncate(len(data))
+        step = len(data) // 6 + 1
+        for n, i in enumerate(range(0, len(data) - step, step)):
+            f.seek(i)
+            f.write(data[i : i + step])
+            f.flush()
+            # The copier's pace: longer than settle_ms; once, longer than the incomplete timeout.
+            time.sleep(0.8 if n == 2 else 0.3)
+            assert recorder.emitted == [], f"taken after {i + step} of {len(data)} bytes"
+        assert recorder.reported == []
+        f.seek(i + step)
+        f.write(data[i + step :])
+    wait_for(lambda: recorder.emitted, what="the clip taken once its copy is closed")
+    time.sleep(0.5)  # nothing more comes for it (a condition cannot show an absence)
+    st = os.stat(target)
+    assert recorder.emitted == [(target, (st.st_size, st.st_mtime_ns, st.st_ino))]
+    assert recorder.reported == []
+
+
+def test_a_copy_slower_than_the_incomplete_timeout_is_no_failure(clip_watch, tmp_path: Path) -> None:
+    """Appended with pauses longer than incomplete_timeout_s, still open: a warning at most, taken when closed."""
+    folder, _watcher, recorder = clip_watch(settle_ms=50, incomplete_timeout_s=0.4)
+    source = tmp_path / "slow.mp4"
+    write_clip(source, pan_clip_frames(SIZE, 24, step=5), codec="h264")
+    data = source.read_bytes()
+    target = folder / "F006.mp4"
+    with open(target, "wb") as f:
+        step = len(data) // 3 + 1
+        for i in range(0, len(data), step):
+            f.write(data[i : i + step])
+            f.flush()
+            time.sleep(1.0)  # the copy stalls for longer than the timeout
+            assert recorder.reported == [], recorder.reported
+    wait_for(lambda: recorder.emitted, what="the clip taken once its copy is closed")
+    assert recorder.reported == [] and len(recorder.emitted) == 1
+    # A copy that broke off (closed incomplete) is still reported, once.
+    broken = folder / "G007.mp4"
+    with open(broken, "wb") as f:
+        f.write(data[: len(data) // 2])
+    wait_for(lambda: recorder.reported, what="the broken copy reported")
+    assert [(p.name, r.split(" (")[0]) for p, r in recorder.reported] == [("G007.mp4", "still incomplete after 0.4 s")]
+
+
+def test_a_crafted_clip_is_walked_once(clip_watch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many tiny boxes and a last one cut short: the walk is bounded, and not repeated at every settle."""
+    walks = []
+    state_at = video.state_at
+    monkeypatch.setattr(video, "state_at", lambda read, size: walks.append(size) or state_at(read, size))
+    folder, _watcher, recorder = clip_watch(settle_ms=20, incomplete_timeout_s=1.0)
+    crafted = tmp_path / "crafted.mp4"
+    boxes = video.MOST_TOP_BOXES - 10
+    crafted.write_bytes(b"\x00\x00\x00\x10ftypisom\x00\x00\x02\x00" + b"\x00\x00\x00\x08free" * boxes + b"\x00\x00\x01\x00mdat")
+    os.rename(crafted, folder / "crafted.mp4")
+    wait_for(lambda: recorder.reported, what="the crafted clip reported as incomplete")
+    assert len(walks) == 1, f"walked {len(walks)} times"
+    assert recorder.emitted == []
+
+
+def test_a_clip_for_the_depth_clip_in_progress_is_refused_not_cancelling_it(tmp_path: Path) -> None:
+    """Two folders, one output folder: b/A.mov arriving while a/A.mov is mapped gets one line; a's job goes on."""
+    out = tmp_path / "out"
+    out.mkdir()
+    d = _daemon(tmp_path, clip_template=f"{out}/{{stem}}_depth.mov")
+    config = yaml.safe_load(d.config_path.read_text())
+    config["watch"]["recursive"] = True
+    d.config_path.write_text(yaml.safe_dump(config))
+    for name in ("a", "b"):
+        (d.watch / name).mkdir()
+    long = write_clip(tmp_path / "long.mov", pan_clip_frames((480, 270), 240, step=4, shot=80), codec="prores")
+    write_clip(tmp_path / "short.mov", pan_clip_frames(SIZE, 12, step=5), codec="prores")
+    try:
+        d.start()
+        os.rename(tmp_path / "long.mov", d.watch / "a" / "A.mov")
+        wait_for(lambda: ((d.status().get("clip") or {}).get("done") or 0) >= 2, timeout=120, what="a/A.mov being mapped")
+        os.rename(tmp_path / "short.mov", d.watch / "b" / "A.mov")
+        wait_for(lambda: d.counts().get("failed") == 1, what="b/A.mov refused")
+        wait_for(lambda: d.counts().get("clips") == 1, timeout=180, what="a/A.mov's depth clip")
+        log = d.log()
+    finally:
+        d.stop()
+    [line] = _errors(log)
+    assert line.endswith(
+        f"{d.watch / 'b' / 'A.mov'}: A.mov maps to A_depth.mov too; one depth clip would replace the other: rename one, "
+        "or name depth clips with {name} in output.clip_template (e.g. '{name}_depth.mov')"
+    ), line
+    assert "a newer version of the clip arrived" not in log
+    assert probe(out / "A_depth.mov")["frames"] == long

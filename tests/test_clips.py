@@ -11,6 +11,8 @@ by correlation: it matches its own frame's map better than the previous one's.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -324,3 +326,197 @@ def test_a_dead_writers_temporary_sequence_folder_is_swept(tmp_path: Path) -> No
     assert str(os.getpid()) in live.name
     assert sweep_temp_files(tmp_path) == (1, 0)
     assert not dead.exists() and live.is_dir()
+
+
+def _once_run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "depthwatch", "once", *args, "--model", str(FASTDEPTH), "--profile", "fastdepth-nyu"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+
+
+def _errors(done: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in done.stderr.splitlines() if line.startswith("depthwatch: ")]
+
+
+def test_two_clips_for_one_depth_clip_are_refused_before_any_work(tmp_path: Path) -> None:
+    """`once a.mp4 a.mov` under `{stem}_depth.mov`: one line, exit 78, nothing written (as for frames)."""
+    if not FASTDEPTH.is_file():
+        pytest.skip("no real model")
+    write_clip(tmp_path / "a.mp4", pan_clip_frames(SIZE, 6, step=5), codec="h264")
+    write_clip(tmp_path / "a.mov", pan_clip_frames(SIZE, 6, step=5), codec="prores")
+    done = _once_run(str(tmp_path / "a.mp4"), str(tmp_path / "a.mov"))
+    assert done.returncode == 78, done.stderr
+    assert _errors(done) == [
+        (
+            f"depthwatch: {tmp_path / 'a.mp4'} and {tmp_path / 'a.mov'} both map to {tmp_path / 'a_depth.mov'}; one depth clip "
+            "would replace the other: name outputs with {name} (e.g. -o '{name}_depth.mov') or leave one out (nothing was written)"
+        )
+    ]
+    assert "loaded" not in done.stderr  # refused before the model loads
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.mov", "a.mp4"]
+    # With {name} each gets its own, and the summary counts the clips written.
+    done = once(str(tmp_path / "a.mp4"), str(tmp_path / "a.mov"), "-o", "{name}_depth.mov")
+    assert "2 depth clips written (12 frames), 0 failed" in done.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.mov", "a.mov_depth.mov", "a.mp4", "a.mp4_depth.mov"]
+
+
+def test_a_depth_clip_is_known_by_its_mark_not_its_name(tmp_path: Path) -> None:
+    """A copy of a depth clip, or one named by an old template, is never taken as a clip."""
+    if not FASTDEPTH.is_file():
+        pytest.skip("no real model")
+    write_clip(tmp_path / "shot.mov", pan_clip_frames(SIZE, 6, step=5), codec="prores")
+    once(str(tmp_path / "shot.mov"))
+    shutil.copy(tmp_path / "shot_depth.mov", tmp_path / "copy.mov")
+    done = _once_run(str(tmp_path / "copy.mov"))
+    assert done.returncode == 1
+    assert _errors(done) == [f"depthwatch: {tmp_path / 'copy.mov'}: is a depth clip depthwatch made; not taken as a clip"]
+    assert "loaded" not in done.stderr
+    # The folder under another template: shot.mov is mapped again, the depth clips are not.
+    done = once(str(tmp_path), "-o", "{stem}_matte.mov")
+    assert "1 depth clip written (6 frames), 0 failed" in done.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.mov", "shot.mov", "shot_depth.mov", "shot_matte.mov"]
+
+
+def test_a_users_clip_at_the_output_is_refused_before_the_model_loads(sources: dict[str, Path], engine: Engine, tmp_path: Path) -> None:
+    """An editor's own shot_depth.mov: exit 78 and one line at once, not after the whole clip was mapped."""
+    source = tmp_path / "shot.mov"
+    shutil.copy(sources["prores"], source)
+    theirs = tmp_path / "shot_depth.mov"
+    shutil.copy(sources["cuts"], theirs)  # a real clip, not depthwatch's
+    before = theirs.read_bytes()
+    done = _once_run(str(source))
+    assert done.returncode == 78, done.stderr
+    assert _errors(done) == [
+        (
+            f"depthwatch: {source}: its output {theirs} is not a depth clip depthwatch made; not replacing it: "
+            "give another -o (nothing was written)"
+        )
+    ]
+    assert "loaded" not in done.stderr
+    assert theirs.read_bytes() == before
+    # The daemon's path (make_clip) refuses it before decoding a frame, too.
+    steps: list[int] = []
+    result = make_clip(ClipJob(source, theirs), engine, Settings(), on_progress=lambda p: steps.append(p.done))
+    assert result.error == f"{theirs} is not a depth clip depthwatch made; not replacing it: move it away or change output.clip_template"
+    assert steps == [] and not result.retryable
+    assert theirs.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shot.mov", "shot_depth.mov"]
+
+
+def _write_plain(path: Path, codec: str, pix_fmt: str, count: int) -> None:
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream(codec, rate=25)
+        stream.width, stream.height, stream.pix_fmt = SIZE[0], SIZE[1], pix_fmt
+        for image in pan_clip_frames(SIZE, count, step=5):
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="bgr24")))
+        container.mux(stream.encode(None))
+
+
+def test_a_clip_cut_short_without_an_end_structure_is_an_error(engine: Engine, tmp_path: Path) -> None:
+    """AVI and MXF have no end structure to check: the frames decoded must be the frames the header declares."""
+    if not FASTDEPTH.is_file():
+        pytest.skip("no real model")
+    whole, cut = tmp_path / "whole.avi", tmp_path / "cut.avi"
+    _write_plain(whole, "mjpeg", "yuvj420p", 24)
+    data = whole.read_bytes()
+    cut.write_bytes(data[: len(data) * 2 // 3])  # a copy that stopped: its header still says 24 frames
+    done = _once_run(str(cut))
+    assert done.returncode == 1
+    [line] = _errors(done)
+    assert re.fullmatch(
+        rf"depthwatch: {re.escape(str(cut))}: the clip is cut short: it holds \d+ of the 24 frames its header declares \(an unfinished copy\?\)",
+        line,
+    ), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.avi", "whole.avi"]  # no depth clip, no temporary file
+    mxf = tmp_path / "whole.mxf"
+    _write_plain(mxf, "mpeg2video", "yuv422p", 24)
+    data = mxf.read_bytes()
+    (tmp_path / "cut.mxf").write_bytes(data[: len(data) * 2 // 3])
+    result = make_clip(ClipJob(tmp_path / "cut.mxf", tmp_path / "cut_depth.mkv"), engine, Settings())
+    assert result.error is not None and "of the 24 frames its header declares" in result.error, result.error
+    # One that changes while it is mapped (still being copied) is no bad clip: its next version comes.
+    changing = tmp_path / "changing.avi"
+    _write_plain(changing, "mjpeg", "yuvj420p", 96)
+    data = changing.read_bytes()
+
+    def cut_it(progress: object) -> None:
+        if getattr(progress, "done", 0) == 2 and changing.stat().st_size == len(data):
+            os.truncate(changing, len(data) // 3)
+
+    result = make_clip(ClipJob(changing, tmp_path / "changing_depth.mkv"), engine, Settings(), on_progress=cut_it)
+    assert result.superseded and result.error == "the clip changed while it was being mapped (still being copied?); it starts over with the new version"
+    changing.unlink()
+    # The whole ones are mapped, every frame.
+    for path in (whole, mxf):
+        result = make_clip(ClipJob(path, tmp_path / f"{path.stem}_{path.suffix[1:]}_depth.mkv"), engine, Settings())
+        assert result.ok and result.frames == 24, result.error
+    assert not (tmp_path / "cut_depth.mkv").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def _faststart(path: Path, count: int = 24) -> bytes:
+    """An mp4 with its index first (moov before mdat), as editors' exports often are."""
+    with av.open(str(path), "w", options={"movflags": "faststart"}) as container:
+        stream = container.add_stream("libx264", rate=24)
+        stream.width, stream.height, stream.pix_fmt = SIZE[0], SIZE[1], "yuv420p"
+        for image in pan_clip_frames(SIZE, count, step=5):
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="bgr24")))
+        container.mux(stream.encode(None))
+    return path.read_bytes()
+
+
+def _state(path: Path) -> tuple[bool | None, bool]:
+    from depthwatch.imaging import video
+
+    with open(path, "rb") as f:
+        return video.state_at(lambda offset, n: os.pread(f.fileno(), n, offset), os.stat(path).st_size)
+
+
+def test_a_preallocated_copy_still_being_filled_in_is_told_apart(sources: dict[str, Path], tmp_path: Path) -> None:
+    """A copier that sets the full size first: the boxes add up long before the data is in; the zeros say so."""
+    ffmpeg = shutil.which("ffmpeg")
+    if ffmpeg is None:
+        pytest.skip("ffmpeg is missing (Debian's ffmpeg package)")
+    mp4 = _faststart(tmp_path / "fast.mp4")
+    mkv = tmp_path / "clip.mkv"
+    subprocess.run([ffmpeg, "-v", "error", "-i", str(sources["cuts"]), "-c", "copy", str(mkv)], check=True, timeout=60)
+    for name, data in (("fast.mp4", mp4), ("clip.mkv", mkv.read_bytes()), ("prores.mov", sources["prores"].read_bytes())):
+        copy = tmp_path / f"copy_{name}"
+        with open(copy, "wb") as f:
+            f.truncate(len(data))  # preallocated: the full size, zeros
+            for filled in (len(data) // 3, len(data) * 2 // 3, len(data) - 64):
+                f.seek(0)
+                f.write(data[:filled])
+                f.flush()
+                whole, filling = _state(copy)
+                assert (whole, filling) in ((True, True), (False, False)), (name, filled, whole, filling)
+            f.seek(0)
+            f.write(data)
+        assert _state(copy) == (True, False), name
+    # The faststart mp4 and the Matroska file are whole in structure long before their data is in.
+    copy = tmp_path / "copy_fast.mp4"
+    with open(copy, "r+b") as f:
+        f.seek(len(mp4) - 100)
+        f.write(bytes(100))
+    assert _state(copy) == (True, True)
+
+
+def test_the_box_walk_is_bounded(tmp_path: Path) -> None:
+    """8 MiB of 8-byte boxes: the walk stops at MOST_TOP_BOXES and leaves it to settling (no verdict)."""
+    from depthwatch.imaging import video
+
+    crafted = tmp_path / "crafted.mp4"
+    crafted.write_bytes(b"\x00\x00\x00\x10ftypisom\x00\x00\x02\x00" + b"\x00\x00\x00\x08free" * (1 << 20))
+    size = crafted.stat().st_size
+    reads = 0
+    with open(crafted, "rb") as f:
+
+        def read(offset: int, n: int) -> bytes:
+            nonlocal reads
+            reads += 1
+            f.seek(offset)
+            return f.read(n)
+
+        assert video.is_complete_at(read, size) is None
+    assert reads <= video.MOST_TOP_BOXES + 2

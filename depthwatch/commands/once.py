@@ -153,6 +153,7 @@ def collect_inputs(inputs: list[str], template: str, clip_template: str = DEFAUL
                     if (p.suffix.lower() in EXTENSIONS or p.suffix.lower() in CLIP_EXTENSIONS)
                     and p.is_file() and not p.name.startswith(".")
                     and not own.is_own_file(p) and provenance.read(p) is None  # a map made under another -o
+                    and not _is_depth_clip(p)  # a depth clip made under another -o, or a copy of one
                 )
             )
         else:
@@ -199,8 +200,9 @@ def main(args: argparse.Namespace) -> int:
             require_av()
         except FrameError as exc:
             raise ConfigError(str(exc)) from None
+    clip_jobs, clip_refused = _clip_jobs(clips, config)  # ConfigError, before any work, for a clash
     if clips and not sources:
-        return 1 if _clips(clips, config) else 0
+        return 1 if _clips(clip_jobs, clip_refused, config) else 0
     if args.frames:
         sources = in_range(sources, args.frames)
         if not sources:
@@ -237,7 +239,7 @@ def main(args: argparse.Namespace) -> int:
         progress.close()
         _summary(len(sources), len(failures), began)
         if clips:
-            _clips(clips, config)
+            _clips(clip_jobs, clip_refused, config)
         return 1
     if settings.normalise == STABLE:
         found, stills = sequences.sequences([job.source for job in jobs])
@@ -260,7 +262,7 @@ def main(args: argparse.Namespace) -> int:
                 _again(pipeline, changed, shots, settings, report)
             pipeline.close()
         progress.close()
-        clip_failures = _clips(clips, config, engine) if clips else 0
+        clip_failures = _clips(clip_jobs, clip_refused, config, engine) if clips else 0
     _summary(len(sources), len(failures), began)
     return 1 if failures or clip_failures else 0
 
@@ -272,29 +274,75 @@ def _names_clip_output(output: str) -> bool:
     return clipwrite.kind_for(Path(output).suffix) is not None or clipwrite.is_sequence(output)
 
 
-def _clips(clips: list[Path], config: Any, engine: Any = None) -> int:
+def _is_depth_clip(path: Path) -> bool:
+    """Whether `path` is a depth clip depthwatch made (its container's mark), whatever its name."""
+    from depthwatch.imaging import clipwrite
+
+    if not is_clip_name(path):
+        return False
+    try:
+        return clipwrite.is_ours(path)
+    except FrameError:  # no PyAV: the clip is refused for that, with its own line
+        return False
+
+
+def _clip_jobs(clips: list[Path], config: Any) -> tuple[list[Any], list[str]]:
+    """Each clip's job, and a line for each clip refused; ConfigError, before any work, for a clash.
+
+    Two clips for one depth clip (`A.mp4` and `A.mov` under `{stem}_depth.mov`), or
+    an output that is a file depthwatch did not make, stop the run as a clash of
+    frames does (nothing is written): a clip refused only after it was mapped
+    would have cost its whole length.
+    """
+    from depthwatch.frames.clips import ClipJob
+    from depthwatch.imaging import clipwrite
+
+    rules = rules_for((c.parent for c in clips), config.output.template, config.output.clip_template)
+    inputs = {os.path.realpath(c) for c in clips}
+    jobs: list[Any] = []
+    refused: list[str] = []
+    owner: dict[str, Path] = {}
+    for clip in clips:
+        try:
+            output = rules.output_for(clip)
+        except FrameError as exc:
+            refused.append(f"{shown(clip)}: {exc}")
+            continue
+        if os.path.realpath(output) in inputs:
+            refused.append(f"{shown(clip)}: its output {shown(output)} is an input clip; give another -o")
+            continue
+        if _is_depth_clip(clip):
+            refused.append(f"{shown(clip)}: is a depth clip depthwatch made; not taken as a clip")
+            continue
+        job = ClipJob(clip, output)
+        first = owner.setdefault(os.path.realpath(job.final), clip)
+        if first is not clip:
+            if os.path.realpath(first) == os.path.realpath(clip):
+                continue  # the same clip named twice: one job
+            raise ConfigError(
+                f"{shown(first)} and {shown(clip)} both map to {shown(job.final)}; one depth clip would replace the other: "
+                "name outputs with {name} (e.g. -o '{name}_depth.mov') or leave one out (nothing was written)"
+            )
+        if os.path.lexists(job.final) and not clipwrite.is_ours(job.final):
+            raise ConfigError(
+                f"{shown(clip)}: its output {shown(job.final)} is not a depth clip depthwatch made; "
+                "not replacing it: give another -o (nothing was written)"
+            )
+        jobs.append(job)
+    return jobs, refused
+
+
+def _clips(jobs: list[Any], refused: list[str], config: Any, engine: Any = None) -> int:
     """Each clip to its depth clip, one after the other, with a progress bar; returns the failures."""
-    from depthwatch.frames.clips import ClipJob, make_clip
+    from depthwatch.frames.clips import make_clip
     from depthwatch.frames.settings import Settings
     from depthwatch.model import catalogue
     from depthwatch.model.engine import Engine
 
     began = time.monotonic()
-    rules = rules_for((c.parent for c in clips), config.output.template, config.output.clip_template)
-    inputs = {os.path.realpath(c) for c in clips}
-    jobs, failed, frames = [], 0, 0
-    for clip in clips:
-        try:
-            output = rules.output_for(clip)
-        except FrameError as exc:
-            print(f"depthwatch: {shown(clip)}: {exc}", file=sys.stderr)
-            failed += 1
-            continue
-        if os.path.realpath(output) in inputs:
-            print(f"depthwatch: {shown(clip)}: its output {shown(output)} is an input clip; give another -o", file=sys.stderr)
-            failed += 1
-            continue
-        jobs.append(ClipJob(clip, output))
+    for line in refused:
+        print(f"depthwatch: {line}", file=sys.stderr)
+    failed, frames = len(refused), 0
     settings = Settings.from_config(config)
     own = engine is None and bool(jobs)
     if own:
@@ -313,7 +361,7 @@ def _clips(clips: list[Path], config: Any, engine: Any = None) -> int:
     finally:
         if own:
             engine.stop()
-    done = len(clips) - failed
+    done = len(jobs) + len(refused) - failed
     print(f"{done} depth clip{'s' if done != 1 else ''} written ({frames} frames), {failed} failed, in {time.monotonic() - began:.1f} s")
     return failed
 

@@ -10,12 +10,14 @@ or in flight. A live frame then waits for one clip inference at most.
 Latest wins, as for frames: a newer version of a clip (rewritten in place,
 copied over) cancels the job in progress for its output, which removes its
 temporary file, and the new version starts over. A stop does the same and
-leaves the clip for the next start's scan.
+leaves the clip for the next start's scan. Another clip that would get the
+same depth clip is refused with one line; it never cancels the job in progress.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from depthwatch.frames.clips import ClipJob, ClipResult, Progress, make_clip
 from depthwatch.frames.pipeline import yield_to_inference
+from depthwatch.frames.rules import clips_sharing
 from depthwatch.frames.settings import Settings
 from depthwatch.logtext import shown
 from depthwatch.model.engine import Engine
@@ -66,7 +69,14 @@ class ClipRunner:
         return self
 
     def submit(self, job: ClipJob) -> None:
-        """Queue a clip; a newer version of the one in progress cancels it."""
+        """Queue a clip; a newer version of the one in progress cancels it, another clip for its output is refused."""
+        with self._cond:
+            if self._stopping:
+                return
+            rival = next((j for j in (self._current, self._waiting.get(job.output)) if _rival(j, job)), None)
+        if rival is not None:  # outside the lock: the result's line is logged and counted
+            self._on_result(job, ClipResult(job, error=clips_sharing(rival.source, job.final)))
+            return
         with self._cond:
             if self._stopping:
                 return
@@ -128,3 +138,13 @@ class ClipRunner:
                 self._current, self.progress = None, None
             self._on_result(job, result)
             self._on_progress()
+
+
+def _rival(other: ClipJob | None, job: ClipJob) -> bool:
+    """Whether `other` is another clip, still there, that gets `job`'s depth clip (A.mp4 and A.mov)."""
+    if other is None or other.output != job.output or other.source == job.source:
+        return False
+    try:
+        return not os.path.samefile(other.source, job.source)
+    except OSError:
+        return False  # gone (renamed, deleted): nothing left to replace

@@ -603,7 +603,7 @@ class Daemon:
             return
         if rules.is_clip(source):  # a clip job, on the clip thread
             try:
-                output = rules.output_for(source)
+                output = rules.clip_output_for(source)
             except FrameError as exc:
                 self._count_failure(f"{shown(source)}: {exc}")
                 return
@@ -765,8 +765,11 @@ class Daemon:
             with self._lock:
                 self.status.counts.clips += 1
             log.info("clip %s", result.describe())
+            self._parked.written(job.final.parent, job.source)
         elif result.superseded:
             log.info("clip %s: %s", shown(job.source.name), result.error)
+        elif result.retryable and self.watcher is not None and not self._stop.is_set() and self._park_clip(job):
+            self._count_failure(f"clip {result.describe()}; made again once {shown(job.final.parent)} can be written")
         else:
             self._count_failure(f"clip {result.describe()}")
         self._status_dirty = True
@@ -817,6 +820,14 @@ class Daemon:
         if self.watcher is None:
             return False
         return self._parked.park(job.output.parent, job.source)
+
+    def _park_clip(self, job: ClipJob) -> bool:
+        """Keep a clip whose depth clip could not be written (a full disk) for when its folder can be.
+
+        No quick retries first, as a frame gets: a clip is minutes of work, so it waits
+        until its folder looks writable; `_retry_parked` hands it back to the watcher.
+        """
+        return self._parked.park(job.final.parent, job.source)
 
     def _retry_parked(self) -> None:
         """Hand the parked frames of each folder that can be written again back to the watcher."""

@@ -196,6 +196,8 @@ class Watcher:
         self._handed: OrderedDict[str, Signature] = OrderedDict()
         #: Files under a frame's name that are no regular file, as reported: (inode, type, 0).
         self._special: OrderedDict[str, Signature] = OrderedDict()
+        #: Each clip version's verdict (complete, still filling in): its boxes are walked once, not at every settle.
+        self._clip_verdicts: OrderedDict[str, tuple[Signature, tuple[bool | None, bool]]] = OrderedDict()
         self._counter = itertools.count()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="depthwatch-settle", daemon=True)
@@ -474,6 +476,11 @@ class Watcher:
         signature = signature_from(st)
         settle = self.config.settle_ms / 1000
         now = time.monotonic()
+        if st.st_size == 0 and state.mode in (Mode.CREATED, Mode.WAIT) and video.is_clip_name(path):
+            # A clip's copy just begun (every copy starts empty): its close decides, as below.
+            state.mode, state.signature, state.since = Mode.WAIT, signature, now
+            self._again(path, state, self.config.incomplete_timeout_s)
+            return
         if st.st_size == 0 and (state.mode != Mode.SETTLE or signature != state.signature):
             # Empty: most likely truncated for an in-place rewrite whose own event follows (this
             # event was for the version before). Only one that stays empty is a frame (a bad one).
@@ -499,13 +506,35 @@ class Watcher:
             return
         if state.late and state.mode == Mode.SETTLE and self._handed.get(str(path)) == signature:
             return  # the write's own event came and took it
-        fmt, complete = _probe(path, st.st_size)
+        if video.is_clip_name(path):  # a whole clip: its boxes add up, with its index in them
+            fmt, (complete, filling) = CLIP, self._clip_state(path, signature, st.st_size)
+            if filling and state.mode != Mode.NOW and (state.mode != Mode.SETTLE or now - state.since < self.config.incomplete_timeout_s):
+                # Whole in structure, its data still zeros at the end: a copy that set the full size
+                # first and is filling it in. Closed (or moved in), or unchanged for the incomplete
+                # timeout, it is taken as it is: a clip whose data ends in zeros is not refused.
+                complete = False
+        else:
+            fmt, complete = _probe(path, st.st_size)
         if state.mode == Mode.CREATED and complete is not True:
             # Being written: its close event decides; if none comes, report it at the timeout.
             state.mode, state.signature, state.since = Mode.WAIT, signature, now
             self._again(path, state, self.config.incomplete_timeout_s)
             return
         if complete is False:
+            if signature != state.signature:
+                state.since = now  # written since the last look: the incomplete clock starts again
+            if state.mode == Mode.WAIT and fmt == CLIP:
+                # No close yet: the copier still has it open (one that pauses, or fills in a file
+                # it preallocated), and a copier that dies is closed by the kernel. Not a failure.
+                if not state.told:
+                    state.told = True
+                    log.warning(
+                        "%s: still being copied after %.0f s (not whole yet, still open for writing); "
+                        "it becomes a clip job once it is complete", shown(path), now - state.first,
+                    )
+                state.signature = signature
+                self._again(path, state, self.config.incomplete_timeout_s)
+                return
             if now - state.since >= self.config.incomplete_timeout_s:
                 self.incomplete += 1
                 self._report(
@@ -538,6 +567,19 @@ class Watcher:
             _remember(self._seen, key, signature)
         _remember(self._handed, key, signature)
         self._emit(path, signature, fmt)
+
+    def _clip_state(self, path: Path, signature: Signature, size: int) -> tuple[bool | None, bool]:
+        """`_clip_state`, kept per version: a crafted clip costs one bounded walk, not one at every settle."""
+        key = str(path)
+        kept = self._clip_verdicts.get(key)
+        if kept is not None and kept[0] == signature:
+            return kept[1]
+        verdict = _clip_state(path, size)
+        self._clip_verdicts[key] = (signature, verdict)
+        self._clip_verdicts.move_to_end(key)
+        if len(self._clip_verdicts) > _SEEN_MEMORY:
+            self._clip_verdicts.popitem(last=False)
+        return verdict
 
     def _not_a_file(self, path: Path, st: os.stat_result) -> None:
         """A FIFO, folder, socket or device under a frame's name: one report per file, never read."""
@@ -615,8 +657,6 @@ def _probe(path: Path, size: int) -> tuple[str | None, bool | None]:
     except DepthwatchError:
         return None, True  # unreadable or not a file: let the pipeline report why
     try:
-        if video.is_clip_name(path):  # a whole clip: its boxes add up, with its index in them
-            return CLIP, video.is_complete_at(lambda offset, n: os.pread(fd, n, offset), size)
         fmt = formats.sniff(os.pread(fd, 16, 0))
         if fmt is None:
             return None, None
@@ -624,5 +664,19 @@ def _probe(path: Path, size: int) -> tuple[str | None, bool | None]:
         return fmt, formats.is_complete_at(fmt, lambda offset, n: os.pread(fd, n, offset), size)
     except OSError:
         return None, True
+    finally:
+        os.close(fd)
+
+
+def _clip_state(path: Path, size: int) -> tuple[bool | None, bool]:
+    """`video.state_at` of a clip: whether its structure is whole, and whether its data still ends in zeros."""
+    try:
+        fd, _ = open_checked(path, max_bytes=1 << 62)  # without blocking, as `_probe`
+    except DepthwatchError:
+        return True, False  # unreadable or not a file: let the job report why
+    try:
+        return video.state_at(lambda offset, n: os.pread(fd, n, offset), size)
+    except OSError:
+        return True, False
     finally:
         os.close(fd)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from depthwatch.errors import DepthwatchError, FrameError, ModelChanged, OutputError, Superseded
+from depthwatch.errors import DepthwatchError, FrameError, ModelChanged, OutputError, OwnOutput, Superseded
 from depthwatch.frames.settings import Settings
 from depthwatch.frames.writer import really_inside, temp_name_for
 from depthwatch.imaging import clipwrite, codec, normalise, render, stabilise, tensor, video
@@ -47,6 +47,8 @@ WINDOW = 2
 CHECK_EVERY = 24
 #: Times a clip is started over when the model is swapped mid-job.
 RESTARTS = 2
+#: Why a clip that changed while it was mapped (and so looked damaged) is no failure.
+CHANGED = "the clip changed while it was being mapped (still being copied?); it starts over with the new version"
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,8 @@ class ClipResult:
     error: str | None = None
     #: Stopped for a newer version, or by a stop request: not a failure of the clip.
     superseded: bool = False
+    #: The depth clip could not be written for a cause that may clear (a full disk).
+    retryable: bool = False
 
     @property
     def ok(self) -> bool:
@@ -155,6 +159,7 @@ def make_clip(
     began = time.monotonic()
     result = ClipResult(job)
     progress = Progress(job)
+    version = job.signature or _signature(job.source)
     for attempt in range(RESTARTS + 1):
         try:
             result.frames, result.info = _make(job, engine, settings, cancelled, gate, on_progress, progress)
@@ -167,8 +172,17 @@ def make_clip(
         except Superseded as exc:
             result.error, result.superseded = str(exc), True
             break
+        except FrameError as exc:
+            if _signature(job.source) != version:
+                # Damaged, or short, because it is still being written (a copy that preallocates,
+                # one that paused): not a bad clip; the version it becomes has an event of its own.
+                result.error, result.superseded = CHANGED, True
+            else:
+                result.error = str(exc)
+            break
         except DepthwatchError as exc:
             result.error = str(exc)
+            result.retryable = isinstance(exc, OutputError) and exc.retryable
             break
     result.seconds = time.monotonic() - began
     return result
@@ -207,6 +221,9 @@ def _make(
     stable = settings.normalise == normalise.STABLE
     with video.Clip(job.source) as clip:
         meta = clip.info
+    if meta.comment.startswith(clipwrite.MARK):  # a depth clip, or a copy of one, whatever its name
+        raise OwnOutput("is a depth clip depthwatch made; not taken as a clip")
+    _refuse_replacing(job.final)  # before the work, not after it
     if meta.width * meta.height > settings.max_pixels:
         raise FrameError(
             f"{meta.width}x{meta.height} is over the limit of {settings.max_pixels / 1e6:.0f} megapixels; raise daemon.max_megapixels"
@@ -243,6 +260,10 @@ def _make(
                 progress.frames = max(progress.frames, written)
                 on_progress(progress)
             sink.finish()
+            if written < meta.expected:  # AVI, MXF: settling said it was whole; its header says otherwise
+                raise FrameError(
+                    f"the clip is cut short: it holds {written} of the {meta.expected} frames its header declares (an unfinished copy?)"
+                )
         finally:
             sink.close()
         if writer is not None:
@@ -426,11 +447,7 @@ def _rename_into_place(temp: Path, final: Path, roots: tuple[Path, ...]) -> None
     Only a depth clip depthwatch made is replaced: anything else at the name
     (an editor's own clip called A001_depth.mov, a folder of their frames) stays.
     """
-    if os.path.lexists(final) and not clipwrite.is_ours(final):
-        raise OutputError(
-            f"{shown(final)} is not a depth clip depthwatch made; not replacing it: move it away or change output.clip_template",
-            retryable=False,
-        )
+    _refuse_replacing(final)
     if roots and not really_inside(final.parent, roots):
         raise OutputError(f"the output folder {shown(final.parent)} now leads outside the configured folders; not writing", retryable=False)
     try:
@@ -457,6 +474,15 @@ def _rename_into_place(temp: Path, final: Path, roots: tuple[Path, ...]) -> None
             os.close(fd)
     except OSError:
         pass
+
+
+def _refuse_replacing(final: Path) -> None:
+    """OutputError if what is at `final` is not a depth clip (or sequence folder) depthwatch made."""
+    if os.path.lexists(final) and not clipwrite.is_ours(final):
+        raise OutputError(
+            f"{shown(final)} is not a depth clip depthwatch made; not replacing it: move it away or change output.clip_template",
+            retryable=False,
+        )
 
 
 def _remove(path: Path) -> None:

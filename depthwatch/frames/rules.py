@@ -28,6 +28,15 @@ from depthwatch.logtext import shown
 _SIDECAR_SUFFIXES = (".json",)
 #: The extensions a frame can have, as written in either case.
 _FRAME_EXTENSIONS = tuple(dict.fromkeys(e for ext in EXTENSIONS for e in (ext, ext.upper())))
+_CLIP_EXTENSIONS = tuple(dict.fromkeys(e for ext in sorted(video.CLIP_EXTENSIONS) for e in (ext, ext.upper())))
+
+
+def clips_sharing(other: Path, output: Path) -> str:
+    """Why a clip is refused when `other` would get the same depth clip `output`."""
+    return (
+        f"{shown(other.name)} maps to {shown(output.name)} too; one depth clip would replace the other: "
+        "rename one, or name depth clips with {name} in output.clip_template (e.g. '{name}_depth.mov')"
+    )
 
 
 def _template_regex(template: str) -> re.Pattern[str]:
@@ -144,6 +153,14 @@ class Rules:
             raise FrameError(problem)
         return output
 
+    def clip_output_for(self, source: Path) -> Path:
+        """`output_for` a clip found in a watch folder; FrameError too if a clip beside it gets the same one."""
+        output = self.output_for(source)
+        other = self._sharing(source)
+        if other is not None:
+            raise FrameError(clips_sharing(other, output))
+        return output
+
     def output_roots(self, source: Path) -> tuple[Path, ...]:
         """The folders the output of `source` must really lie in when it is written."""
         extra = self._clip_root if self.is_clip(source) else self._extra_root
@@ -188,15 +205,17 @@ class Rules:
         )
 
     def _sharing(self, source: Path) -> Path | None:
-        """Another frame beside `source` whose map would be the same file (`A.jpg`, `A.tif` under `{stem}`).
+        """Another frame beside `source` whose map would be the same file (`A.jpg`, `A.tif` under `{stem}`;
+        for a clip, `A.mp4` and `A.mov` under output.clip_template's `{stem}`).
 
         Only where the name comes from the stem alone: a fixed name (`depth.jpg`)
         is one map for every frame on purpose, the classic live preview.
         """
-        template = self.template
+        clip = self.is_clip(source)
+        template = self.clip_template if clip else self.template
         if "{stem}" not in template or "{ext}" in template or "{name}" in template:
             return None
-        for ext in _FRAME_EXTENSIONS:
+        for ext in _CLIP_EXTENSIONS if clip else _FRAME_EXTENSIONS:
             other = source.with_suffix(ext)
             if other.name == source.name or not os.path.exists(other) or not self.is_frame(other):
                 continue

@@ -183,7 +183,10 @@ class ClipWriter:
             try:
                 self._container.close()
             finally:
-                self._file.close(sync=True)
+                try:
+                    self._file.close(sync=True)
+                except OSError as exc:  # the last bytes, flushed: a full disk shows here too
+                    raise OutputError(f"cannot write the depth clip: {exc.strerror or exc}") from None
 
     def abort(self) -> None:
         try:
@@ -191,7 +194,10 @@ class ClipWriter:
         except Exception:  # a half-written container may fail to finish; it is removed anyway
             pass
         finally:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:  # its buffered bytes cannot go to a full disk: the file is removed anyway
+                pass
 
     @property
     def frames(self) -> int:

@@ -33,6 +33,17 @@ INSTALL = "pip install 'depthwatch[video]'"
 #: QuickTime / ISO BMFF top-level boxes that may hold or pad a clip; anything else at the
 #: top level means the bytes are not (yet) a whole file of that family.
 _TOP_BOXES = {b"ftyp", b"moov", b"mdat", b"free", b"skip", b"wide", b"uuid", b"pnot", b"udta", b"meta", b"pdin", b"styp", b"sidx", b"moof", b"mfra", b"prfl"}
+#: Boxes that only pad: a copy that preallocates leaves them as they are, so they say nothing of it.
+_PADDING = {b"free", b"skip", b"wide"}
+#: The top-level box walk reads at most this many boxes. A real clip has a handful, a fragmented
+#: recording a pair per fragment; millions of tiny crafted ones must not hold the settle thread.
+MOST_TOP_BOXES = 20_000
+#: The last bytes of a clip's data looked at: all zeros there is, most likely, a copy that set
+#: the full size first (preallocated) and is still filling it in.
+_TAIL = 64
+#: Containers with no end structure whose header says how long the clip is (AVI a frame count,
+#: MXF a duration): a copy cut short still declares the whole. (MPEG-TS only estimates its length.)
+_DECLARING = frozenset({"avi", "mxf"})
 _EBML = b"\x1a\x45\xdf\xa3"
 _SEGMENT = b"\x18\x53\x80\x67"
 
@@ -65,6 +76,12 @@ class ClipInfo:
     #: Pixel aspect (sample aspect ratio), None for square pixels or unknown.
     sar: Fraction | None
     codec: str
+    #: The container's comment (a depth clip depthwatch made carries `clipwrite.MARK`).
+    comment: str = ""
+    #: Frames the clip must hold at least: what its header declares, where nothing else says the
+    #: file is whole (AVI, MXF: no end structure to check). 0: no such promise (QuickTime, MP4 and
+    #: Matroska are checked by their structure, and an edit list may show fewer frames than listed).
+    expected: int = 0
 
     def describe(self) -> str:
         rate = f"{float(self.rate):.3f}".rstrip("0").rstrip(".")
@@ -96,7 +113,8 @@ class Clip:
             raise FrameError(f"cannot read the clip: {exc.strerror or exc}") from None
         if size == 0:
             raise FrameError("the file is empty (0 bytes)")
-        if is_complete(path, size) is False:
+        whole = is_complete(path, size)
+        if whole is False:
             raise FrameError("the clip is cut short: its data ends before its boxes do, or its index is missing (an unfinished copy?)")
         try:
             self._container = av.open(str(path), "r", metadata_errors="ignore")
@@ -117,6 +135,8 @@ class Clip:
             if not rate:
                 raise FrameError("its video stream declares no frame rate; cannot keep its timing")
             sar = stream.sample_aspect_ratio
+            tags = {str(k).lower(): str(v) for k, v in self._container.metadata.items()}  # Matroska says COMMENT
+            declares = whole is None and self._container.format.name in _DECLARING
             self.info = ClipInfo(
                 width=ctx.width,
                 height=ctx.height,
@@ -125,6 +145,8 @@ class Clip:
                 timecode=_timecode(self._container),
                 sar=Fraction(sar) if sar and Fraction(sar) != 1 else None,
                 codec=ctx.name,
+                comment=tags.get("comment", ""),
+                expected=_declared_frames(stream, Fraction(rate)) if declares else 0,
             )
         except BaseException:
             self._container.close()
@@ -137,7 +159,8 @@ class Clip:
         cheaper than converting the whole frame and shrinking it after.
 
         (A copy that stopped half-way is refused when the clip is opened, by its structure:
-        the container's frame count is no guide, since an edit list may drop frames it lists.)
+        the container's frame count is no guide, since an edit list may drop frames it lists.
+        AVI and MXF have no such structure: `info.expected` is what their header declares.)
         """
         av = require_av()
         count = 0
@@ -161,6 +184,17 @@ class Clip:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _declared_frames(stream: object, rate: Fraction) -> int:
+    """The frames the container's header declares (AVI: a count; MXF: a duration), 0 if it does not say."""
+    frames = int(getattr(stream, "frames", 0) or 0)
+    if frames:
+        return frames
+    duration, time_base = getattr(stream, "duration", None), getattr(stream, "time_base", None)
+    if not duration or not time_base:
+        return 0
+    return max(0, round(Fraction(duration) * Fraction(time_base) * rate))
 
 
 def _timecode(container: object) -> str | None:
@@ -199,45 +233,83 @@ def is_complete_at(read: Callable[[int, int], bytes], size: int) -> bool | None:
     exactly the file's size, with a `moov` (the index FFmpeg needs) among them: a
     copy in progress ends in the middle of a box, and a recording not yet
     finished has no index. Matroska: a Segment of declared size must end at the
-    file's end. None: the format has no such structure (MXF, AVI...), and
-    settling is all the watcher can go by; or the file is (nearly) empty, and
-    the job says what is wrong with it.
+    file's end. None: the format has no such structure (MXF, AVI...), or more
+    boxes than a real clip has (see MOST_TOP_BOXES), and settling is all the
+    watcher can go by; or the file is (nearly) empty, and the job says what is
+    wrong with it.
+    """
+    return state_at(read, size)[0]
+
+
+def state_at(read: Callable[[int, int], bytes], size: int) -> tuple[bool | None, bool]:
+    """`is_complete_at`, and whether the clip's data still ends in zeros (from one walk).
+
+    A copier that preallocates (the full size first, then filled in, as some
+    copy tools and NLE exports do) makes a file whose structure is whole long
+    before its data is there: until its last bytes are written, they are
+    zeros. A finished clip's data rarely ends so (silent audio last might), so
+    this says "wait while it is still being written", never "refuse".
     """
     if size < 8:
-        return None
+        return None, False
     try:
         head = read(0, 16)
         if len(head) < 8:
-            return False
+            return False, False
         if head[4:8] in _TOP_BOXES:
-            return _boxes_complete(read, size)
-        if head[:4] == _EBML:
-            return _matroska_complete(read, size)
+            whole, last = _boxes_complete(read, size)
+        elif head[:4] == _EBML:
+            whole, last = _matroska_complete(read, size)
+        else:
+            return None, False
+        return whole, bool(whole) and last is not None and _zeros_at_end(read, *last)
     except OSError:
-        return None
-    return None
+        return None, False
 
 
-def _boxes_complete(read: Callable[[int, int], bytes], size: int) -> bool:
+def _boxes_complete(read: Callable[[int, int], bytes], size: int) -> tuple[bool | None, tuple[int, int] | None]:
+    """Whether the top-level boxes add up to `size` with a `moov` among them; and the last data box (start, end).
+
+    At most MOST_TOP_BOXES are read (None beyond: the structure cannot say, settling decides).
+    """
     pos, moov = 0, False
-    while pos < size:
+    last: tuple[int, int] | None = None
+    for _ in range(MOST_TOP_BOXES):
+        if pos >= size:
+            break
         header = read(pos, 16)
         if len(header) < 8:
-            return False
+            return False, None
         length, kind = struct.unpack(">I4s", header[:8])
         if kind not in _TOP_BOXES:
-            return False
+            return False, None
+        start = pos + 8
         if length == 1:
             if len(header) < 16:
-                return False
+                return False, None
             length = struct.unpack(">Q", header[8:16])[0]
+            start = pos + 16
         elif length == 0:  # "to the end of the file": a writer that has not closed its mdat yet
-            return False
-        if length < 8:
-            return False
+            return False, None
+        if length < 8 or start > pos + length:
+            return False, None
         moov = moov or kind == b"moov"
+        if kind not in _PADDING:
+            last = (start, pos + length)
         pos += length
-    return pos == size and moov
+    else:
+        if pos < size:
+            return None, None
+    return pos == size and moov, last
+
+
+def _zeros_at_end(read: Callable[[int, int], bytes], start: int, end: int) -> bool:
+    """Whether the last bytes before `end` (from `start` at most) are all zeros."""
+    begin = max(start, end - _TAIL)
+    if begin >= end:
+        return False
+    tail = read(begin, end - begin)
+    return not tail.strip(b"\0")
 
 
 def _ebml_size(data: bytes) -> tuple[int | None, int]:
@@ -258,14 +330,15 @@ def _ebml_size(data: bytes) -> tuple[int | None, int]:
     return value, width
 
 
-def _matroska_complete(read: Callable[[int, int], bytes], size: int) -> bool | None:
+def _matroska_complete(read: Callable[[int, int], bytes], size: int) -> tuple[bool | None, tuple[int, int] | None]:
     header_size, n = _ebml_size(read(4, 8))
     if header_size is None:
-        return None
+        return None, None
     pos = 4 + n + header_size
     if read(pos, 4) != _SEGMENT:
-        return False
+        return False, None
     segment, n = _ebml_size(read(pos + 4, 8))
     if segment is None:
-        return None  # a live-written Matroska of unknown size: settling decides
-    return pos + 4 + n + segment == size
+        return None, None  # a live-written Matroska of unknown size: settling decides
+    start = pos + 4 + n
+    return start + segment == size, (start, size)
