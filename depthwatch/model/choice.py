@@ -312,8 +312,9 @@ class Measurement:
     (with its load time): it is measured as it is, never made again. `then`
     is measured right after the reference (the variant that serves, when that
     is not the reference). `offer(trial, session, trials)` is shown each
-    faithful variant's session before it is released, with the trials so far,
-    and returns True to keep it (the engine serves from it from then on).
+    faithful variant's session before the measurement lets go of it, with the
+    trials so far: a callee that keeps a reference to it (the engine, to serve
+    from it) keeps it alive; otherwise it is released there.
     """
 
     def __init__(
@@ -328,7 +329,7 @@ class Measurement:
         trace_nodes: bool = False,
         reference: tuple[Any, float] | None = None,
         then: Variant | None = None,
-        offer: Callable[[Trial, Any, list[Trial]], bool] | None = None,
+        offer: Callable[[Trial, Any, list[Trial]], object] | None = None,
     ) -> None:
         self.order = in_order(candidates, then)
         self.trials: list[Trial] | None = None
