@@ -676,6 +676,58 @@ def test_a_map_deleted_since_is_made_again_not_answered_done(api_daemon, referen
     assert d.counts()["done"] == 2
 
 
+def test_a_map_deleted_while_its_job_is_still_being_reported_is_made_again(tmp_path, tiny_model, reference):
+    """The job's result reaches the waiters a moment before the queue lets go of it (its log
+    line lies in between); a request then, for the same version with its map deleted, must
+    queue a new job, not be folded into the one that has just ended (a 504 thirty seconds on)."""
+    import json
+    import logging
+
+    from depthwatch import config as configuration
+    from depthwatch.daemon.lifecycle import Daemon
+
+    watch = tmp_path / "watch"
+    watch.mkdir()
+    text = json.dumps({
+        "model": {"path": str(tiny_model), "profile": "midas-v21-small", "providers": ["cpu"]},
+        "watch": {"folders": [str(watch)], "patterns": ["frame.jpg"]},
+        "output": {"template": "depth.jpg"},
+        "daemon": {"workers": 2, "status_file": str(tmp_path / "status.json")},
+        "api": {"enabled": True, "port": 0},
+    })
+    daemon = Daemon(configuration.parse(text, tmp_path / "config.yaml"))
+    data = jpeg_bytes(block_frame(16))
+    tickets = []
+
+    class AgainBetweenResultAndDone(logging.Handler):
+        """On the worker thread, at the frame's log line: after waiters.finished, before queue.done."""
+
+        def emit(self, record: logging.LogRecord) -> None:
+            if not tickets and record.getMessage().startswith("frame.jpg -> depth.jpg"):
+                (watch / "depth.jpg").unlink()
+                tickets.append(daemon.request_map(watch / "frame.jpg"))
+
+    frames_log, handler = logging.getLogger("depthwatch.frames"), AgainBetweenResultAndDone()
+    level = logging.getLogger("depthwatch").level
+    logging.getLogger("depthwatch").setLevel(logging.INFO)
+    frames_log.addHandler(handler)
+    thread = threading.Thread(target=daemon.run, name="embedded daemon")
+    thread.start()
+    try:
+        wait_for(lambda: daemon.status.state == "running", what="the daemon running")
+        write_by_rename(watch / "frame.jpg", data)
+        wait_for(lambda: tickets, what="the request at the frame's log line")
+        assert tickets[0].wait(HTTP_TIMEOUT).kind == DONE
+        assert_same_map(decode_map((watch / "depth.jpg").read_bytes()), reference.depth(data))
+        assert daemon.status.counts.done == 2
+    finally:
+        frames_log.removeHandler(handler)
+        logging.getLogger("depthwatch").setLevel(level)
+        daemon.request_stop()
+        thread.join(60)
+    assert not thread.is_alive()  # (`stuck` would count the reference's own inference thread)
+
+
 def test_a_request_trickling_in_is_cut_off_at_api_request_timeout_s(api_daemon, tmp_path):
     import select
     import socket

@@ -52,6 +52,20 @@ def test_the_same_version_is_not_queued_twice():
     q.done(running)
 
 
+def test_a_version_whose_result_is_settled_is_queued_again_before_done():
+    """Its map deleted since, a request wants it made again: not folded into the job that has ended."""
+    q = LatestWinsQueue(10)
+    q.put(job("f.jpg", "d.jpg", 1))
+    running = q.get(0)
+    q.settled(running)
+    assert q.put(job("f.jpg", "d.jpg", 1)) and len(q) == 1
+    again = q.get(0)
+    q.done(running)  # the older job's done leaves the newer one started
+    assert q.put(job("f.jpg", "d.jpg", 1)) and len(q) == 0
+    q.done(again)
+    assert q.in_progress == 0
+
+
 def _waiting_on(cond: threading.Condition) -> int:
     """How many threads are blocked in `cond.wait()` (CPython keeps one lock per waiter in
     `_waiters`); read under the condition's lock, so a getter counted here is really waiting."""

@@ -698,9 +698,12 @@ class Daemon:
 
     def _finished(self, job: Job, result: Result) -> None:
         """A job's result (worker thread): count it, log its line, retry an output error later."""
-        retrying = not result.ok and not result.superseded and result.retryable and self._retry(job, result)
-        if self.api is not None:
-            self.waiters.finished(job, result, final=not retrying)  # before queue.done(job): see waiters
+        # One step for a request (see waiters): the job in flight, or its result known and let go by the queue.
+        with self.waiters.hold():
+            retrying = not result.ok and not result.superseded and result.retryable and self._retry(job, result)
+            if self.api is not None:
+                self.waiters.finished(job, result, final=not retrying)
+            self.queue.settled(job)
         counts = self.status.counts
         if result.unchanged:  # one version handed over twice: its map is on disk already
             frames_log.debug("%s: its map is already made from these very bytes; not made again", shown(job.source))

@@ -13,7 +13,10 @@ Jobs are queued through the daemon's own path, under this module's lock, so a
 version the watcher already queued, started or finished is never run twice:
 the queue drops a second job for a version it holds, and a finished version
 is answered from `_last` at once (why it has no map, or DONE if its map is still on
-disk with that version's record: a map deleted since is made again). The watcher's own event for a version a
+disk with that version's record: a map deleted since is made again). The daemon
+reports a job here and has the queue let go of it (`settled`) as one step under
+this lock, so a request never finds a job finished yet still held by the queue,
+which would drop the job that makes a deleted map again. The watcher's own event for a version a
 request queued first is dropped once (`absorb`). With two producers (the
 watcher, requests) the daemon also queues under `hold()` and looks at the file
 again there, so an older version can never be queued after a newer one and

@@ -64,6 +64,18 @@ class LatestWinsQueue:
             self._in_progress += 1
             return job
 
+    def settled(self, job: Job) -> None:
+        """The owner has acted on the job's result (before `done`): the same version is queued anew from now on.
+
+        A producer that queues under the lock its owner settles under sees the
+        job either in flight (its result still to come) or settled, never
+        finished yet "started", which would drop a put meant to make the map
+        again (its map deleted since) with nothing left to make it.
+        """
+        with self._cond:
+            if self._started.get(job.output) is job:
+                del self._started[job.output]
+
     def done(self, job: Job) -> None:
         """The job has its result (written, failed or abandoned)."""
         with self._cond:
