@@ -54,7 +54,8 @@ from depthwatch.frames.pipeline import Pipeline
 from depthwatch.frames.result import Result
 from depthwatch.frames.settings import Settings
 from depthwatch.frames.rules import Rules, template_clashes
-from depthwatch.frames.writer import sweep_temp_files
+from depthwatch.frames.writer import sweep_temp_files_below
+from depthwatch.imaging import clipwrite
 from depthwatch.logtext import shown
 from depthwatch.model import catalogue
 from depthwatch.model.engine import Engine, SessionFactory
@@ -340,12 +341,12 @@ class Daemon:
             )
 
     def _start_watching(self, rules: Rules, config: Config) -> None:
-        for root in rules.roots:
-            swept, left = sweep_temp_files(root)
+        for folder in rules.output_folders():  # the watch folders and the folders outputs go to
+            swept, left = sweep_temp_files_below([folder], recursive=rules.recursive and folder in rules.roots)
             if swept:
-                log.info("removed %d temporary file(s) left in %s", swept, shown(root))
+                log.info("removed %d temporary file(s) left in %s", swept, shown(folder))
             if left:
-                log.warning("cannot remove %d temporary file(s) left in %s (is the folder writable?)", left, shown(root))
+                log.warning("cannot remove %d temporary file(s) left in %s (is the folder writable?)", left, shown(folder))
         for pattern in template_clashes(rules.patterns, rules.template):
             log.warning(
                 "watch.patterns %s and output.template %s clash: every %s file looks like a depth map, so none "
@@ -544,6 +545,12 @@ class Daemon:
             )
             return
         if rules.is_clip(source):  # a clip job, on the clip thread
+            if _is_own_clip(source):
+                with self._lock:
+                    self.status.counts.own_maps += 1
+                self._status_dirty = True
+                log.warning("%s carries depthwatch's mark (a depth clip it made); not taken as a clip", shown(source))
+                return
             try:
                 output = rules.output_for(source)
             except FrameError as exc:
@@ -836,3 +843,11 @@ class Daemon:
         status.clip = progress.as_dict() if progress is not None else None
         status.clips_waiting = clips.waiting if clips is not None else 0
         return status
+
+
+def _is_own_clip(source: Path) -> bool:
+    """A depth clip depthwatch made (its mark inside): never taken as a clip, whatever its name."""
+    try:
+        return clipwrite.is_ours(source)
+    except FrameError:  # no PyAV: the clip job says so
+        return False
