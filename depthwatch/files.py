@@ -225,15 +225,16 @@ def _exists(name: str | Path, dir_fd: int | None) -> bool:
     return True
 
 
-def exchange(a: str | Path, b: str | Path) -> bool:
+def exchange(a: str | Path, b: str | Path, atomic: bool = True) -> bool:
     """Swap what the names `a` and `b` hold (both must exist); True if it was one atomic step.
 
     renameat2(RENAME_EXCHANGE) on Linux, renameatx_np(RENAME_SWAP) on macOS:
     there is no moment when `b` is missing. Elsewhere (or on a filesystem
     without it) three renames through a hidden name beside `b` give the same
-    end; a failure on the way puts `b` back as it was. False then.
+    end; a failure on the way puts `b` back as it was. False then. `atomic`
+    False: those three renames anyway (for a watcher that cannot follow a swap).
     """
-    if _flagged_rename(a, b, True, None, None):
+    if atomic and _flagged_rename(a, b, True, None, None):
         return True
     b = Path(b)
     aside = b.with_name(f".{b.name}.{os.getpid()}-{secrets.token_hex(4)}.dwtmp")

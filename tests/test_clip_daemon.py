@@ -214,7 +214,8 @@ def test_bad_clips_in_the_daemon(tmp_path: Path) -> None:
 
 def test_a_recursive_watch_never_takes_its_own_sequences_or_depth_clips_for_input(tmp_path: Path) -> None:
     """watch.recursive with *.png and *.mp4 and a sequence clip template: the sequence's frames, while written
-    (in the hidden folder) and once in place, are never mapped; nor is a depth clip depthwatch made, under any name."""
+    (in the hidden folder) and once in place, are never mapped; nor is a depth clip depthwatch made, under any name.
+    The clip exported again makes the sequence again, and a user's file saved in its folder stays."""
     from depthwatch.imaging import clipwrite
 
     if not FASTDEPTH.is_file():
@@ -240,6 +241,10 @@ def test_a_recursive_watch_never_takes_its_own_sequences_or_depth_clips_for_inpu
         d.start()
         os.rename(source, d.watch / "shot.mp4")
         wait_for(lambda: d.counts().get("clips") == 1, timeout=120, what="the depth sequence")
+        (d.watch / "shot_depth" / "my_comp.nk").write_text("Root {}\n")  # saved beside the frames
+        write_clip(source, pan_clip_frames(SIZE, count, step=6, shot=15), codec="h264")
+        os.rename(source, d.watch / "shot.mp4")  # exported again: the sequence is made again
+        wait_for(lambda: d.counts().get("clips") == 2, timeout=120, what="the second depth sequence")
         os.rename(graded, d.watch / "graded.mp4")
         wait_for(lambda: "graded.mp4 carries depthwatch's mark" in d.log(), what="the depth clip passed over")
         # A frame dropped after all that gets its map: what came before it has been looked at.
@@ -250,8 +255,11 @@ def test_a_recursive_watch_never_takes_its_own_sequences_or_depth_clips_for_inpu
     finally:
         d.stop()
     sequence = d.watch / "shot_depth"
-    assert sorted(p.name for p in sequence.iterdir()) == [clipwrite.SEQUENCE_MARKER] + [f"{k:04d}.png" for k in range(count)]
-    assert counts.get("done") == 1 and not counts.get("failed") and counts.get("clips") == 1, counts
+    frames = [f"{k:04d}.png" for k in range(count)]
+    assert sorted(p.name for p in sequence.iterdir()) == [clipwrite.SEQUENCE_MARKER, *frames, "my_comp.nk"]
+    assert (sequence / "my_comp.nk").read_text() == "Root {}\n"
+    assert counts.get("done") == 1 and not counts.get("failed") and counts.get("clips") == 2, counts
     assert "shot_depth/0" not in log and "dwtmp/" not in log, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]  # the file watcher followed the sequence's replacement
     assert not (d.watch / "graded_depth").exists()
     assert d.temp_files() == []

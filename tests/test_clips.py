@@ -393,3 +393,30 @@ def test_once_swaps_a_sequence_in_one_exchange_of_fsynced_frames_and_keeps_a_use
     assert (tmp_path / "seq" / "my_comp.nk").read_text() == "Root {}\n"
     assert len(list((tmp_path / "seq").glob("*.png"))) == 36
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_kill_between_the_renames_of_a_swap_costs_no_sequence(tmp_path: Path) -> None:
+    """Where the folders cannot be exchanged (under a recursive watch) a sequence is replaced by three renames; a kill
+    after the first leaves its name empty, the last good sequence and the new one aside: the next start puts the
+    newer whole one back and clears the other. A sequence cut off mid-mapping is never put back."""
+    import os
+
+    from depthwatch.frames.writer import sweep_temp_files
+    from depthwatch.imaging import clipwrite
+
+    def sequence(name: str, frames: bytes, whole: bool, age_s: int) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "0000.png").write_bytes(frames)
+        marker = folder / clipwrite.SEQUENCE_MARKER
+        marker.write_text(clipwrite.marker_text("{frame:04d}.png", whole=whole))
+        os.utime(marker, ns=(marker.stat().st_mtime_ns - age_s * 10**9,) * 2)
+        return folder
+
+    sequence(".cuts_depth.999999999-0000aaaa.dwtmp", b"last good", whole=True, age_s=60)
+    sequence(".cuts_depth.999999999-0000bbbb.dwtmp", b"new", whole=True, age_s=1)
+    sequence(".shot_depth.999999999-0000cccc.dwtmp", b"cut off", whole=False, age_s=0)
+    assert sweep_temp_files(tmp_path) == (2, 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cuts_depth"]
+    assert (tmp_path / "cuts_depth" / "0000.png").read_bytes() == b"new"
+    assert sweep_temp_files(tmp_path) == (0, 0)

@@ -162,7 +162,7 @@ class Daemon:
         self._bad_predictions = 0
         #: Frames whose tries ran out on an output error, by output folder (see `Parked`).
         self._parked = Parked()
-        self._settings = Settings.from_config(config)
+        self._settings = Settings.from_config(config, watching=True)
         self.engine: Engine | None = None
         self.pipeline: Pipeline | None = None
         self.queue = LatestWinsQueue(config.daemon.queue_size)
@@ -420,7 +420,7 @@ class Daemon:
         if new.api != old.api:
             log.warning("the api settings take effect at the next start")
             new = replace(new, api=old.api)
-        self._settings = Settings.from_config(new)
+        self._settings = Settings.from_config(new, watching=True)
         logging.getLogger("depthwatch").setLevel(new.daemon.log_level.upper())
         self.config = new
         self.status.config_loads += 1

@@ -260,7 +260,7 @@ def _make(
             writer.close()
             writer = None
         check(0)  # a last look for a rewrite before the rename
-        _rename_into_place(temp, job.final, job.output_roots, job.output.name if job.sequence else None)
+        _rename_into_place(temp, job.final, job.output_roots, job.output.name if job.sequence else None, settings.swap_folders)
     except BaseException:
         if writer is not None:
             writer.abort()
@@ -439,7 +439,9 @@ def _ensure_folder(folder: Path, roots: tuple[Path, ...]) -> None:
         raise OutputError(f"cannot create the output folder {shown(folder)}: {exc.strerror or exc}") from None
 
 
-def _rename_into_place(temp: Path, final: Path, roots: tuple[Path, ...], frame_name: str | None = None) -> None:
+def _rename_into_place(
+    temp: Path, final: Path, roots: tuple[Path, ...], frame_name: str | None = None, swap: bool = True
+) -> None:
     """The whole clip (file or folder of frames) replaces the last one in one rename.
 
     Only a depth clip depthwatch made is replaced: anything else at the name
@@ -447,7 +449,8 @@ def _rename_into_place(temp: Path, final: Path, roots: tuple[Path, ...], frame_n
     and a name that was free is taken only while it still is. A sequence
     folder is swapped for the last one in one step (`files.exchange`), and
     replaces only its own frames: a user's file saved in it stays (see
-    `_carry_over`). `frame_name`: the sequence's frame names (`{frame:04d}.png`).
+    `_swap_sequence`). `frame_name`: the sequence's frame names (`{frame:04d}.png`);
+    `swap` False: three renames instead of the exchange (see `Settings.swap_folders`).
     """
     if os.path.lexists(final) and not clipwrite.is_ours(final):
         raise OutputError(
@@ -464,10 +467,12 @@ def _rename_into_place(temp: Path, final: Path, roots: tuple[Path, ...], frame_n
             finally:
                 os.close(fd)
         else:
+            assert frame_name is not None
+            _mark_whole(temp, frame_name)
             _sync_folder(temp)
         if temp.is_dir() and final.is_dir() and not final.is_symlink():
             assert frame_name is not None
-            _swap_sequence(temp, final, frame_name)
+            _swap_sequence(temp, final, frame_name, swap)
         elif os.path.lexists(final):
             os.replace(temp, final)
         else:
@@ -480,6 +485,14 @@ def _rename_into_place(temp: Path, final: Path, roots: tuple[Path, ...], frame_n
     except OSError as exc:
         raise OutputError(f"cannot put {shown(final.name)} in place in {shown(final.parent)}: {exc.strerror or exc}") from None
     _sync_folder(final.parent)
+
+
+def _mark_whole(folder: Path, frame_name: str) -> None:
+    """Every frame is on disk: the marker says so (replaced in one rename), before the swap."""
+    marker = folder / clipwrite.SEQUENCE_MARKER
+    step = temp_name_for(marker)
+    _write_new(step, clipwrite.marker_text(frame_name, whole=True).encode())
+    os.replace(step, marker)
 
 
 def _sync_folder(folder: Path) -> None:
@@ -500,7 +513,7 @@ def _own_frame(folder: Path, name: str, frames: re.Pattern[str]) -> bool:
     return bool(frames.fullmatch(name)) and provenance.read(folder / name) is not None
 
 
-def _swap_sequence(new: Path, final: Path, frame_name: str) -> None:
+def _swap_sequence(new: Path, final: Path, frame_name: str, atomic: bool = True) -> None:
     """Swap the new sequence folder for the last one at `final`, keeping the user's files that were in it.
 
     Before the swap, each user file in the old folder gets a hard link in the
@@ -526,13 +539,13 @@ def _swap_sequence(new: Path, final: Path, frame_name: str) -> None:
         except OSError:
             pass  # a folder, or no hard links here: moved across after the swap
     try:
-        exchange(new, final)
+        exchange(new, final, atomic)
     except OSError:
         _unlink_all(new, linked)
         raise
     old = new  # the last sequence, now under the temporary name
     if not (old / clipwrite.SEQUENCE_MARKER).is_file():  # not ours after all (swapped in since the check): back
-        exchange(old, final)
+        exchange(old, final, atomic)
         _unlink_all(new, linked)
         raise OutputError(f"{shown(final)} is not a depth clip depthwatch made; not replacing it", retryable=False)
     kept = 0

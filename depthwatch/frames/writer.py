@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import re
 import secrets
@@ -20,8 +21,10 @@ from pathlib import Path
 from depthwatch.errors import OutputError
 from depthwatch.files import fsync_folder, rename_noreplace, write_all
 from depthwatch.frames import provenance
-from depthwatch.imaging.clipwrite import SEQUENCE_MARKER, marked_frames
+from depthwatch.imaging.clipwrite import SEQUENCE_MARKER, is_whole, marked_frames
 from depthwatch.logtext import shown
+
+log = logging.getLogger("depthwatch.frames")
 
 #: Temporary names look like `.depth.jpg.4242-3f9a1c0b.dwtmp`: hidden, recognisable so
 #: the watcher never takes them for input, and carrying the writer's pid so only a
@@ -253,6 +256,7 @@ def sweep_temp_files(folder: Path) -> tuple[int, int]:
         entries = list(os.scandir(folder))
     except OSError:
         return 0, 0
+    entries.sort(key=_newest_marker_first)
     for entry in entries:
         if not is_temp_name(entry.name) or temp_target_name(entry.name) is None:
             continue  # only depthwatch's own temporary naming
@@ -261,6 +265,8 @@ def sweep_temp_files(folder: Path) -> tuple[int, int]:
             continue
         owner = temp_owner(entry.name)
         if owner is not None and _alive(owner):
+            continue
+        if folder_of_frames and _put_back(folder, entry.name):
             continue
         if folder_of_frames:
             gone = remove_own_folder(Path(entry.path))
@@ -271,6 +277,32 @@ def sweep_temp_files(folder: Path) -> tuple[int, int]:
         else:
             failed += 1
     return removed, failed
+
+
+def _newest_marker_first(entry: os.DirEntry[str]) -> int:
+    try:
+        return -os.stat(os.path.join(entry.path, SEQUENCE_MARKER)).st_mtime_ns
+    except OSError:
+        return 0
+
+
+def _put_back(folder: Path, name: str) -> bool:
+    """A whole sequence a kill left at a temporary name while its own name is free: back into place.
+
+    Three renames replace a sequence where an exchange cannot (see
+    `files.exchange`); a kill between the first two leaves the name empty
+    and the last good sequence (and the new one) aside. The newest whole one
+    goes back; whatever then holds the name stays.
+    """
+    target = temp_target_name(name)
+    if not target or not is_whole(folder / name) or os.path.lexists(folder / target):
+        return False
+    try:
+        rename_noreplace(folder / name, folder / target)
+    except OSError:
+        return False
+    log.warning("put back %s in %s: the whole sequence a stopped depthwatch left aside", shown(target), shown(folder))
+    return True
 
 
 def sweep_temp_files_below(folders: Iterable[Path], recursive: bool = False) -> tuple[int, int]:

@@ -53,9 +53,23 @@ MARK = "depthwatch depth clip"
 SEQUENCE_MARKER = ".depthwatch"
 
 
-def marker_text(frame_name: str) -> str:
-    """What the sequence marker holds: the mark, and the frames' names (`{frame:04d}.png`)."""
-    return f"{MARK}\n{frame_name}\n"
+#: The marker's last line once every frame is on disk: a whole sequence, fit to be put back.
+WHOLE = "whole"
+
+
+def marker_text(frame_name: str, whole: bool = False) -> str:
+    """What the sequence marker holds: the mark, the frames' names (`{frame:04d}.png`), and whether all are there."""
+    return f"{MARK}\n{frame_name}\n" + (f"{WHOLE}\n" if whole else "")
+
+
+def is_whole(folder: Path) -> bool:
+    """Whether the sequence in `folder` was finished (its marker says so): one a kill must not cost."""
+    try:
+        with open(folder / SEQUENCE_MARKER, "rb") as f:
+            lines = f.read(4096).decode(errors="replace").splitlines()
+    except OSError:
+        return False
+    return len(lines) >= 3 and lines[0] == MARK and lines[2] == WHOLE
 
 
 def frames_pattern(frame_name: str) -> re.Pattern[str]:
