@@ -280,6 +280,8 @@ def sweep_temp_files(folder: Path) -> tuple[int, int]:
 
 
 def _newest_marker_first(entry: os.DirEntry[str]) -> int:
+    if not is_temp_name(entry.name):
+        return 0
     try:
         return -os.stat(os.path.join(entry.path, SEQUENCE_MARKER)).st_mtime_ns
     except OSError:
