@@ -7,16 +7,21 @@ FIFO, a dangling link), without opening it. `sha256_of` is the one file hash
 (model checksums, recognition, cache keys). `atomic_write` replaces one of
 depthwatch's own files (caches, recorded checksums); maps and status files go
 through `frames.writer.atomic_write`, which shares `write_all` and adds the
-folder checks a watched folder needs.
+folder checks a watched folder needs. `rename_noreplace` and `exchange` are the
+two renames a plain `rename` cannot do in one step: into a name only while it
+is absent, and swapping two names (a folder of frames for the last one).
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import hashlib
 import os
 import secrets
 import stat
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 _CHUNK = 1 << 20
@@ -120,3 +125,124 @@ def atomic_write(target: Path, data: bytes) -> None:
         fsync_folder(folder)
     finally:
         os.close(folder)
+
+
+# -- renames a plain rename cannot do ----------------------------------------------------
+
+#: Linux renameat2(2) flags, and macOS renameatx_np(2)'s (sys/stdio.h).
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+RENAME_SWAP, RENAME_EXCL = 0x2, 0x4
+
+#: (dir_fd, path, dir_fd, path, flags) -> 0, or -1 with errno set: the C call, as ctypes gives it.
+_RenameCall = Callable[[int, bytes, int, bytes, int], int]
+
+#: errno values that say "this system or filesystem cannot": fall back, do not fail.
+_UNSUPPORTED = {errno.ENOSYS, errno.EINVAL, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP), errno.EOPNOTSUPP}
+
+
+def choose_renamer(platform: str, libc: object) -> tuple[_RenameCall, int, int, int] | None:
+    """The C call that renames with flags on `platform`, with its (no-replace, exchange) flags and AT_FDCWD.
+
+    Linux: glibc's renameat2 (2.28 and later); macOS: renameatx_np (10.12 and
+    later; renamex_np's dir-fd form). None where neither is there: the callers
+    fall back to what plain calls can do.
+    """
+    if platform.startswith("linux"):
+        call, flags, cwd = getattr(libc, "renameat2", None), (RENAME_NOREPLACE, RENAME_EXCHANGE), -100
+    elif platform == "darwin":
+        call, flags, cwd = getattr(libc, "renameatx_np", None), (RENAME_EXCL, RENAME_SWAP), -2
+    else:
+        return None
+    if call is None:
+        return None
+    try:
+        call.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+        call.restype = ctypes.c_int
+    except (AttributeError, TypeError):
+        pass  # not a ctypes function (a stand-in): called as it is
+    return call, flags[0], flags[1], cwd
+
+
+def _libc() -> object | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+_RENAMER = choose_renamer(sys.platform, _libc())
+
+
+def _flagged_rename(src: str | Path, dst: str | Path, exchange: bool, src_dir_fd: int | None, dst_dir_fd: int | None) -> bool:
+    """One flagged rename; False where the system or the filesystem has no such rename (fall back)."""
+    if _RENAMER is None:
+        return False
+    call, noreplace, swap, cwd = _RENAMER
+    ok = call(
+        cwd if src_dir_fd is None else src_dir_fd, os.fsencode(src),
+        cwd if dst_dir_fd is None else dst_dir_fd, os.fsencode(dst),
+        swap if exchange else noreplace,
+    )
+    if ok == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in _UNSUPPORTED:
+        return False
+    raise OSError(err, os.strerror(err), os.fspath(dst))
+
+
+def rename_noreplace(src: str | Path, dst: str | Path, *, src_dir_fd: int | None = None, dst_dir_fd: int | None = None) -> None:
+    """Rename `src` to `dst` only if `dst` does not exist: FileExistsError if it does, whatever came there when.
+
+    A check and then a rename leave a gap a user's file can fall into (and be
+    replaced); this is one step: renameat2(RENAME_NOREPLACE) on Linux,
+    renameatx_np(RENAME_EXCL) on macOS, else a hard link (which never
+    replaces) and an unlink of the old name. Only where neither can be done
+    (a folder, a filesystem without links) is it a check and a rename.
+    """
+    if _flagged_rename(src, dst, False, src_dir_fd, dst_dir_fd):
+        return
+    try:
+        os.link(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd, follow_symlinks=False)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.EISDIR, errno.EACCES, *_UNSUPPORTED):
+            raise
+    else:
+        os.unlink(src, dir_fd=src_dir_fd)
+        return
+    if _exists(dst, dst_dir_fd):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(dst))
+    os.rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+
+
+def _exists(name: str | Path, dir_fd: int | None) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def exchange(a: str | Path, b: str | Path, atomic: bool = True) -> bool:
+    """Swap what the names `a` and `b` hold (both must exist); True if it was one atomic step.
+
+    renameat2(RENAME_EXCHANGE) on Linux, renameatx_np(RENAME_SWAP) on macOS:
+    there is no moment when `b` is missing. Elsewhere (or on a filesystem
+    without it) three renames through a hidden name beside `b` give the same
+    end; a failure on the way puts `b` back as it was. False then. `atomic`
+    False: those three renames anyway (for a watcher that cannot follow a swap).
+    """
+    if atomic and _flagged_rename(a, b, True, None, None):
+        return True
+    b = Path(b)
+    aside = b.with_name(f".{b.name}.{os.getpid()}-{secrets.token_hex(4)}.dwtmp")
+    os.rename(b, aside)
+    try:
+        os.rename(a, b)
+    except BaseException:
+        os.rename(aside, b)
+        raise
+    os.rename(aside, a)
+    return False

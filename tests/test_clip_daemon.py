@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
 import yaml
 
@@ -26,7 +28,7 @@ pytest.importorskip("av", reason="clips need the video extra: pip install -e '.[
 
 from benchmarks.clips import pan_clip_frames, photos, write_clip  # noqa: E402
 from benchmarks.frames import pan_frames  # noqa: E402
-from conftest import FASTDEPTH, write_by_rename  # noqa: E402
+from conftest import FASTDEPTH, quadrant_frame, write_by_rename  # noqa: E402
 from daemon_process import DaemonProcess, wait_for  # noqa: E402
 from depthwatch.imaging import video  # noqa: E402
 from test_clips import probe  # noqa: E402
@@ -443,3 +445,54 @@ def test_a_clip_for_the_depth_clip_in_progress_is_refused_not_cancelling_it(tmp_
     ), line
     assert "a newer version of the clip arrived" not in log
     assert probe(out / "A_depth.mov")["frames"] == long
+def test_a_recursive_watch_never_takes_its_own_sequences_or_depth_clips_for_input(tmp_path: Path) -> None:
+    """watch.recursive with *.png and *.mp4 and a sequence clip template: the sequence's frames, while written
+    (in the hidden folder) and once in place, are never mapped; nor is a depth clip depthwatch made, under any name.
+    The clip exported again makes the sequence again, and a user's file saved in its folder stays."""
+    from depthwatch.imaging import clipwrite
+
+    if not FASTDEPTH.is_file():
+        pytest.skip(f"the real model {FASTDEPTH} is not here")
+    d = DaemonProcess(
+        tmp_path, FASTDEPTH,
+        watch={"patterns": ["*.png", "*.mp4"], "recursive": True, "incomplete_timeout_s": 1.5},
+        output={"template": "{stem}_depth.png", "clip_template": "{stem}_depth/{frame:04d}.png"},
+    )
+    config = yaml.safe_load(d.config_path.read_text())
+    config["model"]["profile"] = "fastdepth-nyu"
+    d.config_path.write_text(yaml.safe_dump(config))
+    source = tmp_path / "shot.mp4"
+    count = write_clip(source, pan_clip_frames(SIZE, 30, step=4, shot=15), codec="h264")
+    graded = tmp_path / "graded.mp4"  # a depth clip depthwatch made, renamed by an editor
+    with video.Clip(source) as clip:
+        writer = clipwrite.ClipWriter(graded, clipwrite.KINDS[".mp4"], clip.info)
+    for _ in range(count):
+        writer.write(np.zeros((SIZE[1], SIZE[0]), np.uint16))
+    writer.close()
+    assert clipwrite.is_ours(graded)
+    try:
+        d.start()
+        os.rename(source, d.watch / "shot.mp4")
+        wait_for(lambda: d.counts().get("clips") == 1, timeout=120, what="the depth sequence")
+        (d.watch / "shot_depth" / "my_comp.nk").write_text("Root {}\n")  # saved beside the frames
+        write_clip(source, pan_clip_frames(SIZE, count, step=6, shot=15), codec="h264")
+        os.rename(source, d.watch / "shot.mp4")  # exported again: the sequence is made again
+        wait_for(lambda: d.counts().get("clips") == 2, timeout=120, what="the second depth sequence")
+        os.rename(graded, d.watch / "graded.mp4")
+        wait_for(lambda: "clip graded.mp4: is a depth clip depthwatch made" in d.log(), what="the depth clip passed over")
+        # A frame dropped after all that gets its map: what came before it has been looked at.
+        write_by_rename(d.watch / "z.png", cv2.imencode(".png", quadrant_frame())[1].tobytes())
+        wait_for(lambda: (d.watch / "z_depth.png").exists() and d.counts().get("done") == 1, what="the last frame's map")
+        counts = d.counts()
+        log = d.log()
+    finally:
+        d.stop()
+    sequence = d.watch / "shot_depth"
+    frames = [f"{k:04d}.png" for k in range(count)]
+    assert sorted(p.name for p in sequence.iterdir()) == [clipwrite.SEQUENCE_MARKER, *frames, "my_comp.nk"]
+    assert (sequence / "my_comp.nk").read_text() == "Root {}\n"
+    assert counts.get("done") == 1 and not counts.get("failed") and counts.get("clips") == 2, counts
+    assert "shot_depth/0" not in log and "dwtmp/" not in log, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]  # the file watcher followed the sequence's replacement
+    assert not (d.watch / "graded_depth").exists()
+    assert d.temp_files() == []

@@ -28,6 +28,7 @@ av = pytest.importorskip("av", reason="clips need the video extra: pip install -
 from benchmarks.clips import pan_clip_frames, write_clip  # noqa: E402
 from conftest import FASTDEPTH  # noqa: E402
 from depthwatch.config import ModelConfig  # noqa: E402
+from depthwatch.frames import provenance  # noqa: E402
 from depthwatch.frames.clips import ClipJob, make_clip  # noqa: E402
 from depthwatch.frames.settings import Settings  # noqa: E402
 from depthwatch.imaging import codec, normalise, tensor  # noqa: E402
@@ -202,20 +203,35 @@ def test_other_outputs(sources: dict[str, Path], engine: Engine, tmp_path: Path,
 def test_a_second_run_replaces_its_own_sequence_folder_and_never_someone_elses(
     sources: dict[str, Path], engine: Engine, tmp_path: Path
 ) -> None:
-    """Re-running over depthwatch's own image-sequence folder swaps the whole folder; a folder it did not make stays."""
+    """Re-running over depthwatch's own image-sequence folder swaps in the new frames and drops its stale ones;
+    a user's files saved in that folder stay (the same files); a folder it did not make stays."""
     source = sources["cuts"]
     folder = tmp_path / "cuts_depth"
     assert make_clip(ClipJob(source, folder / "{frame:04d}.png"), engine, Settings()).ok
-    (folder / "9999.png").write_bytes(b"stale")
+    assert all(provenance.read(p)["source"] == "cuts.mp4" for p in folder.glob("*.png"))  # each frame says it is ours
+    shutil.copy(folder / "0000.png", folder / "9999.png")  # a frame of an earlier, longer run
+    (folder / "my_comp.nk").write_text("Root {}\n")
+    (folder / "renders").mkdir()
+    (folder / "renders" / "v1.exr").write_bytes(b"mine")
+    comp = (folder / "my_comp.nk").stat().st_ino
     result = make_clip(ClipJob(source, folder / "{frame:04d}.png"), engine, Settings())
     assert result.ok, result.error
     assert "9999.png" not in {p.name for p in folder.iterdir()} and len(list(folder.glob("*.png"))) == 36
+    assert (folder / "my_comp.nk").read_text() == "Root {}\n" and (folder / "my_comp.nk").stat().st_ino == comp
+    assert (folder / "renders" / "v1.exr").read_bytes() == b"mine"
     theirs = tmp_path / "theirs_depth"
     theirs.mkdir()
     (theirs / "0000.png").write_bytes(b"an editor's own frame")
     refused = make_clip(ClipJob(source, theirs / "{frame:04d}.png"), engine, Settings())
     assert refused.error is not None and "is not a depth clip depthwatch made; not replacing it" in refused.error
     assert (theirs / "0000.png").read_bytes() == b"an editor's own frame"
+    # A user's file under a frame's name, in depthwatch's own folder: the run is refused, both stay.
+    (folder / "0005.png").unlink()
+    (folder / "0005.png").write_bytes(b"a frame fixed by hand")
+    before = sorted(p.name for p in folder.iterdir())
+    clash = make_clip(ClipJob(source, folder / "{frame:04d}.png"), engine, Settings())
+    assert clash.error is not None and "0005.png" in clash.error and "not a frame depthwatch made" in clash.error
+    assert (folder / "0005.png").read_bytes() == b"a frame fixed by hand" and sorted(p.name for p in folder.iterdir()) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cuts_depth", "theirs_depth"]
 
 
@@ -313,19 +329,98 @@ def test_an_edit_list_that_hides_frames_is_followed(sources: dict[str, Path], en
 
 
 def test_a_dead_writers_temporary_sequence_folder_is_swept(tmp_path: Path) -> None:
-    """An image sequence is written into a hidden folder; one a killed writer left goes at the next start."""
+    """An image sequence is written into a hidden folder; one a killed writer left goes at the next start,
+    all but a user's file in it (one carried over when the kill came mid-swap): that file stays, with its folder."""
     import os
 
     from depthwatch.frames.writer import sweep_temp_files, temp_name_for
+    from depthwatch.imaging import clipwrite
 
     dead = tmp_path / ".shot_depth.999999999-0123abcd.dwtmp"
     dead.mkdir()
-    (dead / "0000.png").write_bytes(b"half")
+    (dead / clipwrite.SEQUENCE_MARKER).write_text(clipwrite.marker_text("{frame:04d}.png"))
+    (dead / "0000.png").write_bytes(b"half")  # cut off before its record
     live = temp_name_for(tmp_path / "other_depth")  # this process's: still being written
     live.mkdir()
     assert str(os.getpid()) in live.name
-    assert sweep_temp_files(tmp_path) == (1, 0)
+    swapped = tmp_path / ".cuts_depth.999999999-4567abcd.dwtmp"  # the last sequence, swapped out
+    swapped.mkdir()
+    (swapped / clipwrite.SEQUENCE_MARKER).write_text(clipwrite.marker_text("{frame:04d}.png"))
+    (swapped / "0000.png").write_bytes(b"old frame")
+    (swapped / "my_comp.nk").write_text("Root {}\n")
+    (tmp_path / ".notes.dwtmp").write_text("a user's, not depthwatch's naming")
+    assert sweep_temp_files(tmp_path) == (1, 1)
     assert not dead.exists() and live.is_dir()
+    assert sorted(p.name for p in swapped.iterdir()) == ["my_comp.nk"]
+    assert (tmp_path / ".notes.dwtmp").exists()
+
+
+def test_once_swaps_a_sequence_in_one_exchange_of_fsynced_frames_and_keeps_a_users_file(
+    sources: dict[str, Path], tmp_path: Path
+) -> None:
+    """`once shot.mp4 -o 'seq/{frame:04d}.png'` twice, with a user's file saved in seq/ between: the second run
+    swaps the folders in one renameat2(RENAME_EXCHANGE) (the first took the free name with RENAME_NOREPLACE),
+    every frame is fsynced before, and the user's file is there after."""
+    from daemon_process import strace_works
+
+    why = strace_works()
+    if why:
+        pytest.skip(why)
+    source = tmp_path / "shot.mp4"
+    shutil.copy(sources["cuts"], source)
+    traces = []
+    for run in range(2):
+        trace = tmp_path / f"trace{run}.txt"
+        traces.append(trace)
+        done = subprocess.run(
+            ["strace", "-f", "-qq", "--seccomp-bpf", "-y", "-e", "trace=renameat2,rename,renameat,fsync", "-e", "signal=none",
+             "-o", str(trace), sys.executable, "-m", "depthwatch", "once", str(source), "-o", "seq/{frame:04d}.png",
+             "--model", str(FASTDEPTH), "--profile", "fastdepth-nyu"],
+            capture_output=True, text=True, timeout=170, cwd=tmp_path,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        if run == 0:
+            (tmp_path / "seq" / "my_comp.nk").write_text("Root {}\n")
+    seq = str(tmp_path / "seq")
+    first, second = (t.read_text() for t in traces)
+    cwd = r"AT_FDCWD(?:<[^>]*>)?"  # strace -y names the folder
+    into_seq = rf'renameat2\({cwd}, "[^"]*\.seq\.\d+-[0-9a-f]{{8}}\.dwtmp", {cwd}, "{re.escape(seq)}", '
+    assert re.search(into_seq + r"RENAME_NOREPLACE\) = 0", first), first[-3000:]
+    swaps = re.findall(into_seq + r"RENAME_EXCHANGE\) = 0", second)
+    assert len(swaps) == 1, second[-3000:]
+    assert not re.search(rf'\brename(at)?\([^)]*"{re.escape(seq)}"', second), "the old folder stepped aside by a plain rename"
+    synced = set(re.findall(r"fsync\(\d+<[^>]*\.seq\.\d+-[0-9a-f]{8}\.dwtmp/(\d{4}\.png)>\) = 0", second))
+    assert len(synced) == 36, sorted(synced)
+    assert (tmp_path / "seq" / "my_comp.nk").read_text() == "Root {}\n"
+    assert len(list((tmp_path / "seq").glob("*.png"))) == 36
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_kill_between_the_renames_of_a_swap_costs_no_sequence(tmp_path: Path) -> None:
+    """Where the folders cannot be exchanged (under a recursive watch) a sequence is replaced by three renames; a kill
+    after the first leaves its name empty, the last good sequence and the new one aside: the next start puts the
+    newer whole one back and clears the other. A sequence cut off mid-mapping is never put back."""
+    import os
+
+    from depthwatch.frames.writer import sweep_temp_files
+    from depthwatch.imaging import clipwrite
+
+    def sequence(name: str, frames: bytes, whole: bool, age_s: int) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "0000.png").write_bytes(frames)
+        marker = folder / clipwrite.SEQUENCE_MARKER
+        marker.write_text(clipwrite.marker_text("{frame:04d}.png", whole=whole))
+        os.utime(marker, ns=(marker.stat().st_mtime_ns - age_s * 10**9,) * 2)
+        return folder
+
+    sequence(".cuts_depth.999999999-0000aaaa.dwtmp", b"last good", whole=True, age_s=60)
+    sequence(".cuts_depth.999999999-0000bbbb.dwtmp", b"new", whole=True, age_s=1)
+    sequence(".shot_depth.999999999-0000cccc.dwtmp", b"cut off", whole=False, age_s=0)
+    assert sweep_temp_files(tmp_path) == (2, 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cuts_depth"]
+    assert (tmp_path / "cuts_depth" / "0000.png").read_bytes() == b"new"
+    assert sweep_temp_files(tmp_path) == (0, 0)
 
 
 def _once_run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -75,6 +75,36 @@ def test_what_is_a_frame(tmp_path: Path) -> None:
     assert not r.is_frame(tmp_path.parent / "shot.jpg")
 
 
+def test_a_sequence_is_never_a_frame_while_written_or_once_in_place_whatever_its_name(tmp_path: Path) -> None:
+    """By mark, not by name: inside depthwatch's temporary folder, or beside a sequence marker, with any template."""
+    from depthwatch.imaging import clipwrite
+
+    r = Rules(
+        WatchConfig(folders=(tmp_path,), patterns=("*.png",), recursive=True),
+        OutputConfig(template="{stem}_depth.png", clip_template="{stem}_depth/{frame:04d}.png"),
+    )
+    writing = tmp_path / ".shot_depth.4242-0123abcd.dwtmp"
+    assert not r.is_frame(writing / "0000.png")
+    renamed = tmp_path / "graded"  # a finished sequence an editor renamed: no template names it
+    renamed.mkdir()
+    assert r.is_frame(renamed / "0000.png")
+    (renamed / clipwrite.SEQUENCE_MARKER).write_text(clipwrite.marker_text("{frame:04d}.png"))
+    assert not r.is_frame(renamed / "0000.png")
+    assert r.is_frame(tmp_path / "plates" / "0000.png")
+
+
+def test_the_output_folders_are_where_the_templates_write(tmp_path: Path) -> None:
+    """Where a start looks for temporary files: the watch folder, a fixed out/, each folder a field matches,
+    a sequence's parent folder, an absolute folder; only those that exist."""
+    maps = tmp_path.parent / f"{tmp_path.name}-maps"
+    for folder in (tmp_path / "out", tmp_path / "A001_clips", tmp_path / "B002_clips", tmp_path / "notes", maps / "seq"):
+        folder.mkdir(parents=True)
+    r = Rules(WatchConfig(folders=(tmp_path,)), OutputConfig(template="out/{stem}.png", clip_template="{stem}_clips/{stem}.mov"))
+    assert sorted(r.output_folders()) == sorted([tmp_path, tmp_path / "out", tmp_path / "A001_clips", tmp_path / "B002_clips"])
+    r = Rules(WatchConfig(folders=(tmp_path,)), OutputConfig(template=f"{maps}/{{stem}}.png", clip_template=f"{maps}/seq/{{stem}}/{{frame:04d}}.png"))
+    assert sorted(r.output_folders()) == sorted([tmp_path, maps, maps / "seq"])
+
+
 def test_links_are_followed_only_inside_the_watch_folder(tmp_path: Path) -> None:
     watch = tmp_path / "watch"
     watch.mkdir()

@@ -6,12 +6,15 @@ so), and writes a frame's map only into the folder that frame was read from.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import cv2
+import pytest
 from conftest import jpeg_bytes, quadrant_frame, write_by_rename
 from daemon_process import DaemonProcess, wait_for
 
@@ -349,3 +352,186 @@ def test_a_model_fixed_after_a_failed_load_is_picked_up_by_a_save_or_a_sighup(tm
         assert provenance.read(d.watch / "depth.jpg")["model"] == "c.onnx"
     finally:
         assert d.stop() == 0
+
+
+# -- sidecars and error records: only depthwatch's own are replaced or removed -----------------------
+
+
+def test_sidecars_and_error_records_never_replace_or_remove_a_users_file_of_their_name(tmp_path, tiny_model):
+    """shot_depth.jpg.json and bad.jpg.error.json, the user's own: they stay through a map, a failure and a fix;
+    depthwatch's own sidecars and records are replaced and removed as ever."""
+    d = DaemonProcess(
+        tmp_path, tiny_model, watch={"patterns": ["*.jpg"]},
+        output={"template": "{stem}_depth.jpg", "sidecar": True, "error_sidecar": True},
+    )
+    theirs = {"shot_depth.jpg.json": '{"shot": "A001", "notes": "mine"}\n', "bad.jpg.error.json": "not even JSON\n"}
+    for name, text in theirs.items():
+        (d.watch / name).write_text(text)
+    d.start()
+    try:
+        write_by_rename(d.watch / "shot.jpg", jpeg_bytes(quadrant_frame()))
+        write_by_rename(d.watch / "other.jpg", jpeg_bytes(quadrant_frame()))
+        write_by_rename(d.watch / "bad.jpg", b"this is a shot list, not a frame\n")
+        write_by_rename(d.watch / "junk.jpg", b"this is a shot list, not a frame\n")
+        wait_for(lambda: d.counts().get("done") == 2 and d.counts().get("failed") == 2 and idle(d), what="two maps, two failures")
+        assert json.loads((d.watch / "other_depth.jpg.json").read_text())["source"] == "other.jpg"
+        assert json.loads((d.watch / "junk.jpg.error.json").read_text())["source"] == "junk.jpg"
+        write_by_rename(d.watch / "bad.jpg", jpeg_bytes(quadrant_frame()))  # fixed: its map lands
+        write_by_rename(d.watch / "junk.jpg", jpeg_bytes(quadrant_frame()))
+        write_by_rename(d.watch / "other.jpg", jpeg_bytes(quadrant_frame(160, 96, "bottom-right")))
+        wait_for(lambda: d.counts().get("done") == 5 and idle(d), what="the fixed frames' maps")
+        assert d.proc.poll() is None
+    finally:
+        assert d.stop() == 0
+    for name, text in theirs.items():
+        assert (d.watch / name).read_text() == text, name
+    assert not (d.watch / "junk.jpg.error.json").exists()  # depthwatch's own record: gone with the fix
+    assert json.loads((d.watch / "other_depth.jpg.json").read_text())["source_bytes"] == (d.watch / "other.jpg").stat().st_size
+    warned = [line for line in d.log().splitlines() if " WARNING " in line and "shot_depth.jpg.json" in line]
+    assert len(warned) == 1 and "is not a file depthwatch wrote; not replacing it" in warned[0], warned
+    assert provenance.read(d.watch / "shot_depth.jpg")["source"] == "shot.jpg"
+    assert not d.temp_files()
+
+
+# -- temporary files a killed depthwatch left, in the output folders too ------------------------------
+
+
+def test_the_start_sweeps_dead_temporaries_from_the_output_folders_and_only_its_own(tmp_path, tiny_model):
+    """A SIGKILL mid-write leaves a temporary file in out/ or in a clip's own folder: the next start removes it.
+
+    A live writer's, a user's file that only looks like one, and anything outside the output folders stay.
+    """
+    dead = "999999999-0123abcd"
+    live = f"{os.getpid()}-0123abcd"  # this test process: alive, like a `once` beside the daemon
+    d = DaemonProcess(
+        tmp_path / "flat", tiny_model, watch={"patterns": ["*.jpg", "*.mov"]},
+        output={"template": "out/{stem}_depth.jpg", "clip_template": "{stem}_clips/{stem}_depth.mov"},
+    )
+    out, clips, other = d.watch / "out", d.watch / "A001_clips", d.watch / "other"
+    files = {
+        out / f".a_depth.jpg.{dead}.dwtmp": False,
+        clips / f".A001_depth.mov.{dead}.dwtmp": False,
+        out / f".b_depth.jpg.{live}.dwtmp": True,
+        out / ".notes.dwtmp": True,  # not depthwatch's naming
+        other / f".c_depth.jpg.{dead}.dwtmp": True,  # no output goes there
+    }
+    for path in files:
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"\0" * 4096)
+    d.start()
+    try:
+        wait_for(lambda: f"removed 1 temporary file(s) left in {clips}" in d.log(), what="the clip folder swept")
+        assert f"removed 1 temporary file(s) left in {out}" in d.log()
+    finally:
+        assert d.stop() == 0
+    assert {path: path.exists() for path in files} == files
+    # Recursive: every folder below a watch folder is one a frame's output goes to.
+    r = DaemonProcess(tmp_path / "deep", tiny_model, watch={"patterns": ["*.jpg"], "recursive": True}, output={"template": "{stem}_depth.jpg"})
+    nested = r.watch / "shots" / "sh010" / f".f_depth.jpg.{dead}.dwtmp"
+    nested.parent.mkdir(parents=True)
+    nested.write_bytes(b"\0" * 4096)
+    r.start()
+    try:
+        wait_for(lambda: not nested.exists(), what="the nested temporary file swept")
+    finally:
+        assert r.stop() == 0
+
+
+# -- renames that take a free name only, or swap two -------------------------------------------------
+
+
+def test_the_rename_primitives_on_this_system_and_without_them(tmp_path, monkeypatch):
+    """renameat2 really runs here (Linux); without it (an older glibc) the fallbacks give the same ends."""
+    from depthwatch import files
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the Linux path")
+    assert files._RENAMER is not None and files._RENAMER[1:] == (files.RENAME_NOREPLACE, files.RENAME_EXCHANGE, -100)
+    for renamer in (files._RENAMER, None):
+        monkeypatch.setattr(files, "_RENAMER", renamer)
+        case = tmp_path / ("native" if renamer else "fallback")
+        new, old = case / "new", case / "old"
+        for folder, frame in ((new, b"new"), (old, b"old")):
+            folder.mkdir(parents=True)
+            (folder / "0000.png").write_bytes(frame)
+        assert files.exchange(new, old) is (renamer is not None)
+        assert (old / "0000.png").read_bytes() == b"new" and (new / "0000.png").read_bytes() == b"old"
+        (case / "mine.txt").write_text("the user's")
+        (case / "map.tmp").write_text("ours")
+        try:
+            files.rename_noreplace(case / "map.tmp", case / "mine.txt")
+            raise AssertionError("rename_noreplace replaced a file")
+        except FileExistsError:
+            pass
+        assert (case / "mine.txt").read_text() == "the user's" and (case / "map.tmp").read_text() == "ours"
+        folder = os.open(case, os.O_RDONLY)
+        try:
+            files.rename_noreplace("map.tmp", "map.png", src_dir_fd=folder, dst_dir_fd=folder)
+        finally:
+            os.close(folder)
+        assert (case / "map.png").read_text() == "ours" and not (case / "map.tmp").exists()
+        assert sorted(p.name for p in case.iterdir()) == ["map.png", "mine.txt", "new", "old"]
+
+
+def test_macos_gets_renameatx_np_with_its_own_flags(tmp_path, monkeypatch):
+    """macOS's call is chosen by name with RENAME_EXCL / RENAME_SWAP and its AT_FDCWD (-2); here it is played by
+    Linux's renameat2 with those flags translated, so what depthwatch passes is checked on a real filesystem."""
+    import ctypes
+
+    from depthwatch import files
+
+    calls = []
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    class MacLibc:
+        @staticmethod
+        def renameatx_np(src_fd, src, dst_fd, dst, flags):
+            calls.append((src_fd, dst_fd, flags))
+            linux = {files.RENAME_EXCL: files.RENAME_NOREPLACE, files.RENAME_SWAP: files.RENAME_EXCHANGE}[flags]
+            at = {-2: -100}
+            return libc.renameat2(at.get(src_fd, src_fd), src, at.get(dst_fd, dst_fd), dst, linux)
+
+    assert files.choose_renamer("darwin", object()) is None  # before macOS 10.12: the fallbacks
+    assert files.choose_renamer("linux", object()) is None  # glibc before 2.28
+    assert files.choose_renamer("win32", MacLibc()) is None
+    chosen = files.choose_renamer("darwin", MacLibc())
+    assert chosen is not None and chosen[1:] == (files.RENAME_EXCL, files.RENAME_SWAP, -2)
+    monkeypatch.setattr(files, "_RENAMER", chosen)
+    (tmp_path / "a").write_text("a")
+    (tmp_path / "b").write_text("b")
+    assert files.exchange(tmp_path / "a", tmp_path / "b") is True
+    assert (tmp_path / "a").read_text() == "b"
+    try:
+        files.rename_noreplace(tmp_path / "a", tmp_path / "b")
+        raise AssertionError("rename_noreplace replaced a file")
+    except FileExistsError:
+        pass
+    files.rename_noreplace(tmp_path / "a", tmp_path / "c")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "c"]
+    assert calls == [(-2, -2, files.RENAME_SWAP), (-2, -2, files.RENAME_EXCL), (-2, -2, files.RENAME_EXCL)]
+
+
+def test_a_new_map_takes_its_free_name_only_while_it_is_free(tmp_path, tiny_model):
+    """The first map of a frame lands by renameat2(RENAME_NOREPLACE): a user's file saved under that name
+    between the check and the rename is never replaced. The next map replaces depthwatch's own one."""
+    from daemon_process import strace_works
+
+    why = strace_works()
+    if why:
+        pytest.skip(why)
+    (tmp_path / "shot.jpg").write_bytes(jpeg_bytes(quadrant_frame()))
+    traces = []
+    for run in range(2):
+        trace = tmp_path / f"trace{run}.txt"
+        traces.append(trace.name)
+        done = subprocess.run(
+            ["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=renameat2,rename,renameat", "-e", "signal=none", "-o", str(trace),
+             sys.executable, "-m", "depthwatch", "once", "shot.jpg", "--model", str(tiny_model), "--profile", "midas-v21-small"],
+            capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+    first, second = ((tmp_path / t).read_text() for t in traces)
+    into = r'renameat2\(\d+, "\.shot_depth\.jpg\.\d+-[0-9a-f]{8}\.dwtmp", \d+, "shot_depth\.jpg", RENAME_NOREPLACE\) = 0'
+    assert re.search(into, first), first[-2000:]
+    assert not re.search(into, second) and re.search(r'rename(at2?)?\(.*"shot_depth\.jpg"', second), second[-2000:]
+    assert provenance.read(tmp_path / "shot_depth.jpg")["source"] == "shot.jpg"

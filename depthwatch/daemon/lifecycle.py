@@ -54,7 +54,7 @@ from depthwatch.frames.pipeline import Pipeline
 from depthwatch.frames.result import Result
 from depthwatch.frames.settings import Settings
 from depthwatch.frames.rules import Rules, template_clashes
-from depthwatch.frames.writer import sweep_temp_files
+from depthwatch.frames.writer import sweep_temp_files_below
 from depthwatch.logtext import shown
 from depthwatch.model import catalogue
 from depthwatch.model.engine import Engine, SessionFactory
@@ -161,7 +161,7 @@ class Daemon:
         self._bad_predictions = 0
         #: Frames whose tries ran out on an output error, by output folder (see `Parked`).
         self._parked = Parked()
-        self._settings = Settings.from_config(config)
+        self._settings = Settings.from_config(config, watching=True)
         self.engine: Engine | None = None
         self.pipeline: Pipeline | None = None
         self.queue = LatestWinsQueue(config.daemon.queue_size)
@@ -375,12 +375,12 @@ class Daemon:
             )
 
     def _start_watching(self, rules: Rules, config: Config) -> None:
-        for root in rules.roots:
-            swept, left = sweep_temp_files(root)
+        for folder in rules.output_folders():  # the watch folders and the folders outputs go to
+            swept, left = sweep_temp_files_below([folder], recursive=rules.recursive and folder in rules.roots)
             if swept:
-                log.info("removed %d temporary file(s) left in %s", swept, shown(root))
+                log.info("removed %d temporary file(s) left in %s", swept, shown(folder))
             if left:
-                log.warning("cannot remove %d temporary file(s) left in %s (is the folder writable?)", left, shown(root))
+                log.warning("cannot remove %d temporary file(s) left in %s (is the folder writable?)", left, shown(folder))
         for pattern in template_clashes(rules.patterns, rules.template):
             log.warning(
                 "watch.patterns %s and output.template %s clash: every %s file looks like a depth map, so none "
@@ -454,7 +454,7 @@ class Daemon:
         if new.api != old.api:
             log.warning("the api settings take effect at the next start")
             new = replace(new, api=old.api)
-        self._settings = Settings.from_config(new)
+        self._settings = Settings.from_config(new, watching=True)
         logging.getLogger("depthwatch").setLevel(new.daemon.log_level.upper())
         self.config = new
         self.status.config_loads += 1
@@ -928,3 +928,4 @@ class Daemon:
         status.clip = progress.as_dict() if progress is not None else None
         status.clips_waiting = clips.waiting if clips is not None else 0
         return status
+

@@ -19,8 +19,10 @@ temporary file and leaves the last good output as it was.
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
+import re
 import shutil
 import threading
 import time
@@ -33,13 +35,17 @@ from pathlib import Path
 import numpy as np
 
 from depthwatch.errors import DepthwatchError, FrameError, ModelChanged, OutputError, OwnOutput, Superseded
+from depthwatch.files import exchange, fsync_folder, rename_noreplace, write_all
+from depthwatch.frames import provenance
 from depthwatch.frames.settings import Settings
-from depthwatch.frames.writer import really_inside, temp_name_for
+from depthwatch.frames.writer import is_temp_name, really_inside, remove_own_folder, temp_name_for
 from depthwatch.imaging import clipwrite, codec, normalise, render, stabilise, tensor, video
 from depthwatch.logtext import shown
 from depthwatch.model.engine import BACKGROUND, Engine, Inference
 from depthwatch.model.spec import ModelInfo
 from depthwatch.threadnames import name_this_thread
+
+log = logging.getLogger("depthwatch.clips")
 
 #: Frames handed to the engine ahead of the one being finished: the model never waits on decoding.
 WINDOW = 2
@@ -240,10 +246,15 @@ def _make(
         if job.sequence:
             try:
                 os.mkdir(temp)
-                (temp / clipwrite.SEQUENCE_MARKER).write_text(clipwrite.MARK + "\n")
+                _write_new(temp / clipwrite.SEQUENCE_MARKER, clipwrite.marker_text(job.output.name).encode())
+                st = os.stat(job.source)
             except OSError as exc:
                 raise OutputError(f"cannot write in {shown(folder)}: {exc.strerror or exc}") from None
-            sink = _WriteBehind(lambda k, depth: _write_still(temp, job.output, k, depth, settings), gate)
+            # Each frame carries a map's record: never taken for a frame, and known as ours when replaced.
+            record = provenance.record_for(
+                job.source.name, st, model=info.spec.path.name, normalise=settings.normalise, invert=settings.render.levels.invert
+            )
+            sink = _WriteBehind(lambda k, depth: _write_still(temp, job.output, k, depth, settings, record), gate)
         else:
             assert kind is not None
             writer = clipwrite.ClipWriter(temp, kind, meta)
@@ -270,7 +281,7 @@ def _make(
             writer.close()
             writer = None
         check(0)  # a last look for a rewrite before the rename
-        _rename_into_place(temp, job.final, job.output_roots)
+        _rename_into_place(temp, job.final, job.output_roots, job.output.name if job.sequence else None, settings.swap_folders)
     except BaseException:
         if writer is not None:
             writer.abort()
@@ -279,16 +290,24 @@ def _make(
     return written, meta
 
 
-def _write_still(folder: Path, output: Path, k: int, depth: np.ndarray, settings: Settings) -> None:
-    """Frame k of an image sequence, into the sequence's temporary folder."""
+def _write_still(folder: Path, output: Path, k: int, depth: np.ndarray, settings: Settings, record: dict[str, object]) -> None:
+    """Frame k of an image sequence, into the sequence's temporary folder, on disk before the folder is swapped in."""
     data = codec.encode(
         depth, output.suffix, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression, exr_options=settings.exr
     )
+    data = provenance.embed(data, {**record, "frame": k})
     try:
-        with open(folder / output.name.format(frame=k), "xb") as f:
-            f.write(data)
+        _write_new(folder / output.name.format(frame=k), data)
     except OSError as exc:
         raise OutputError(f"cannot write frame {k} of {output.parent.name} in {output.parent.parent}: {exc.strerror or exc}") from None
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        write_all(fd, data)  # fsynced: the swap must never bring in frames still in the page cache
+    finally:
+        os.close(fd)
 
 
 class _WriteBehind:
@@ -441,39 +460,144 @@ def _ensure_folder(folder: Path, roots: tuple[Path, ...]) -> None:
         raise OutputError(f"cannot create the output folder {shown(folder)}: {exc.strerror or exc}") from None
 
 
-def _rename_into_place(temp: Path, final: Path, roots: tuple[Path, ...]) -> None:
+def _rename_into_place(
+    temp: Path, final: Path, roots: tuple[Path, ...], frame_name: str | None = None, swap: bool = True
+) -> None:
     """The whole clip (file or folder of frames) replaces the last one in one rename.
 
     Only a depth clip depthwatch made is replaced: anything else at the name
-    (an editor's own clip called A001_depth.mov, a folder of their frames) stays.
+    (an editor's own clip called A001_depth.mov, a folder of their frames) stays,
+    and a name that was free is taken only while it still is. A sequence
+    folder is swapped for the last one in one step (`files.exchange`), and
+    replaces only its own frames: a user's file saved in it stays (see
+    `_swap_sequence`). `frame_name`: the sequence's frame names (`{frame:04d}.png`);
+    `swap` False: three renames instead of the exchange (see `Settings.swap_folders`).
     """
     _refuse_replacing(final)
     if roots and not really_inside(final.parent, roots):
         raise OutputError(f"the output folder {shown(final.parent)} now leads outside the configured folders; not writing", retryable=False)
     try:
-        if temp.is_dir() and final.is_dir():
-            # A folder cannot be renamed over a full one: the old one steps aside first.
-            old = temp_name_for(final)
-            os.rename(final, old)
-            os.rename(temp, final)
-            _remove(old)
-        else:
+        if not temp.is_dir():
             fd = os.open(temp, os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+        else:
+            assert frame_name is not None
+            _mark_whole(temp, frame_name)
+            _sync_folder(temp)
+        if temp.is_dir() and final.is_dir() and not final.is_symlink():
+            assert frame_name is not None
+            _swap_sequence(temp, final, frame_name, swap)
+        elif os.path.lexists(final):
             os.replace(temp, final)
+        else:
+            rename_noreplace(temp, final)
+    except FileExistsError:
+        raise OutputError(
+            f"{shown(final)} appeared while the clip was being mapped, and depthwatch did not make it; not replacing it",
+            retryable=False,
+        ) from None
     except OSError as exc:
-        raise OutputError(f"cannot put {final.name} in place in {final.parent}: {exc.strerror or exc}") from None
+        raise OutputError(f"cannot put {shown(final.name)} in place in {shown(final.parent)}: {exc.strerror or exc}") from None
+    _sync_folder(final.parent)
+
+
+def _mark_whole(folder: Path, frame_name: str) -> None:
+    """Every frame is on disk: the marker says so (replaced in one rename), before the swap."""
+    marker = folder / clipwrite.SEQUENCE_MARKER
+    step = temp_name_for(marker)
+    _write_new(step, clipwrite.marker_text(frame_name, whole=True).encode())
+    os.replace(step, marker)
+
+
+def _sync_folder(folder: Path) -> None:
     try:
-        fd = os.open(final.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fd = os.open(folder, os.O_RDONLY)
     except OSError:
-        pass
+        return
+    try:
+        fsync_folder(fd)
+    finally:
+        os.close(fd)
+
+
+def _own_frame(folder: Path, name: str, frames: re.Pattern[str]) -> bool:
+    """Whether `name` in a sequence folder is depthwatch's: the marker, or a frame carrying its record."""
+    if name == clipwrite.SEQUENCE_MARKER or is_temp_name(name):
+        return True
+    return bool(frames.fullmatch(name)) and provenance.read(folder / name) is not None
+
+
+def _swap_sequence(new: Path, final: Path, frame_name: str, atomic: bool = True) -> None:
+    """Swap the new sequence folder for the last one at `final`, keeping the user's files that were in it.
+
+    Before the swap, each user file in the old folder gets a hard link in the
+    new one, so it is in `final` at every moment (files that cannot be linked,
+    folders, are moved across right after). A user's file under a frame's name
+    refuses the swap. After it, a file the user saved in the old folder in
+    between wins over the link of its older version; the old folder, now at
+    the temporary name, loses only depthwatch's files.
+    """
+    frames = clipwrite.frames_pattern(frame_name)
+    theirs = [e for e in os.scandir(final) if not _own_frame(final, e.name, frames)]
+    for entry in theirs:
+        if os.path.lexists(new / entry.name):
+            raise OutputError(
+                f"{shown(entry.name)} in {shown(final)} is not a frame depthwatch made; not replacing it: move it away",
+                retryable=False,
+            )
+    linked: dict[str, int] = {}
+    for entry in theirs:
+        try:
+            os.link(entry.path, new / entry.name, follow_symlinks=False)
+            linked[entry.name] = entry.stat(follow_symlinks=False).st_ino
+        except OSError:
+            pass  # a folder, or no hard links here: moved across after the swap
+    try:
+        exchange(new, final, atomic)
+    except OSError:
+        _unlink_all(new, linked)
+        raise
+    old = new  # the last sequence, now under the temporary name
+    if not (old / clipwrite.SEQUENCE_MARKER).is_file():  # not ours after all (swapped in since the check): back
+        exchange(old, final, atomic)
+        _unlink_all(new, linked)
+        raise OutputError(f"{shown(final)} is not a depth clip depthwatch made; not replacing it", retryable=False)
+    kept = 0
+    try:
+        entries = list(os.scandir(old))
+    except OSError:
+        entries = []
+        kept += 1
+    for entry in entries:
+        name = entry.name
+        if _own_frame(old, name, frames):
+            continue
+        try:
+            ino = entry.stat(follow_symlinks=False).st_ino
+            if name in linked and ino == linked[name]:
+                os.unlink(entry.path)  # its link is in place
+            elif name in linked and os.stat(final / name, follow_symlinks=False).st_ino == linked[name]:
+                os.replace(entry.path, final / name)  # saved again before the swap: the newer one
+            else:
+                rename_noreplace(entry.path, final / name)
+        except OSError:
+            kept += 1
+    if not remove_own_folder(old) or kept:
+        log.warning(
+            "%s: some of the files saved in the last sequence's folder could not be carried over; they are in %s",
+            shown(final), shown(old),
+        )
+
+
+def _unlink_all(folder: Path, names: dict[str, int]) -> None:
+    for name in names:
+        try:
+            os.unlink(folder / name)
+        except OSError:
+            pass
 
 
 def _refuse_replacing(final: Path) -> None:

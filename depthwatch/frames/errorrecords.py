@@ -1,6 +1,8 @@
 """`<frame name>.error.json` beside the output (`output.error_sidecar`): why there is no new map.
 
 Written when a frame fails for a reason of its own, removed once a map of it lands.
+Only a record depthwatch wrote is replaced or removed: a user's file of that
+name stays (see `writer.json_refusal`).
 """
 
 from __future__ import annotations
@@ -12,9 +14,13 @@ import time
 from pathlib import Path
 
 from depthwatch.errors import OutputError
-from depthwatch.frames.writer import atomic_write, ensure_folder
+from depthwatch import __version__
+from depthwatch.frames.writer import JSON_MARK, atomic_write, ensure_folder, json_refusal
 
 log = logging.getLogger("depthwatch.frames")
+
+#: Ours: the mark, or the keys records had before it.
+_OWN_RECORD = json_refusal(frozenset({"source", "error", "time"}))
 
 
 def write_error_record(
@@ -24,21 +30,26 @@ def write_error_record(
 
     `folder_fd`: the record's folder, already open (the frame's own, as it was read).
     """
-    record = {"source": source.name, "error": reason, "time": time.time()}
+    record = {JSON_MARK: __version__, "source": source.name, "error": reason, "time": time.time()}
     try:
         if folder_fd is None:
             ensure_folder(path.parent, roots)
-        atomic_write(path, json.dumps(record, indent=2).encode() + b"\n", roots, folder_fd=folder_fd)
+        atomic_write(path, json.dumps(record, indent=2).encode() + b"\n", roots, folder_fd=folder_fd, may_replace=_OWN_RECORD)
     except OutputError as exc:
         log.warning("%s", exc)
 
 
 def remove_error_record(path: Path, folder_fd: int | None = None) -> None:
-    """The frame has its map again: its record goes (through the frame's folder, if it is there)."""
+    """The frame has its map again: its record goes (through the frame's folder, if it is there), if it is one."""
     try:
-        if folder_fd is None:
-            path.unlink()
-        else:
-            os.unlink(path.name, dir_fd=folder_fd)
+        fd = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) if folder_fd is None else folder_fd
+    except OSError:
+        return
+    try:
+        if _OWN_RECORD(fd, path.name) is None:
+            os.unlink(path.name, dir_fd=fd)
     except FileNotFoundError:
         pass
+    finally:
+        if folder_fd is None:
+            os.close(fd)

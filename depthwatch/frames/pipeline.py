@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from depthwatch import __version__
 from depthwatch.errors import (
     BadPrediction,
     DepthwatchError,
@@ -53,7 +54,7 @@ from depthwatch.frames.jobqueue import LatestWinsQueue
 from depthwatch.frames.reading import read_source
 from depthwatch.frames.result import Result
 from depthwatch.frames.settings import Settings
-from depthwatch.frames.writer import atomic_write, ensure_folder
+from depthwatch.frames.writer import JSON_MARK, atomic_write, ensure_folder, json_refusal
 from depthwatch.imaging import codec, formats, normalise, stabilise, tensor
 from depthwatch.imaging.render import Stable, depth_map
 from depthwatch.logtext import shown
@@ -141,6 +142,8 @@ def yield_to_inference(niceness: int) -> None:
 #: the inference in progress finishes and lands, so the editor still sees a live map.
 PREVIEW_INTERVAL_S = 0.25
 _WRITTEN_MEMORY = 1024
+#: Only a sidecar depthwatch wrote is replaced (its mark, or the keys sidecars had before the mark).
+_OWN_SIDECAR = json_refusal(frozenset({"source", "width", "height", "source_bytes", "source_mtime", "model", "providers", "ms"}))
 
 
 class Pipeline:
@@ -513,7 +516,15 @@ class Pipeline:
             if frame.shot is not None and self.stabiliser.landed(output, frame.shot):
                 result.shot, result.started = frame.shot.shot, frame.shot.started
             if frame.settings.sidecar:
-                atomic_write(output.with_name(output.name + ".json"), self._sidecar(frame), job.output_roots, folder_fd=beside)
+                try:
+                    atomic_write(
+                        output.with_name(output.name + ".json"), self._sidecar(frame), job.output_roots,
+                        folder_fd=beside, may_replace=_OWN_SIDECAR,
+                    )
+                except OutputError as exc:
+                    if exc.retryable:
+                        raise
+                    log.warning("%s", exc)  # a user's file under the sidecar's name stays; the map is written
             with self._lock:
                 self._written[output] = (frame.seq, time.monotonic(), frame.made_from)
                 self._written.move_to_end(output)
@@ -552,6 +563,7 @@ class Pipeline:
         st = frame.source_stat
         result = frame.result
         record: dict[str, Any] = {
+            JSON_MARK: __version__,
             "source": frame.job.source.name,
             "width": result.size[0] if result.size else None,
             "height": result.size[1] if result.size else None,

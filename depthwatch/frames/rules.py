@@ -97,9 +97,21 @@ class Rules:
         return None
 
     def is_own_file(self, path: Path) -> bool:
-        """Outputs, temporary files and sidecars: never input."""
+        """Outputs, temporary files and sidecars: never input.
+
+        By name, and by mark, whatever the templates say now: a file inside one
+        of depthwatch's temporary folders (a sequence being written, or the last
+        one swapped out) or beside a sequence marker (a finished sequence).
+        Maps and sequence frames carry a record too (see `provenance`), which
+        the daemon reads before taking a frame; depth clips carry their mark
+        (`clipwrite.is_ours`).
+        """
         name = path.name
         if is_temp_name(name) or name.lower().endswith(_SIDECAR_SUFFIXES):
+            return True
+        if any(is_temp_name(part) for part in path.parent.parts):
+            return True
+        if os.path.isfile(path.parent / clipwrite.SEQUENCE_MARKER):
             return True
         if self._is_clip_output(path):
             return True
@@ -160,6 +172,40 @@ class Rules:
         if other is not None:
             raise FrameError(clips_sharing(other, output))
         return output
+
+    def output_folders(self) -> list[Path]:
+        """The folders depthwatch writes into, as far as they exist now: where its temporary files can be.
+
+        The watch folders, and the folders the two templates name from them (a
+        fixed `out/`, or each subfolder a field like `{stem}_depth` matches);
+        an absolute template's from its own fixed folder. A temporary file is
+        written beside its final name, or beside the sequence's folder for a
+        sequence's frames. With watch.recursive every folder below a watch
+        folder is one too: the caller walks them.
+        """
+        found: dict[Path, None] = dict.fromkeys(self.roots)
+        for template in (self.template, self.clip_template):
+            folder = os.path.dirname(template)
+            if clipwrite.is_sequence(template):
+                folder = os.path.dirname(folder)
+            if not folder:
+                continue
+            parts = Path(folder).parts
+            bases = [Path(parts[0])] if Path(folder).is_absolute() else list(self.roots)
+            for part in parts[1:] if Path(folder).is_absolute() else parts:
+                if "{" not in part:
+                    bases = [Path(os.path.abspath(b / part)) for b in bases]
+                    continue
+                field = _template_regex(part)
+                nxt = []
+                for base in bases:
+                    try:
+                        nxt.extend(Path(e.path) for e in os.scandir(base) if e.is_dir(follow_symlinks=False) and field.fullmatch(e.name))
+                    except OSError:
+                        continue
+                bases = nxt
+            found.update(dict.fromkeys(b for b in bases if b.is_dir()))
+        return list(found)
 
     def output_roots(self, source: Path) -> tuple[Path, ...]:
         """The folders the output of `source` must really lie in when it is written."""

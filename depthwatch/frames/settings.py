@@ -28,13 +28,18 @@ class Settings:
     normalise: str = normalise.STABLE
     #: input.exr_colour and output.exr_half / exr_compression.
     exr: ExrOptions = ExrOptions()
+    #: A sequence folder replaces the last one in one exchange (see `files.exchange`). Not under a
+    #: recursive watch: the file watcher (watchdog's inotify) cannot follow two folders trading
+    #: names and stops; there three renames do it, and a start puts back a whole one a kill left.
+    swap_folders: bool = True
 
     @property
     def encoding(self) -> Encoding:
         return Encoding(self.jpeg_quality, self.png_bits, self.png_compression, self.exr)
 
     @classmethod
-    def from_config(cls, config: Config) -> Settings:
+    def from_config(cls, config: Config, watching: bool = False) -> Settings:
+        """`watching`: for the daemon, whose watcher sees the folders it writes."""
         out = config.output
         return cls(
             render=RenderOptions(
@@ -50,4 +55,5 @@ class Settings:
             max_file_bytes=int(config.daemon.max_file_mb * 2**20),
             normalise=out.normalise,
             exr=ExrOptions(config.input.exr_colour, out.exr_half, out.exr_compression),
+            swap_folders=not (watching and config.watch.recursive),
         )

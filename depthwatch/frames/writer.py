@@ -9,16 +9,22 @@ failure the temporary file is removed and the old target is untouched.
 from __future__ import annotations
 
 import errno
+import json
+import logging
 import os
 import re
 import secrets
-import shutil
+import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from depthwatch.errors import OutputError
-from depthwatch.files import fsync_folder, write_all
+from depthwatch.files import fsync_folder, rename_noreplace, write_all
+from depthwatch.frames import provenance
+from depthwatch.imaging.clipwrite import SEQUENCE_MARKER, is_whole, marked_frames
 from depthwatch.logtext import shown
+
+log = logging.getLogger("depthwatch.frames")
 
 #: Temporary names look like `.depth.jpg.4242-3f9a1c0b.dwtmp`: hidden, recognisable so
 #: the watcher never takes them for input, and carrying the writer's pid so only a
@@ -146,7 +152,9 @@ def atomic_write(
     `target.parent` is then only its name in messages). `may_replace`: asked
     about whatever holds the target's name, through the folder's descriptor,
     just before the rename; a reason refuses the write (not retried) and
-    leaves that file as it is.
+    leaves that file as it is. Where the name was free when asked, the rename
+    takes it only while it still is (`rename_noreplace`): a user's file saved
+    there in between is asked about in turn, never replaced unasked.
     """
     own_folder = folder_fd is None
     folder = open_folder(target.parent, roots) if folder_fd is None else folder_fd
@@ -165,13 +173,10 @@ def _write_in(folder: int, target: Path, data: bytes, may_replace: ReplaceCheck 
             write_all(fd, data)
         finally:
             os.close(fd)
-        refused = may_replace(folder, target.name) if may_replace is not None else None
-        if refused:
-            raise OutputError(
-                f"{shown(target.name)} in {shown(target.parent)} {refused}: move it away or change output.template",
-                retryable=False,
-            )
-        os.replace(tmp, target.name, src_dir_fd=folder, dst_dir_fd=folder)
+        if may_replace is None:
+            os.replace(tmp, target.name, src_dir_fd=folder, dst_dir_fd=folder)
+        else:
+            _replace_if_allowed(folder, tmp, target, may_replace)
     except OSError as exc:
         _remove_quietly(tmp, folder)
         retryable = exc.errno not in (errno.ENAMETOOLONG, errno.EINVAL, errno.EISDIR)
@@ -182,29 +187,89 @@ def _write_in(folder: int, target: Path, data: bytes, may_replace: ReplaceCheck 
     fsync_folder(folder)  # so the rename survives a power cut
 
 
+def _replace_if_allowed(folder: int, tmp: str, target: Path, may_replace: ReplaceCheck) -> None:
+    for _ in range(3):  # a name that comes and goes under us: asked again, a few times
+        refused = may_replace(folder, target.name)
+        if refused:
+            raise OutputError(
+                f"{shown(target.name)} in {shown(target.parent)} {refused}: move it away or change output.template",
+                retryable=False,
+            )
+        try:
+            os.stat(target.name, dir_fd=folder, follow_symlinks=False)
+        except FileNotFoundError:
+            try:
+                rename_noreplace(tmp, target.name, src_dir_fd=folder, dst_dir_fd=folder)
+                return
+            except FileExistsError:
+                continue  # something came to the name since: is it ours?
+        os.replace(tmp, target.name, src_dir_fd=folder, dst_dir_fd=folder)
+        return
+    raise OutputError(f"{shown(target.name)} in {shown(target.parent)} keeps changing; not writing", retryable=True)
+
+
+#: depthwatch's JSON files beside the maps (sidecars, error records) carry this key: ours to replace.
+JSON_MARK = "depthwatch"
+
+
+def json_refusal(legacy: frozenset[str]) -> ReplaceCheck:
+    """A `ReplaceCheck` for depthwatch's JSON files: only one it wrote is replaced (or removed).
+
+    Ours: a JSON object with the `JSON_MARK` key, or with exactly the keys
+    `legacy` (what versions before the mark wrote). Anything else at the name
+    (a user's `shot_depth.png.json`, a folder, a link) stays.
+    """
+
+    def refusal(folder_fd: int, name: str) -> str | None:
+        try:
+            st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return f"cannot be looked at ({exc.strerror or exc}); not replacing it"
+        if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
+            return "is not a file depthwatch wrote; not replacing it"
+        try:
+            fd = os.open(name, os.O_RDONLY | _CLOEXEC | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0), dir_fd=folder_fd)
+            with os.fdopen(fd, "rb") as f:
+                data = json.loads(f.read(1 << 20))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            data = None
+        if isinstance(data, dict) and (JSON_MARK in data or set(data) == legacy):
+            return None
+        return "is not a file depthwatch wrote; not replacing it"
+
+    return refusal
+
+
 def sweep_temp_files(folder: Path) -> tuple[int, int]:
     """Remove temporary files that dead processes left in `folder`: (removed, could not remove).
 
     A file whose writer is still alive (this process in the middle of a write,
-    or a `depthwatch once` beside it) is left alone.
+    or a `depthwatch once` beside it) is left alone. A temporary folder of
+    frames loses only depthwatch's files (see `remove_own_folder`).
     """
     removed = failed = 0
     try:
         entries = list(os.scandir(folder))
     except OSError:
         return 0, 0
+    entries.sort(key=_newest_marker_first)
     for entry in entries:
-        if not is_temp_name(entry.name):
-            continue
+        if not is_temp_name(entry.name) or temp_target_name(entry.name) is None:
+            continue  # only depthwatch's own temporary naming
         folder_of_frames = entry.is_dir(follow_symlinks=False)  # an image sequence being written
         if not folder_of_frames and not entry.is_file(follow_symlinks=False):
             continue
         owner = temp_owner(entry.name)
         if owner is not None and _alive(owner):
             continue
+        if folder_of_frames and _put_back(folder, entry.name):
+            continue
         if folder_of_frames:
-            shutil.rmtree(entry.path, ignore_errors=True)
-            gone = not os.path.lexists(entry.path)
+            gone = remove_own_folder(Path(entry.path))
         else:
             gone = _remove_quietly(entry.path)
         if gone:
@@ -212,6 +277,101 @@ def sweep_temp_files(folder: Path) -> tuple[int, int]:
         else:
             failed += 1
     return removed, failed
+
+
+def _newest_marker_first(entry: os.DirEntry[str]) -> int:
+    if not is_temp_name(entry.name):
+        return 0
+    try:
+        return -os.stat(os.path.join(entry.path, SEQUENCE_MARKER)).st_mtime_ns
+    except OSError:
+        return 0
+
+
+def _put_back(folder: Path, name: str) -> bool:
+    """A whole sequence a kill left at a temporary name while its own name is free: back into place.
+
+    Three renames replace a sequence where an exchange cannot (see
+    `files.exchange`); a kill between the first two leaves the name empty
+    and the last good sequence (and the new one) aside. The newest whole one
+    goes back; whatever then holds the name stays.
+    """
+    target = temp_target_name(name)
+    if not target or not is_whole(folder / name) or os.path.lexists(folder / target):
+        return False
+    try:
+        rename_noreplace(folder / name, folder / target)
+    except OSError:
+        return False
+    log.warning("put back %s in %s: the whole sequence a stopped depthwatch left aside", shown(target), shown(folder))
+    return True
+
+
+def sweep_temp_files_below(folders: Iterable[Path], recursive: bool = False) -> tuple[int, int]:
+    """`sweep_temp_files` in each folder (and, `recursive`, every folder below, links not followed)."""
+    removed = failed = 0
+    seen: set[str] = set()
+    for top in folders:
+        todo = [os.path.abspath(top)]
+        while todo:
+            here = todo.pop()
+            if here in seen:
+                continue
+            seen.add(here)
+            done, left = sweep_temp_files(Path(here))
+            removed, failed = removed + done, failed + left
+            if not recursive:
+                continue
+            try:
+                todo.extend(
+                    e.path for e in os.scandir(here) if e.is_dir(follow_symlinks=False) and not is_temp_name(e.name)
+                )
+            except OSError:
+                continue
+    return removed, failed
+
+
+def remove_own_folder(folder: Path) -> bool:
+    """Remove a folder of frames depthwatch was writing (or one it swapped out); whether it is gone.
+
+    Only what is depthwatch's goes: the sequence marker, frames (by the names
+    the marker gives, or the record they carry), its temporary files, and any
+    file with another link (its data stays there: a user's file carried over
+    to the new sequence by a hard link). A user's own file found there (moved
+    across when a kill came mid-swap) keeps the folder, and itself.
+    """
+    frames = marked_frames(folder)
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                if is_temp_name(entry.name):
+                    remove_own_folder(Path(entry.path))
+                continue
+            st = entry.stat(follow_symlinks=False)
+            ours = (
+                entry.name == SEQUENCE_MARKER
+                or is_temp_name(entry.name)
+                or st.st_nlink > 1
+                or (stat.S_ISREG(st.st_mode) and frames is not None and frames.fullmatch(entry.name) is not None)
+                or (stat.S_ISREG(st.st_mode) and provenance.read(Path(entry.path)) is not None)
+            )
+        except OSError:
+            continue
+        if ours:
+            _remove_quietly(entry.path)
+    try:
+        os.rmdir(folder)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def sweep_temp_files_for(targets: Iterable[Path]) -> int:

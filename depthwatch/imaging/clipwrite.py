@@ -16,6 +16,7 @@ The file is written under the name it is given (a temporary one: see
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -50,6 +51,43 @@ KINDS = {
 MARK = "depthwatch depth clip"
 #: An image sequence's folder holds this hidden file: the folder is depthwatch's to replace.
 SEQUENCE_MARKER = ".depthwatch"
+
+
+#: The marker's last line once every frame is on disk: a whole sequence, fit to be put back.
+WHOLE = "whole"
+
+
+def marker_text(frame_name: str, whole: bool = False) -> str:
+    """What the sequence marker holds: the mark, the frames' names (`{frame:04d}.png`), and whether all are there."""
+    return f"{MARK}\n{frame_name}\n" + (f"{WHOLE}\n" if whole else "")
+
+
+def is_whole(folder: Path) -> bool:
+    """Whether the sequence in `folder` was finished (its marker says so): one a kill must not cost."""
+    try:
+        with open(folder / SEQUENCE_MARKER, "rb") as f:
+            lines = f.read(4096).decode(errors="replace").splitlines()
+    except OSError:
+        return False
+    return len(lines) >= 3 and lines[0] == MARK and lines[2] == WHOLE
+
+
+def frames_pattern(frame_name: str) -> re.Pattern[str]:
+    """The names a sequence's frames have, from their template (`{frame:04d}.png`: `0000.png`, `1001.png`)."""
+    parts = re.split(r"\{frame[^}]*\}", frame_name)
+    return re.compile(r"-?\d+".join(re.escape(p) for p in parts))
+
+
+def marked_frames(folder: Path) -> re.Pattern[str] | None:
+    """The frame names the marker in `folder` gives (None: no marker, or one from before it said)."""
+    try:
+        with open(folder / SEQUENCE_MARKER, "rb") as f:
+            lines = f.read(4096).decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    if len(lines) < 2 or lines[0] != MARK or "{frame" not in lines[1]:
+        return None
+    return frames_pattern(lines[1])
 
 
 def is_ours(path: Path) -> bool:
