@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -432,3 +433,37 @@ def test_the_provenance_record_rides_inside_each_format_without_changing_a_pixel
     plain = cv2.imdecode(np.frombuffer(encoded, np.uint8), cv2.IMREAD_UNCHANGED)
     marked = cv2.imdecode(np.frombuffer(made, np.uint8), cv2.IMREAD_UNCHANGED)
     assert marked.dtype == plain.dtype and np.array_equal(marked, plain)
+
+
+def test_a_status_file_holding_a_json_array_is_replaced_with_one_line(tmp_path, tiny_model):
+    """Whatever JSON sits at the status file's path, the start reads it as no status of a running daemon."""
+    status = tmp_path / "daemon.status.json"
+    # Written by the wrapper, after the harness removed the old status file and before the daemon starts.
+    put_array = ("sh", "-c", 'printf "[1, 2]\\n" > "$0" && exec "$@"', str(status))
+    d = DaemonProcess(tmp_path, tiny_model, wrapper=put_array)
+    assert d.status_path == status
+
+    def running() -> bool:
+        assert d.proc.poll() is None, d.log()
+        try:
+            data = json.loads(status.read_bytes())
+        except (OSError, ValueError):
+            return False
+        return isinstance(data, dict) and data.get("state") == "running"
+
+    try:
+        d.start(wait=False)
+        wait_for(running, what="the daemon running, its own status written")
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: d.counts().get("done") == 1, what="a frame mapped after the start")
+    finally:
+        assert d.stop() == 0
+    lines = [line for line in d.log().splitlines() if "is not one depthwatch wrote" in line]
+    assert lines == [lines[0]] and f"status file {status} is not one depthwatch wrote (it holds a JSON list" in lines[0], d.log()
+    assert "Traceback" not in d.log()
+    status.write_text("[1, 2]\n")
+    shown = subprocess.run(
+        [sys.executable, "-m", "depthwatch", "status", "--status", str(status)], capture_output=True, text=True, timeout=60
+    )
+    assert "Traceback" not in shown.stderr, shown.stderr
+    assert f"cannot read the status file {status}: it holds a JSON list, not a status" in shown.stdout, shown.stdout

@@ -340,7 +340,10 @@ class Daemon:
                 log.warning("status file: cannot create %s: %s", path.parent, exc.strerror or exc)
         try:
             previous = read_status(path)
-        except (OSError, ValueError):
+        except OSError:
+            return  # none yet (or unreadable: writing it says so)
+        except ValueError as exc:
+            log.warning("status file %s is not one depthwatch wrote (%s); it is replaced by this daemon's", shown(path), exc)
             return
         if previous.get("pid") != os.getpid() and is_running(previous):
             log.warning(
