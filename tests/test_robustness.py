@@ -156,6 +156,32 @@ def test_links_to_outside_are_not_followed_and_outputs_stay_inside(tmp_path, tin
         assert d.stop() == 0
 
 
+@pytest.mark.parametrize("watch", [{}, {"follow_symlinks": True}, {"recursive": True}], ids=["plain", "follow_symlinks", "recursive"])
+def test_a_watch_folder_that_is_a_symlink_gets_live_frames_too(tmp_path, tiny_model, watch):
+    """The observer watches a link itself, not its folder: the daemon watches the folder it leads to."""
+    real = tmp_path / "shots"
+    (real / "sub").mkdir(parents=True)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    (real / "old.jpg").write_bytes(jpeg_bytes(quadrant_frame()))  # there before the start
+    d = DaemonProcess(
+        tmp_path, tiny_model, watch={"folders": [str(link)], "patterns": ["*.jpg"], **watch}, output={"template": "{stem}_depth.jpg"}
+    ).start()
+    try:
+        wait_for(lambda: (real / "old_depth.jpg").exists(), what="the frame found at start")
+        write_by_rename(link / "live.jpg", jpeg_bytes(quadrant_frame()))
+        write_by_rename(real / "direct.jpg", jpeg_bytes(quadrant_frame(bright="bottom-right")))
+        wait_for(lambda: (real / "live_depth.jpg").exists(), what="a live frame dropped through the link")
+        wait_for(lambda: (real / "direct_depth.jpg").exists(), what="a live frame dropped into the folder itself")
+        if watch.get("recursive"):
+            write_by_rename(link / "sub" / "deep.jpg", jpeg_bytes(quadrant_frame()))
+            wait_for(lambda: (real / "sub" / "deep_depth.jpg").exists(), what="a live frame in a subfolder")
+        assert f"watching {link} (a link to {real}) for *.jpg" in d.log()
+        assert d.counts()["failed"] == 0
+    finally:
+        assert d.stop() == 0
+
+
 def test_unreadable_frame_is_reported(tmp_path, tiny_model):
     d = DaemonProcess(tmp_path, tiny_model, restricted=True).start()
     try:
