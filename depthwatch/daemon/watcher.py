@@ -480,6 +480,10 @@ class Watcher:
                 path, problem or "a symlink to outside the watch folder; not followed (set watch.follow_symlinks to allow it)"
             )
             return
+        problem = (link_problem(path) or _kernel_file(path)) if os.path.islink(path) else None
+        if problem:  # a link that may be followed, to nothing, in a loop, or to a kernel file
+            self._report(path, problem)
+            return
         try:
             st = os.stat(path)
         except OSError:
@@ -594,6 +598,19 @@ class Watcher:
                 self._real.pop(root, None)
             if ino is not None and self._watch(root):
                 self.scan_later(root)
+
+
+#: Where the kernel's own files are (Linux): their size is no measure of what a read gives, so
+#: a frame read from one would look as if it changed while being read, and go unreported.
+_KERNEL_FOLDERS = ("/proc", "/sys")
+
+
+def _kernel_file(link: Path) -> str | None:
+    """Why a symlink to a kernel file (`/proc/cpuinfo`, `/sys/...`) is not read, or None."""
+    real = os.path.realpath(link)
+    if any(real == top or real.startswith(top + "/") for top in _KERNEL_FOLDERS):
+        return f"a symlink to {real!r}, a file of the kernel's, not an image file; not read"
+    return None
 
 
 def _remember(memory: OrderedDict[str, Signature], key: str, signature: Signature) -> None:
