@@ -198,6 +198,9 @@ def test_validate_names_what_is_wrong(config: Path, home: Path):
         "ProcessType must be Interactive": {**good, "ProcessType": "Background"},
         "existing config": {**good, "ProgramArguments": [ENTRY_POINT, "run", "-c", str(config.parent / "gone.yaml")]},
         "not in an existing folder": {**good, "StandardErrorPath": str(home / "nowhere" / "depthwatch.log")},
+        "must set DEPTHWATCH_LOG_FILE": {
+            **good, "EnvironmentVariables": {k: v for k, v in good["EnvironmentVariables"].items() if k != "DEPTHWATCH_LOG_FILE"},
+        },
     }
     for expected, plist in cases.items():
         with pytest.raises(DepthwatchError, match=expected):

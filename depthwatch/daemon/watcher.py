@@ -270,6 +270,9 @@ class Watcher:
             log.warning("watch folder %s does not exist; waiting for it to appear", shown(root))
             return False
         real = Path(os.path.realpath(root))
+        self._real.pop(root, None)
+        if real != root:
+            self._real[root] = real  # before the first event can come
         try:
             watch = self._observer.schedule(self._handler, str(real), recursive=self.rules.recursive)
         except OSError as exc:
@@ -278,9 +281,6 @@ class Watcher:
         st = root.stat()
         self._watches[root] = (watch, (st.st_dev, st.st_ino))
         self._lost.discard(root)
-        self._real.pop(root, None)
-        if real != root:
-            self._real[root] = real
         log.info(
             "watching %s%s for %s%s", shown(root), f" (a link to {shown(real)})" if real != root else "",
             ", ".join(self.rules.patterns), " (recursive)" if self.rules.recursive else "",
@@ -290,7 +290,7 @@ class Watcher:
     def _as_watched(self, raw: str | bytes) -> Path:
         """An event's path, under the watch folder it was seen through (a link's folder is watched as itself)."""
         path = Path(os.fsdecode(raw))
-        for root, real in self._real.items():
+        for root, real in tuple(self._real.items()):  # a copy: the settle thread may watch a folder again meanwhile
             if path.is_relative_to(real):
                 return root / path.relative_to(real)
         return path
