@@ -167,15 +167,16 @@ def test_a_config_folder_the_user_cannot_search_is_one_line_and_exit_78(tmp_path
     try:
         done = subprocess.run(
             [*privileges(True), sys.executable, "-m", "depthwatch", "run", *args],
-            capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env,
+            capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env, check=False,
         )
     finally:
         xdg.chmod(0o700)
     assert done.returncode == EX_CONFIG, done.stderr
     assert "Traceback" not in done.stderr
     lines = done.stderr.strip().splitlines()
-    assert lines == [
+    instead = "$DEPTHWATCH_CONFIG" if how == "$DEPTHWATCH_CONFIG" else "-c CONFIG"
+    expected = (
         f"depthwatch: cannot look for the config file {config}: permission denied on the folder {xdg}; "
-        f"give yourself access to it (chmod u+rx {xdg}) or name a config with "
-        f"{'$DEPTHWATCH_CONFIG' if how == '$DEPTHWATCH_CONFIG' else '-c CONFIG'}"
-    ], done.stderr
+        f"give yourself access to it (chmod u+rx {xdg}) or name a config with {instead}"
+    )
+    assert lines == [expected], done.stderr

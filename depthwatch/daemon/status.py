@@ -122,7 +122,8 @@ def read_status(path: Path) -> dict[str, Any]:
     """A status file's contents; ValueError for one that is no JSON object (a list, a number, not JSON)."""
     data = json.loads(path.read_text())
     if not isinstance(data, dict):
-        raise ValueError(f"it holds a JSON {type(data).__name__}, not a status (a JSON object)")
+        # ValueError, as for a file that is not JSON: every reader already says "cannot read" for it.
+        raise ValueError(f"it holds a JSON {type(data).__name__}, not a status (a JSON object)")  # noqa: TRY004
     return data
 
 
