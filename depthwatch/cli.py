@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from depthwatch import __version__
 from depthwatch.errors import DepthwatchError
@@ -35,23 +37,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def setup_logging(level: str = "info") -> None:
-    """Human-readable lines on stderr (launchd and systemd keep them in the log file)."""
-    handler = logging.StreamHandler(sys.stderr)
+def setup_logging(level: str = "info") -> bool:
+    """Human-readable lines on stderr (systemd's journal keeps them), or, where $DEPTHWATCH_LOG_FILE
+    names a file (the LaunchAgent), in that file, rotated; True for the file."""
+    from depthwatch.service import logfiles
+
+    handler: logging.Handler = logging.StreamHandler(sys.stderr)
+    path = os.environ.get(logfiles.LOG_FILE_ENV)
+    if path:
+        try:
+            handler = logfiles.rotating_handler(Path(path))
+        except OSError as exc:
+            print(f"depthwatch: cannot write the log file {path} (${logfiles.LOG_FILE_ENV}): {exc.strerror or exc}; logging here", file=sys.stderr)
+            path = None
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(message)s", "%Y-%m-%d %H:%M:%S"))
     root = logging.getLogger("depthwatch")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+    return bool(path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    setup_logging(getattr(args, "log_level", None) or "info")
+    to_file = setup_logging(getattr(args, "log_level", None) or "info")
     try:
         return int(args.func(args) or 0)
     except DepthwatchError as exc:
         print(f"depthwatch: {exc}", file=sys.stderr)
+        if to_file:  # the reason is the log's last line there too
+            logging.getLogger("depthwatch").error("depthwatch: %s", exc)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

@@ -12,6 +12,8 @@ import dataclasses
 import difflib
 import ipaddress
 import os
+import shlex
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -392,20 +394,51 @@ def find(explicit: str | os.PathLike[str] | None = None, platform: str | None = 
     """
     if explicit:
         path = Path(os.path.expanduser(str(explicit)))
-        if not path.is_file():
+        if not _is_file(path, "-c CONFIG"):
             raise ConfigError(f"config file {path} {_why_not_a_file(path)}; check the -c path")
         return Path(os.path.abspath(path))  # the path given: a symlink relinked is seen
     env = os.environ.get(ENV_VAR)
     if env:
         path = Path(os.path.expanduser(env))
-        if not path.is_file():
+        if not _is_file(path, f"${ENV_VAR}"):
             raise ConfigError(f"${ENV_VAR} names {path}, which {_why_not_a_file(path)}; fix or unset it")
         return Path(os.path.abspath(path))  # the path given: a symlink relinked is seen
     user = paths.default_config_file(platform)
-    if user.is_file():
+    if _is_file(user, "-c CONFIG"):
         return user
     local = Path.cwd() / LOCAL_FILE
-    return local.resolve() if here and local.is_file() else None
+    return local.resolve() if here and _is_file(local, "-c CONFIG") else None
+
+
+def _is_file(path: Path, instead: str) -> bool:
+    """Whether `path` is a file; ConfigError (exit 78) when a folder on its way cannot be searched.
+
+    Such a folder may hide the user's config: going on with the next place, or
+    the built-in defaults, would run another config than the one they wrote.
+    """
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except PermissionError:
+        folder = _unsearchable(path)
+        raise ConfigError(
+            f"cannot look for the config file {path}: permission denied on the folder {folder}; "
+            f"give yourself access to it (chmod u+rx {shlex.quote(str(folder))}) or name a config with {instead}"
+        ) from None
+    except (OSError, ValueError):
+        return False
+
+
+def _unsearchable(path: Path) -> Path:
+    """The folder on the way to `path` that this user cannot search (the deepest one that can be looked at)."""
+    folder = Path(os.path.abspath(path)).parent
+    for above in (*reversed(folder.parents), folder):
+        try:
+            os.stat(above)
+        except PermissionError:
+            return above.parent
+        except OSError:
+            break
+    return folder
 
 
 def load(path: Path | None) -> Config:

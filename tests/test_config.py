@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -144,3 +145,38 @@ def test_check_command_validates_loads_and_runs_a_frame(tmp_path, tiny_model):
     done = subprocess.run([sys.executable, "-m", "depthwatch", "check", "-c", str(path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == EX_CONFIG
     assert done.stderr.startswith(f"depthwatch: cannot load model {tmp_path / 'broken.onnx'}:")
+
+
+@pytest.mark.parametrize("how", ["user config folder", "-c", "$DEPTHWATCH_CONFIG"])
+def test_a_config_folder_the_user_cannot_search_is_one_line_and_exit_78(tmp_path, how):
+    """As the user (root loses the capabilities that read anything): no traceback, the folder named."""
+    from daemon_process import privileges
+
+    xdg = tmp_path / "xdg"
+    (xdg / "depthwatch").mkdir(parents=True)
+    config = xdg / "depthwatch" / "config.yaml"
+    config.write_text("watch:\n  folders: [frames]\n")
+    env = {k: v for k, v in os.environ.items() if k != configuration.ENV_VAR}
+    env["XDG_CONFIG_HOME"] = str(xdg)
+    args = []
+    if how == "-c":
+        args = ["-c", str(config)]
+    elif how == "$DEPTHWATCH_CONFIG":
+        env[configuration.ENV_VAR] = str(config)
+    xdg.chmod(0)
+    try:
+        done = subprocess.run(
+            [*privileges(True), sys.executable, "-m", "depthwatch", "run", *args],
+            capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env, check=False,
+        )
+    finally:
+        xdg.chmod(0o700)
+    assert done.returncode == EX_CONFIG, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    instead = "$DEPTHWATCH_CONFIG" if how == "$DEPTHWATCH_CONFIG" else "-c CONFIG"
+    expected = (
+        f"depthwatch: cannot look for the config file {config}: permission denied on the folder {xdg}; "
+        f"give yourself access to it (chmod u+rx {xdg}) or name a config with {instead}"
+    )
+    assert lines == [expected], done.stderr

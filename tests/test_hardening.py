@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -432,3 +433,122 @@ def test_the_provenance_record_rides_inside_each_format_without_changing_a_pixel
     plain = cv2.imdecode(np.frombuffer(encoded, np.uint8), cv2.IMREAD_UNCHANGED)
     marked = cv2.imdecode(np.frombuffer(made, np.uint8), cv2.IMREAD_UNCHANGED)
     assert marked.dtype == plain.dtype and np.array_equal(marked, plain)
+
+
+def test_a_status_file_holding_a_json_array_is_replaced_with_one_line(tmp_path, tiny_model):
+    """Whatever JSON sits at the status file's path, the start reads it as no status of a running daemon."""
+    status = tmp_path / "daemon.status.json"
+    # Written by the wrapper, after the harness removed the old status file and before the daemon starts.
+    put_array = ("sh", "-c", 'printf "[1, 2]\\n" > "$0" && exec "$@"', str(status))
+    d = DaemonProcess(tmp_path, tiny_model, wrapper=put_array)
+    assert d.status_path == status
+
+    def running() -> bool:
+        assert d.proc.poll() is None, d.log()
+        try:
+            data = json.loads(status.read_bytes())
+        except (OSError, ValueError):
+            return False
+        return isinstance(data, dict) and data.get("state") == "running"
+
+    try:
+        d.start(wait=False)
+        wait_for(running, what="the daemon running, its own status written")
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: d.counts().get("done") == 1, what="a frame mapped after the start")
+    finally:
+        assert d.stop() == 0
+    lines = [line for line in d.log().splitlines() if "is not one depthwatch wrote" in line]
+    assert lines == [lines[0]] and f"status file {status} is not one depthwatch wrote (it holds a JSON list" in lines[0], d.log()
+    assert "Traceback" not in d.log()
+    status.write_text("[1, 2]\n")
+    shown = subprocess.run(
+        [sys.executable, "-m", "depthwatch", "status", "--status", str(status)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert "Traceback" not in shown.stderr, shown.stderr
+    assert f"cannot read the status file {status}: it holds a JSON list, not a status" in shown.stdout, shown.stdout
+
+
+# -- internal errors: their traceback at error level, and the thread goes on ------------------------
+
+
+def test_an_internal_error_on_a_frame_is_logged_with_its_traceback(tmp_path, caplog):
+    """A bug (here: settings without render options) fails its frame with one line and the traceback."""
+    import dataclasses
+    import logging
+
+    from onnx_models import brightness_model
+
+    from depthwatch.config import Config
+    from depthwatch.frames.job import Job
+    from depthwatch.frames.pipeline import Pipeline
+    from depthwatch.frames.settings import Settings
+    from depthwatch.model.engine import Engine
+    from depthwatch.model.profiles import PROFILES
+    from depthwatch.model.spec import ModelSpec
+
+    model = brightness_model(tmp_path / "m.onnx")
+    broken = dataclasses.replace(Settings.from_config(Config()), render=None)
+    with Engine(ModelSpec(model, PROFILES["midas-v21-small"], providers=("cpu",))) as engine:
+        engine.wait_ready()
+        pipeline = Pipeline(engine, workers=1)
+        try:
+            with caplog.at_level(logging.INFO, logger="depthwatch"):
+                result = pipeline.submit(Job.held(jpeg_bytes(quadrant_frame()), ".jpg"), broken).result(60)
+                good = pipeline.submit(Job.held(jpeg_bytes(quadrant_frame()), ".jpg"), Settings()).result(60)
+        finally:
+            pipeline.close(5)
+    assert result.error.startswith("internal error: AttributeError:"), result.error
+    assert good.ok, good.error  # the worker went on
+    [record] = [r for r in caplog.records if "internal error" in r.getMessage()]
+    assert record.levelno == logging.ERROR and record.exc_info is not None
+    assert record.getMessage() == "internal error on image body (a bug; please report it with this traceback)"
+    assert "AttributeError" in caplog.text and "Traceback (most recent call last)" in caplog.text
+
+
+def test_a_clip_result_handler_that_raises_does_not_end_the_clip_thread(tmp_path, caplog):
+    import logging
+
+    from onnx_models import brightness_model
+
+    from depthwatch.daemon.clips import ClipRunner
+    from depthwatch.frames.clips import ClipJob
+    from depthwatch.frames.settings import Settings
+    from depthwatch.model.engine import Engine
+    from depthwatch.model.profiles import PROFILES
+    from depthwatch.model.spec import ModelSpec
+
+    calls: list[int] = []
+    results: list = []
+
+    def settings() -> Settings:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in the settings")  # an internal error of the first clip job
+        return Settings()
+
+    def on_result(job, result) -> None:
+        results.append((job.source.name, result.error))
+        if len(results) == 1:
+            raise KeyError("a bug in the handler")
+
+    model = brightness_model(tmp_path / "m.onnx")
+    with Engine(ModelSpec(model, PROFILES["midas-v21-small"], providers=("cpu",))) as engine:
+        engine.wait_ready()
+        runner = ClipRunner(engine, settings, lambda: None, on_result).start()
+        try:
+            with caplog.at_level(logging.INFO, logger="depthwatch"):
+                runner.submit(ClipJob(tmp_path / "a.mov", tmp_path / "a_depth.mov"))
+                wait_for(lambda: len(results) == 1, what="the first clip's result")
+                runner.submit(ClipJob(tmp_path / "b.mov", tmp_path / "b_depth.mov"))
+                wait_for(lambda: len(results) == 2, what="the second clip's result: the thread lives on")
+        finally:
+            assert runner.stop(10)
+    assert results[0] == ("a.mov", "internal error: RuntimeError: a bug in the settings")
+    assert results[1][0] == "b.mov" and results[1][1]  # a clip that is not there: its own error
+    errors = {r.getMessage(): r for r in caplog.records if r.levelno == logging.ERROR}
+    for message in (
+        f"internal error on clip {tmp_path / 'a.mov'} (a bug; please report it with this traceback)",
+        f"internal error reporting clip {tmp_path / 'a.mov'} (a bug; please report it with this traceback)",
+    ):
+        assert message in errors and errors[message].exc_info is not None, list(errors)

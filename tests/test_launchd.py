@@ -131,7 +131,8 @@ def test_plist_has_every_key_with_the_right_type_and_existing_absolute_paths(con
     assert type(plist["ExitTimeOut"]) is int and plist["ExitTimeOut"] == 15
     assert plist["WorkingDirectory"] == str(config.parent) and Path(plist["WorkingDirectory"]).is_dir()
     assert plist["StandardOutPath"] == str(home / "Library/Logs/depthwatch/depthwatch.out.log")
-    assert plist["StandardErrorPath"] == str(home / "Library/Logs/depthwatch/depthwatch.log")
+    assert plist["StandardErrorPath"] == str(home / "Library/Logs/depthwatch/depthwatch.out.log")
+    assert plist["EnvironmentVariables"]["DEPTHWATCH_LOG_FILE"] == str(home / "Library/Logs/depthwatch/depthwatch.log")
     for key in ("StandardOutPath", "StandardErrorPath"):
         assert Path(plist[key]).is_absolute() and Path(plist[key]).parent.is_dir()
     env = plist["EnvironmentVariables"]
@@ -197,6 +198,9 @@ def test_validate_names_what_is_wrong(config: Path, home: Path):
         "ProcessType must be Interactive": {**good, "ProcessType": "Background"},
         "existing config": {**good, "ProgramArguments": [ENTRY_POINT, "run", "-c", str(config.parent / "gone.yaml")]},
         "not in an existing folder": {**good, "StandardErrorPath": str(home / "nowhere" / "depthwatch.log")},
+        "must set DEPTHWATCH_LOG_FILE": {
+            **good, "EnvironmentVariables": {k: v for k, v in good["EnvironmentVariables"].items() if k != "DEPTHWATCH_LOG_FILE"},
+        },
     }
     for expected, plist in cases.items():
         with pytest.raises(DepthwatchError, match=expected):
@@ -578,7 +582,7 @@ def start_from_plist(plist: dict) -> subprocess.Popen[bytes]:
 def test_the_daemon_started_as_the_plist_says_processes_a_frame_and_stops_on_sigterm(config: Path, home: Path, tools, capsys):
     assert service("install", "-c", str(config)) == 0
     plist = plistlib.loads(launchd.plist_path(home).read_bytes())
-    log = Path(plist["StandardErrorPath"])
+    log = Path(plist["EnvironmentVariables"]["DEPTHWATCH_LOG_FILE"])
     proc = start_from_plist(plist)
     try:
         wait_running(proc, config.parent / "status.json", log)
@@ -617,12 +621,39 @@ def test_a_startup_error_exits_78_with_a_one_line_reason_as_the_logs_last_line(c
         data["daemon"]["workerz"] = 3
         config.write_text(yaml.safe_dump(data))
         expected = f"depthwatch: {config}:"
-    log = Path(plist["StandardErrorPath"])
+    log = Path(plist["EnvironmentVariables"]["DEPTHWATCH_LOG_FILE"])
     proc = start_from_plist(plist)
     try:
         assert wait_exit(proc) == EX_CONFIG
     finally:
         kill_quietly(proc)
     lines = log.read_text().splitlines()
-    assert lines and lines[-1].startswith(expected), lines
+    assert lines and " ERROR   " in lines[-1] and lines[-1].split(" ERROR   ", 1)[1].startswith(expected), lines
     assert "Traceback" not in log.read_text()
+    assert Path(plist["StandardErrorPath"]).read_text().splitlines()[-1].startswith(expected)  # and on stderr, as ever
+
+
+def test_the_daemon_started_as_the_plist_says_rotates_its_own_log(config: Path, home: Path):
+    """launchd holds StandardErrorPath open for good, so the log the daemon writes is its own file, rotated."""
+    from depthwatch.service import logfiles
+
+    launchd.log_dir(home).mkdir(parents=True)
+    plist = built(config, home)
+    log = Path(plist["EnvironmentVariables"]["DEPTHWATCH_LOG_FILE"])
+    with open(log, "wb") as f:  # a log a long run left just under the limit (sparse: no disk needed)
+        f.truncate(logfiles.ROTATE_BYTES - 10)
+    proc = start_from_plist(plist)
+    try:
+        wait_running(proc, config.parent / "status.json", log)
+        process_one_frame(proc, config.parent / "frames", log)
+        code, _ = stop_with_sigterm(proc, plist["ExitTimeOut"])
+    finally:
+        kill_quietly(proc)
+    assert code == 0
+    older = log.with_name(log.name + ".1")
+    assert older.stat().st_size == logfiles.ROTATE_BYTES - 10  # the full one, moved aside whole
+    text = log.read_text()
+    assert text.startswith(text.splitlines()[0]) and "\0" not in text  # a fresh file
+    assert "ready: watching 1 folder(s)" in text and "frame.jpg -> depth.jpg" in text and text.rstrip().endswith("stopped")
+    assert log.stat().st_size < logfiles.ROTATE_BYTES
+    assert " INFO " not in Path(plist["StandardErrorPath"]).read_text()  # the log lines went to the log only

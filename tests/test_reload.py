@@ -8,6 +8,7 @@ import time
 from collections import Counter
 
 import cv2
+import pytest
 import yaml
 from conftest import jpeg_bytes, quadrant_frame, write_by_rename
 from daemon_process import DaemonProcess, wait_for
@@ -131,3 +132,69 @@ def test_model_swap_under_a_stream_of_frames_loses_and_repeats_nothing(tmp_path,
     status = d.status()
     assert status["model_loads"] == 2  # up by exactly one
     assert status["counts"]["failed"] == 0
+
+
+def test_png_bits_takes_effect_on_reload(tmp_path, tiny_model):
+    """`Rules` checks a frame's map format against png_bits: the next frame gets the new value."""
+    d = DaemonProcess(
+        tmp_path, tiny_model, watch={"patterns": ["shot*"]}, output={"template": "{stem}_depth.{ext}", "png_bits": 32}
+    ).start()
+    png = cv2.imencode(".png", quadrant_frame())[1].tobytes()
+    try:
+        write_by_rename(d.watch / "shot1.png", png)  # png_bits 32 cannot be a PNG map: refused
+        wait_for(lambda: d.counts().get("failed") == 1, what="the 32-bit PNG map refused")
+        assert "shot1.png: output.png_bits 32 (float) needs .tif or .exr maps" in d.log()
+        edit(d, lambda c: c["output"].update(png_bits=16))
+        d.send(signal.SIGHUP)  # the way the issue's user applied it; the edit alone reloads too
+        wait_for(lambda: d.status().get("config_loads", 0) >= 2, what="the reload")
+        write_by_rename(d.watch / "shot2.png", png)
+        wait_for(lambda: (d.watch / "shot2_depth.png").exists(), what="the 16-bit PNG map")
+        assert cv2.imread(str(d.watch / "shot2_depth.png"), cv2.IMREAD_UNCHANGED).dtype == "uint16"
+        assert d.counts()["failed"] == 1
+    finally:
+        assert d.stop() == 0
+
+
+def test_clip_template_takes_effect_on_reload(tmp_path, tiny_model):
+    """A sequence folder's template changed to a file's: the next clip becomes that file."""
+    pytest.importorskip("av", reason="clips need the video extra: pip install -e '.[video]'")
+    from benchmarks.clips import pan_clip_frames, write_clip
+
+    d = DaemonProcess(
+        tmp_path, tiny_model, watch={"patterns": ["frame.jpg", "*.mov"]},
+        output={"clip_template": "{stem}_depth/{frame:04d}.png"},
+    ).start()
+    clip = tmp_path / "A002.mov"
+    write_clip(clip, pan_clip_frames((64, 48), 6, step=2), codec="prores")
+    try:
+        edit(d, lambda c: c["output"].update(clip_template="{stem}_depth.mkv"))
+        d.send(signal.SIGHUP)
+        wait_for(lambda: d.status().get("config_loads", 0) >= 2, what="the reload")
+        clip.rename(d.watch / "A002.mov")
+        wait_for(lambda: d.counts().get("clips") == 1 or d.counts().get("failed"), what="the clip job")
+        assert (d.watch / "A002_depth.mkv").is_file(), d.log()[-2000:]
+        assert not (d.watch / "A002_depth").exists()
+        assert d.counts()["failed"] == 0
+    finally:
+        assert d.stop() == 0
+
+
+def test_queue_size_takes_effect_on_reload(tmp_path):
+    """A smaller queue after a reload turns frames away (for the rescan) at the new bound."""
+    from onnx_models import slow_model
+
+    model = slow_model(tmp_path / "slow.onnx", layers=100, size=128)  # slow enough to keep three frames in flight
+    d = DaemonProcess(
+        tmp_path, model, watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_depth.jpg"},
+        daemon={"workers": 1, "queue_size": 1000, "shutdown_timeout_s": 2}, providers=["cpu"],
+    ).start()
+    frame = jpeg_bytes(quadrant_frame(64, 64))
+    try:
+        edit(d, lambda c: c["daemon"].update(queue_size=1))
+        loads(d, 2)
+        for i in range(8):  # one worker and two more in flight, one queued: the rest are turned away
+            write_by_rename(d.watch / f"f{i}.jpg", frame)
+        wait_for(lambda: "queue full (1 frames)" in d.log(), what="the new bound to turn frames away")
+        assert "take effect at the next start" not in d.log()
+    finally:
+        assert d.stop() == 0

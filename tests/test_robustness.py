@@ -156,6 +156,32 @@ def test_links_to_outside_are_not_followed_and_outputs_stay_inside(tmp_path, tin
         assert d.stop() == 0
 
 
+@pytest.mark.parametrize("watch", [{}, {"follow_symlinks": True}, {"recursive": True}], ids=["plain", "follow_symlinks", "recursive"])
+def test_a_watch_folder_that_is_a_symlink_gets_live_frames_too(tmp_path, tiny_model, watch):
+    """The observer watches a link itself, not its folder: the daemon watches the folder it leads to."""
+    real = tmp_path / "shots"
+    (real / "sub").mkdir(parents=True)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    (real / "old.jpg").write_bytes(jpeg_bytes(quadrant_frame()))  # there before the start
+    d = DaemonProcess(
+        tmp_path, tiny_model, watch={"folders": [str(link)], "patterns": ["*.jpg"], **watch}, output={"template": "{stem}_depth.jpg"}
+    ).start()
+    try:
+        wait_for(lambda: (real / "old_depth.jpg").exists(), what="the frame found at start")
+        write_by_rename(link / "live.jpg", jpeg_bytes(quadrant_frame()))
+        write_by_rename(real / "direct.jpg", jpeg_bytes(quadrant_frame(bright="bottom-right")))
+        wait_for(lambda: (real / "live_depth.jpg").exists(), what="a live frame dropped through the link")
+        wait_for(lambda: (real / "direct_depth.jpg").exists(), what="a live frame dropped into the folder itself")
+        if watch.get("recursive"):
+            write_by_rename(link / "sub" / "deep.jpg", jpeg_bytes(quadrant_frame()))
+            wait_for(lambda: (real / "sub" / "deep_depth.jpg").exists(), what="a live frame in a subfolder")
+        assert f"watching {link} (a link to {real}) for *.jpg" in d.log()
+        assert d.counts()["failed"] == 0
+    finally:
+        assert d.stop() == 0
+
+
 def test_unreadable_frame_is_reported(tmp_path, tiny_model):
     d = DaemonProcess(tmp_path, tiny_model, restricted=True).start()
     try:
@@ -332,3 +358,38 @@ def test_unmounted_and_remounted_volume_is_watched_again(tmp_path, tiny_model):
         code = d.stop()
         subprocess.run(["umount", "-l", str(volume)], capture_output=True)
     assert code == 0
+
+
+@pytest.mark.parametrize("follow", [False, True], ids=["not followed", "follow_symlinks"])
+def test_a_dangling_link_a_loop_and_links_to_kernel_files_get_one_line_and_one_record_each(tmp_path, tiny_model, follow):
+    kernel = [p for p in ("/proc/cpuinfo", "/sys/devices/system/cpu/online") if os.path.isfile(p)]
+    d = DaemonProcess(
+        tmp_path, tiny_model, watch={"patterns": ["*.jpg"], "follow_symlinks": follow},
+        output={"template": "{stem}_depth.jpg", "error_sidecar": True},
+    ).start()
+    links = {"dangling.jpg": "missing.jpg", "loop.jpg": "loop.jpg", **{f"kernel{i}.jpg": p for i, p in enumerate(kernel)}}
+    try:
+        for name, target in links.items():
+            os.symlink(target, d.watch / f".{name}")
+            os.replace(d.watch / f".{name}", d.watch / name)
+        wait_for(lambda: d.counts().get("failed") == len(links), what="each link reported")
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: (d.watch / "frame_depth.jpg").exists(), what="a frame after them")
+        assert d.counts()["failed"] == len(links)
+    finally:
+        assert d.stop() == 0
+    errors = [line for line in d.log().splitlines() if " ERROR " in line]
+    expected = {
+        "dangling.jpg": "a symlink to 'missing.jpg', which does not exist",
+        "loop.jpg": "a symlink loop; not followed",
+    }
+    for i, target in enumerate(kernel):
+        expected[f"kernel{i}.jpg"] = (
+            f"a symlink to {target!r}, a file of the kernel's, not an image file; not read" if follow
+            else "a symlink to outside the watch folder; not followed"
+        )
+    for name, reason in expected.items():
+        lines = [line for line in errors if f"/{name}: " in line]
+        assert len(lines) == 1 and reason in lines[0], (name, errors)
+        record = json.loads((d.watch / f"{name}.error.json").read_text())
+        assert reason in record["error"], record

@@ -132,12 +132,15 @@ class ClipRunner:
                     job, self._engine, self._settings(), cancelled=self._cancelled, gate=self._gate, on_progress=self._progress
                 )
             except Exception as exc:  # a bug must not end the clip thread
-                log.debug("unexpected error on %s", shown(job.source), exc_info=exc)
+                log.error("internal error on clip %s (a bug; please report it with this traceback)", shown(job.source), exc_info=exc)
                 result = ClipResult(job, error=f"internal error: {type(exc).__name__}: {exc}")
             with self._cond:
                 self._current, self.progress = None, None
-            self._on_result(job, result)
-            self._on_progress()
+            try:
+                self._on_result(job, result)
+                self._on_progress()
+            except Exception as exc:  # nor a bug in what is told of the result: the next clip still comes
+                log.error("internal error reporting clip %s (a bug; please report it with this traceback)", shown(job.source), exc_info=exc)
 
 
 def _rival(other: ClipJob | None, job: ClipJob) -> bool:

@@ -107,6 +107,16 @@ def _make_folders(roots: Iterable[Path]) -> None:
             ) from None
 
 
+#: The output settings `Rules` is made from (besides the watch section): a change to any of
+#: them makes new Rules, or a frame or clip would still get yesterday's name or format.
+_RULES_OUTPUT = ("template", "clip_template", "png_bits", "error_sidecar")
+
+
+def _rules_of(config: Config) -> tuple[object, ...]:
+    """What `Rules(config.watch, config.output)` depends on."""
+    return (config.watch, *(getattr(config.output, name) for name in _RULES_OUTPUT))
+
+
 def _model_file_key(model: ModelConfig, base: Path) -> tuple[object, ...] | None:
     """The model file a section names, as it is on disk now: path, device, inode, size, mtime.
 
@@ -365,7 +375,10 @@ class Daemon:
                 log.warning("status file: cannot create %s: %s", path.parent, exc.strerror or exc)
         try:
             previous = read_status(path)
-        except (OSError, ValueError):
+        except OSError:
+            return  # none yet (or unreadable: writing it says so)
+        except ValueError as exc:
+            log.warning("status file %s is not one depthwatch wrote (%s); it is replaced by this daemon's", shown(path), exc)
             return
         if previous.get("pid") != os.getpid() and is_running(previous):
             log.warning(
@@ -436,7 +449,7 @@ class Daemon:
         old = self.config
         self.status.config_error = None
         self._apply_model(new)
-        if (new.watch, new.output.template, new.output.error_sidecar) != (old.watch, old.output.template, old.output.error_sidecar):
+        if _rules_of(new) != _rules_of(old):
             rules = Rules(new.watch, new.output)
             try:
                 _make_folders(rules.roots)
@@ -444,13 +457,16 @@ class Daemon:
             except DepthwatchError as exc:
                 log.error("%s; keeping the watch folders of the last good config", exc)
                 self.status.config_error = str(exc)
-                new = replace(new, watch=old.watch, output=replace(new.output, template=old.output.template, error_sidecar=old.output.error_sidecar))
-        if (new.watch, new.output.template, new.output.error_sidecar) != (old.watch, old.output.template, old.output.error_sidecar):
+                new = replace(new, watch=old.watch, output=replace(new.output, **{name: getattr(old.output, name) for name in _RULES_OUTPUT}))
+        if _rules_of(new) != _rules_of(old):
             if self.watcher is not None:
                 self.watcher.stop()
             self._start_watching(Rules(new.watch, new.output), new)
         if (new.daemon.workers, new.daemon.worker_niceness) != (old.daemon.workers, old.daemon.worker_niceness):
             log.warning("daemon.workers and daemon.worker_niceness take effect at the next start")
+        if new.daemon.queue_size != old.daemon.queue_size:
+            self.queue.maxsize = new.daemon.queue_size  # read under the queue's lock by each put
+            log.info("daemon.queue_size is now %d", new.daemon.queue_size)
         if new.api != old.api:
             log.warning("the api settings take effect at the next start")
             new = replace(new, api=old.api)

@@ -151,6 +151,69 @@ def _readers(key: str) -> list[str]:
     return sorted(pids, key=int)
 
 
+def _flocks_on(path: Path) -> int | None:
+    """How many flocks are held on `path` now, ours included (from /proc/locks); None: unknown (not Linux)."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    where = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    count = 0
+    for line in lines:
+        fields = line.split()  # "1: FLOCK ADVISORY READ 1234 08:01:5678 0 EOF"; a waiter has "->" for FLOCK
+        if len(fields) < 6 or fields[1] != "FLOCK":
+            continue
+        try:
+            major, minor, ino = fields[5].split(":")
+            found = (int(major, 16), int(minor, 16), int(ino))
+        except ValueError:
+            continue
+        count += found == where
+    return count or None  # not even ours found: the device is named otherwise there, so unknown
+
+
+class LockLost(AlreadyRunning):
+    """A lock this daemon held is gone: flock(2) let go of it to change it, and another process took it."""
+
+
+def _change(fd: int, key: str, old: int, mode: int) -> None:
+    """Change the flock `fd` holds on `key`'s file from `old` to `mode`; BlockingIOError, still holding `old`, if one conflicts.
+
+    flock(2) changes a lock by letting go of it and then taking the new one,
+    on Linux and BSD alike: an upgrade to exclusive that fails leaves nothing
+    held, and another daemon could take the lock before it is taken back. So
+    an upgrade is not tried while /proc/locks shows another holder; where it
+    cannot tell (macOS), or one came meanwhile, the old lock is taken back, and
+    LockLost says so if even that fails.
+    """
+    if mode == fcntl.LOCK_EX:
+        held = _flocks_on(lock_path(key))
+        if held is not None and held > 1:  # another holder: the upgrade would fail, letting go of ours
+            raise BlockingIOError(errno.EWOULDBLOCK, "held by another process")
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+    except BlockingIOError:
+        _restore(fd, key, old)
+        raise
+
+
+def _restore(fd: int, key: str, mode: int) -> None:
+    """Take `mode` back on `fd` after a change that let go of it; LockLost (naming the holder) if another has it now."""
+    try:
+        if mode == fcntl.LOCK_EX and (_flocks_on(lock_path(key)) or 1) > 1:
+            raise BlockingIOError(errno.EWOULDBLOCK, "held by another process")  # trying would let go of ours too
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+    except OSError:
+        holder = _owner(key) if mode == fcntl.LOCK_SH else None
+        by = f"another depthwatch (pid {holder})" if holder else "another process"
+        raise LockLost(
+            f"lost the lock on {shown(_real(key))} while changing it: {by} took it meanwhile, so nothing keeps "
+            f"the two daemons off each other's folders now; {_FIX}, then restart this one"
+        ) from None
+
+
 def _pids(pids: list[str]) -> str:
     return f"pid {', '.join(pids)}" if pids else "pid unknown"
 
@@ -212,27 +275,47 @@ class FolderLocks:
                     if held is None:
                         new[real] = (_lock(real, mode), mode)
                     else:
+                        try:
+                            _change(held[0], real, held[1], mode)
+                        except LockLost:
+                            os.close(self._held.pop(real)[0])  # it holds nothing now: forget it
+                            raise
                         changed[real] = held[1]
-                        fcntl.flock(held[0], mode | fcntl.LOCK_NB)
                         if mode == fcntl.LOCK_EX:
                             _record(held[0], real)
                 except BlockingIOError:
                     folder = next(f for f in folders if os.path.commonpath([_real(real), os.path.realpath(f)]) == _real(real))
                     raise _refusal(folder, real, mode) from None
-        except BaseException:
-            for fd, _ in new.values():
-                os.close(fd)
-            for real, mode in changed.items():
-                try:
-                    fcntl.flock(self._held[real][0], mode | fcntl.LOCK_NB)
-                except OSError:
-                    pass  # taken meanwhile: this process no longer holds it
+        except BaseException as exc:
+            try:
+                self._undo(new, changed)
+            except LockLost as lost:
+                raise LockLost(f"{exc}; and {lost}") from None
             raise
         for real, mode in changed.items():
             self._held[real] = (self._held[real][0], wanted[real])
         for real in [r for r in self._held if r not in wanted]:
             os.close(self._held.pop(real)[0])
         self._held.update(new)
+
+    def _undo(self, new: dict[str, tuple[int, int]], changed: dict[str, int]) -> None:
+        """Back to the locks held before a `hold` that failed: the new ones closed, the changed ones changed back.
+
+        A lock that cannot be changed back is forgotten (its descriptor closed)
+        and raised as LockLost once the others are back: the daemon must not
+        believe it holds what it does not.
+        """
+        for fd, _ in new.values():
+            os.close(fd)
+        lost: list[LockLost] = []
+        for real, mode in changed.items():
+            try:
+                _restore(self._held[real][0], real, mode)
+            except LockLost as exc:
+                os.close(self._held.pop(real)[0])
+                lost.append(exc)
+        if lost:
+            raise lost[0]
 
     def refresh(self) -> None:
         """Touch the held lock files, so that cleaners of old files in /tmp leave them be."""

@@ -126,7 +126,12 @@ def write_status(path: Path, status: Status) -> None:
 
 
 def read_status(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())
+    """A status file's contents; ValueError for one that is no JSON object (a list, a number, not JSON)."""
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        # ValueError, as for a file that is not JSON: every reader already says "cannot read" for it.
+        raise ValueError(f"it holds a JSON {type(data).__name__}, not a status (a JSON object)")  # noqa: TRY004
+    return data
 
 
 def status_dir() -> Path:

@@ -210,6 +210,10 @@ class Watcher:
         self._scanner = threading.Thread(target=self._scan_loop, name="depthwatch-scan", daemon=True)
         self._observer: Any = None
         self._watches: dict[Path, tuple[Any, tuple[int, int]]] = {}
+        #: Watch folders that are (or lie under) a symlink -> the folder watched for them: the
+        #: observer watches a link itself, not its folder, so it is given the real one, and
+        #: its events' paths are put back under the watch folder (see `_as_watched`).
+        self._real: dict[Path, Path] = {}
         #: Watch folders whose own deletion was reported: their watch is dead even if a
         #: folder of the same name, and maybe the same inode number, is back.
         self._lost: set[Path] = set()
@@ -257,6 +261,7 @@ class Watcher:
     def _stop_observer(self, timeout: float | None = None) -> None:
         observer, self._observer = self._observer, None
         self._watches.clear()
+        self._real.clear()
         if observer is not None:
             observer.stop()
             observer.join(timeout)
@@ -266,23 +271,38 @@ class Watcher:
         if not root.is_dir():
             log.warning("watch folder %s does not exist; waiting for it to appear", shown(root))
             return False
+        real = Path(os.path.realpath(root))
+        self._real.pop(root, None)
+        if real != root:
+            self._real[root] = real  # before the first event can come
         try:
-            watch = self._observer.schedule(self._handler, str(root), recursive=self.rules.recursive)
+            watch = self._observer.schedule(self._handler, str(real), recursive=self.rules.recursive)
         except OSError as exc:
             log.warning("cannot watch %s (%s); will retry", shown(root), exc.strerror or exc)
             return False
         st = root.stat()
         self._watches[root] = (watch, (st.st_dev, st.st_ino))
         self._lost.discard(root)
-        log.info("watching %s for %s%s", shown(root), ", ".join(self.rules.patterns), " (recursive)" if self.rules.recursive else "")
+        log.info(
+            "watching %s%s for %s%s", shown(root), f" (a link to {shown(real)})" if real != root else "",
+            ", ".join(self.rules.patterns), " (recursive)" if self.rules.recursive else "",
+        )
         return True
+
+    def _as_watched(self, raw: str | bytes) -> Path:
+        """An event's path, under the watch folder it was seen through (a link's folder is watched as itself)."""
+        path = Path(os.fsdecode(raw))
+        for root, real in tuple(self._real.items()):  # a copy: the settle thread may watch a folder again meanwhile
+            if path.is_relative_to(real):
+                return root / path.relative_to(real)
+        return path
 
     # -- events (watchdog's thread) ---------------------------------------------------------
 
     def on_event(self, event: FileSystemEvent) -> None:
         kind = event.event_type
         if kind == "deleted" and event.is_directory:
-            folder = Path(os.fsdecode(event.src_path))
+            folder = self._as_watched(event.src_path)
             if folder in self._watches:
                 self._lost.add(folder)  # the health check watches it again once it is back
             return
@@ -291,7 +311,7 @@ class Watcher:
         raw = getattr(event, "dest_path", "") if kind == "moved" else event.src_path
         if not raw:
             return  # moved out of the watched folders
-        path = Path(os.fsdecode(raw))
+        path = self._as_watched(raw)
         if event.is_directory:
             if kind in ("created", "moved"):
                 if self.rules.is_frame(path):
@@ -466,6 +486,10 @@ class Watcher:
                 path, problem or "a symlink to outside the watch folder; not followed (set watch.follow_symlinks to allow it)"
             )
             return
+        problem = (link_problem(path) or _kernel_file(path)) if os.path.islink(path) else None
+        if problem:  # a link that may be followed, to nothing, in a loop, or to a kernel file
+            self._report(path, problem)
+            return
         try:
             st = os.stat(path)
         except OSError:
@@ -617,8 +641,22 @@ class Watcher:
                 except Exception:  # the emitter may already be gone with its folder
                     pass
                 del self._watches[root]
+                self._real.pop(root, None)
             if ino is not None and self._watch(root):
                 self.scan_later(root)
+
+
+#: Where the kernel's own files are (Linux): their size is no measure of what a read gives, so
+#: a frame read from one would look as if it changed while being read, and go unreported.
+_KERNEL_FOLDERS = ("/proc", "/sys")
+
+
+def _kernel_file(link: Path) -> str | None:
+    """Why a symlink to a kernel file (`/proc/cpuinfo`, `/sys/...`) is not read, or None."""
+    real = os.path.realpath(link)
+    if any(real == top or real.startswith(top + "/") for top in _KERNEL_FOLDERS):
+        return f"a symlink to {real!r}, a file of the kernel's, not an image file; not read"
+    return None
 
 
 def _remember(memory: OrderedDict[str, Signature], key: str, signature: Signature) -> None:

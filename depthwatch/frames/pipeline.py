@@ -586,7 +586,7 @@ class Pipeline:
             result.bad_prediction = isinstance(exc, BadPrediction)
             result.inferred = frame.inference is not None and not frame.inference.cancelled()
         else:
-            log.debug("unexpected error on %s", shown(job.source), exc_info=exc)
+            log.error("internal error on %s (a bug; please report it with this traceback)", shown(job.source), exc_info=exc)
             result.error = f"internal error: {type(exc).__name__}: {exc}"
         if job.error_record is not None and not result.superseded:
             # Beside the frame, into the folder it was read from (never a folder swapped in since).

@@ -37,8 +37,10 @@ LABEL = "com.depthwatch.agent"
 THROTTLE_INTERVAL_S = 30
 #: Homebrew's folder on Apple Silicon, which launchd's default PATH lacks.
 HOMEBREW_BIN = "/opt/homebrew/bin"
-#: The daemon logs to stderr; stdout is normally empty.
+#: The daemon's log, which it writes and rotates itself (logfiles.LOG_FILE_ENV): launchd holds
+#: StandardErrorPath open for the job's life, so a file it writes can never be rotated.
 LOG_NAME = "depthwatch.log"
+#: stdout and stderr: only what bypasses the log (a C library's own lines, a crash's traceback).
 STDOUT_NAME = "depthwatch.out.log"
 #: What plistlib raises on a file that is not a plist (InvalidFileException is a ValueError).
 PARSE_ERRORS = (ValueError, ExpatError)
@@ -94,14 +96,17 @@ def build(config: Path, *, home: Path, shutdown_timeout_s: float, executable: st
         "Label": LABEL,
         "ProgramArguments": supervision.arguments(config, executable),
         "WorkingDirectory": str(supervision.working_directory(config)),
-        "EnvironmentVariables": supervision.environment(executable, extra_path=(HOMEBREW_BIN,)),
+        "EnvironmentVariables": {
+            **supervision.environment(executable, extra_path=(HOMEBREW_BIN,)),
+            logfiles.LOG_FILE_ENV: str(log_path(home)),
+        },
         "RunAtLoad": True,
         "KeepAlive": {"SuccessfulExit": False, "Crashed": True},
         "ThrottleInterval": THROTTLE_INTERVAL_S,
         "ProcessType": "Interactive",
         "ExitTimeOut": supervision.stop_timeout_s(shutdown_timeout_s),
         "StandardOutPath": str(stdout_path(home)),
-        "StandardErrorPath": str(log_path(home)),
+        "StandardErrorPath": str(stdout_path(home)),
     }
 
 
@@ -173,6 +178,9 @@ def _problems(plist: Any) -> list[str]:
     env = plist["EnvironmentVariables"]
     if not isinstance(env.get("PATH"), str) or not all(isinstance(v, str) for v in env.values()):
         problems.append("EnvironmentVariables must map names to strings, PATH among them")
+    log = env.get(logfiles.LOG_FILE_ENV)
+    if not isinstance(log, str) or not os.path.isabs(log) or not os.path.isdir(os.path.dirname(log)):
+        problems.append(f"EnvironmentVariables must set {logfiles.LOG_FILE_ENV} to a file in an existing folder (the rotated log)")
     if "OBJC_DISABLE_INITIALIZE_FORK_SAFETY" in env:
         problems.append("OBJC_DISABLE_INITIALIZE_FORK_SAFETY must not be set: depthwatch never forks")
     if plist["KeepAlive"].get("SuccessfulExit") is not False:

@@ -13,6 +13,8 @@ never stop. The handler is put in place before the first line is printed.
 from __future__ import annotations
 
 import contextlib
+import logging
+import logging.handlers
 import os
 import signal
 import sys
@@ -22,6 +24,19 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from depthwatch.errors import DepthwatchError
+
+#: A log file the daemon writes itself, rotating it (the LaunchAgent sets it): launchd opens
+#: StandardErrorPath once and never lets go of it, so that file can be neither rotated nor
+#: reopened, and a line a frame grows it without end.
+LOG_FILE_ENV = "DEPTHWATCH_LOG_FILE"
+#: The log file is started over at this size; this many earlier ones are kept (.1 the newest).
+ROTATE_BYTES = 10 * 2**20
+ROTATE_KEEP = 5
+
+
+def rotating_handler(path: Path) -> logging.Handler:
+    """The standard library's rotating handler on `path`; OSError if it cannot be opened for appending."""
+    return logging.handlers.RotatingFileHandler(path, maxBytes=ROTATE_BYTES, backupCount=ROTATE_KEEP, encoding="utf-8")
 
 
 def show(files: Sequence[Path], lines: int, *, follow: bool, interval: float = 0.25) -> int:
