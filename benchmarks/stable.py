@@ -46,3 +46,34 @@ def compare(plan: scenarios.Plan) -> dict[str, Any]:
             daemon.stop()
             shutil.rmtree(daemon.folder, ignore_errors=True)
     return out
+
+
+def per_frame(size: tuple[int, int] = (1920, 1080), frames: int = 50, repeats: int = 3, module: Any = None) -> dict[str, float]:
+    """The stabiliser's own cost on the followed-shot path, in process: ms a frame, best of `repeats`.
+
+    The shot's frames at `size` and a flat 224x224 prediction each (the model
+    takes no part): thumbnail, flow both ways, cut test, trust, fit, filter,
+    stretch; no frame is a cut, so every one takes the whole path. `module`:
+    another version of `depthwatch.imaging.stabilise` to time the same way
+    (an older one, loaded from `git show`), in the same run.
+    """
+    import time
+    from pathlib import Path
+
+    import numpy as np
+
+    from depthwatch.imaging import stabilise
+    from depthwatch.model.profiles import DEPTH
+
+    stabilise = module or stabilise
+    images = footage.edit([footage.Segment("bikes", SHOT[0], SHOT[0] + frames)], size).frames
+    rng = np.random.default_rng(0)
+    predictions = [2.0 + rng.random((224, 224), np.float32) for _ in images]
+    best = float("inf")
+    for _ in range(repeats):
+        s, out = stabilise.Stabiliser(), Path("depth.jpg")
+        began = time.perf_counter()
+        for i, (image, prediction) in enumerate(zip(images, predictions)):
+            s.landed(out, s.map(out, prediction, DEPTH, image, key=0, seq=i + 1))
+        best = min(best, (time.perf_counter() - began) * 1000 / len(images))
+    return {"ms_a_frame": round(best, 2), "frames": len(images)}
