@@ -148,7 +148,7 @@ def test_once_plans_each_shot_with_look_ahead(tmp_path, fastdepth, edit, flows, 
     ratio, moving = figures(stable, bare, flows, edit.cuts)
     print(f"once: warp error {ratio:.3f}x the bare maps'; on moving pixels correlation median "
           f"{np.median(moving):.3f}, 10th percentile {np.percentile(moving, 10):.3f}")
-    assert ratio <= 0.25
+    assert ratio <= 0.23
     assert np.median(moving) >= 0.95 and np.percentile(moving, 10) >= 0.88
     firsts = [correlation(stable[c], bare[c]) for c in (0, *edit.cuts)]
     print(f"once: each shot's first map against that frame's own: correlation {min(firsts):.3f} at least")
@@ -411,8 +411,8 @@ def live_and_batch(predictions: list[np.ndarray], frames: list[np.ndarray]) -> t
 #: live and batch, the moving pixels' median and 10th percentile floor). The targets are 0.32x / 0.23x
 #: and 0.95 / 0.88; where one is not met yet, the floor is what is met, so it cannot slip back.
 KINDS = {
-    "street, static camera, people walking": (footage.Segment("bikes", 76, 136), (0.32, 0.24), (0.95, 0.88)),
-    "handheld": (footage.Segment("carphone_pristine", 0, 60), (0.32, 0.23), (0.95, 0.86)),
+    "street, static camera, people walking": (footage.Segment("bikes", 76, 136), (0.32, 0.23), (0.95, 0.88)),
+    "handheld": (footage.Segment("carphone_pristine", 0, 60), (0.32, 0.23), (0.95, 0.88)),
     "animated, a subject on a still background": (footage.Segment("bigbuckbunny", 0, 60), (0.32, 0.23), (0.95, 0.86)),
 }
 

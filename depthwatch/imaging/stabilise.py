@@ -137,12 +137,12 @@ MIN_CONSISTENT = 0.05
 CARRY = 0.92
 AGREE = 0.3
 #: Offline: frames after each one that its map is also pulled towards (a backward pass), and how strongly.
-LAG = 8
+LAG = 12
 BACK_CARRY = 0.9
 #: Offline: the share of BACK_CARRY a shot's first frame gets (it must stay that frame's own map).
 FIRST_BACK = 0.5
 #: Offline: the filter's AGREE; a little wider, as the two passes lag less than one.
-BATCH_AGREE = 0.4
+BATCH_AGREE = 0.42
 #: Daemon: how fast the grey range follows the shot (share of the new frame's range per frame).
 RANGE_RATE = 0.05
 #: Offline: the range of a frame is the mean of the filtered ranges of the frames up to
