@@ -115,13 +115,14 @@ def moving_figure(out: Any, model: Any, before: Any, clip: Any = None, width: in
             s.landed(output, outcome)
             maps.append(outcome.map)
         rows[name] = maps
-    scores = []
-    for t, f in enumerate(flow):
-        moving = f.consistent & (f.magnitude > 1.5)
-        a = footage._as_unit(rows["before"][t + 1], moving.shape)[moving]
+    def on_moving(maps: list[np.ndarray], t: int) -> float:
+        """The correlation with the bare map of frame t + 1 on its moving pixels (1 if too few move)."""
+        moving = flow[t].consistent & (flow[t].magnitude > 1.5)
+        a = footage._as_unit(maps[t + 1], moving.shape)[moving]
         b = footage._as_unit(bare[t + 1], moving.shape)[moving]
-        scores.append(float(np.corrcoef(a, b)[0, 1]) if moving.sum() >= 500 else 1.0)
-    worst = int(np.argmin(scores)) + 1
+        return float(np.corrcoef(a, b)[0, 1]) if moving.sum() >= 500 else 1.0
+
+    worst = int(np.argmin([on_moving(rows["before"], t) for t in range(len(flow))])) + 1
     h = round(width * shot.frames[0].shape[0] / shot.frames[0].shape[1])
 
     def tile(m: np.ndarray, label: str) -> np.ndarray:
@@ -138,7 +139,7 @@ def moving_figure(out: Any, model: Any, before: Any, clip: Any = None, width: in
         grid.append(np.hstack([
             tile(shot.frames[worst], f"frame {worst}"),
             tile(bare[worst], "bare map"),
-            tile(live, f"live map, {name}"),
+            tile(live, f"live, {name}: r {on_moving(maps, worst - 1):.2f}"),
             tile(np.abs(live * scale + shift - bare[worst]) * 4, "difference x4"),
         ]))
     cv2.imwrite(str(out), np.vstack(grid), [cv2.IMWRITE_PNG_COMPRESSION, 9])

@@ -34,7 +34,8 @@ How, for each frame after a shot's first (the same steps live and offline):
    on consistent pixels where the two agree (weight up to CARRY, falling off
    where they differ by more than AGREE of the shot's range), as far as each
    pixel is trusted (`_trust`: less where the flow is fast, MOVE_PX, and where
-   the previous frame warped by the flow does not match this one, MISMATCH).
+   the previous frame warped by the flow does not match this one, MISMATCH;
+   live, also where the pixel moves on its own, not with the camera, OWN_PX).
    The model's own frame-to-frame noise averages out on the still scene;
    occluded pixels, a moving subject whose flow is off and the background it
    uncovers take the new prediction, so nothing lags or ghosts. Offline, a backward pass pulls each map towards the
@@ -128,6 +129,12 @@ MOVE_PX = 6.0
 #: Where the previous frame warped by the flow differs from this one by this much (grey,
 #: 0-255), the previous map is trusted half as much (see `_trust`).
 MISMATCH = 16.0
+#: Live: a pixel whose flow is this far from the camera's (thumbnail pixels a frame) moves on its
+#: own, and its carry falls towards OWN_FLOOR of what it was (a sharp knee, so the flow's own
+#: noise leaves the background still); the camera's motion is fitted on about CAMERA_PIXELS.
+OWN_PX = 1.0
+OWN_FLOOR = 0.5
+CAMERA_PIXELS = 1024
 #: Pixels the fit samples (every k-th row and column of the map): plenty for two numbers.
 FIT_PIXELS = 4096
 #: At least this share of the map consistent to fit on it; below, the fit uses every pixel.
@@ -249,6 +256,9 @@ class Motion:
     #: The previous frame is flat (black, or one colour) and this one is not: a picture
     #: coming out of black (a cut from black, the end of a fade through black).
     from_flat: bool = False
+    #: Live: 1 where a pixel moves with the camera, down to OWN_FLOOR where it moves on its
+    #: own (its flow is not the camera's, see `camera`): the daemon's motion segmentation.
+    still: np.ndarray | None = None
 
     @property
     def score(self) -> float:
@@ -289,11 +299,49 @@ def measure(before: np.ndarray, after: np.ndarray) -> Motion | None:
         residual += (min(MAX_BOOST, CONTRAST / contrast) - 1.0) * float(texture)
     ahead = cv2.remap(g1, gx + forward[..., 0], gy + forward[..., 1], cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
     trust = _trust(backward, consistent, mismatch)
+    own = backward - camera(backward, consistent)
+    own = np.square(own[..., 0]) + np.square(own[..., 1])
+    own *= np.float32(1 / OWN_PX**2)
+    np.square(own, out=own)
+    own += 1
+    still = np.reciprocal(own)
+    still *= np.float32(1 - OWN_FLOOR)
+    still += np.float32(OWN_FLOOR)
     forward_trust = _trust(forward, forward_consistent, cv2.absdiff(ahead, g0))
     h0 = cv2.cvtColor(before, cv2.COLOR_BGR2HSV)
     h1 = cv2.cvtColor(after, cv2.COLOR_BGR2HSV)
     content = float(cv2.absdiff(h0, h1).mean())
-    return Motion(backward, consistent, forward, forward_consistent, trust, forward_trust, inconsistent, residual, content, c0 < FLAT <= c1)
+    return Motion(backward, consistent, forward, forward_consistent, trust, forward_trust, inconsistent, residual, content, c0 < FLAT <= c1, still)
+
+
+def camera(flow: np.ndarray, consistent: np.ndarray) -> np.ndarray:
+    """The camera's share of `flow`: an affine motion fitted to the consistent pixels, trimmed twice.
+
+    A pan, a push-in or a handheld shake moves the whole picture as one; what
+    is left over is parallax and what moves on its own. Returns the fitted
+    flow at every pixel (h, w, 2).
+    """
+    h, w = consistent.shape
+    gx, gy = _grid(h, w)
+    step = max(1, int(np.sqrt(h * w / CAMERA_PIXELS)))
+    x, y = gx[::step, ::step].ravel(), gy[::step, ::step].ravel()
+    f = flow[::step, ::step].reshape(-1, 2).astype(np.float64)
+    keep = consistent[::step, ::step].ravel()
+    if keep.sum() < 16:
+        keep = np.ones_like(keep)
+    a = np.stack([x, y, np.ones_like(x)], axis=1)[keep].astype(np.float64)
+    f = f[keep]
+    for round_ in range(REFITS + 1):
+        coef = np.linalg.solve(a.T @ a + np.eye(3) * 1e-6, a.T @ f)  # 3x3: no LAPACK threads
+        if round_ < REFITS and len(f) > 32:
+            off = np.square(a @ coef - f).sum(axis=1)
+            best = np.argpartition(off, int(len(f) * KEEP))[: int(len(f) * KEEP)]
+            a, f = a[best], f[best]
+    coef = coef.astype(np.float32)
+    fitted = np.empty((h, w, 2), np.float32)
+    fitted[..., 0] = gx * coef[0, 0] + gy * coef[1, 0] + coef[2, 0]
+    fitted[..., 1] = gx * coef[0, 1] + gy * coef[1, 1] + coef[2, 1]
+    return fitted
 
 
 def _trust(flow: np.ndarray, consistent: np.ndarray, mismatch: np.ndarray) -> np.ndarray:
@@ -388,7 +436,7 @@ def _on_map(motion: Motion, shape: tuple[int, ...], forward: bool = False) -> tu
 
 
 def _follow(
-    n: np.ndarray, previous: tuple[np.ndarray, np.ndarray], motion: Motion | None, span: float, agree: float = 0.0
+    n: np.ndarray, previous: tuple[np.ndarray, np.ndarray], motion: Motion | None, span: float, agree: float = 0.0, segment: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """This frame's nearness `n` aligned to the shot, and filtered with the previous map.
 
@@ -422,6 +470,11 @@ def _follow(
         carried = last_filtered
     else:
         carried = cv2.remap(last_filtered, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    if segment and motion is not None and motion.still is not None:
+        # Live, with no frames after to average over: a subject moving on its own keeps less of
+        # its last map, so it follows its own frame while the still background holds. Offline the
+        # backward pass brings the lag down instead, which the warp error can afford there.
+        trust = trust * cv2.resize(motion.still, trust.shape[::-1], interpolation=cv2.INTER_LINEAR)
     return aligned, _blend(aligned, carried, trust, span, CARRY, agree or AGREE)
 
 
@@ -551,7 +604,7 @@ class Stabiliser:
             lo, hi = normalise.bounds(n, clip)
             state = _Shot(key, seq, number, small, (n, n), lo, hi)
             return ShotMap(normalise.frame(prediction, output_kind, clip_percent), number, why, state)
-        aligned, filtered = _follow(n, shot.previous, motion, shot.hi - shot.lo)
+        aligned, filtered = _follow(n, shot.previous, motion, shot.hi - shot.lo, segment=True)
         flo, fhi = normalise.bounds(filtered, clip)
         lo = shot.lo + RANGE_RATE * (flo - shot.lo)
         hi = shot.hi + RANGE_RATE * (fhi - shot.hi)
