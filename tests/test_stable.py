@@ -132,7 +132,9 @@ def test_daemon_follows_real_motion_and_finds_every_cut_on_its_own_frame(tmp_pat
     print(f"daemon: warp error {ratio:.3f}x the bare maps'; on moving pixels correlation median "
           f"{np.median(moving):.3f}, 10th percentile {np.percentile(moving, 10):.3f}")
     assert ratio <= 0.32
-    assert np.median(moving) >= 0.95 and np.percentile(moving, 10) >= 0.88
+    # The targets are 0.95 / 0.88; this holds what the daemon's segmentation makes of them (the
+    # filter before it: 0.966 / 0.890), so what moves cannot start lagging again unseen.
+    assert np.median(moving) >= 0.97 and np.percentile(moving, 10) >= 0.92
     # Every cut on its own frame, and no other; each shot's first map is that frame's own.
     cuts = [i for i, line in enumerate(lines) if "shot" in line.split(" ms: ")[1]]
     assert cuts == list(edit.cuts)
@@ -149,7 +151,7 @@ def test_once_plans_each_shot_with_look_ahead(tmp_path, fastdepth, edit, flows, 
     print(f"once: warp error {ratio:.3f}x the bare maps'; on moving pixels correlation median "
           f"{np.median(moving):.3f}, 10th percentile {np.percentile(moving, 10):.3f}")
     assert ratio <= 0.23
-    assert np.median(moving) >= 0.95 and np.percentile(moving, 10) >= 0.88
+    assert np.median(moving) >= 0.95 and np.percentile(moving, 10) >= 0.90  # before the trust: 0.891
     firsts = [correlation(stable[c], bare[c]) for c in (0, *edit.cuts)]
     print(f"once: each shot's first map against that frame's own: correlation {min(firsts):.3f} at least")
     assert min(firsts) >= 0.95  # its own map, over its shot's range
