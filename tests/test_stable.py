@@ -131,8 +131,10 @@ def test_daemon_follows_real_motion_and_finds_every_cut_on_its_own_frame(tmp_pat
     ratio, moving = figures(stable, bare, flows, edit.cuts)
     print(f"daemon: warp error {ratio:.3f}x the bare maps'; on moving pixels correlation median "
           f"{np.median(moving):.3f}, 10th percentile {np.percentile(moving, 10):.3f}")
-    assert ratio <= 0.35
-    assert np.median(moving) >= 0.92 and np.percentile(moving, 10) >= 0.85
+    assert ratio <= 0.32
+    # The targets are 0.95 / 0.88; this holds what the daemon's segmentation makes of them (the
+    # filter before it: 0.966 / 0.890), so what moves cannot start lagging again unseen.
+    assert np.median(moving) >= 0.97 and np.percentile(moving, 10) >= 0.92
     # Every cut on its own frame, and no other; each shot's first map is that frame's own.
     cuts = [i for i, line in enumerate(lines) if "shot" in line.split(" ms: ")[1]]
     assert cuts == list(edit.cuts)
@@ -148,8 +150,8 @@ def test_once_plans_each_shot_with_look_ahead(tmp_path, fastdepth, edit, flows, 
     ratio, moving = figures(stable, bare, flows, edit.cuts)
     print(f"once: warp error {ratio:.3f}x the bare maps'; on moving pixels correlation median "
           f"{np.median(moving):.3f}, 10th percentile {np.percentile(moving, 10):.3f}")
-    assert ratio <= 0.25
-    assert np.median(moving) >= 0.92 and np.percentile(moving, 10) >= 0.85
+    assert ratio <= 0.23
+    assert np.median(moving) >= 0.95 and np.percentile(moving, 10) >= 0.90  # before the trust: 0.891
     firsts = [correlation(stable[c], bare[c]) for c in (0, *edit.cuts)]
     print(f"once: each shot's first map against that frame's own: correlation {min(firsts):.3f} at least")
     assert min(firsts) >= 0.95  # its own map, over its shot's range
@@ -391,3 +393,70 @@ def test_once_runs_the_model_a_bounded_number_of_frames_ahead_of_the_planner(tmp
         pipeline.close()
     assert given == 40 and not failures
     assert most <= pipeline.in_flight < 10
+
+
+# -- more real footage: moving subjects, handheld, dark shots, black, fades and a dissolve ----------
+
+
+def live_and_batch(predictions: list[np.ndarray], frames: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The daemon's maps (its Stabiliser, frame by frame) and `once`'s (the shot planner), in process."""
+    s, out, live = stabilise.Stabiliser(), Path("depth.jpg"), []
+    for i, (p, f) in enumerate(zip(predictions, frames)):
+        outcome = s.map(out, p, DEPTH, f, key=0, seq=i + 1)
+        assert s.landed(out, outcome)
+        live.append(outcome.map)
+    items = ((i, stabilise.summarise(p, DEPTH, f), p) for i, (p, f) in enumerate(zip(predictions, frames)))
+    return live, [m for _i, m, _first in stabilise.stabilised(items, DEPTH)]
+
+
+#: Clips of the kinds editors cut most, 60 frames each at SIZE: (segment, the warp error's ceiling
+#: live and batch, the moving pixels' median and 10th percentile floor). The targets are 0.32x / 0.23x
+#: and 0.95 / 0.88; where one is not met yet, the floor is what is met, so it cannot slip back.
+KINDS = {
+    "street, static camera, people walking": (footage.Segment("bikes", 76, 136), (0.32, 0.23), (0.95, 0.88)),
+    "handheld": (footage.Segment("carphone_pristine", 0, 60), (0.32, 0.23), (0.95, 0.88)),
+    "animated, a subject on a still background": (footage.Segment("bigbuckbunny", 0, 60), (0.32, 0.23), (0.95, 0.87)),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_moving_subjects_follow_their_own_frame_while_the_scene_holds(fastdepth, kind):
+    """Lag and ghosts on what moves, flicker on the rest: the shared tool's two figures, live and batch."""
+    segment, (live_ceiling, batch_ceiling), (median_floor, p10_floor) = KINDS[kind]
+    clip = footage.edit([segment], SIZE)
+    predictions = predict(fastdepth, clip.frames)
+    bare = [normalise.frame(p, DEPTH) for p in predictions]
+    flow = footage.flows(clip.frames)
+    for mode, maps, ceiling in zip(("live", "batch"), live_and_batch(predictions, clip.frames), (live_ceiling, batch_ceiling)):
+        ratio, moving = figures(maps, bare, flow, clip.cuts)
+        print(f"{kind}, {mode}: warp error {ratio:.3f}x, moving pixels median {np.median(moving):.3f}, p10 {np.percentile(moving, 10):.3f}")
+        assert ratio <= ceiling, mode
+        assert np.median(moving) >= median_floor and np.percentile(moving, 10) >= p10_floor, mode
+
+
+@pytest.fixture(scope="module")
+def transitions(tmp_path_factory) -> footage.Transitions:
+    return footage.transitions(tmp_path_factory.mktemp("transitions"))
+
+
+def test_dark_cuts_and_cuts_to_and_from_black_are_found_and_a_fade_or_dissolve_is_one_shot_change(transitions):
+    """The FFmpeg edit: a dark-to-dark cut, a cut to black, one from black, a fade through black, a dissolve.
+
+    Found on the frames alone (the model takes no part), live and batch: every cut on its own frame,
+    nothing else but the fade's one new shot (where the picture comes out of black), none in the dissolve.
+    """
+    flat = np.ones((8, 8), np.float32)
+    s, out, live = stabilise.Stabiliser(), Path("depth.jpg"), []
+    for i, frame in enumerate(transitions.frames):
+        outcome = s.map(out, flat, DEPTH, frame, key=0, seq=i + 1)
+        s.landed(out, outcome)
+        if outcome.started == "cut":
+            live.append(i)
+    items = ((i, stabilise.summarise(flat, DEPTH, f), flat) for i, f in enumerate(transitions.frames))
+    batch = [i for i, _map, first in stabilise.stabilised(items, DEPTH) if first and i > 0]
+    fade, dissolve = transitions.gradual
+    for found in (live, batch):
+        assert [c for c in found if c in transitions.cuts] == list(transitions.cuts), found
+        assert len([c for c in found if c in fade]) == 1, found
+        assert not [c for c in found if c in dissolve], found
+        assert len(found) == len(transitions.cuts) + 1, found

@@ -32,10 +32,13 @@ How, for each frame after a shot's first (the same steps live and offline):
    over a shot, would fade the map a little every frame.
 4. Temporal filter: the aligned map is pulled towards the warped previous map
    on consistent pixels where the two agree (weight up to CARRY, falling off
-   where they differ by more than AGREE of the shot's range, and where the flow
-   is fast, MOVE_PX). The model's own frame-to-frame noise averages out;
-   occluded pixels and things coming into view take the new prediction, so
-   nothing lags or ghosts. Offline, a backward pass pulls each map towards the
+   where they differ by more than AGREE of the shot's range), as far as each
+   pixel is trusted (`_trust`: less where the flow is fast, MOVE_PX, and where
+   the previous frame warped by the flow does not match this one, MISMATCH;
+   live, also where the pixel moves on its own, not with the camera, OWN_PX).
+   The model's own frame-to-frame noise averages out on the still scene;
+   occluded pixels, a moving subject whose flow is off and the background it
+   uncovers take the new prediction, so nothing lags or ghosts. Offline, a backward pass pulls each map towards the
    LAG frames after it as well.
 5. The grey range is the frame statistic (min and max, or `clip_percent`
    percentiles) of the filtered map; live it follows the shot through an
@@ -101,6 +104,14 @@ CONSISTENT_PX = 0.7
 #: their geometric mean, and a frame scores 1 or more to be a cut.
 CUT_INCONSISTENT = 0.8
 CUT_RESIDUAL = 30.0
+#: The residual is in units of a frame with this much contrast (the grey's standard deviation,
+#: 0-255): a cut between two dark, flat shots leaves a residual as small as their contrast, so
+#: its texture part is scaled up, by MAX_BOOST at most. A frame under FLAT (black, or one
+#: colour) gives the flow nothing to follow: all of it counts as inconsistent, and the residual
+#: is taken as it is (a fade's last frames are nearly flat too, and change little).
+CONTRAST = 45.0
+MAX_BOOST = 3.0
+FLAT = 1.5
 #: And the content must have changed: the mean HSV change of ContentDetector (0-255)
 #: at least this (its AdaptiveDetector's own `min_content_val`).
 CUT_CONTENT = 15.0
@@ -115,21 +126,30 @@ REFITS = 2
 #: Where the flow is fast it is less exact: the carry falls to half at this speed
 #: (thumbnail pixels a frame), so what moves follows its own frame and does not lag.
 MOVE_PX = 6.0
+#: Where the previous frame warped by the flow differs from this one by this much (grey,
+#: 0-255), the previous map is trusted half as much (see `_trust`).
+MISMATCH = 16.0
+#: Live: a pixel whose flow is this far from the camera's (thumbnail pixels a frame) moves on its
+#: own, and its carry falls towards OWN_FLOOR of what it was (a sharp knee, so the flow's own
+#: noise leaves the background still); the camera's motion is fitted on about CAMERA_PIXELS.
+OWN_PX = 1.0
+OWN_FLOOR = 0.5
+CAMERA_PIXELS = 1024
 #: Pixels the fit samples (every k-th row and column of the map): plenty for two numbers.
 FIT_PIXELS = 4096
 #: At least this share of the map consistent to fit on it; below, the fit uses every pixel.
 MIN_CONSISTENT = 0.05
 #: Temporal filter: the weight of the warped previous map where the two agree, falling
 #: off where they differ by more than AGREE x the shot's range.
-CARRY = 0.9
+CARRY = 0.92
 AGREE = 0.3
 #: Offline: frames after each one that its map is also pulled towards (a backward pass), and how strongly.
-LAG = 8
+LAG = 12
 BACK_CARRY = 0.9
 #: Offline: the share of BACK_CARRY a shot's first frame gets (it must stay that frame's own map).
 FIRST_BACK = 0.5
 #: Offline: the filter's AGREE; a little wider, as the two passes lag less than one.
-BATCH_AGREE = 0.4
+BATCH_AGREE = 0.42
 #: Daemon: how fast the grey range follows the shot (share of the new frame's range per frame).
 RANGE_RATE = 0.05
 #: Offline: the range of a frame is the mean of the filtered ranges of the frames up to
@@ -223,18 +243,30 @@ class Motion:
     #: The other way (offline smoothing): where each pixel of the previous frame went, and where trusted.
     forward: np.ndarray
     forward_consistent: np.ndarray
+    #: How far the previous map, carried along `backward`, is trusted at each pixel (0..1,
+    #: float32; see `_trust`), and the next one's along `forward`.
+    trust: np.ndarray
+    forward_trust: np.ndarray
     #: Share of pixels not consistent (0..1).
     inconsistent: float
-    #: Mean |grey - previous grey warped by the flow| (0-255).
+    #: Mean |grey - previous grey warped by the flow| (0-255), its texture part as if the frames had CONTRAST.
     residual: float
     #: Mean HSV change, pixel by pixel, without motion (ContentDetector's score, 0-255).
     content: float
+    #: The previous frame is flat (black, or one colour) and this one is not: a picture
+    #: coming out of black (a cut from black, the end of a fade through black).
+    from_flat: bool = False
+    #: Live: 1 where a pixel moves with the camera, down to OWN_FLOOR where it moves on its
+    #: own (its flow is not the camera's, see `camera`): the daemon's motion segmentation.
+    still: np.ndarray | None = None
 
     @property
     def score(self) -> float:
         """The cut score: 1 or more, the flow cannot explain this frame (see the module's notes)."""
         if self.content < CUT_CONTENT:
             return 0.0
+        if self.from_flat:
+            return 2.0  # nothing of a flat frame's map belongs to the picture after it
         return float(np.sqrt(self.inconsistent / CUT_INCONSISTENT * self.residual / CUT_RESIDUAL))
 
 
@@ -253,11 +285,83 @@ def measure(before: np.ndarray, after: np.ndarray) -> Motion | None:
     consistent = _checked(backward, forward, mx, my)
     forward_consistent = _checked(forward, backward, gx + forward[..., 0], gy + forward[..., 1])
     warped = cv2.remap(g0, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
-    residual = float(cv2.absdiff(warped, g1).mean())
+    mismatch = cv2.absdiff(warped, g1)
+    residual = float(mismatch.mean())
+    inconsistent = 1.0 - float(consistent.mean())
+    c0, c1 = float(cv2.meanStdDev(g0)[1][0, 0]), float(cv2.meanStdDev(g1)[1][0, 0])
+    contrast = min(c0, c1)
+    if contrast < FLAT:
+        inconsistent = 1.0  # black or one colour: the flow has nothing to follow, it is no evidence
+    elif contrast < CONTRAST:
+        # Only the texture's part of the residual is scaled up: the light changing on a flat
+        # picture moves its mean, which says nothing new.
+        texture = np.abs((warped - np.float32(warped.mean())) - (g1 - np.float32(g1.mean()))).mean()
+        residual += (min(MAX_BOOST, CONTRAST / contrast) - 1.0) * float(texture)
+    ahead = cv2.remap(g1, gx + forward[..., 0], gy + forward[..., 1], cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    trust = _trust(backward, consistent, mismatch)
+    own = backward - camera(backward, consistent)
+    own = np.square(own[..., 0]) + np.square(own[..., 1])
+    own *= np.float32(1 / OWN_PX**2)
+    np.square(own, out=own)
+    own += 1
+    still = np.reciprocal(own)
+    still *= np.float32(1 - OWN_FLOOR)
+    still += np.float32(OWN_FLOOR)
+    forward_trust = _trust(forward, forward_consistent, cv2.absdiff(ahead, g0))
     h0 = cv2.cvtColor(before, cv2.COLOR_BGR2HSV)
     h1 = cv2.cvtColor(after, cv2.COLOR_BGR2HSV)
     content = float(cv2.absdiff(h0, h1).mean())
-    return Motion(backward, consistent, forward, forward_consistent, 1.0 - float(consistent.mean()), residual, content)
+    return Motion(backward, consistent, forward, forward_consistent, trust, forward_trust, inconsistent, residual, content, c0 < FLAT <= c1, still)
+
+
+def camera(flow: np.ndarray, consistent: np.ndarray) -> np.ndarray:
+    """The camera's share of `flow`: an affine motion fitted to the consistent pixels, trimmed twice.
+
+    A pan, a push-in or a handheld shake moves the whole picture as one; what
+    is left over is parallax and what moves on its own. Returns the fitted
+    flow at every pixel (h, w, 2).
+    """
+    h, w = consistent.shape
+    gx, gy = _grid(h, w)
+    step = max(1, int(np.sqrt(h * w / CAMERA_PIXELS)))
+    x, y = gx[::step, ::step].ravel(), gy[::step, ::step].ravel()
+    f = flow[::step, ::step].reshape(-1, 2).astype(np.float64)
+    keep = consistent[::step, ::step].ravel()
+    if keep.sum() < 16:
+        keep = np.ones_like(keep)
+    a = np.stack([x, y, np.ones_like(x)], axis=1)[keep].astype(np.float64)
+    f = f[keep]
+    for round_ in range(REFITS + 1):
+        coef = np.linalg.solve(a.T @ a + np.eye(3) * 1e-6, a.T @ f)  # 3x3: no LAPACK threads
+        if round_ < REFITS and len(f) > 32:
+            off = np.square(a @ coef - f).sum(axis=1)
+            best = np.argpartition(off, int(len(f) * KEEP))[: int(len(f) * KEEP)]
+            a, f = a[best], f[best]
+    coef = coef.astype(np.float32)
+    fitted = np.empty((h, w, 2), np.float32)
+    fitted[..., 0] = gx * coef[0, 0] + gy * coef[1, 0] + coef[2, 0]
+    fitted[..., 1] = gx * coef[0, 1] + gy * coef[1, 1] + coef[2, 1]
+    return fitted
+
+
+def _trust(flow: np.ndarray, consistent: np.ndarray, mismatch: np.ndarray) -> np.ndarray:
+    """How far a neighbour's map carried along `flow` may be trusted at each pixel (see `Motion.trust`).
+
+    0 off `consistent`; less where the flow is fast (MOVE_PX: it is less
+    exact there), and where the neighbour warped by the flow does not look
+    like the pixel (MISMATCH, grey levels): the flow is wrong there, or the
+    pixel has just come into view beside a moving subject, so the map there
+    takes the new prediction instead of keeping where the subject was.
+    """
+    speed = np.square(flow[..., 0]) + np.square(flow[..., 1])
+    speed *= np.float32(1 / MOVE_PX**2)
+    speed += 1
+    m = mismatch.astype(np.float32)
+    m *= np.float32(1 / MISMATCH)
+    np.square(m, out=m)
+    m += 1
+    m *= speed
+    return np.divide(consistent, m, dtype=np.float32)
 
 
 def _checked(flow: np.ndarray, other: np.ndarray, mx: np.ndarray, my: np.ndarray) -> np.ndarray:
@@ -320,24 +424,19 @@ def fit(x: np.ndarray, r: np.ndarray) -> Fit:
 
 
 def _on_map(motion: Motion, shape: tuple[int, ...], forward: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The backward (or forward) flow as remap coordinates at the map's resolution, and how far it is trusted there.
-
-    The trust is 0 where the flow is not consistent, and falls off with its speed (MOVE_PX).
-    """
+    """The backward (or forward) flow as remap coordinates at the map's resolution, and its trust there."""
     h, w = shape[:2]
-    flow, trusted = (motion.forward, motion.forward_consistent) if forward else (motion.backward, motion.consistent)
+    flow, trusted = (motion.forward, motion.forward_trust) if forward else (motion.backward, motion.trust)
     th, tw = trusted.shape
     flow = cv2.resize(flow, (w, h), interpolation=cv2.INTER_LINEAR)
     gx, gy = _grid(h, w)
     mx = gx + flow[..., 0] * np.float32(w / tw)
     my = gy + flow[..., 1] * np.float32(h / th)
-    consistent = cv2.resize(trusted.astype(np.uint8), (w, h), interpolation=cv2.INTER_NEAREST)
-    speed = np.square(flow[..., 0]) + np.square(flow[..., 1])  # thumbnail pixels, squared
-    return mx, my, consistent / (1 + speed * np.float32(1 / MOVE_PX**2))
+    return mx, my, cv2.resize(trusted, (w, h), interpolation=cv2.INTER_LINEAR)
 
 
 def _follow(
-    n: np.ndarray, previous: tuple[np.ndarray, np.ndarray], motion: Motion | None, span: float, agree: float = 0.0
+    n: np.ndarray, previous: tuple[np.ndarray, np.ndarray], motion: Motion | None, span: float, agree: float = 0.0, segment: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """This frame's nearness `n` aligned to the shot, and filtered with the previous map.
 
@@ -352,11 +451,11 @@ def _follow(
         return n, n
     if motion is None:
         mx = my = None
-        consistent = np.ones(n.shape, np.float32)
+        trust = np.ones(n.shape, np.float32)
     else:
-        mx, my, consistent = _on_map(motion, n.shape)
+        mx, my, trust = _on_map(motion, n.shape)
     step = max(1, int(np.sqrt(n.size / FIT_PIXELS)))
-    c = consistent[::step, ::step] > 0
+    c = trust[::step, ::step] > 0
     if mx is None:
         before = last_aligned[::step, ::step]
     else:
@@ -371,17 +470,22 @@ def _follow(
         carried = last_filtered
     else:
         carried = cv2.remap(last_filtered, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
-    return aligned, _blend(aligned, carried, consistent, span, CARRY, agree or AGREE)
+    if segment and motion is not None and motion.still is not None:
+        # Live, with no frames after to average over: a subject moving on its own keeps less of
+        # its last map, so it follows its own frame while the still background holds. Offline the
+        # backward pass brings the lag down instead, which the warp error can afford there.
+        trust = trust * cv2.resize(motion.still, trust.shape[::-1], interpolation=cv2.INTER_LINEAR)
+    return aligned, _blend(aligned, carried, trust, span, CARRY, agree or AGREE)
 
 
-def _blend(aligned: np.ndarray, carried: np.ndarray, consistent: np.ndarray, span: float, carry: float, agree: float) -> np.ndarray:
-    """`aligned` pulled towards `carried` (a neighbour's map, warped onto this frame) where they agree."""
+def _blend(aligned: np.ndarray, carried: np.ndarray, trust: np.ndarray, span: float, carry: float, agree: float) -> np.ndarray:
+    """`aligned` pulled towards `carried` (a neighbour's map, warped onto this frame) where they agree and it is trusted."""
     diff = carried - aligned
     weight = diff * np.float32(1 / (agree * span))
     np.square(weight, out=weight)
     np.negative(weight, out=weight)
     np.exp(weight, out=weight)
-    weight *= np.float32(carry) * consistent
+    weight *= np.float32(carry) * trust
     weight *= diff
     weight += aligned
     return weight
@@ -402,9 +506,9 @@ def _smoothed(maps: list[np.ndarray], motions: list[Motion | None], span: float,
         if motion is None:
             out = maps[k]
             continue
-        mx, my, consistent = _on_map(motion, maps[k].shape, forward=True)
+        mx, my, trust = _on_map(motion, maps[k].shape, forward=True)
         carried = cv2.remap(out, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
-        out = _blend(maps[k], carried, consistent, span, carry if k == 0 else BACK_CARRY, BATCH_AGREE)
+        out = _blend(maps[k], carried, trust, span, carry if k == 0 else BACK_CARRY, BATCH_AGREE)
     return out
 
 
@@ -500,7 +604,7 @@ class Stabiliser:
             lo, hi = normalise.bounds(n, clip)
             state = _Shot(key, seq, number, small, (n, n), lo, hi)
             return ShotMap(normalise.frame(prediction, output_kind, clip_percent), number, why, state)
-        aligned, filtered = _follow(n, shot.previous, motion, shot.hi - shot.lo)
+        aligned, filtered = _follow(n, shot.previous, motion, shot.hi - shot.lo, segment=True)
         flo, fhi = normalise.bounds(filtered, clip)
         lo = shot.lo + RANGE_RATE * (flo - shot.lo)
         hi = shot.hi + RANGE_RATE * (fhi - shot.hi)
