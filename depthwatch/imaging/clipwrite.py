@@ -111,6 +111,8 @@ class ClipWriter:
                 except (AttributeError, TypeError):
                     pass
             _tag_colour(stream.codec_context, kind)
+            # FFV1 takes the pixel aspect from each frame (PyAV's frames cannot carry one): setsar gives it.
+            self._aspect = _aspect_filter(av, kind, w, h, info.sar) if kind.codec == "ffv1" and info.sar else None
             if info.timecode:
                 stream.metadata["timecode"] = info.timecode
             # What tells a depth clip depthwatch made from any other file at its name (see `is_ours`).
@@ -125,6 +127,10 @@ class ClipWriter:
     def write(self, depth: np.ndarray) -> None:
         """Append the next frame's map: uint16 (or uint8) [H, W] at the clip's size."""
         frame = self.frame_for(depth)
+        if self._aspect is not None:
+            self._aspect.push(frame)
+            frame = self._aspect.pull()
+        _tag_colour(frame, self.kind)  # prores_aw writes each frame's own tags into its frame header
         frame.pts = self._count
         frame.time_base = self._time_base
         self._count += 1
@@ -245,14 +251,32 @@ class _SyncedFile:
 
 
 def _tag_colour(ctx: Any, kind: Kind) -> None:
-    """Rec. 709, video range for the Y'CbCr kinds, as editors assume for HD: say so, not leave it to guess."""
-    if kind.pix_fmt.startswith("gray"):
-        return
-    for name, value in (("color_primaries", 1), ("color_trc", 1), ("colorspace", 1), ("color_range", 1)):
+    """Rec. 709 as editors assume for HD, video range for the Y'CbCr kinds and full range for grey: say so.
+
+    On the codec context (the container's tags: the `colr` atom, Matroska's
+    Colour) and on every frame: prores_aw writes each frame header's tags from
+    the frame, and FFmpeg-based readers believe the frame header.
+    """
+    full = kind.pix_fmt.startswith("gray")
+    for name, value in (("color_primaries", 1), ("color_trc", 1), ("colorspace", 1), ("color_range", 2 if full else 1)):
         try:
             setattr(ctx, name, value)
         except (AttributeError, TypeError, ValueError):
             pass
+
+
+def _aspect_filter(av: Any, kind: Kind, width: int, height: int, sar: Fraction) -> Any:
+    """A filter graph that only stamps `sar` on each frame passed through it."""
+    from av import filter as avfilter
+
+    graph = avfilter.Graph()
+    source = graph.add("buffer", f"video_size={width}x{height}:pix_fmt={kind.pix_fmt}:time_base=1/1:pixel_aspect={sar.numerator}/{sar.denominator}")
+    stamp = graph.add("setsar", f"sar={sar.numerator}/{sar.denominator}:max=1000000")
+    sink = graph.add("buffersink")
+    source.link_to(stamp)
+    stamp.link_to(sink)
+    graph.configure()
+    return graph
 
 
 # -- output templates ----------------------------------------------------------------------
