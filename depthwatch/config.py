@@ -22,6 +22,7 @@ import yaml
 from depthwatch import paths
 from depthwatch.errors import ConfigError
 from depthwatch.files import kind_of
+from depthwatch.imaging.exr import CHANNEL_SETS as EXR_CHANNEL_SETS
 from depthwatch.imaging.exr import COMPRESSIONS as EXR_COMPRESSIONS
 from depthwatch.imaging.formats import OUTPUT_FORMATS
 from depthwatch.imaging.levels import parse_level
@@ -258,6 +259,8 @@ class OutputConfig:
     # EXR maps (issue 25): channel Z as float32, or half; and how the file is compressed.
     exr_half: bool = field(default=False, metadata=_spec(_bool))
     exr_compression: str = field(default="zip", metadata=_spec(_choice(*EXR_COMPRESSIONS)))
+    # Depth in Z and, so that viewers show a picture, in R, G, B (or Y) too; or Z alone.
+    exr_channels: str = field(default="z+rgb", metadata=_spec(_choice(*EXR_CHANNEL_SETS)))
 
 
 @dataclass(frozen=True)

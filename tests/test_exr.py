@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -85,7 +86,7 @@ def test_an_exr_map_from_once_is_float_z_with_its_record_and_matches_the_png_map
     assert as_exr.returncode == 0 and as_png.returncode == 0, as_exr.stderr + as_png.stderr
     data = (tmp_path / "map.exr").read_bytes()
     header, channels = read_exr(data)
-    assert list(channels) == ["Z"]
+    assert sorted(channels) == ["B", "G", "R", "Z"] and all(np.array_equal(channels[c], channels["Z"]) for c in "RGB")  # what viewers show
     z = channels["Z"]
     assert z.dtype == np.float32 and z.shape == (240, 320)
     assert header["compression"] == OpenEXR.ZIP_COMPRESSION
@@ -101,6 +102,35 @@ def test_an_exr_map_from_once_is_float_z_with_its_record_and_matches_the_png_map
     os.utime(tmp_path / "shot.png", ns=(1, 1))  # another version of the frame: the map is stale
     assert not map_is_current(tmp_path / "shot.png", tmp_path / "map.exr")
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+def test_the_default_exr_map_is_a_grey_picture_to_ffmpeg_and_imagemagick_and_z_alone_on_request(tmp_path, fastdepth):
+    """Not depthwatch's reading: ffmpeg (which refuses a Z-only EXR) and ImageMagick decode the map."""
+    ffmpeg, convert = shutil.which("ffmpeg"), shutil.which("convert")
+    if ffmpeg is None:
+        pytest.skip("ffmpeg is missing (Debian's ffmpeg package; .ci/run installs it)")
+    cv2.imwrite(str(tmp_path / "shot.png"), photograph())
+    done = once(tmp_path, "shot.png", "-o", "map.exr", "--normalise", "frame", model=fastdepth)
+    assert done.returncode == 0, done.stderr
+    z = read_exr((tmp_path / "map.exr").read_bytes())[1]["Z"]
+    seen = subprocess.run(
+        [ffmpeg, "-v", "error", "-i", str(tmp_path / "map.exr"), "-f", "rawvideo", "-pix_fmt", "grayf32le", "-"],
+        capture_output=True, check=True,
+    )
+    grey = np.frombuffer(seen.stdout, np.float32).reshape(z.shape)
+    assert correlation(grey, z) >= 0.999 and grey.std() > 0.05  # a picture, the map's own
+    if convert is not None and "ImageMagick" in subprocess.run([convert, "-version"], capture_output=True, text=True).stdout:
+        subprocess.run([convert, str(tmp_path / "map.exr"), "-depth", "16", str(tmp_path / "magick.png")], check=True)
+        magick = cv2.imread(str(tmp_path / "magick.png"), cv2.IMREAD_ANYDEPTH)
+        assert magick.shape == z.shape and magick.std() > 1000  # not black
+        assert correlation(magick.astype(np.float32), z) >= 0.98  # sRGB-encoded by ImageMagick, so not linear
+    (tmp_path / "z.yaml").write_text("output:\n  exr_channels: z\n")
+    done = once(tmp_path, "shot.png", "-o", "z.exr", "--normalise", "frame", "-c", "z.yaml", model=fastdepth)
+    assert done.returncode == 0, done.stderr
+    header, channels = read_exr((tmp_path / "z.exr").read_bytes())
+    assert list(channels) == ["Z"] and np.array_equal(channels["Z"], z)
+    refused = subprocess.run([ffmpeg, "-v", "error", "-i", str(tmp_path / "z.exr"), "-f", "null", "-"], capture_output=True, text=True)
+    assert refused.returncode != 0 or refused.stderr  # ffmpeg cannot show Z alone: what R, G, B are for
 
 
 def test_the_map_of_a_cropped_exr_render_keeps_its_data_and_display_windows(tmp_path, tiny_model):
@@ -307,7 +337,7 @@ def test_a_daemon_watching_exr_frames_never_takes_its_own_maps_and_survives_bad_
         out = d.watch / "shot_depth.exr"
         wait_for(lambda: out.exists(), what="the first EXR map")
         header, channels = read_exr(out.read_bytes())
-        assert list(channels) == ["Z"] and channels["Z"].dtype == np.float16 and channels["Z"].shape == (120, 160)
+        assert sorted(channels) == ["B", "G", "R", "Z"] and channels["Z"].dtype == np.float16 and channels["Z"].shape == (120, 160)
 
         # A map copied under a name the template does not make is still known by its record
         # (and quietly left alone, as every one of depthwatch's own maps is).

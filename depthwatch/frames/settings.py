@@ -49,5 +49,5 @@ class Settings:
             sidecar=out.sidecar,
             max_file_bytes=int(config.daemon.max_file_mb * 2**20),
             normalise=out.normalise,
-            exr=ExrOptions(config.input.exr_colour, out.exr_half, out.exr_compression),
+            exr=ExrOptions(config.input.exr_colour, out.exr_half, out.exr_compression, out.exr_channels),
         )

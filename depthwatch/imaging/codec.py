@@ -64,6 +64,8 @@ class ExrOptions:
     colour: str = "linear"
     half: bool = False
     compression: str = "zip"
+    #: Z and R, G, B (a picture every viewer shows), Z and Y, or Z alone: `exr.CHANNEL_SETS`.
+    channels: str = "z+rgb"
 
 
 def _reduction(header: formats.Header, min_size: tuple[int, int] | None) -> int:
@@ -231,7 +233,7 @@ def encode(
     if kind is None:
         raise FrameError(f"cannot write depth maps as {ext!r}; use .jpg, .png, .tif or .exr")
     if kind == ".exr":
-        return exr.encode(_as_float(depth), half=exr_options.half, compression=exr_options.compression, windows=exr_windows)
+        return exr.encode(_as_float(depth), half=exr_options.half, compression=exr_options.compression, windows=exr_windows, channels=exr_options.channels)
     if kind == ".jpg":
         depth = _as_integer(depth, 8)
         params = [cv2.IMWRITE_JPEG_QUALITY, int(jpeg_quality)]
