@@ -90,3 +90,60 @@ def test_colour_tags_agree_in_container_and_frames_and_the_pixel_aspect_is_kept(
     for frame in frames:  # each frame's own header, which FFmpeg-based readers believe
         assert {k: frame.get(k) for k in colour} == want
         assert frame["sample_aspect_ratio"] == "128:117"
+
+
+# -- plates: 10- and 12-bit TIFF, 10-bit DPX ---------------------------------------------
+
+
+def _photograph() -> np.ndarray:
+    from skimage import data
+
+    return np.ascontiguousarray(cv2.resize(data.coffee(), (320, 213), interpolation=cv2.INTER_AREA)[:, :, ::-1])
+
+
+def _map(folder: Path, name: str) -> np.ndarray:
+    once(str(folder / name), "-o", str(folder / f"{name}.map.png"), "--normalise", "frame")
+    return cv2.imread(str(folder / f"{name}.map.png"), cv2.IMREAD_UNCHANGED).astype(np.float64)
+
+
+def test_ten_and_twelve_bit_plates_from_imagemagick_and_ffmpeg_map_as_the_8_bit_png_does(tmp_path: Path) -> None:
+    pytest.importorskip("OpenImageIO", reason="plates need the plates extra: pip install -e '.[plates]'")
+    convert, ffmpeg = _imagemagick(), _tool("ffmpeg", "ffmpeg")
+    cv2.imwrite(str(tmp_path / "plate.png"), _photograph())
+    subprocess.run([convert, str(tmp_path / "plate.png"), "-depth", "10", str(tmp_path / "im10.tif")], check=True)
+    subprocess.run([convert, str(tmp_path / "plate.png"), "-depth", "12", "-compress", "lzw", str(tmp_path / "im12.tif")], check=True)
+    subprocess.run([convert, str(tmp_path / "plate.png"), "-depth", "10", str(tmp_path / "im10.dpx")], check=True)
+    subprocess.run([ffmpeg, "-v", "error", "-i", str(tmp_path / "plate.png"), "-pix_fmt", "gbrp10le", str(tmp_path / "ff10.dpx")], check=True)
+    identify = shutil.which("identify")
+    if identify:  # the plates are what their names say, by ImageMagick's own reading
+        for name, bits in (("im10.tif", "10"), ("im12.tif", "12"), ("ff10.dpx", "10")):
+            assert subprocess.run([identify, "-format", "%z", str(tmp_path / name)], capture_output=True, text=True).stdout == bits
+    reference = _map(tmp_path, "plate.png")
+    for name in ("im10.tif", "im12.tif", "im10.dpx", "ff10.dpx"):
+        depth = _map(tmp_path, name)
+        assert depth.shape == reference.shape
+        assert np.corrcoef(depth.ravel(), reference.ravel())[0, 1] >= 0.98, name
+
+
+def test_dpx_layouts_not_read_get_one_line_and_a_plate_without_openimageio_says_what_to_install(tmp_path: Path) -> None:
+    ffmpeg = _tool("ffmpeg", "ffmpeg")
+    cv2.imwrite(str(tmp_path / "plate.png"), _photograph())
+    subprocess.run([ffmpeg, "-v", "error", "-i", str(tmp_path / "plate.png"), "-pix_fmt", "gbrp10le", str(tmp_path / "A.dpx")], check=True)
+    data = bytearray((tmp_path / "A.dpx").read_bytes())
+    assert data[:4] == b"XPDS" and data[803] == 10  # little-endian, 10-bit, as ffmpeg writes it
+    data[804:806] = (2).to_bytes(2, "little")  # filled by method B
+    (tmp_path / "B.dpx").write_bytes(bytes(data))
+    (tmp_path / "cut.dpx").write_bytes((tmp_path / "A.dpx").read_bytes()[:50_000])
+    code = (
+        "import sys; sys.modules['OpenImageIO'] = None; from depthwatch.cli import main; "
+        f"raise SystemExit(main(['once', 'A.dpx', 'B.dpx', 'cut.dpx', '--model', {str(FASTDEPTH)!r}, '--profile', 'fastdepth-nyu']))"
+    )
+    if not FASTDEPTH.is_file():
+        pytest.skip(f"the real model {FASTDEPTH} is not here")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    lines = [line for line in done.stderr.splitlines() if "dpx" in line]
+    assert done.returncode != 0
+    assert any("A.dpx" in line and "need OpenImageIO" in line and "pip install 'depthwatch[plates]'" in line for line in lines), lines
+    assert any("B.dpx" in line and "10-bit samples, filled (method B)" in line for line in lines), lines
+    assert any("cut.dpx" in line and "cut short" in line for line in lines), lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["A.dpx", "B.dpx", "cut.dpx", "plate.png"]

@@ -1,6 +1,7 @@
 """Image files to pixels and depth maps to image files: decode and encode, no I/O, no state.
 
-decode (bytes -> image: JPEG, PNG, TIFF, WebP, and EXR through `exr`) comes
+decode (bytes -> image: JPEG, PNG, TIFF, WebP, EXR through `exr`, and 10- and
+12-bit TIFF and DPX plates through `plates`) comes
 before the model; encode (map -> bytes) is the last step of the render chain
 (see `render`). None of it runs on the inference thread.
 
@@ -19,7 +20,7 @@ import numpy as np
 import simplejpeg
 
 from depthwatch.errors import FrameError
-from depthwatch.imaging import exr, formats
+from depthwatch.imaging import exr, formats, plates
 from depthwatch.imaging.formats import OUTPUT_FORMATS
 
 #: libjpeg's warnings that mean part of the picture was made up, not decoded (jerror.h). Others
@@ -114,6 +115,12 @@ def decode(
     _check_pixels(header.width, header.height, max_pixels)
     if checked_format is None and formats.is_complete(fmt, data[-16:], len(data), data[:16]) is False:
         raise FrameError(f"the {fmt.upper()} data is cut short (no end marker): the file is incomplete")
+    if fmt == formats.DPX:
+        if formats.is_complete_at(fmt, lambda o, n: data[o : o + n], len(data)) is False:
+            raise FrameError("the DPX data is cut short (less image data than its header lays out): the file is incomplete")
+        return Decoded(plates.decode(data, fmt), (header.width, header.height), fmt)
+    if fmt == formats.TIFF and formats.tiff_bits(data) in (10, 12, 14):  # OpenCV reads 8, 16 and 32
+        return Decoded(plates.decode(data, fmt), (header.width, header.height), fmt)
     if fmt == formats.TIFF and formats.tiff_sample_format(data) == 3:
         raise FrameError("the TIFF holds floating-point samples, an unsupported sample type; save it as 8- or 16-bit")
     factor = _reduction(header, min_size)
