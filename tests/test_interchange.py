@@ -147,3 +147,68 @@ def test_dpx_layouts_not_read_get_one_line_and_a_plate_without_openimageio_says_
     assert any("B.dpx" in line and "10-bit samples, filled (method B)" in line for line in lines), lines
     assert any("cut.dpx" in line and "cut short" in line for line in lines), lines
     assert sorted(p.name for p in tmp_path.iterdir()) == ["A.dpx", "B.dpx", "cut.dpx", "plate.png"]
+
+
+# -- phone clips: rotation and variable frame rate ------------------------------------------
+
+
+def _phone_clip(path: Path, *, durations: list[int], time_base: Fraction, rotation: int = 0) -> None:
+    """An H.264 clip as a phone writes one: frame k lasts durations[k] ticks; a display matrix if turned."""
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=30, options={"bf": "2", "preset": "veryfast", "crf": "20"})
+        stream.width, stream.height, stream.pix_fmt = SIZE[0], SIZE[1], "yuv420p"
+        stream.time_base = stream.codec_context.time_base = time_base
+        if rotation:
+            stream.set_display_rotation(rotation)
+        pts = 0
+        for image, duration in zip(pan_clip_frames(SIZE, len(durations), step=6), durations):
+            frame = av.VideoFrame.from_ndarray(image, format="bgr24")
+            frame.pts, frame.duration, frame.time_base = pts, duration, time_base
+            container.mux(stream.encode(frame))
+            pts += duration
+        container.mux(stream.encode(None))
+
+
+def _frame_times(path: Path) -> list[float]:
+    frames = ffprobe(path, "frame=best_effort_timestamp_time")["frames"]
+    return [float(f["best_effort_timestamp_time"]) for f in frames]
+
+
+@pytest.mark.parametrize("ext", [".mov", ".mkv"])
+def test_a_variable_rate_clip_gets_a_depth_clip_with_its_frame_times_and_the_log_says_so(tmp_path: Path, ext: str) -> None:
+    source = tmp_path / "IMG_0042.mp4"
+    # 30 fps, then the phone slows to 15: the later frames last twice as long.
+    _phone_clip(source, durations=[512] * 12 + [1024] * 12, time_base=Fraction(1, 15360))
+    out = tmp_path / f"IMG_0042_depth{ext}"
+    done = once(str(source), "-o", str(out))
+    assert "IMG_0042.mp4 is variable-rate (frames last 33.3 to 66.7 ms)" in done.stderr
+    want, got = _frame_times(source), _frame_times(out)
+    assert len(got) == len(want) == 24
+    start = want[0]
+    assert max(abs((w - start) - g) for w, g in zip(want, got)) <= 0.001, (want, got)
+    assert got[-1] - got[0] == pytest.approx(12 / 30 + 11 / 15, abs=0.001)  # at a constant 30 fps: 23 / 30
+
+
+def test_a_constant_rate_clip_says_nothing_of_its_rate(tmp_path: Path) -> None:
+    source = tmp_path / "steady.mp4"
+    _phone_clip(source, durations=[512] * 12, time_base=Fraction(1, 15360))
+    done = once(str(source), "-o", str(tmp_path / "steady_depth.mov"))
+    assert "variable-rate" not in done.stderr
+    assert ffprobe(tmp_path / "steady_depth.mov", "stream=r_frame_rate")["streams"][0]["r_frame_rate"] == "30/1"
+
+
+@pytest.mark.parametrize("ext", [".mov", ".mp4"])
+def test_a_turned_phone_clip_gives_a_depth_clip_with_its_display_matrix(tmp_path: Path, ext: str) -> None:
+    source = tmp_path / f"turned{ext}"
+    _phone_clip(source, durations=[512] * 8, time_base=Fraction(1, 15360), rotation=90)
+    out = tmp_path / f"turned_depth{ext}"
+    once(str(source), "-o", str(out))
+
+    def side(path: Path) -> tuple[object, object]:
+        data = ffprobe(path, "stream_side_data=rotation,displaymatrix")["streams"][0].get("side_data_list", [])
+        matrix = [d for d in data if "rotation" in d]
+        return (matrix[0]["rotation"], matrix[0]["displaymatrix"]) if matrix else (None, None)
+
+    rotation, matrix = side(source)
+    assert rotation in (90, -90)  # what the phone said, as ffprobe reads it
+    assert side(out) == (rotation, matrix)

@@ -35,7 +35,7 @@ import numpy as np
 from depthwatch.errors import DepthwatchError, FrameError, ModelChanged, OutputError, Superseded
 from depthwatch.frames.settings import Settings
 from depthwatch.frames.writer import really_inside, temp_name_for
-from depthwatch.imaging import clipwrite, codec, normalise, render, stabilise, tensor, video
+from depthwatch.imaging import clipwrite, codec, normalise, render, sourcemeta, stabilise, tensor, video
 from depthwatch.logtext import shown
 from depthwatch.model.engine import BACKGROUND, Engine, Inference
 from depthwatch.model.spec import ModelInfo
@@ -229,7 +229,7 @@ def _make(
             sink = _WriteBehind(lambda k, depth: _write_still(temp, job.output, k, depth, settings), gate)
         else:
             assert kind is not None
-            writer = clipwrite.ClipWriter(temp, kind, meta)
+            writer = clipwrite.ClipWriter(temp, kind, meta, sourcemeta.read(job.source, meta.rate))
             sink = _WriteBehind(lambda k, depth: writer.write(depth), gate)  # type: ignore[union-attr]
         bits = 16 if kind is not None else codec.bits_for(job.output.suffix, settings.png_bits)
         options = replace(settings.render, bits=bits)

@@ -6,8 +6,10 @@ By the output's extension:
   .mkv  FFV1, lossless 16-bit grey (for grading and compositing);
   .mp4  H.264, 8-bit 4:2:0: a preview, small and playable anywhere.
 Every one gets the source's frame rate as a fraction (24000/1001 stays exactly
-that), its size, its pixel aspect and its start timecode (a tmcd track in .mov
-and .mp4, a tag in .mkv). Frame k written is frame k shown: pts k at 1/rate.
+that), its size, its pixel aspect, its start timecode (a tmcd track in .mov
+and .mp4, a tag in .mkv) and its display matrix (`sourcemeta`). Frame k
+written is frame k shown: pts k at 1/rate, or, from a variable-rate source,
+the source frame's own time in the source's time base.
 
 The file is written under the name it is given (a temporary one: see
 `frames.clips`), so the container is named by `kind`, not by the extension.
@@ -24,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from depthwatch.errors import FrameError, OutputError
+from depthwatch.imaging.sourcemeta import SourceMeta
 from depthwatch.imaging.video import ClipInfo, require_av
 
 
@@ -78,11 +81,12 @@ class ClipWriter:
     (the caller removes the file). Either way the file is closed.
     """
 
-    def __init__(self, path: Path, kind: Kind, info: ClipInfo) -> None:
+    def __init__(self, path: Path, kind: Kind, info: ClipInfo, source: SourceMeta | None = None) -> None:
         av = require_av()
         self._av = av
         self.kind = kind
         self._info = info
+        self._source = source if source is not None and source.variable else None
         self._count = 0
         w, h = info.width, info.height
         if kind.pix_fmt in ("yuv422p10le", "yuv420p") and w % 2:
@@ -101,7 +105,7 @@ class ClipWriter:
         try:
             stream = self._container.add_stream(kind.codec, rate=info.rate, options=dict(kind.options))
             stream.width, stream.height, stream.pix_fmt = w, h, kind.pix_fmt
-            stream.time_base = Fraction(1) / info.rate
+            stream.time_base = self._source.time_base if self._source else Fraction(1) / info.rate
             stream.codec_context.time_base = stream.time_base
             stream.thread_type = "AUTO"
             if info.sar is not None:  # the codec's (ProRes, H.264 carry it) and the container's (Matroska's)
@@ -115,6 +119,8 @@ class ClipWriter:
             self._aspect = _aspect_filter(av, kind, w, h, info.sar) if kind.codec == "ffv1" and info.sar else None
             if info.timecode:
                 stream.metadata["timecode"] = info.timecode
+            if source is not None and source.display_matrix:
+                stream.set_display_matrix(source.display_matrix)
             # What tells a depth clip depthwatch made from any other file at its name (see `is_ours`).
             self._container.metadata["comment"] = MARK
             self._stream = stream
@@ -131,7 +137,10 @@ class ClipWriter:
             self._aspect.push(frame)
             frame = self._aspect.pull()
         _tag_colour(frame, self.kind)  # prores_aw writes each frame's own tags into its frame header
-        frame.pts = self._count
+        if self._source is not None:
+            frame.pts, frame.duration = self._source.time_of(self._count)
+        else:
+            frame.pts = self._count
         frame.time_base = self._time_base
         self._count += 1
         try:
