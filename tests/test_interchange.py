@@ -212,3 +212,39 @@ def test_a_turned_phone_clip_gives_a_depth_clip_with_its_display_matrix(tmp_path
     rotation, matrix = side(source)
     assert rotation in (90, -90)  # what the phone said, as ffprobe reads it
     assert side(out) == (rotation, matrix)
+
+
+# -- image sequences: the clip's metadata in every EXR, frame numbers --------------------------
+
+
+def test_an_exr_sequence_carries_each_frames_timecode_rate_and_pixel_aspect_and_starts_at_first_frame(tmp_path: Path) -> None:
+    import OpenEXR
+
+    source = tmp_path / "C003.mov"
+    write_clip(source, pan_clip_frames(SIZE, 6, step=8), codec="prores", rate=Fraction(30000, 1001), timecode="01:00:59;28", sar=Fraction(128, 117))
+    (tmp_path / "vfx.yaml").write_text("output:\n  first_frame: 1001\n")
+    once(str(source), "-o", str(tmp_path / "{stem}_depth/{stem}.{frame:04d}.exr"), "-c", str(tmp_path / "vfx.yaml"))
+    folder = tmp_path / "C003_depth"
+    names = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+    assert names == [f"C003.{n}.exr" for n in range(1001, 1007)]
+    codes = []
+    for name in names:
+        header = OpenEXR.File(str(folder / name)).header()
+        assert header["framesPerSecond"] == Fraction(30000, 1001)
+        assert header["pixelAspectRatio"] == pytest.approx(128 / 117)
+        code = header["timeCode"]
+        assert code.dropFrame
+        codes.append(f"{code.hours:02d}:{code.minutes:02d}:{code.seconds:02d};{code.frame:02d}")
+    # Drop-frame: 01:01:00;00 and ;01 do not exist.
+    assert codes == ["01:00:59;28", "01:00:59;29", "01:01:00;02", "01:01:00;03", "01:01:00;04", "01:01:00;05"]
+    exrheader = shutil.which("exrheader")
+    if exrheader:  # OpenEXR's own tool reads the same
+        text = subprocess.run([exrheader, str(folder / names[2])], capture_output=True, text=True, check=True).stdout
+        assert "time 01:01:00:02" in text and "drop frame 1" in text and "24000/1001" not in text and "30000/1001" in text
+
+
+def test_a_clips_sequence_is_numbered_from_0_by_default(tmp_path: Path) -> None:
+    source = tmp_path / "short.mov"
+    write_clip(source, pan_clip_frames(SIZE, 3, step=8), codec="prores")
+    once(str(source), "-o", str(tmp_path / "{stem}_depth/{frame:04d}.png"))
+    assert sorted(p.name for p in (tmp_path / "short_depth").iterdir() if not p.name.startswith(".")) == ["0000.png", "0001.png", "0002.png"]

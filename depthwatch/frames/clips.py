@@ -226,7 +226,7 @@ def _make(
                 (temp / clipwrite.SEQUENCE_MARKER).write_text(clipwrite.MARK + "\n")
             except OSError as exc:
                 raise OutputError(f"cannot write in {shown(folder)}: {exc.strerror or exc}") from None
-            sink = _WriteBehind(lambda k, depth: _write_still(temp, job.output, k, depth, settings), gate)
+            sink = _WriteBehind(lambda k, depth: _write_still(temp, job.output, k, depth, settings, meta), gate)
         else:
             assert kind is not None
             writer = clipwrite.ClipWriter(temp, kind, meta, sourcemeta.read(job.source, meta.rate))
@@ -258,16 +258,18 @@ def _make(
     return written, meta
 
 
-def _write_still(folder: Path, output: Path, k: int, depth: np.ndarray, settings: Settings) -> None:
-    """Frame k of an image sequence, into the sequence's temporary folder."""
+def _write_still(folder: Path, output: Path, k: int, depth: np.ndarray, settings: Settings, meta: video.ClipInfo) -> None:
+    """Frame k of an image sequence, into the sequence's temporary folder (numbered from output.first_frame)."""
     data = codec.encode(
-        depth, output.suffix, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression, exr_options=settings.exr
+        depth, output.suffix, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression, exr_options=settings.exr,
+        exr_frame=clipwrite.sequence_frame(meta, k),
     )
+    number = settings.first_frame + k
     try:
-        with open(folder / output.name.format(frame=k), "xb") as f:
+        with open(folder / output.name.format(frame=number), "xb") as f:
             f.write(data)
     except OSError as exc:
-        raise OutputError(f"cannot write frame {k} of {output.parent.name} in {output.parent.parent}: {exc.strerror or exc}") from None
+        raise OutputError(f"cannot write frame {number} of {output.parent.name} in {output.parent.parent}: {exc.strerror or exc}") from None
 
 
 class _WriteBehind:

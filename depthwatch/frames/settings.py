@@ -28,6 +28,8 @@ class Settings:
     normalise: str = normalise.STABLE
     #: input.exr_colour and output.exr_half / exr_compression.
     exr: ExrOptions = ExrOptions()
+    #: output.first_frame: the number of a clip's first frame in an image sequence.
+    first_frame: int = 0
 
     @property
     def encoding(self) -> Encoding:
@@ -50,4 +52,5 @@ class Settings:
             max_file_bytes=int(config.daemon.max_file_mb * 2**20),
             normalise=out.normalise,
             exr=ExrOptions(config.input.exr_colour, out.exr_half, out.exr_compression, out.exr_channels),
+            first_frame=out.first_frame,
         )

@@ -18,6 +18,7 @@ The file is written under the name it is given (a temporary one: see
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from depthwatch.errors import FrameError, OutputError
+from depthwatch.imaging.exr import FrameMeta
 from depthwatch.imaging.sourcemeta import SourceMeta
 from depthwatch.imaging.video import ClipInfo, require_av
 
@@ -286,6 +288,40 @@ def _aspect_filter(av: Any, kind: Kind, width: int, height: int, sar: Fraction) 
     stamp.link_to(sink)
     graph.configure()
     return graph
+
+
+# -- image sequences: each frame's own timecode -------------------------------------------
+
+
+def sequence_frame(info: ClipInfo, k: int) -> FrameMeta:
+    """Frame k of a clip's image sequence as its EXR says it: its own timecode, the clip's rate and pixel aspect."""
+    return FrameMeta(timecode_at(info.timecode, info.rate, k) if info.timecode else None, info.rate, info.sar)
+
+
+def timecode_at(start: str, rate: Fraction, k: int) -> str | None:
+    """The timecode `k` frames after `start` (HH:MM:SS:FF; `;` before the frames for drop-frame).
+
+    Drop-frame (29.97 and 59.94) skips frame numbers 0 and 1 (0 to 3 at 59.94)
+    at the start of every minute but each tenth, as SMPTE 12M counts. None
+    when `start` is not a timecode.
+    """
+    fields = re.fullmatch(r"(\d\d):(\d\d):(\d\d)([:;.,])(\d\d)", start.strip())
+    if not fields:
+        return None
+    h, m, s, f = (int(fields.group(i)) for i in (1, 2, 3, 5))
+    fps = max(1, round(rate))
+    drop = fields.group(4) in ";," and fps % 30 == 0
+    skip = fps // 15 if drop else 0  # numbers skipped a minute: 2 at 29.97, 4 at 59.94
+    minutes = 60 * h + m
+    n = (minutes * 60 + s) * fps + f - skip * (minutes - minutes // 10) + k
+    if drop:
+        per_ten, per_minute = fps * 600 - skip * 9, fps * 60 - skip
+        tens, rest = divmod(n, per_ten)
+        n += skip * 9 * tens + (skip * ((rest - skip) // per_minute) if rest > skip else 0)
+    f, n = n % fps, n // fps
+    s, n = n % 60, n // 60
+    m, h = n % 60, (n // 60) % 24
+    return f"{h:02d}:{m:02d}:{s:02d}{';' if drop else ':'}{f:02d}"
 
 
 # -- output templates ----------------------------------------------------------------------

@@ -229,18 +229,27 @@ def encode(
     png_compression: int = 1,
     exr_options: ExrOptions = ExrOptions(),
     exr_windows: exr.Windows | None = None,
+    exr_frame: exr.FrameMeta | None = None,
 ) -> bytes:
     """Encode a depth map for an output whose name ends in `ext`, at the depth the format holds.
 
     uint8, uint16 or float32 maps (float in [0, 1]); JPEG takes 8 bits, PNG up to
     16, TIFF keeps float32 as it is (no quantisation), EXR too (channel Z, float32
-    or half: `exr.encode`), with an EXR frame's data and display windows if given.
+    or half: `exr.encode`), with an EXR frame's data and display windows if given,
+    and a clip's frame's timecode, rate and pixel aspect (`exr_frame`).
     """
     kind = OUTPUT_FORMATS.get(ext.lower())
     if kind is None:
         raise FrameError(f"cannot write depth maps as {ext!r}; use .jpg, .png, .tif or .exr")
     if kind == ".exr":
-        return exr.encode(_as_float(depth), half=exr_options.half, compression=exr_options.compression, windows=exr_windows, channels=exr_options.channels)
+        return exr.encode(
+            _as_float(depth),
+            half=exr_options.half,
+            compression=exr_options.compression,
+            windows=exr_windows,
+            channels=exr_options.channels,
+            frame=exr_frame,
+        )
     if kind == ".jpg":
         depth = _as_integer(depth, 8)
         params = [cv2.IMWRITE_JPEG_QUALITY, int(jpeg_quality)]

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import functools
 import io
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from types import ModuleType
 
 import numpy as np
@@ -78,6 +80,7 @@ def encode(
     attributes: Mapping[str, str] | None = None,
     windows: Windows | None = None,
     channels: str = "z+rgb",
+    frame: FrameMeta | None = None,
 ) -> bytes:
     """The bytes of an EXR holding `depth` (a 2-D map) as channel `Z`, and as R, G, B by default.
 
@@ -91,7 +94,8 @@ def encode(
     header attributes (a provenance record, a timecode note). `windows`: the
     EXR frame's data and display windows, so a map of a render cropped to its
     bounding box (or with overscan) lands on the plate in Nuke; the map must
-    be the data window's size.
+    be the data window's size. `frame`: a clip's frame in a sequence, whose
+    timecode, rate and pixel aspect go into the standard attributes.
     """
     lib = _openexr()
     if channels not in CHANNEL_SETS:
@@ -111,6 +115,8 @@ def encode(
         header["dataWindow"] = (np.array([x0, y0], np.int32), np.array([x1, y1], np.int32))
         d0, e0, d1, e1 = windows.display
         header["displayWindow"] = (np.array([d0, e0], np.int32), np.array([d1, e1], np.int32))
+    if frame is not None:
+        header.update(frame.attributes(lib))
     header.update(attributes or {})
     out = io.BytesIO()
     try:
@@ -119,6 +125,30 @@ def encode(
     except Exception as exc:  # the bindings raise RuntimeError/ValueError with the library's text
         raise FrameError(f"could not encode the depth map as EXR: {exc}") from None
     return out.getvalue()
+
+
+@dataclass(frozen=True)
+class FrameMeta:
+    """A clip's frame as an EXR in a sequence says it: `timeCode`, `framesPerSecond`, `pixelAspectRatio`.
+
+    What Nuke, Resolve and OpenImageIO read to put the frame back on its
+    source's timeline (the timecode is the frame's own, not the clip's start).
+    """
+
+    #: HH:MM:SS:FF, or HH:MM:SS;FF for drop-frame; None when the source has none.
+    timecode: str | None
+    rate: Fraction
+    pixel_aspect: Fraction | None = None
+
+    def attributes(self, lib: ModuleType) -> dict[str, object]:
+        found: dict[str, object] = {"framesPerSecond": self.rate, "pixelAspectRatio": float(self.pixel_aspect or 1)}
+        fields = re.fullmatch(r"(\d\d):(\d\d):(\d\d)([:;.,])(\d\d)", self.timecode or "")
+        if fields:
+            code = lib.TimeCode()
+            code.hours, code.minutes, code.seconds, code.frame = (int(fields.group(i)) for i in (1, 2, 3, 5))
+            code.dropFrame = fields.group(4) in ";,"
+            found["timeCode"] = code
+        return found
 
 
 @dataclass(frozen=True)
