@@ -157,6 +157,34 @@ def test_the_map_of_a_cropped_exr_render_keeps_its_data_and_display_windows(tmp_
     assert channels["Z"].shape == (60, 80)
 
 
+def test_a_png_map_of_a_cropped_or_overscanned_exr_is_its_display_window_with_the_data_at_its_offset(tmp_path, fastdepth):
+    """A PNG has no windows: its map is the picture the plate shows, so it sits on the plate as the EXR map does."""
+    rgb = scene_linear(photograph((80, 60)))
+    for name, data, display in (("crop", ([5, 7], [84, 66]), ([0, 0], [127, 95])), ("over", ([-4, -2], [75, 57]), ([0, 0], [63, 47]))):
+        header = {
+            "compression": OpenEXR.ZIP_COMPRESSION,
+            "type": OpenEXR.scanlineimage,
+            "dataWindow": tuple(np.array(v, np.int32) for v in data),
+            "displayWindow": tuple(np.array(v, np.int32) for v in display),
+        }
+        out = io.BytesIO()
+        with OpenEXR.File(header, {"RGB": rgb}) as image:
+            image.write(out)
+        (tmp_path / f"{name}.exr").write_bytes(out.getvalue())
+        for ext in ("exr", "png"):
+            done = once(tmp_path, f"{name}.exr", "-o", f"{name}_depth.{ext}", "--normalise", "frame", model=fastdepth)
+            assert done.returncode == 0, done.stderr
+        z = read_exr((tmp_path / f"{name}_depth.exr").read_bytes())[1]["Z"]
+        png = cv2.imread(str(tmp_path / f"{name}_depth.png"), cv2.IMREAD_UNCHANGED).astype(np.float64) / 65535
+        (x0, y0), (d0, e0), (d1, e1) = data[0], display[0], display[1]
+        assert png.shape == (e1 - e0 + 1, d1 - d0 + 1)  # the display window's size
+        left, top = max(x0, d0), max(y0, e0)
+        inside = png[top - e0 : top - e0 + min(z.shape[0], png.shape[0]), left - d0 : left - d0 + min(z.shape[1], png.shape[1])]
+        own = z[top - y0 : top - y0 + inside.shape[0], left - x0 : left - x0 + inside.shape[1]]
+        assert np.abs(inside - own).max() <= 1 / 65535 + 1e-6  # the data window's map, at its offset
+        assert png.sum() == pytest.approx(inside.sum())  # nothing outside it
+
+
 @pytest.mark.parametrize("compression", ["zip", "piz", "dwaa", "none"])
 def test_exr_maps_are_half_or_float_in_each_compression(compression):
     depth = cv2.GaussianBlur(np.random.default_rng(1).random((48, 64)).astype(np.float32), (0, 0), 2)

@@ -250,6 +250,8 @@ def encode(
             channels=exr_options.channels,
             frame=exr_frame,
         )
+    if exr_windows is not None and not exr_windows.plain:
+        depth = on_display_window(depth, exr_windows)
     if kind == ".jpg":
         depth = _as_integer(depth, 8)
         params = [cv2.IMWRITE_JPEG_QUALITY, int(jpeg_quality)]
@@ -262,6 +264,23 @@ def encode(
     if not ok:
         raise FrameError(f"could not encode the depth map as {kind}")
     return buf.tobytes()
+
+
+def on_display_window(depth: np.ndarray, windows: exr.Windows) -> np.ndarray:
+    """A map of an EXR's data window, placed on its display window: what a PNG, TIFF or JPEG map must be.
+
+    Those formats have no windows, so the map is the picture the plate shows:
+    the display window's size, the data window at its offset, 0 outside it,
+    and overscan (data outside the display window) cut off. Then it sits on
+    the plate as the EXR map (which keeps the windows) does.
+    """
+    x0, y0, x1, y1 = windows.data
+    d0, e0, d1, e1 = windows.display
+    canvas = np.zeros((e1 - e0 + 1, d1 - d0 + 1), depth.dtype)
+    left, top, right, bottom = max(x0, d0), max(y0, e0), min(x1, d1), min(y1, e1)
+    if left <= right and top <= bottom:
+        canvas[top - e0 : bottom - e0 + 1, left - d0 : right - d0 + 1] = depth[top - y0 : bottom - y0 + 1, left - x0 : right - x0 + 1]
+    return canvas
 
 
 def _as_integer(depth: np.ndarray, most_bits: int) -> np.ndarray:

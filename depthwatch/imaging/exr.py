@@ -246,4 +246,10 @@ def decode(data: bytes, found: exrlayout.Layout, colour: str, max_pixels: int) -
     if stack.shape[:2] != (found.height, found.width):
         raise FrameError(f"the EXR decoded to {stack.shape[1]}x{stack.shape[0]}, not the {found.width}x{found.height} its header declares")
     windows = Windows(found.data_window, found.display_window or found.data_window)
+    d0, e0, d1, e1 = windows.display
+    if (d1 - d0 + 1) * (e1 - e0 + 1) > max_pixels or d1 < d0 or e1 < e0:
+        raise FrameError(
+            f"the EXR's display window ({d1 - d0 + 1}x{e1 - e0 + 1}) is empty or over the limit of "
+            f"{max_pixels / 1e6:.0f} megapixels; raise daemon.max_megapixels"
+        )
     return Picture(view.to_display(stack, colour), view.count_not_finite(stack), None if windows.plain else windows)
