@@ -244,6 +244,8 @@ class OutputConfig:
     clip_template: str = field(default="{stem}_depth.mov", metadata=_spec(_clip_template))
     # The number of a clip's first frame in an image sequence ({frame}): 0, or 1001 as VFX pipelines count.
     first_frame: int = field(default=0, metadata=_spec(_int(0, 99_999_999)))
+    # Beside each depth clip, a timeline to open: the source on V1, the depth clip on V2 (.otio, .fcpxml).
+    timeline: bool = field(default=False, metadata=_spec(_bool))
     jpeg_quality: int = field(default=95, metadata=_spec(_int(1, 100)))
     png_bits: int = field(default=16, metadata=_spec(_choice(8, 16, 32)))
     png_compression: int = field(default=1, metadata=_spec(_int(0, 9)))

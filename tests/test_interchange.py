@@ -248,3 +248,55 @@ def test_a_clips_sequence_is_numbered_from_0_by_default(tmp_path: Path) -> None:
     write_clip(source, pan_clip_frames(SIZE, 3, step=8), codec="prores")
     once(str(source), "-o", str(tmp_path / "{stem}_depth/{frame:04d}.png"))
     assert sorted(p.name for p in (tmp_path / "short_depth").iterdir() if not p.name.startswith(".")) == ["0000.png", "0001.png", "0002.png"]
+
+
+# -- a timeline to open ----------------------------------------------------------------------
+
+
+def test_once_timeline_writes_an_otio_and_an_fcpxml_with_the_clip_on_v1_and_its_depth_clip_on_v2(prores: Path, tmp_path: Path) -> None:
+    import xml.etree.ElementTree as ET
+
+    otio = pytest.importorskip("opentimelineio", reason="timelines need the timeline extra: pip install -e '.[timeline]'")
+    source = tmp_path / prores.name
+    shutil.copy(prores, source)
+    once(str(source), "--timeline")
+    depth = tmp_path / "B002_C007_depth.mov"
+    assert depth.is_file()
+    start = otio.opentime.from_timecode("01:00:10:00", 24000 / 1001)
+
+    timeline = otio.adapters.read_from_file(str(tmp_path / "B002_C007_depth.otio"))
+    tracks = list(timeline.video_tracks())
+    assert [len(t) for t in tracks] == [1, 1]
+    clips = [t[0] for t in tracks]
+    assert [c.media_reference.target_url for c in clips] == [source.resolve().as_uri(), depth.resolve().as_uri()]
+    for clip in clips:
+        assert clip.source_range.start_time.to_frames() == start.to_frames()
+        assert clip.source_range.duration.to_frames() == 12
+        assert clip.range_in_parent().start_time.to_frames() == 0
+    assert timeline.global_start_time.to_frames() == start.to_frames()
+
+    fcpxml = tmp_path / "B002_C007_depth.fcpxml"
+    root = ET.parse(fcpxml).getroot()
+    assert root.get("version") == "1.9"
+    sources = [m.get("src") for m in root.iter("media-rep")]
+    assert sources == [source.resolve().as_uri(), depth.resolve().as_uri()]
+    read = otio.adapters.read_from_file(str(fcpxml), adapter_name="fcpx_xml")  # the FCP X adapter's own reading
+    project = next(iter(read.find_children(descended_from_type=otio.schema.Timeline)))
+    tracks = list(project.video_tracks())
+    assert len(tracks) == 2
+    placed = [[c for c in t if isinstance(c, otio.schema.Clip)] for t in tracks]
+    assert [[c.name for c in p] for p in placed] == [["B002_C007"], ["B002_C007_depth"]]
+    (a,), (b,) = placed
+    assert a.range_in_parent() == b.range_in_parent() and a.source_range == b.source_range
+
+    # A second run replaces its own timeline; a file of that name someone else made stays.
+    once(str(source), "--timeline")
+    fcpxml.write_text("<fcpxml version='1.10'><!-- the editor's own --></fcpxml>")
+    done = subprocess.run(
+        [sys.executable, "-m", "depthwatch", "once", str(source), "--timeline", "--model", str(FASTDEPTH), "--profile", "fastdepth-nyu"],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert done.returncode != 0
+    assert "B002_C007_depth.fcpxml" in done.stderr and "is not a timeline depthwatch made; not replacing it" in done.stderr
+    assert "the editor's own" in fcpxml.read_text()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

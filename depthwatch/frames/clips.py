@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from depthwatch.errors import DepthwatchError, FrameError, ModelChanged, OutputError, Superseded
+from depthwatch.frames import timeline
 from depthwatch.frames.settings import Settings
 from depthwatch.frames.writer import really_inside, temp_name_for
 from depthwatch.imaging import clipwrite, codec, normalise, render, sourcemeta, stabilise, tensor, video
@@ -204,6 +205,8 @@ def _make(
     kind = None if job.sequence else clipwrite.kind_for(job.output.suffix)
     if kind is None and not job.sequence:
         raise FrameError(f"cannot write a depth clip as {job.output.suffix!r}; use .mov, .mkv, .mp4 or an image sequence")
+    if settings.timeline:
+        timeline.check(job.sequence)
     stable = settings.normalise == normalise.STABLE
     with video.Clip(job.source) as clip:
         meta = clip.info
@@ -250,6 +253,8 @@ def _make(
             writer = None
         check(0)  # a last look for a rewrite before the rename
         _rename_into_place(temp, job.final, job.output_roots)
+        if settings.timeline:
+            timeline.write(job.source, job.final, meta, written, job.output_roots)
     except BaseException:
         if writer is not None:
             writer.abort()

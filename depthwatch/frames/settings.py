@@ -30,6 +30,8 @@ class Settings:
     exr: ExrOptions = ExrOptions()
     #: output.first_frame: the number of a clip's first frame in an image sequence.
     first_frame: int = 0
+    #: output.timeline: an .otio and an .fcpxml beside each depth clip.
+    timeline: bool = False
 
     @property
     def encoding(self) -> Encoding:
@@ -53,4 +55,5 @@ class Settings:
             normalise=out.normalise,
             exr=ExrOptions(config.input.exr_colour, out.exr_half, out.exr_compression, out.exr_channels),
             first_frame=out.first_frame,
+            timeline=out.timeline,
         )

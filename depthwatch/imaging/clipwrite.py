@@ -298,14 +298,9 @@ def sequence_frame(info: ClipInfo, k: int) -> FrameMeta:
     return FrameMeta(timecode_at(info.timecode, info.rate, k) if info.timecode else None, info.rate, info.sar)
 
 
-def timecode_at(start: str, rate: Fraction, k: int) -> str | None:
-    """The timecode `k` frames after `start` (HH:MM:SS:FF; `;` before the frames for drop-frame).
-
-    Drop-frame (29.97 and 59.94) skips frame numbers 0 and 1 (0 to 3 at 59.94)
-    at the start of every minute but each tenth, as SMPTE 12M counts. None
-    when `start` is not a timecode.
-    """
-    fields = re.fullmatch(r"(\d\d):(\d\d):(\d\d)([:;.,])(\d\d)", start.strip())
+def timecode_frames(timecode: str, rate: Fraction) -> tuple[int, bool] | None:
+    """(frames since 00:00:00:00, drop-frame) for a timecode at `rate`; None if it is not one."""
+    fields = re.fullmatch(r"(\d\d):(\d\d):(\d\d)([:;.,])(\d\d)", timecode.strip())
     if not fields:
         return None
     h, m, s, f = (int(fields.group(i)) for i in (1, 2, 3, 5))
@@ -313,7 +308,22 @@ def timecode_at(start: str, rate: Fraction, k: int) -> str | None:
     drop = fields.group(4) in ";," and fps % 30 == 0
     skip = fps // 15 if drop else 0  # numbers skipped a minute: 2 at 29.97, 4 at 59.94
     minutes = 60 * h + m
-    n = (minutes * 60 + s) * fps + f - skip * (minutes - minutes // 10) + k
+    return (minutes * 60 + s) * fps + f - skip * (minutes - minutes // 10), drop
+
+
+def timecode_at(start: str, rate: Fraction, k: int) -> str | None:
+    """The timecode `k` frames after `start` (HH:MM:SS:FF; `;` before the frames for drop-frame).
+
+    Drop-frame (29.97 and 59.94) skips frame numbers 0 and 1 (0 to 3 at 59.94)
+    at the start of every minute but each tenth, as SMPTE 12M counts. None
+    when `start` is not a timecode.
+    """
+    counted = timecode_frames(start, rate)
+    if counted is None:
+        return None
+    n, drop = counted[0] + k, counted[1]
+    fps = max(1, round(rate))
+    skip = fps // 15 if drop else 0
     if drop:
         per_ten, per_minute = fps * 600 - skip * 9, fps * 60 - skip
         tens, rest = divmod(n, per_ten)
