@@ -44,7 +44,7 @@ def _oiio() -> ModuleType:
 def decode(data: bytes, fmt: str) -> np.ndarray:
     """The plate as BGR uint8 [H, W, 3]; FrameError (one line) if OpenImageIO cannot read it."""
     oiio = _oiio()
-    with _as_file(data) as path:
+    with _MemoryFile(data) as path:
         image = oiio.ImageInput.open(path)
         if image is None:
             raise FrameError(f"cannot decode the {fmt.upper()} data: {_reason(oiio.geterror())}")
@@ -68,7 +68,7 @@ def _reason(text: str) -> str:
     return lines[-1][:200] if lines else "the file is corrupt"
 
 
-class _as_file:
+class _MemoryFile:
     """The bytes as a file OpenImageIO can open by name: an anonymous memory file where there is one.
 
     OpenImageIO's Python reader takes a file name, and the bytes were read once
