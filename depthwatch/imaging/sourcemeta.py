@@ -67,8 +67,12 @@ def read(path: Path, rate: Fraction) -> SourceMeta:
         with av.open(str(path), "r", metadata_errors="ignore") as container:
             stream = container.streams.video[0]
             found: dict[int, int] = {}
+            untimed = False
             for packet in container.demux(stream):
-                if packet.pts is None or getattr(packet, "is_discard", False):
+                if getattr(packet, "is_discard", False) or packet.size == 0:
+                    continue  # hidden by an edit list, or the demuxer's flush
+                if packet.pts is None:
+                    untimed = True  # AVI's B-frames, raw streams: no frame times to keep
                     continue
                 found[packet.pts] = int(packet.duration or 0)
     except (av.FFmpegError, OSError, IndexError):
@@ -77,7 +81,7 @@ def read(path: Path, rate: Fraction) -> SourceMeta:
     pts = sorted(found)
     times: tuple[int, ...] = ()
     last = found[pts[-1]] if pts else 0
-    if len(pts) > 2 and rate:
+    if len(pts) > 2 and rate and not untimed:
         tick = 1 / (rate * time_base)  # one frame at the nominal rate, in ticks
         steps = [b - a for a, b in zip(pts, pts[1:])]
         if any(abs(step - tick) > 1 for step in steps):
