@@ -13,6 +13,7 @@ import shutil
 import struct
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import cv2
@@ -183,6 +184,29 @@ def test_a_png_map_of_a_cropped_or_overscanned_exr_is_its_display_window_with_th
         own = z[top - y0 : top - y0 + inside.shape[0], left - x0 : left - x0 + inside.shape[1]]
         assert np.abs(inside - own).max() <= 1 / 65535 + 1e-6  # the data window's map, at its offset
         assert png.sum() == pytest.approx(inside.sum())  # nothing outside it
+
+
+def test_the_exr_map_of_an_exr_plate_says_the_plates_timecode_rate_and_pixel_aspect(tmp_path, tiny_model):
+    """A plate sequence's frames each carry their own timeCode: their maps line up on the timeline too."""
+    code = OpenEXR.TimeCode()
+    code.hours, code.minutes, code.seconds, code.frame, code.dropFrame = 10, 0, 41, 7, False
+    header = {
+        "compression": OpenEXR.ZIP_COMPRESSION,
+        "type": OpenEXR.scanlineimage,
+        "timeCode": code,
+        "framesPerSecond": Fraction(25),
+        "pixelAspectRatio": 2.0,
+    }
+    out = io.BytesIO()
+    with OpenEXR.File(header, {"RGB": scene_linear(photograph((64, 48)))}) as image:
+        image.write(out)
+    (tmp_path / "plate.1001.exr").write_bytes(out.getvalue())
+    done = once(tmp_path, "plate.1001.exr", "-o", "{stem}_depth.exr", model=tiny_model, profile="midas-v21-small")
+    assert done.returncode == 0, done.stderr
+    got = OpenEXR.File(str(tmp_path / "plate.1001_depth.exr")).header()
+    assert (got["timeCode"].hours, got["timeCode"].minutes, got["timeCode"].seconds, got["timeCode"].frame) == (10, 0, 41, 7)
+    assert not got["timeCode"].dropFrame
+    assert got["framesPerSecond"] == Fraction(25) and got["pixelAspectRatio"] == 2.0
 
 
 @pytest.mark.parametrize("compression", ["zip", "piz", "dwaa", "none"])

@@ -55,6 +55,8 @@ class Decoded:
     not_finite: int = 0
     #: EXR: its data and display windows when they are not plain (the map's EXR gets the same).
     windows: exr.Windows | None = None
+    #: EXR: its timecode, rate and pixel aspect when it says them (the map's EXR says the same).
+    exr_frame: exr.FrameMeta | None = None
 
 
 @dataclass(frozen=True)
@@ -213,7 +215,7 @@ def _decode_exr(data: bytes, max_pixels: int, colour: str) -> Decoded:
     found = exr.layout(data)
     _check_pixels(found.width, found.height, max_pixels)
     picture = exr.decode(data, found, colour, max_pixels)
-    return Decoded(picture.image, (found.width, found.height), formats.EXR, picture.not_finite, picture.windows)
+    return Decoded(picture.image, (found.width, found.height), formats.EXR, picture.not_finite, picture.windows, picture.frame)
 
 
 def _cv_reason(exc: cv2.error) -> str:

@@ -137,11 +137,14 @@ class FrameMeta:
 
     #: HH:MM:SS:FF, or HH:MM:SS;FF for drop-frame; None when the source has none.
     timecode: str | None
-    rate: Fraction
+    #: None: the source (an EXR frame) says none.
+    rate: Fraction | None
     pixel_aspect: Fraction | None = None
 
     def attributes(self, lib: ModuleType) -> dict[str, object]:
-        found: dict[str, object] = {"framesPerSecond": self.rate, "pixelAspectRatio": float(self.pixel_aspect or 1)}
+        found: dict[str, object] = {"pixelAspectRatio": float(self.pixel_aspect or 1)}
+        if self.rate:
+            found["framesPerSecond"] = self.rate
         fields = re.fullmatch(r"(\d\d):(\d\d):(\d\d)([:;.,])(\d\d)", self.timecode or "")
         if fields:
             code = lib.TimeCode()
@@ -171,6 +174,8 @@ class Picture:
     image: np.ndarray
     not_finite: int
     windows: Windows | None = None
+    #: The frame's own timecode, rate and pixel aspect, which its EXR map carries on.
+    frame: FrameMeta | None = None
 
 
 def layout(data: bytes) -> exrlayout.Layout:
@@ -231,6 +236,7 @@ def decode(data: bytes, found: exrlayout.Layout, colour: str, max_pixels: int) -
     lib = _openexr()
     try:
         with lib.File(io.BytesIO(data), separate_channels=True, num_threads=0) as image:
+            frame = _frame_meta(image.header())
             channels = image.channels()
             planes = [channels[name].pixels if name in channels else None for name in wanted]
             if any(plane is None or plane.shape != (found.height, found.width) for plane in planes):
@@ -252,4 +258,21 @@ def decode(data: bytes, found: exrlayout.Layout, colour: str, max_pixels: int) -
             f"the EXR's display window ({d1 - d0 + 1}x{e1 - e0 + 1}) is empty or over the limit of "
             f"{max_pixels / 1e6:.0f} megapixels; raise daemon.max_megapixels"
         )
-    return Picture(view.to_display(stack, colour), view.count_not_finite(stack), None if windows.plain else windows)
+    return Picture(view.to_display(stack, colour), view.count_not_finite(stack), None if windows.plain else windows, frame)
+
+
+def _frame_meta(header: Mapping[str, object]) -> FrameMeta | None:
+    """A plate's `timeCode`, `framesPerSecond` and `pixelAspectRatio`, for its map to say the same."""
+    code, rate, aspect = header.get("timeCode"), header.get("framesPerSecond"), header.get("pixelAspectRatio")
+    timecode = None
+    if code is not None and hasattr(code, "hours"):
+        mark = ";" if getattr(code, "dropFrame", False) else ":"
+        timecode = f"{code.hours:02d}:{code.minutes:02d}:{code.seconds:02d}{mark}{code.frame:02d}"  # type: ignore[attr-defined]
+    try:
+        rate = Fraction(rate) if rate is not None and Fraction(rate) > 0 else None  # type: ignore[arg-type]
+        aspect = Fraction(float(aspect)).limit_denominator(10_000) if aspect is not None and float(aspect) > 0 else None  # type: ignore[arg-type]
+    except (TypeError, ValueError, ZeroDivisionError, OverflowError):
+        rate = aspect = None
+    if timecode is None and rate is None and aspect in (None, 1):
+        return None
+    return FrameMeta(timecode, rate, aspect)
