@@ -257,6 +257,7 @@ def test_once_timeline_writes_an_otio_and_an_fcpxml_with_the_clip_on_v1_and_its_
     import xml.etree.ElementTree as ET
 
     otio = pytest.importorskip("opentimelineio", reason="timelines need the timeline extra: pip install -e '.[timeline]'")
+    pytest.importorskip("otio_fcpx_xml_adapter", reason="the .fcpxml is read back with OpenTimelineIO's FCP X adapter (the test extra)")
     source = tmp_path / prores.name
     shutil.copy(prores, source)
     once(str(source), "--timeline")
