@@ -24,6 +24,7 @@ import yaml
 from depthwatch import paths
 from depthwatch.errors import ConfigError
 from depthwatch.files import kind_of
+from depthwatch.imaging.exr import CHANNEL_SETS as EXR_CHANNEL_SETS
 from depthwatch.imaging.exr import COMPRESSIONS as EXR_COMPRESSIONS
 from depthwatch.imaging.formats import OUTPUT_FORMATS
 from depthwatch.imaging.levels import parse_level
@@ -243,6 +244,10 @@ class OutputConfig:
     template: str = field(default="depth.jpg", metadata=_spec(_template))
     # A clip's depth clip (see depthwatch/imaging/clipwrite.py): .mov, .mkv, .mp4 or an image sequence.
     clip_template: str = field(default="{stem}_depth.mov", metadata=_spec(_clip_template))
+    # The number of a clip's first frame in an image sequence ({frame}): 0, or 1001 as VFX pipelines count.
+    first_frame: int = field(default=0, metadata=_spec(_int(0, 99_999_999)))
+    # Beside each depth clip, a timeline to open: the source on V1, the depth clip on V2 (.otio, .fcpxml).
+    timeline: bool = field(default=False, metadata=_spec(_bool))
     jpeg_quality: int = field(default=95, metadata=_spec(_int(1, 100)))
     png_bits: int = field(default=16, metadata=_spec(_choice(8, 16, 32)))
     png_compression: int = field(default=1, metadata=_spec(_int(0, 9)))
@@ -260,6 +265,8 @@ class OutputConfig:
     # EXR maps (issue 25): channel Z as float32, or half; and how the file is compressed.
     exr_half: bool = field(default=False, metadata=_spec(_bool))
     exr_compression: str = field(default="zip", metadata=_spec(_choice(*EXR_COMPRESSIONS)))
+    # Depth in Z and, so that viewers show a picture, in R, G, B (or Y) too; or Z alone.
+    exr_channels: str = field(default="z+rgb", metadata=_spec(_choice(*EXR_CHANNEL_SETS)))
 
 
 @dataclass(frozen=True)

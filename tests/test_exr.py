@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import struct
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import cv2
@@ -85,7 +87,7 @@ def test_an_exr_map_from_once_is_float_z_with_its_record_and_matches_the_png_map
     assert as_exr.returncode == 0 and as_png.returncode == 0, as_exr.stderr + as_png.stderr
     data = (tmp_path / "map.exr").read_bytes()
     header, channels = read_exr(data)
-    assert list(channels) == ["Z"]
+    assert sorted(channels) == ["B", "G", "R", "Z"] and all(np.array_equal(channels[c], channels["Z"]) for c in "RGB")  # what viewers show
     z = channels["Z"]
     assert z.dtype == np.float32 and z.shape == (240, 320)
     assert header["compression"] == OpenEXR.ZIP_COMPRESSION
@@ -101,6 +103,35 @@ def test_an_exr_map_from_once_is_float_z_with_its_record_and_matches_the_png_map
     os.utime(tmp_path / "shot.png", ns=(1, 1))  # another version of the frame: the map is stale
     assert not map_is_current(tmp_path / "shot.png", tmp_path / "map.exr")
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+def test_the_default_exr_map_is_a_grey_picture_to_ffmpeg_and_imagemagick_and_z_alone_on_request(tmp_path, fastdepth):
+    """Not depthwatch's reading: ffmpeg (which refuses a Z-only EXR) and ImageMagick decode the map."""
+    ffmpeg, convert = shutil.which("ffmpeg"), shutil.which("convert")
+    if ffmpeg is None:
+        pytest.skip("ffmpeg is missing (Debian's ffmpeg package; .ci/run installs it)")
+    cv2.imwrite(str(tmp_path / "shot.png"), photograph())
+    done = once(tmp_path, "shot.png", "-o", "map.exr", "--normalise", "frame", model=fastdepth)
+    assert done.returncode == 0, done.stderr
+    z = read_exr((tmp_path / "map.exr").read_bytes())[1]["Z"]
+    seen = subprocess.run(
+        [ffmpeg, "-v", "error", "-i", str(tmp_path / "map.exr"), "-f", "rawvideo", "-pix_fmt", "grayf32le", "-"],
+        capture_output=True, check=True,
+    )
+    grey = np.frombuffer(seen.stdout, np.float32).reshape(z.shape)
+    assert correlation(grey, z) >= 0.999 and grey.std() > 0.05  # a picture, the map's own
+    if convert is not None and "ImageMagick" in subprocess.run([convert, "-version"], capture_output=True, text=True).stdout:
+        subprocess.run([convert, str(tmp_path / "map.exr"), "-depth", "16", str(tmp_path / "magick.png")], check=True)
+        magick = cv2.imread(str(tmp_path / "magick.png"), cv2.IMREAD_ANYDEPTH)
+        assert magick.shape == z.shape and magick.std() > 1000  # not black
+        assert correlation(magick.astype(np.float32), z) >= 0.98  # sRGB-encoded by ImageMagick, so not linear
+    (tmp_path / "z.yaml").write_text("output:\n  exr_channels: z\n")
+    done = once(tmp_path, "shot.png", "-o", "z.exr", "--normalise", "frame", "-c", "z.yaml", model=fastdepth)
+    assert done.returncode == 0, done.stderr
+    header, channels = read_exr((tmp_path / "z.exr").read_bytes())
+    assert list(channels) == ["Z"] and np.array_equal(channels["Z"], z)
+    refused = subprocess.run([ffmpeg, "-v", "error", "-i", str(tmp_path / "z.exr"), "-f", "null", "-"], capture_output=True, text=True)
+    assert refused.returncode != 0 or refused.stderr  # ffmpeg cannot show Z alone: what R, G, B are for
 
 
 def test_the_map_of_a_cropped_exr_render_keeps_its_data_and_display_windows(tmp_path, tiny_model):
@@ -125,6 +156,57 @@ def test_the_map_of_a_cropped_exr_render_keeps_its_data_and_display_windows(tmp_
     assert [list(a) for a in got["dataWindow"]] == [[5, 7], [84, 66]]
     assert [list(a) for a in got["displayWindow"]] == [[0, 0], [127, 95]]
     assert channels["Z"].shape == (60, 80)
+
+
+def test_a_png_map_of_a_cropped_or_overscanned_exr_is_its_display_window_with_the_data_at_its_offset(tmp_path, fastdepth):
+    """A PNG has no windows: its map is the picture the plate shows, so it sits on the plate as the EXR map does."""
+    rgb = scene_linear(photograph((80, 60)))
+    for name, data, display in (("crop", ([5, 7], [84, 66]), ([0, 0], [127, 95])), ("over", ([-4, -2], [75, 57]), ([0, 0], [63, 47]))):
+        header = {
+            "compression": OpenEXR.ZIP_COMPRESSION,
+            "type": OpenEXR.scanlineimage,
+            "dataWindow": tuple(np.array(v, np.int32) for v in data),
+            "displayWindow": tuple(np.array(v, np.int32) for v in display),
+        }
+        out = io.BytesIO()
+        with OpenEXR.File(header, {"RGB": rgb}) as image:
+            image.write(out)
+        (tmp_path / f"{name}.exr").write_bytes(out.getvalue())
+        for ext in ("exr", "png"):
+            done = once(tmp_path, f"{name}.exr", "-o", f"{name}_depth.{ext}", "--normalise", "frame", model=fastdepth)
+            assert done.returncode == 0, done.stderr
+        z = read_exr((tmp_path / f"{name}_depth.exr").read_bytes())[1]["Z"]
+        png = cv2.imread(str(tmp_path / f"{name}_depth.png"), cv2.IMREAD_UNCHANGED).astype(np.float64) / 65535
+        (x0, y0), (d0, e0), (d1, e1) = data[0], display[0], display[1]
+        assert png.shape == (e1 - e0 + 1, d1 - d0 + 1)  # the display window's size
+        left, top = max(x0, d0), max(y0, e0)
+        inside = png[top - e0 : top - e0 + min(z.shape[0], png.shape[0]), left - d0 : left - d0 + min(z.shape[1], png.shape[1])]
+        own = z[top - y0 : top - y0 + inside.shape[0], left - x0 : left - x0 + inside.shape[1]]
+        assert np.abs(inside - own).max() <= 1 / 65535 + 1e-6  # the data window's map, at its offset
+        assert png.sum() == pytest.approx(inside.sum())  # nothing outside it
+
+
+def test_the_exr_map_of_an_exr_plate_says_the_plates_timecode_rate_and_pixel_aspect(tmp_path, tiny_model):
+    """A plate sequence's frames each carry their own timeCode: their maps line up on the timeline too."""
+    code = OpenEXR.TimeCode()
+    code.hours, code.minutes, code.seconds, code.frame, code.dropFrame = 10, 0, 41, 7, False
+    header = {
+        "compression": OpenEXR.ZIP_COMPRESSION,
+        "type": OpenEXR.scanlineimage,
+        "timeCode": code,
+        "framesPerSecond": Fraction(25),
+        "pixelAspectRatio": 2.0,
+    }
+    out = io.BytesIO()
+    with OpenEXR.File(header, {"RGB": scene_linear(photograph((64, 48)))}) as image:
+        image.write(out)
+    (tmp_path / "plate.1001.exr").write_bytes(out.getvalue())
+    done = once(tmp_path, "plate.1001.exr", "-o", "{stem}_depth.exr", model=tiny_model, profile="midas-v21-small")
+    assert done.returncode == 0, done.stderr
+    got = OpenEXR.File(str(tmp_path / "plate.1001_depth.exr")).header()
+    assert (got["timeCode"].hours, got["timeCode"].minutes, got["timeCode"].seconds, got["timeCode"].frame) == (10, 0, 41, 7)
+    assert not got["timeCode"].dropFrame
+    assert got["framesPerSecond"] == Fraction(25) and got["pixelAspectRatio"] == 2.0
 
 
 @pytest.mark.parametrize("compression", ["zip", "piz", "dwaa", "none"])
@@ -307,7 +389,7 @@ def test_a_daemon_watching_exr_frames_never_takes_its_own_maps_and_survives_bad_
         out = d.watch / "shot_depth.exr"
         wait_for(lambda: out.exists(), what="the first EXR map")
         header, channels = read_exr(out.read_bytes())
-        assert list(channels) == ["Z"] and channels["Z"].dtype == np.float16 and channels["Z"].shape == (120, 160)
+        assert sorted(channels) == ["B", "G", "R", "Z"] and channels["Z"].dtype == np.float16 and channels["Z"].shape == (120, 160)
 
         # A map copied under a name the template does not make is still known by its record
         # (and quietly left alone, as every one of depthwatch's own maps is).

@@ -72,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "maps already up to date are skipped, so running it again resumes an interrupted job",
     )
     parser.add_argument("--force", action="store_true", help="with --farm: map every frame, even those up to date")
+    parser.add_argument(
+        "--timeline", action="store_true", help="beside each depth clip, a timeline with the clip on V1 and its depth clip on V2 (.otio, .fcpxml)"
+    )
     levels = parser.add_argument_group("how the map looks (override the config's output section)")
     levels.add_argument("--refine", metavar="MODE", help="edges (depth edges follow the frame's) or none (plain upscale)")
     levels.add_argument("--near", metavar="LEVEL", help="the level shown white: a fraction 0..1 of the range, or a percentile like 80%%")
@@ -183,6 +186,8 @@ def main(args: argparse.Namespace) -> int:
     for key in ("refine", "near", "far", "gamma", "normalise"):
         if getattr(args, key) is not None:
             config = override(config, f"--{key}", "output", **{key: getattr(args, key)})
+    if args.timeline:
+        config = override(config, "--timeline", "output", timeline=True)
     check_combinations(config)
     sources = collect_inputs(args.inputs, config.output.template, config.output.clip_template)
     if not sources:

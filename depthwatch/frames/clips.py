@@ -36,10 +36,10 @@ import numpy as np
 
 from depthwatch.errors import DepthwatchError, FrameError, ModelChanged, OutputError, OwnOutput, Superseded
 from depthwatch.files import exchange, fsync_folder, rename_noreplace, write_all
-from depthwatch.frames import provenance
+from depthwatch.frames import provenance, timeline
 from depthwatch.frames.settings import Settings
 from depthwatch.frames.writer import is_temp_name, really_inside, remove_own_folder, temp_name_for
-from depthwatch.imaging import clipwrite, codec, normalise, render, stabilise, tensor, video
+from depthwatch.imaging import clipwrite, codec, normalise, render, sourcemeta, stabilise, tensor, video
 from depthwatch.logtext import shown
 from depthwatch.model.engine import BACKGROUND, Engine, Inference
 from depthwatch.model.spec import ModelInfo
@@ -224,6 +224,8 @@ def _make(
     kind = None if job.sequence else clipwrite.kind_for(job.output.suffix)
     if kind is None and not job.sequence:
         raise FrameError(f"cannot write a depth clip as {job.output.suffix!r}; use .mov, .mkv, .mp4 or an image sequence")
+    if settings.timeline:
+        timeline.check(job.sequence)
     stable = settings.normalise == normalise.STABLE
     with video.Clip(job.source) as clip:
         meta = clip.info
@@ -254,10 +256,10 @@ def _make(
             record = provenance.record_for(
                 job.source.name, st, model=info.spec.path.name, normalise=settings.normalise, invert=settings.render.levels.invert
             )
-            sink = _WriteBehind(lambda k, depth: _write_still(temp, job.output, k, depth, settings, record), gate)
+            sink = _WriteBehind(lambda k, depth: _write_still(temp, job.output, k, depth, settings, record, meta), gate)
         else:
             assert kind is not None
-            writer = clipwrite.ClipWriter(temp, kind, meta)
+            writer = clipwrite.ClipWriter(temp, kind, meta, sourcemeta.read(job.source, meta.rate))
             sink = _WriteBehind(lambda k, depth: writer.write(depth), gate)  # type: ignore[union-attr]
         bits = 16 if kind is not None else codec.bits_for(job.output.suffix, settings.png_bits)
         options = replace(settings.render, bits=bits)
@@ -282,6 +284,8 @@ def _make(
             writer = None
         check(0)  # a last look for a rewrite before the rename
         _rename_into_place(temp, job.final, job.output_roots, job.output.name if job.sequence else None, settings.swap_folders)
+        if settings.timeline:
+            timeline.write(job.source, job.final, meta, written, job.output_roots)
     except BaseException:
         if writer is not None:
             writer.abort()
@@ -290,16 +294,21 @@ def _make(
     return written, meta
 
 
-def _write_still(folder: Path, output: Path, k: int, depth: np.ndarray, settings: Settings, record: dict[str, object]) -> None:
-    """Frame k of an image sequence, into the sequence's temporary folder, on disk before the folder is swapped in."""
+def _write_still(
+    folder: Path, output: Path, k: int, depth: np.ndarray, settings: Settings, record: dict[str, object], meta: video.ClipInfo
+) -> None:
+    """Frame k of an image sequence (numbered from output.first_frame), into the sequence's temporary folder,
+    on disk before the folder is swapped in."""
     data = codec.encode(
-        depth, output.suffix, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression, exr_options=settings.exr
+        depth, output.suffix, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression, exr_options=settings.exr,
+        exr_frame=clipwrite.sequence_frame(meta, k),
     )
-    data = provenance.embed(data, {**record, "frame": k})
+    number = settings.first_frame + k
+    data = provenance.embed(data, {**record, "frame": number})
     try:
-        _write_new(folder / output.name.format(frame=k), data)
+        _write_new(folder / output.name.format(frame=number), data)
     except OSError as exc:
-        raise OutputError(f"cannot write frame {k} of {output.parent.name} in {output.parent.parent}: {exc.strerror or exc}") from None
+        raise OutputError(f"cannot write frame {number} of {output.parent.name} in {output.parent.parent}: {exc.strerror or exc}") from None
 
 
 def _write_new(path: Path, data: bytes) -> None:

@@ -32,6 +32,10 @@ class Settings:
     #: recursive watch: the file watcher (watchdog's inotify) cannot follow two folders trading
     #: names and stops; there three renames do it, and a start puts back a whole one a kill left.
     swap_folders: bool = True
+    #: output.first_frame: the number of a clip's first frame in an image sequence.
+    first_frame: int = 0
+    #: output.timeline: an .otio and an .fcpxml beside each depth clip.
+    timeline: bool = False
 
     @property
     def encoding(self) -> Encoding:
@@ -54,6 +58,8 @@ class Settings:
             sidecar=out.sidecar,
             max_file_bytes=int(config.daemon.max_file_mb * 2**20),
             normalise=out.normalise,
-            exr=ExrOptions(config.input.exr_colour, out.exr_half, out.exr_compression),
             swap_folders=not (watching and config.watch.recursive),
+            exr=ExrOptions(config.input.exr_colour, out.exr_half, out.exr_compression, out.exr_channels),
+            first_frame=out.first_frame,
+            timeline=out.timeline,
         )

@@ -6,8 +6,10 @@ By the output's extension:
   .mkv  FFV1, lossless 16-bit grey (for grading and compositing);
   .mp4  H.264, 8-bit 4:2:0: a preview, small and playable anywhere.
 Every one gets the source's frame rate as a fraction (24000/1001 stays exactly
-that), its size, its pixel aspect and its start timecode (a tmcd track in .mov
-and .mp4, a tag in .mkv). Frame k written is frame k shown: pts k at 1/rate.
+that), its size, its pixel aspect, its start timecode (a tmcd track in .mov
+and .mp4, a tag in .mkv) and its display matrix (`sourcemeta`). Frame k
+written is frame k shown: pts k at 1/rate, or, from a variable-rate source,
+the source frame's own time in the source's time base.
 
 The file is written under the name it is given (a temporary one: see
 `frames.clips`), so the container is named by `kind`, not by the extension.
@@ -25,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from depthwatch.errors import FrameError, OutputError
+from depthwatch.imaging.exr import FrameMeta
+from depthwatch.imaging.sourcemeta import SourceMeta
 from depthwatch.imaging.video import ClipInfo, require_av
 
 
@@ -116,11 +120,12 @@ class ClipWriter:
     (the caller removes the file). Either way the file is closed.
     """
 
-    def __init__(self, path: Path, kind: Kind, info: ClipInfo) -> None:
+    def __init__(self, path: Path, kind: Kind, info: ClipInfo, source: SourceMeta | None = None) -> None:
         av = require_av()
         self._av = av
         self.kind = kind
         self._info = info
+        self._source = source if source is not None and source.variable else None
         self._count = 0
         w, h = info.width, info.height
         if kind.pix_fmt in ("yuv422p10le", "yuv420p") and w % 2:
@@ -139,7 +144,7 @@ class ClipWriter:
         try:
             stream = self._container.add_stream(kind.codec, rate=info.rate, options=dict(kind.options))
             stream.width, stream.height, stream.pix_fmt = w, h, kind.pix_fmt
-            stream.time_base = Fraction(1) / info.rate
+            stream.time_base = self._source.time_base if self._source else Fraction(1) / info.rate
             stream.codec_context.time_base = stream.time_base
             stream.thread_type = "AUTO"
             if info.sar is not None:  # the codec's (ProRes, H.264 carry it) and the container's (Matroska's)
@@ -149,8 +154,12 @@ class ClipWriter:
                 except (AttributeError, TypeError):
                     pass
             _tag_colour(stream.codec_context, kind)
+            # FFV1 takes the pixel aspect from each frame (PyAV's frames cannot carry one): setsar gives it.
+            self._aspect = _aspect_filter(av, kind, w, h, info.sar) if kind.codec == "ffv1" and info.sar else None
             if info.timecode:
                 stream.metadata["timecode"] = info.timecode
+            if source is not None and source.display_matrix:
+                stream.set_display_matrix(source.display_matrix)
             # What tells a depth clip depthwatch made from any other file at its name (see `is_ours`).
             self._container.metadata["comment"] = MARK
             self._stream = stream
@@ -163,7 +172,14 @@ class ClipWriter:
     def write(self, depth: np.ndarray) -> None:
         """Append the next frame's map: uint16 (or uint8) [H, W] at the clip's size."""
         frame = self.frame_for(depth)
-        frame.pts = self._count
+        if self._aspect is not None:
+            self._aspect.push(frame)
+            frame = self._aspect.pull()
+        _tag_colour(frame, self.kind)  # prores_aw writes each frame's own tags into its frame header
+        if self._source is not None:
+            frame.pts, frame.duration = self._source.time_of(self._count)
+        else:
+            frame.pts = self._count
         frame.time_base = self._time_base
         self._count += 1
         try:
@@ -289,14 +305,76 @@ class _SyncedFile:
 
 
 def _tag_colour(ctx: Any, kind: Kind) -> None:
-    """Rec. 709, video range for the Y'CbCr kinds, as editors assume for HD: say so, not leave it to guess."""
-    if kind.pix_fmt.startswith("gray"):
-        return
-    for name, value in (("color_primaries", 1), ("color_trc", 1), ("colorspace", 1), ("color_range", 1)):
+    """Rec. 709 as editors assume for HD, video range for the Y'CbCr kinds and full range for grey: say so.
+
+    On the codec context (the container's tags: the `colr` atom, Matroska's
+    Colour) and on every frame: prores_aw writes each frame header's tags from
+    the frame, and FFmpeg-based readers believe the frame header.
+    """
+    full = kind.pix_fmt.startswith("gray")
+    for name, value in (("color_primaries", 1), ("color_trc", 1), ("colorspace", 1), ("color_range", 2 if full else 1)):
         try:
             setattr(ctx, name, value)
         except (AttributeError, TypeError, ValueError):
             pass
+
+
+def _aspect_filter(av: Any, kind: Kind, width: int, height: int, sar: Fraction) -> Any:
+    """A filter graph that only stamps `sar` on each frame passed through it."""
+    from av import filter as avfilter
+
+    graph = avfilter.Graph()
+    source = graph.add("buffer", f"video_size={width}x{height}:pix_fmt={kind.pix_fmt}:time_base=1/1:pixel_aspect={sar.numerator}/{sar.denominator}")
+    stamp = graph.add("setsar", f"sar={sar.numerator}/{sar.denominator}:max=1000000")
+    sink = graph.add("buffersink")
+    source.link_to(stamp)
+    stamp.link_to(sink)
+    graph.configure()
+    return graph
+
+
+# -- image sequences: each frame's own timecode -------------------------------------------
+
+
+def sequence_frame(info: ClipInfo, k: int) -> FrameMeta:
+    """Frame k of a clip's image sequence as its EXR says it: its own timecode, the clip's rate and pixel aspect."""
+    return FrameMeta(timecode_at(info.timecode, info.rate, k) if info.timecode else None, info.rate, info.sar)
+
+
+def timecode_frames(timecode: str, rate: Fraction) -> tuple[int, bool] | None:
+    """(frames since 00:00:00:00, drop-frame) for a timecode at `rate`; None if it is not one."""
+    fields = re.fullmatch(r"(\d\d):(\d\d):(\d\d)([:;.,])(\d\d)", timecode.strip())
+    if not fields:
+        return None
+    h, m, s, f = (int(fields.group(i)) for i in (1, 2, 3, 5))
+    fps = max(1, round(rate))
+    drop = fields.group(4) in ";," and fps % 30 == 0
+    skip = fps // 15 if drop else 0  # numbers skipped a minute: 2 at 29.97, 4 at 59.94
+    minutes = 60 * h + m
+    return (minutes * 60 + s) * fps + f - skip * (minutes - minutes // 10), drop
+
+
+def timecode_at(start: str, rate: Fraction, k: int) -> str | None:
+    """The timecode `k` frames after `start` (HH:MM:SS:FF; `;` before the frames for drop-frame).
+
+    Drop-frame (29.97 and 59.94) skips frame numbers 0 and 1 (0 to 3 at 59.94)
+    at the start of every minute but each tenth, as SMPTE 12M counts. None
+    when `start` is not a timecode.
+    """
+    counted = timecode_frames(start, rate)
+    if counted is None:
+        return None
+    n, drop = counted[0] + k, counted[1]
+    fps = max(1, round(rate))
+    skip = fps // 15 if drop else 0
+    if drop:
+        per_ten, per_minute = fps * 600 - skip * 9, fps * 60 - skip
+        tens, rest = divmod(n, per_ten)
+        n += skip * 9 * tens + (skip * ((rest - skip) // per_minute) if rest > skip else 0)
+    f, n = n % fps, n // fps
+    s, n = n % 60, n // 60
+    m, h = n % 60, (n // 60) % 24
+    return f"{h:02d}:{m:02d}:{s:02d}{';' if drop else ':'}{f:02d}"
 
 
 # -- output templates ----------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Image files to pixels and depth maps to image files: decode and encode, no I/O, no state.
 
-decode (bytes -> image: JPEG, PNG, TIFF, WebP, and EXR through `exr`) comes
+decode (bytes -> image: JPEG, PNG, TIFF, WebP, EXR through `exr`, and 10- and
+12-bit TIFF and DPX plates through `plates`) comes
 before the model; encode (map -> bytes) is the last step of the render chain
 (see `render`). None of it runs on the inference thread.
 
@@ -19,7 +20,7 @@ import numpy as np
 import simplejpeg
 
 from depthwatch.errors import FrameError
-from depthwatch.imaging import exr, formats
+from depthwatch.imaging import exr, formats, plates
 from depthwatch.imaging.formats import OUTPUT_FORMATS
 
 #: libjpeg's warnings that mean part of the picture was made up, not decoded (jerror.h). Others
@@ -54,6 +55,8 @@ class Decoded:
     not_finite: int = 0
     #: EXR: its data and display windows when they are not plain (the map's EXR gets the same).
     windows: exr.Windows | None = None
+    #: EXR: its timecode, rate and pixel aspect when it says them (the map's EXR says the same).
+    exr_frame: exr.FrameMeta | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ class ExrOptions:
     colour: str = "linear"
     half: bool = False
     compression: str = "zip"
+    #: Z and R, G, B (a picture every viewer shows), Z and Y, or Z alone: `exr.CHANNEL_SETS`.
+    channels: str = "z+rgb"
 
 
 def _reduction(header: formats.Header, min_size: tuple[int, int] | None) -> int:
@@ -112,6 +117,12 @@ def decode(
     _check_pixels(header.width, header.height, max_pixels)
     if checked_format is None and formats.is_complete(fmt, data[-16:], len(data), data[:16]) is False:
         raise FrameError(f"the {fmt.upper()} data is cut short (no end marker): the file is incomplete")
+    if fmt == formats.DPX:
+        if formats.is_complete_at(fmt, lambda o, n: data[o : o + n], len(data)) is False:
+            raise FrameError("the DPX data is cut short (less image data than its header lays out): the file is incomplete")
+        return Decoded(plates.decode(data, fmt), (header.width, header.height), fmt)
+    if fmt == formats.TIFF and formats.tiff_bits(data) in (10, 12, 14):  # OpenCV reads 8, 16 and 32
+        return Decoded(plates.decode(data, fmt), (header.width, header.height), fmt)
     if fmt == formats.TIFF and formats.tiff_sample_format(data) == 3:
         raise FrameError("the TIFF holds floating-point samples, an unsupported sample type; save it as 8- or 16-bit")
     factor = _reduction(header, min_size)
@@ -204,7 +215,7 @@ def _decode_exr(data: bytes, max_pixels: int, colour: str) -> Decoded:
     found = exr.layout(data)
     _check_pixels(found.width, found.height, max_pixels)
     picture = exr.decode(data, found, colour, max_pixels)
-    return Decoded(picture.image, (found.width, found.height), formats.EXR, picture.not_finite, picture.windows)
+    return Decoded(picture.image, (found.width, found.height), formats.EXR, picture.not_finite, picture.windows, picture.frame)
 
 
 def _cv_reason(exc: cv2.error) -> str:
@@ -220,18 +231,29 @@ def encode(
     png_compression: int = 1,
     exr_options: ExrOptions = ExrOptions(),
     exr_windows: exr.Windows | None = None,
+    exr_frame: exr.FrameMeta | None = None,
 ) -> bytes:
     """Encode a depth map for an output whose name ends in `ext`, at the depth the format holds.
 
     uint8, uint16 or float32 maps (float in [0, 1]); JPEG takes 8 bits, PNG up to
     16, TIFF keeps float32 as it is (no quantisation), EXR too (channel Z, float32
-    or half: `exr.encode`), with an EXR frame's data and display windows if given.
+    or half: `exr.encode`), with an EXR frame's data and display windows if given,
+    and a clip's frame's timecode, rate and pixel aspect (`exr_frame`).
     """
     kind = OUTPUT_FORMATS.get(ext.lower())
     if kind is None:
         raise FrameError(f"cannot write depth maps as {ext!r}; use .jpg, .png, .tif or .exr")
     if kind == ".exr":
-        return exr.encode(_as_float(depth), half=exr_options.half, compression=exr_options.compression, windows=exr_windows)
+        return exr.encode(
+            _as_float(depth),
+            half=exr_options.half,
+            compression=exr_options.compression,
+            windows=exr_windows,
+            channels=exr_options.channels,
+            frame=exr_frame,
+        )
+    if exr_windows is not None and not exr_windows.plain:
+        depth = on_display_window(depth, exr_windows)
     if kind == ".jpg":
         depth = _as_integer(depth, 8)
         params = [cv2.IMWRITE_JPEG_QUALITY, int(jpeg_quality)]
@@ -244,6 +266,23 @@ def encode(
     if not ok:
         raise FrameError(f"could not encode the depth map as {kind}")
     return buf.tobytes()
+
+
+def on_display_window(depth: np.ndarray, windows: exr.Windows) -> np.ndarray:
+    """A map of an EXR's data window, placed on its display window: what a PNG, TIFF or JPEG map must be.
+
+    Those formats have no windows, so the map is the picture the plate shows:
+    the display window's size, the data window at its offset, 0 outside it,
+    and overscan (data outside the display window) cut off. Then it sits on
+    the plate as the EXR map (which keeps the windows) does.
+    """
+    x0, y0, x1, y1 = windows.data
+    d0, e0, d1, e1 = windows.display
+    canvas = np.zeros((e1 - e0 + 1, d1 - d0 + 1), depth.dtype)
+    left, top, right, bottom = max(x0, d0), max(y0, e0), min(x1, d1), min(y1, e1)
+    if left <= right and top <= bottom:
+        canvas[top - e0 : bottom - e0 + 1, left - d0 : right - d0 + 1] = depth[top - y0 : bottom - y0 + 1, left - x0 : right - x0 + 1]
+    return canvas
 
 
 def _as_integer(depth: np.ndarray, most_bits: int) -> np.ndarray:

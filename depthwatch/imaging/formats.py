@@ -4,7 +4,7 @@ Two jobs need this before any pixel is decoded: refusing a decompression bomb
 (a small file that declares a huge image) and telling a completely written
 file from one still being written (JPEG ends with EOI, PNG with IEND, WebP
 declares its length, an EXR has every chunk its offset table lists: see
-`exrlayout`). On macOS there is no "file closed" event, so the end
+`exrlayout`; a DPX holds all the data its header lays out). On macOS there is no "file closed" event, so the end
 marker is how a dropped frame is accepted at once.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from depthwatch.imaging import exrlayout
 
-JPEG, PNG, TIFF, WEBP, EXR = "jpeg", "png", "tiff", "webp", "exr"
+JPEG, PNG, TIFF, WEBP, EXR, DPX = "jpeg", "png", "tiff", "webp", "exr", "dpx"
 
 #: File extensions and the format each one promises.
 EXTENSIONS = {
@@ -27,6 +27,7 @@ EXTENSIONS = {
     ".tiff": TIFF,
     ".webp": WEBP,
     ".exr": EXR,
+    ".dpx": DPX,
 }
 
 #: Depth map formats by output file extension (the value is OpenCV's encoder name; EXR is written
@@ -75,6 +76,8 @@ def sniff(data: bytes) -> str | None:
         return WEBP
     if data[:4] == exrlayout.MAGIC:
         return EXR
+    if data[:4] in _DPX_MAGIC:
+        return DPX
     return None
 
 
@@ -101,6 +104,9 @@ def is_complete_at(fmt: str, read: Callable[[int, int], bytes], size: int) -> bo
     """
     if fmt == EXR:
         return exrlayout.is_complete(read, size)
+    if fmt == DPX:
+        layout = dpx_layout(read(0, _DPX_HEADER))
+        return None if layout is None or layout.problem else size >= layout.end
     return is_complete(fmt, read(max(0, size - 16), 16), size, read(0, 16))
 
 
@@ -123,6 +129,9 @@ def read_header(data: bytes, fmt: str | None = None) -> Header | None:
         if fmt == EXR:
             layout = exrlayout.read_layout(lambda o, n: data[o : o + n], len(data))
             return Header(EXR, layout.width, layout.height)
+        if fmt == DPX:
+            dpx = dpx_layout(data[:_DPX_HEADER])
+            return None if dpx is None else Header(DPX, dpx.width, dpx.height, problem=dpx.problem)
     except exrlayout.Incomplete:
         return None
     except (struct.error, IndexError, ValueError):
@@ -218,6 +227,84 @@ def tiff_sample_format(data: bytes) -> int:
     except (struct.error, IndexError):
         pass
     return 1
+
+
+def tiff_bits(data: bytes) -> int:
+    """TIFF BitsPerSample (tag 258) of the first image's first sample (8 when absent, as the standard says)."""
+    try:
+        endian = "<" if data[:2] == b"II" else ">"
+        (offset,) = struct.unpack(endian + "I", data[4:8])
+        (count,) = struct.unpack(endian + "H", data[offset : offset + 2])
+        for i in range(min(count, 512)):
+            tag, kind, n, value = struct.unpack(endian + "HHII", data[offset + 2 + 12 * i : offset + 14 + 12 * i])
+            if tag == 258 and kind == 3:
+                at = offset + 2 + 12 * i + 8 if n <= 2 else value
+                return struct.unpack(endian + "H", data[at : at + 2])[0]
+    except (struct.error, IndexError):
+        pass
+    return 8
+
+
+# -- DPX (SMPTE 268M): the generic file header, then the first image element's -------------
+
+_DPX_MAGIC = (b"SDPX", b"XPDS")  # big- and little-endian
+_DPX_HEADER = 832
+#: Image element descriptors read, with their components: luma, RGB, RGBA.
+_DPX_COMPONENTS = {6: 1, 50: 3, 51: 4}
+_DPX_PACKING = {0: "packed", 1: "filled (method A)", 2: "filled (method B)"}
+_DPX_READ = "depthwatch reads 8-, 10- and 12-bit DPX filled by method A (what ffmpeg, ImageMagick, Nuke and Resolve write) and 16-bit"
+
+
+@dataclass(frozen=True)
+class DpxLayout:
+    """Where a DPX's first image lies and how it is packed; `problem` says why it is not read ("" if it is)."""
+
+    width: int
+    height: int
+    bits: int
+    packing: int
+    components: int
+    offset: int
+    #: Bytes of image data from `offset`: the file must hold at least `end` bytes.
+    data_bytes: int
+    problem: str = ""
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.data_bytes
+
+
+def dpx_layout(head: bytes) -> DpxLayout | None:
+    """The DPX's first image element, from the file's first 832 bytes; None if they are not a DPX header."""
+    if len(head) < _DPX_HEADER or head[:4] not in _DPX_MAGIC:
+        return None
+    e = ">" if head[:4] == b"SDPX" else "<"
+    (offset,) = struct.unpack(e + "I", head[4:8])
+    orientation, _, width, height = struct.unpack(e + "HHII", head[768:780])
+    (sign,) = struct.unpack(e + "I", head[780:784])
+    descriptor, bits = head[800], head[803]
+    packing, encoding, element_offset, eol = struct.unpack(e + "HHII", head[804:816])
+    offset = element_offset if element_offset not in (0, 0xFFFFFFFF) else offset
+    components = _DPX_COMPONENTS.get(descriptor, 0)
+    problem = ""
+    if not components:
+        problem = f"says its image is of descriptor {descriptor} (not luma, RGB or RGBA: 4:2:2 video or a component order); {_DPX_READ}, RGB(A) or luma"
+    elif encoding not in (0, 0xFFFF):
+        problem = f"says its image is run-length encoded; {_DPX_READ}, uncompressed"
+    elif sign not in (0, 0xFFFFFFFF):
+        problem = f"says its samples are signed; {_DPX_READ}, unsigned"
+    elif orientation not in (0, 0xFFFF):
+        problem = f"says its image is stored in orientation {orientation} (mirrored or turned); {_DPX_READ}, stored left to right, top to bottom"
+    elif eol not in (0, 0xFFFFFFFF):
+        problem = f"says its lines are padded ({eol} bytes); {_DPX_READ}, unpadded"
+    elif not (bits in (8, 16) and packing in (0, 1) or bits in (10, 12) and packing == 1):
+        problem = f"says {bits}-bit samples, {_DPX_PACKING.get(packing, f'packing {packing}')}; {_DPX_READ}"
+    samples = width * components
+    if bits == 10:
+        row = -(-samples // 3) * 4  # three 10-bit samples to a 32-bit word, 2 bits of padding
+    else:
+        row = -(-samples * (1 if bits == 8 else 2) // 4) * 4  # 12-bit samples each in 16 bits
+    return DpxLayout(width, height, bits, packing, components, offset, row * height, problem)
 
 
 def _webp_header(data: bytes) -> Header | None:

@@ -125,6 +125,7 @@ def depth_map(
         png_compression=encoding.png_compression,
         exr_options=encoding.exr,
         exr_windows=frame.windows,
+        exr_frame=frame.exr_frame,
     )
     if lap is not None:
         lap("encode")

@@ -1,0 +1,136 @@
+"""A timeline to open beside a depth clip: the source on V1, the depth clip on V2, same start and
+duration, as an OpenTimelineIO file (`.otio`) and a Final Cut Pro XML 1.9 file (`.fcpxml`).
+
+Laying a depth clip over its shot by hand is where a matte slips a frame.
+The `.otio` opens in anything OpenTimelineIO reads (Resolve 18.5+, Nuke
+Studio/Hiero, RV, and Premiere through its adapters); the `.fcpxml` in Final
+Cut Pro 10.4.9 and later (FCPXML 1.9: media by `media-rep`) and Resolve. Both
+start at the source's timecode, so the timeline reads the shot's own code.
+
+The `.otio` is written by OpenTimelineIO itself (the `timeline` extra,
+imported only when a timeline is asked for). FCPXML 1.9 is written here, to
+the DTD: the FCP X adapter for OpenTimelineIO writes version 1.8 (an asset's
+`src`, which 1.9 replaced) and rounds 23.976 to 23.
+
+Each file carries a mark, so a second run replaces its own timeline and
+never a file of the same name someone else made.
+"""
+
+from __future__ import annotations
+
+import functools
+import xml.etree.ElementTree as ET
+from fractions import Fraction
+from pathlib import Path
+from types import ModuleType
+
+from depthwatch.errors import FrameError
+from depthwatch.frames.writer import atomic_write
+from depthwatch.imaging.clipwrite import timecode_frames
+from depthwatch.imaging.video import ClipInfo
+
+#: In every timeline depthwatch writes (OTIO metadata, an FCPXML comment): its own to replace.
+MARK = "depthwatch depth clip timeline"
+INSTALL = "pip install 'depthwatch[timeline]'"
+SUFFIXES = (".otio", ".fcpxml")
+
+
+@functools.lru_cache(maxsize=1)
+def _otio() -> ModuleType:
+    try:
+        import opentimelineio
+    except ImportError:
+        raise FrameError(f"a timeline (--timeline, output.timeline) needs OpenTimelineIO, which is not installed; run: {INSTALL}") from None
+    return opentimelineio
+
+
+def check(sequence: bool) -> None:
+    """FrameError (one line) before any work when no timeline could be written for the job."""
+    if sequence:
+        raise FrameError("a timeline (--timeline, output.timeline) is made for a depth clip (.mov, .mkv, .mp4), not an image sequence")
+    _otio()
+
+
+def paths_for(depth: Path) -> tuple[Path, Path]:
+    return depth.with_suffix(".otio"), depth.with_suffix(".fcpxml")
+
+
+def write(source: Path, depth: Path, info: ClipInfo, frames: int, roots: tuple[Path, ...] = ()) -> tuple[Path, Path]:
+    """Write the `.otio` and `.fcpxml` beside `depth`; OutputError if a file at either name is not depthwatch's."""
+    start = 0
+    if info.timecode:
+        counted = timecode_frames(info.timecode, info.rate)
+        start = counted[0] if counted else 0
+    otio_path, fcpxml_path = paths_for(depth)
+    for path, data in ((otio_path, otio_json(source, depth, info, start, frames)), (fcpxml_path, fcpxml(source, depth, info, start, frames))):
+        atomic_write(path, data, roots, may_replace=_may_replace)
+    return otio_path, fcpxml_path
+
+
+def _may_replace(folder: int, name: str) -> str | None:
+    import os
+
+    try:
+        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0), dir_fd=folder)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return "is not a timeline depthwatch made; not replacing it"
+    try:
+        head = os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+    return None if MARK.encode() in head else "is not a timeline depthwatch made; not replacing it"
+
+
+def otio_json(source: Path, depth: Path, info: ClipInfo, start: int, frames: int) -> bytes:
+    otio = _otio()
+    rate = float(info.rate)
+    span = otio.opentime.TimeRange(otio.opentime.RationalTime(start, rate), otio.opentime.RationalTime(frames, rate))
+    timeline = otio.schema.Timeline(name=f"{source.stem} depth", global_start_time=otio.opentime.RationalTime(start, rate))
+    timeline.metadata["depthwatch"] = MARK
+    for name, path in (("V1", source), ("V2", depth)):
+        track = otio.schema.Track(name=name, kind=otio.schema.TrackKind.Video)
+        reference = otio.schema.ExternalReference(target_url=path.resolve().as_uri(), available_range=span)
+        track.append(otio.schema.Clip(name=path.name, media_reference=reference, source_range=span))
+        timeline.tracks.append(track)
+    # The mark near the top, where `_may_replace` looks for it.
+    return otio.adapters.write_to_string(timeline, "otio_json").encode()
+
+
+def _time(frames: int, rate: Fraction) -> str:
+    """A time as FCPXML writes one: rational seconds, a whole number of frames."""
+    seconds = Fraction(frames) / rate
+    return f"{seconds.numerator}s" if seconds.denominator == 1 else f"{seconds.numerator}/{seconds.denominator}s"
+
+
+def fcpxml(source: Path, depth: Path, info: ClipInfo, start: int, frames: int) -> bytes:
+    """FCPXML 1.9: one format, two assets, a project whose spine holds the source with the depth clip connected above."""
+    rate = info.rate
+    drop = bool(info.timecode) and ";" in (info.timecode or "")
+    root = ET.Element("fcpxml", version="1.9")
+    resources = ET.SubElement(root, "resources")
+    fmt = {"id": "r1", "frameDuration": _time(1, rate), "width": str(info.width), "height": str(info.height), "colorSpace": "1-1-1 (Rec. 709)"}
+    ET.SubElement(resources, "format", fmt)
+    at, length = _time(start, rate), _time(frames, rate)
+    for ref, path in (("r2", source), ("r3", depth)):
+        asset = ET.SubElement(
+            resources, "asset",
+            {"id": ref, "name": path.stem, "start": at, "duration": length, "hasVideo": "1", "format": "r1", "videoSources": "1"},
+        )
+        ET.SubElement(asset, "media-rep", {"kind": "original-media", "src": path.resolve().as_uri()})
+    library = ET.SubElement(root, "library")
+    event = ET.SubElement(library, "event", {"name": "depthwatch"})
+    project = ET.SubElement(event, "project", {"name": f"{source.stem} depth"})
+    tc = {"tcFormat": "DF" if drop else "NDF"}
+    sequence = ET.SubElement(project, "sequence", {"format": "r1", "duration": length, "tcStart": at, **tc})
+    spine = ET.SubElement(sequence, "spine")
+    clip = ET.SubElement(
+        spine, "asset-clip", {"ref": "r2", "name": source.stem, "offset": at, "start": at, "duration": length, "format": "r1", **tc}
+    )
+    ET.SubElement(
+        clip, "asset-clip", {"ref": "r3", "lane": "1", "name": depth.stem, "offset": at, "start": at, "duration": length, "format": "r1", **tc}
+    )
+    ET.indent(root)
+    body = ET.tostring(root, encoding="unicode")
+    return f'<?xml version="1.0" encoding="UTF-8"?>\n<!DOCTYPE fcpxml>\n<!-- {MARK} -->\n{body}\n'.encode()

@@ -1,0 +1,107 @@
+"""What a depth clip copies from its source beyond `video.ClipInfo`: each frame's own time, and
+the display matrix.
+
+Phone footage is variable-rate more often than not: frames last as long as
+the light or the phone's load made them. Written at a constant rate, the same
+frame count drifts against its source over the clip (a clip whose later frames
+last twice as long came out 2.36 s short). So a variable-rate source's frame
+times are read here, from the container's packets (demuxed, not decoded),
+and the depth clip is written with exactly those times and its source's time
+base. A constant-rate source (within one tick of its rate) keeps the plain
+frame k at k / rate.
+
+A phone also films on its side and says so in a display matrix (90 degrees,
+say): the pixels are stored turned, and players turn them back. The depth
+clip's pixels are stored as its source's are, so it carries the same matrix,
+or the matte would lie on its side over the shot.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+from depthwatch.imaging.video import require_av
+from depthwatch.logtext import shown
+
+log = logging.getLogger("depthwatch.clips")
+
+
+@dataclass(frozen=True)
+class SourceMeta:
+    """A source clip's frame times (variable-rate only) and display matrix."""
+
+    time_base: Fraction
+    #: Each frame's presentation time in `time_base`, from 0, in presentation order; empty when
+    #: the source is constant-rate (frame k at k / rate).
+    times: tuple[int, ...] = ()
+    #: How long the last frame lasts, in `time_base` (its packet's duration).
+    last_duration: int = 0
+    #: The 3x3 display matrix (FFmpeg's layout: 16.16 and 2.30 fixed point), or None.
+    display_matrix: tuple[int, ...] | None = None
+
+    @property
+    def variable(self) -> bool:
+        return bool(self.times)
+
+    def time_of(self, k: int) -> tuple[int, int]:
+        """Frame k's (presentation time, duration) in `time_base`; frames past the list go on at the last one's pace."""
+        times = self.times
+        last = self.last_duration or (times[-1] - times[-2] if len(times) > 1 else 1)
+        if k + 1 < len(times):
+            return times[k], times[k + 1] - times[k]
+        return times[-1] + (k - len(times) + 1) * last, last
+
+
+def read(path: Path, rate: Fraction) -> SourceMeta:
+    """The source's frame times (when it is variable-rate: said in the log) and display matrix."""
+    av = require_av()
+    try:
+        with av.open(str(path), "r", metadata_errors="ignore") as container:
+            stream = container.streams.video[0]
+            time_base = Fraction(stream.time_base)
+            matrix = _display_matrix(container, stream)
+        with av.open(str(path), "r", metadata_errors="ignore") as container:
+            stream = container.streams.video[0]
+            found: dict[int, int] = {}
+            untimed = False
+            for packet in container.demux(stream):
+                if getattr(packet, "is_discard", False) or packet.size == 0:
+                    continue  # hidden by an edit list, or the demuxer's flush
+                if packet.pts is None:
+                    untimed = True  # AVI's B-frames, raw streams: no frame times to keep
+                    continue
+                found[packet.pts] = int(packet.duration or 0)
+    except (av.FFmpegError, OSError, IndexError):
+        # A clip that cannot be read through: the mapping pass says where it is damaged.
+        return SourceMeta(Fraction(1) / rate if rate else Fraction(1, 1000))
+    pts = sorted(found)
+    times: tuple[int, ...] = ()
+    last = found[pts[-1]] if pts else 0
+    if len(pts) > 2 and rate and not untimed:
+        tick = 1 / (rate * time_base)  # one frame at the nominal rate, in ticks
+        steps = [b - a for a, b in zip(pts, pts[1:])]
+        if any(abs(step - tick) > 1 for step in steps):
+            times = tuple(p - pts[0] for p in pts)
+            shortest, longest = min(steps) * time_base * 1000, max(steps) * time_base * 1000
+            log.info(
+                "clip %s is variable-rate (frames last %.1f to %.1f ms): its depth clip keeps each frame's own time",
+                shown(path.name), shortest, longest,
+            )
+    return SourceMeta(time_base, times, last, matrix)
+
+
+def _display_matrix(container: object, stream: object) -> tuple[int, ...] | None:
+    """The display matrix FFmpeg attaches to the first decoded frame (from the stream's side data)."""
+    for frame in container.decode(stream):  # type: ignore[attr-defined]
+        for side in frame.side_data:
+            if "DISPLAYMATRIX" in str(side.type):
+                data = bytes(side)
+                if len(data) == 36:
+                    matrix = struct.unpack("=9i", data)
+                    return None if matrix == (65536, 0, 0, 0, 65536, 0, 0, 0, 1 << 30) else matrix
+        return None
+    return None

@@ -1,0 +1,303 @@
+"""Maps and depth clips as editors' and compositors' own tools read them: ffprobe, ffmpeg,
+ImageMagick, OpenEXR and OpenTimelineIO check what depthwatch wrote, never depthwatch itself.
+
+The sources are real photographs (scikit-image's) panned a few pixels a frame, and
+the maps come from the real FastDepth model through `depthwatch once`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+av = pytest.importorskip("av", reason="clips need the video extra: pip install -e '.[video]'")
+
+from benchmarks.clips import pan_clip_frames, write_clip  # noqa: E402
+from conftest import FASTDEPTH  # noqa: E402
+
+pytestmark = pytest.mark.timeout(240)
+
+SIZE = (160, 90)
+
+
+def _tool(name: str, package: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} is missing (Debian's {package} package; .ci/run installs it)")
+    return path
+
+
+def _imagemagick() -> str:
+    """ImageMagick's convert, not a stand-in that only prints PNGs."""
+    path = _tool("convert", "imagemagick")
+    done = subprocess.run([path, "-version"], capture_output=True, text=True)
+    if done.returncode != 0 or "ImageMagick" not in done.stdout:
+        pytest.skip("ImageMagick's convert is not installed (Debian's imagemagick package; .ci/run installs it)")
+    return path
+
+
+def ffprobe(path: Path, entries: str, *extra: str) -> dict[str, object]:
+    out = subprocess.run(
+        [_tool("ffprobe", "ffmpeg"), "-v", "error", "-select_streams", "v:0", "-show_entries", entries, *extra, "-of", "json", str(path)],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    return json.loads(out)
+
+
+def once(*args: str) -> subprocess.CompletedProcess[str]:
+    if not FASTDEPTH.is_file():
+        pytest.skip(f"the real model {FASTDEPTH} is not here")
+    done = subprocess.run(
+        [sys.executable, "-m", "depthwatch", "once", *args, "--model", str(FASTDEPTH), "--profile", "fastdepth-nyu"],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def prores(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ProRes source with a timecode and 128:117 pixels (NTSC DV's aspect)."""
+    source = tmp_path_factory.mktemp("interchange") / "B002_C007.mov"
+    write_clip(source, pan_clip_frames(SIZE, 12, step=8), codec="prores", timecode="01:00:10:00", sar=Fraction(128, 117))
+    return source
+
+
+# -- colour tags and aspect -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ext, codec, frame_range", [(".mov", "prores", "tv"), (".mkv", "ffv1", "pc")])
+def test_colour_tags_agree_in_container_and_frames_and_the_pixel_aspect_is_kept(
+    prores: Path, tmp_path: Path, ext: str, codec: str, frame_range: str
+) -> None:
+    out = tmp_path / f"depth{ext}"
+    once(str(prores), "-o", str(out))
+    colour = ("color_range", "color_space", "color_transfer", "color_primaries")
+    stream = ffprobe(out, "stream=codec_name," + ",".join(colour))["streams"][0]
+    frames = ffprobe(out, "frame=sample_aspect_ratio," + ",".join(colour), "-read_intervals", "%+#3")["frames"]
+    assert stream["codec_name"] == codec
+    want = {"color_range": frame_range, "color_space": "bt709", "color_transfer": "bt709", "color_primaries": "bt709"}
+    assert {k: stream.get(k) for k in colour} == want  # the colr atom / Matroska Colour
+    assert len(frames) == 3
+    for frame in frames:  # each frame's own header, which FFmpeg-based readers believe
+        assert {k: frame.get(k) for k in colour} == want
+        assert frame["sample_aspect_ratio"] == "128:117"
+
+
+# -- plates: 10- and 12-bit TIFF, 10-bit DPX ---------------------------------------------
+
+
+def _photograph() -> np.ndarray:
+    from skimage import data
+
+    return np.ascontiguousarray(cv2.resize(data.coffee(), (320, 213), interpolation=cv2.INTER_AREA)[:, :, ::-1])
+
+
+def _map(folder: Path, name: str) -> np.ndarray:
+    once(str(folder / name), "-o", str(folder / f"{name}.map.png"), "--normalise", "frame")
+    return cv2.imread(str(folder / f"{name}.map.png"), cv2.IMREAD_UNCHANGED).astype(np.float64)
+
+
+def test_ten_and_twelve_bit_plates_from_imagemagick_and_ffmpeg_map_as_the_8_bit_png_does(tmp_path: Path) -> None:
+    pytest.importorskip("OpenImageIO", reason="plates need the plates extra: pip install -e '.[plates]'")
+    convert, ffmpeg = _imagemagick(), _tool("ffmpeg", "ffmpeg")
+    cv2.imwrite(str(tmp_path / "plate.png"), _photograph())
+    subprocess.run([convert, str(tmp_path / "plate.png"), "-depth", "10", str(tmp_path / "im10.tif")], check=True)
+    subprocess.run([convert, str(tmp_path / "plate.png"), "-depth", "12", "-compress", "lzw", str(tmp_path / "im12.tif")], check=True)
+    subprocess.run([convert, str(tmp_path / "plate.png"), "-depth", "10", str(tmp_path / "im10.dpx")], check=True)
+    subprocess.run([ffmpeg, "-v", "error", "-i", str(tmp_path / "plate.png"), "-pix_fmt", "gbrp10le", str(tmp_path / "ff10.dpx")], check=True)
+    identify = shutil.which("identify")
+    if identify:  # the plates are what their names say, by ImageMagick's own reading
+        for name, bits in (("im10.tif", "10"), ("im12.tif", "12"), ("ff10.dpx", "10")):
+            assert subprocess.run([identify, "-format", "%z", str(tmp_path / name)], capture_output=True, text=True).stdout == bits
+    reference = _map(tmp_path, "plate.png")
+    for name in ("im10.tif", "im12.tif", "im10.dpx", "ff10.dpx"):
+        depth = _map(tmp_path, name)
+        assert depth.shape == reference.shape
+        assert np.corrcoef(depth.ravel(), reference.ravel())[0, 1] >= 0.98, name
+
+
+def test_dpx_layouts_not_read_get_one_line_and_a_plate_without_openimageio_says_what_to_install(tmp_path: Path) -> None:
+    ffmpeg = _tool("ffmpeg", "ffmpeg")
+    cv2.imwrite(str(tmp_path / "plate.png"), _photograph())
+    subprocess.run([ffmpeg, "-v", "error", "-i", str(tmp_path / "plate.png"), "-pix_fmt", "gbrp10le", str(tmp_path / "A.dpx")], check=True)
+    data = bytearray((tmp_path / "A.dpx").read_bytes())
+    assert data[:4] == b"XPDS" and data[803] == 10  # little-endian, 10-bit, as ffmpeg writes it
+    data[804:806] = (2).to_bytes(2, "little")  # filled by method B
+    (tmp_path / "B.dpx").write_bytes(bytes(data))
+    (tmp_path / "cut.dpx").write_bytes((tmp_path / "A.dpx").read_bytes()[:50_000])
+    code = (
+        "import sys; sys.modules['OpenImageIO'] = None; from depthwatch.cli import main; "
+        f"raise SystemExit(main(['once', 'A.dpx', 'B.dpx', 'cut.dpx', '--model', {str(FASTDEPTH)!r}, '--profile', 'fastdepth-nyu']))"
+    )
+    if not FASTDEPTH.is_file():
+        pytest.skip(f"the real model {FASTDEPTH} is not here")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    lines = [line for line in done.stderr.splitlines() if "dpx" in line]
+    assert done.returncode != 0
+    assert any("A.dpx" in line and "need OpenImageIO" in line and "pip install 'depthwatch[plates]'" in line for line in lines), lines
+    assert any("B.dpx" in line and "10-bit samples, filled (method B)" in line for line in lines), lines
+    assert any("cut.dpx" in line and "cut short" in line for line in lines), lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["A.dpx", "B.dpx", "cut.dpx", "plate.png"]
+
+
+# -- phone clips: rotation and variable frame rate ------------------------------------------
+
+
+def _phone_clip(path: Path, *, durations: list[int], time_base: Fraction, rotation: int = 0) -> None:
+    """An H.264 clip as a phone writes one: frame k lasts durations[k] ticks; a display matrix if turned."""
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=30, options={"bf": "2", "preset": "veryfast", "crf": "20"})
+        stream.width, stream.height, stream.pix_fmt = SIZE[0], SIZE[1], "yuv420p"
+        stream.time_base = stream.codec_context.time_base = time_base
+        if rotation:
+            stream.set_display_rotation(rotation)
+        pts = 0
+        for image, duration in zip(pan_clip_frames(SIZE, len(durations), step=6), durations):
+            frame = av.VideoFrame.from_ndarray(image, format="bgr24")
+            frame.pts, frame.duration, frame.time_base = pts, duration, time_base
+            container.mux(stream.encode(frame))
+            pts += duration
+        container.mux(stream.encode(None))
+
+
+def _frame_times(path: Path) -> list[float]:
+    frames = ffprobe(path, "frame=best_effort_timestamp_time")["frames"]
+    return [float(f["best_effort_timestamp_time"]) for f in frames]
+
+
+@pytest.mark.parametrize("ext", [".mov", ".mkv"])
+def test_a_variable_rate_clip_gets_a_depth_clip_with_its_frame_times_and_the_log_says_so(tmp_path: Path, ext: str) -> None:
+    source = tmp_path / "IMG_0042.mp4"
+    # 30 fps, then the phone slows to 15: the later frames last twice as long.
+    _phone_clip(source, durations=[512] * 12 + [1024] * 12, time_base=Fraction(1, 15360))
+    out = tmp_path / f"IMG_0042_depth{ext}"
+    done = once(str(source), "-o", str(out))
+    assert "IMG_0042.mp4 is variable-rate (frames last 33.3 to 66.7 ms)" in done.stderr
+    want, got = _frame_times(source), _frame_times(out)
+    assert len(got) == len(want) == 24
+    start = want[0]
+    assert max(abs((w - start) - g) for w, g in zip(want, got)) <= 0.001, (want, got)
+    assert got[-1] - got[0] == pytest.approx(12 / 30 + 11 / 15, abs=0.001)  # at a constant 30 fps: 23 / 30
+
+
+def test_a_constant_rate_clip_says_nothing_of_its_rate(tmp_path: Path) -> None:
+    source = tmp_path / "steady.mp4"
+    _phone_clip(source, durations=[512] * 12, time_base=Fraction(1, 15360))
+    done = once(str(source), "-o", str(tmp_path / "steady_depth.mov"))
+    assert "variable-rate" not in done.stderr
+    assert ffprobe(tmp_path / "steady_depth.mov", "stream=r_frame_rate")["streams"][0]["r_frame_rate"] == "30/1"
+
+
+@pytest.mark.parametrize("ext", [".mov", ".mp4"])
+def test_a_turned_phone_clip_gives_a_depth_clip_with_its_display_matrix(tmp_path: Path, ext: str) -> None:
+    source = tmp_path / f"turned{ext}"
+    _phone_clip(source, durations=[512] * 8, time_base=Fraction(1, 15360), rotation=90)
+    out = tmp_path / f"turned_depth{ext}"
+    once(str(source), "-o", str(out))
+
+    def side(path: Path) -> tuple[object, object]:
+        data = ffprobe(path, "stream_side_data=rotation,displaymatrix")["streams"][0].get("side_data_list", [])
+        matrix = [d for d in data if "rotation" in d]
+        return (matrix[0]["rotation"], matrix[0]["displaymatrix"]) if matrix else (None, None)
+
+    rotation, matrix = side(source)
+    assert rotation in (90, -90)  # what the phone said, as ffprobe reads it
+    assert side(out) == (rotation, matrix)
+
+
+# -- image sequences: the clip's metadata in every EXR, frame numbers --------------------------
+
+
+def test_an_exr_sequence_carries_each_frames_timecode_rate_and_pixel_aspect_and_starts_at_first_frame(tmp_path: Path) -> None:
+    import OpenEXR
+
+    source = tmp_path / "C003.mov"
+    write_clip(source, pan_clip_frames(SIZE, 6, step=8), codec="prores", rate=Fraction(30000, 1001), timecode="01:00:59;28", sar=Fraction(128, 117))
+    (tmp_path / "vfx.yaml").write_text("output:\n  first_frame: 1001\n")
+    once(str(source), "-o", str(tmp_path / "{stem}_depth/{stem}.{frame:04d}.exr"), "-c", str(tmp_path / "vfx.yaml"))
+    folder = tmp_path / "C003_depth"
+    names = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+    assert names == [f"C003.{n}.exr" for n in range(1001, 1007)]
+    codes = []
+    for name in names:
+        header = OpenEXR.File(str(folder / name)).header()
+        assert header["framesPerSecond"] == Fraction(30000, 1001)
+        assert header["pixelAspectRatio"] == pytest.approx(128 / 117)
+        code = header["timeCode"]
+        assert code.dropFrame
+        codes.append(f"{code.hours:02d}:{code.minutes:02d}:{code.seconds:02d};{code.frame:02d}")
+    # Drop-frame: 01:01:00;00 and ;01 do not exist.
+    assert codes == ["01:00:59;28", "01:00:59;29", "01:01:00;02", "01:01:00;03", "01:01:00;04", "01:01:00;05"]
+    exrheader = shutil.which("exrheader")
+    if exrheader:  # OpenEXR's own tool reads the same
+        text = subprocess.run([exrheader, str(folder / names[2])], capture_output=True, text=True, check=True).stdout
+        assert "time 01:01:00:02" in text and "drop frame 1" in text and "24000/1001" not in text and "30000/1001" in text
+
+
+def test_a_clips_sequence_is_numbered_from_0_by_default(tmp_path: Path) -> None:
+    source = tmp_path / "short.mov"
+    write_clip(source, pan_clip_frames(SIZE, 3, step=8), codec="prores")
+    once(str(source), "-o", str(tmp_path / "{stem}_depth/{frame:04d}.png"))
+    assert sorted(p.name for p in (tmp_path / "short_depth").iterdir() if not p.name.startswith(".")) == ["0000.png", "0001.png", "0002.png"]
+
+
+# -- a timeline to open ----------------------------------------------------------------------
+
+
+def test_once_timeline_writes_an_otio_and_an_fcpxml_with_the_clip_on_v1_and_its_depth_clip_on_v2(prores: Path, tmp_path: Path) -> None:
+    import xml.etree.ElementTree as ET
+
+    otio = pytest.importorskip("opentimelineio", reason="timelines need the timeline extra: pip install -e '.[timeline]'")
+    pytest.importorskip("otio_fcpx_xml_adapter", reason="the .fcpxml is read back with OpenTimelineIO's FCP X adapter (the test extra)")
+    source = tmp_path / prores.name
+    shutil.copy(prores, source)
+    once(str(source), "--timeline")
+    depth = tmp_path / "B002_C007_depth.mov"
+    assert depth.is_file()
+    start = otio.opentime.from_timecode("01:00:10:00", 24000 / 1001)
+
+    timeline = otio.adapters.read_from_file(str(tmp_path / "B002_C007_depth.otio"))
+    tracks = list(timeline.video_tracks())
+    assert [len(t) for t in tracks] == [1, 1]
+    clips = [t[0] for t in tracks]
+    assert [c.media_reference.target_url for c in clips] == [source.resolve().as_uri(), depth.resolve().as_uri()]
+    for clip in clips:
+        assert clip.source_range.start_time.to_frames() == start.to_frames()
+        assert clip.source_range.duration.to_frames() == 12
+        assert clip.range_in_parent().start_time.to_frames() == 0
+    assert timeline.global_start_time.to_frames() == start.to_frames()
+
+    fcpxml = tmp_path / "B002_C007_depth.fcpxml"
+    root = ET.parse(fcpxml).getroot()
+    assert root.get("version") == "1.9"
+    sources = [m.get("src") for m in root.iter("media-rep")]
+    assert sources == [source.resolve().as_uri(), depth.resolve().as_uri()]
+    read = otio.adapters.read_from_file(str(fcpxml), adapter_name="fcpx_xml")  # the FCP X adapter's own reading
+    project = next(iter(read.find_children(descended_from_type=otio.schema.Timeline)))
+    tracks = list(project.video_tracks())
+    assert len(tracks) == 2
+    placed = [[c for c in t if isinstance(c, otio.schema.Clip)] for t in tracks]
+    assert [[c.name for c in p] for p in placed] == [["B002_C007"], ["B002_C007_depth"]]
+    (a,), (b,) = placed
+    assert a.range_in_parent() == b.range_in_parent() and a.source_range == b.source_range
+
+    # A second run replaces its own timeline; a file of that name someone else made stays.
+    once(str(source), "--timeline")
+    fcpxml.write_text("<fcpxml version='1.10'><!-- the editor's own --></fcpxml>")
+    done = subprocess.run(
+        [sys.executable, "-m", "depthwatch", "once", str(source), "--timeline", "--model", str(FASTDEPTH), "--profile", "fastdepth-nyu"],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert done.returncode != 0
+    assert "B002_C007_depth.fcpxml" in done.stderr and "is not a timeline depthwatch made; not replacing it" in done.stderr
+    assert "the editor's own" in fcpxml.read_text()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
