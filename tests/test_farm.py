@@ -92,7 +92,7 @@ class Farm:
         config = {
             # One engine everywhere, so local once and every worker compute the same maps
             # (`auto` may measure OpenVINO faster in one process and CPU in another).
-            "model": {"path": str(self.model), "profile": "midas-v21-small", "providers": ["cpu"]},
+            "model": {"path": str(self.model), "profile": "midas-v21-small", "providers": ["cpu"], "precision": "fp32"},
             "daemon": {"workers": 2},
             "farm": {"frames_per_task": 4, **farm},
         }
