@@ -213,36 +213,30 @@ def _tiff_header(data: bytes) -> Header | None:
     return Header(TIFF, max(widths), max(heights), problem=problem)
 
 
-def tiff_sample_format(data: bytes) -> int:
-    """TIFF SampleFormat (tag 339) of the first image: 1 unsigned, 2 signed, 3 floating point."""
+def _tiff_first_short(data: bytes, wanted: int, default: int) -> int:
+    """The first value of a SHORT-per-sample tag of the first image (inline if it fits in 4 bytes), or `default`."""
     try:
         endian = "<" if data[:2] == b"II" else ">"
         (offset,) = struct.unpack(endian + "I", data[4:8])
         (count,) = struct.unpack(endian + "H", data[offset : offset + 2])
         for i in range(min(count, 512)):
             tag, kind, n, value = struct.unpack(endian + "HHII", data[offset + 2 + 12 * i : offset + 14 + 12 * i])
-            if tag == 339 and kind == 3:  # SHORT, one per sample: inline if it fits in 4 bytes
+            if tag == wanted and kind == 3:
                 at = offset + 2 + 12 * i + 8 if n <= 2 else value
                 return struct.unpack(endian + "H", data[at : at + 2])[0]
     except (struct.error, IndexError):
         pass
-    return 1
+    return default
+
+
+def tiff_sample_format(data: bytes) -> int:
+    """TIFF SampleFormat (tag 339) of the first image: 1 unsigned, 2 signed, 3 floating point."""
+    return _tiff_first_short(data, 339, 1)
 
 
 def tiff_bits(data: bytes) -> int:
     """TIFF BitsPerSample (tag 258) of the first image's first sample (8 when absent, as the standard says)."""
-    try:
-        endian = "<" if data[:2] == b"II" else ">"
-        (offset,) = struct.unpack(endian + "I", data[4:8])
-        (count,) = struct.unpack(endian + "H", data[offset : offset + 2])
-        for i in range(min(count, 512)):
-            tag, kind, n, value = struct.unpack(endian + "HHII", data[offset + 2 + 12 * i : offset + 14 + 12 * i])
-            if tag == 258 and kind == 3:
-                at = offset + 2 + 12 * i + 8 if n <= 2 else value
-                return struct.unpack(endian + "H", data[at : at + 2])[0]
-    except (struct.error, IndexError):
-        pass
-    return 8
+    return _tiff_first_short(data, 258, 8)
 
 
 # -- DPX (SMPTE 268M): the generic file header, then the first image element's -------------
