@@ -127,32 +127,8 @@ def _owner(key: str) -> str | None:
     return first.decode() if first.isdigit() else None
 
 
-def _readers(key: str) -> list[str]:
-    """The pids holding a shared lock on `key`'s lock file (from /proc/locks: Linux only)."""
-    try:
-        st = os.stat(lock_path(key))
-        with open("/proc/locks", encoding="ascii", errors="replace") as f:
-            lines = f.read().splitlines()
-    except (OSError, DepthwatchError):
-        return []
-    where = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
-    pids = set()
-    for line in lines:
-        fields = line.split()  # "1: FLOCK ADVISORY READ 1234 08:01:5678 0 EOF"; a waiter has "->"
-        if len(fields) < 6 or fields[1] != "FLOCK" or fields[3] != "READ":
-            continue
-        try:
-            major, minor, ino = fields[5].split(":")
-            found = (int(major, 16), int(minor, 16), int(ino))
-        except ValueError:
-            continue
-        if found == where and fields[4] != str(os.getpid()):
-            pids.add(fields[4])
-    return sorted(pids, key=int)
-
-
-def _flocks_on(path: Path) -> int | None:
-    """How many flocks are held on `path` now, ours included (from /proc/locks); None: unknown (not Linux)."""
+def _flocks(path: Path) -> list[tuple[str, str]] | None:
+    """(READ or WRITE, pid) of each flock held on `path` now, ours included, from /proc/locks; None off Linux."""
     try:
         st = os.stat(path)
         with open("/proc/locks", encoding="ascii", errors="replace") as f:
@@ -160,9 +136,9 @@ def _flocks_on(path: Path) -> int | None:
     except OSError:
         return None
     where = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
-    count = 0
+    held = []
     for line in lines:
-        fields = line.split()  # "1: FLOCK ADVISORY READ 1234 08:01:5678 0 EOF"; a waiter has "->" for FLOCK
+        fields = line.split()  # "1: FLOCK ADVISORY READ 1234 08:01:5678 0 EOF"; a waiter has "->"
         if len(fields) < 6 or fields[1] != "FLOCK":
             continue
         try:
@@ -170,8 +146,24 @@ def _flocks_on(path: Path) -> int | None:
             found = (int(major, 16), int(minor, 16), int(ino))
         except ValueError:
             continue
-        count += found == where
-    return count or None  # not even ours found: the device is named otherwise there, so unknown
+        if found == where:
+            held.append((fields[3], fields[4]))
+    return held
+
+
+def _readers(key: str) -> list[str]:
+    """The pids holding a shared lock on `key`'s lock file (from /proc/locks: Linux only)."""
+    try:
+        held = _flocks(lock_path(key)) or []
+    except DepthwatchError:
+        return []
+    return sorted({pid for kind, pid in held if kind == "READ" and pid != str(os.getpid())}, key=int)
+
+
+def _flocks_on(path: Path) -> int | None:
+    """How many flocks are held on `path` now, ours included (from /proc/locks); None: unknown (not Linux)."""
+    held = _flocks(path)
+    return len(held) if held else None  # not even ours found: the device is named otherwise there, so unknown
 
 
 class LockLost(AlreadyRunning):
