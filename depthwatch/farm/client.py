@@ -225,7 +225,7 @@ def _second_pass(
         return
     kind = first[3]
     results = ((i, summary, prediction) for i, summary, prediction, _kind in itertools.chain([first], source))
-    for i, nearness, start in stabilise.stabilised(results, kind, config.output.clip_percent):
+    for i, nearness, start in stabilise.stabilised(results, kind, config.output.range_percentile):
         if planned is not None:
             if start:
                 planned.append([])

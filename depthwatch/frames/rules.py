@@ -16,13 +16,13 @@ import string
 from collections.abc import Iterable
 from pathlib import Path
 
-from depthwatch.config import OutputConfig, WatchConfig, map_format_problem
+from depthwatch.config import OutputConfig, WatchConfig
 from depthwatch.errors import ConfigError, FrameError
 from depthwatch.frames import provenance
 from depthwatch.frames.job import Job, Signature
 from depthwatch.frames.writer import is_temp_name
 from depthwatch.imaging import clipwrite, video
-from depthwatch.imaging.formats import EXTENSIONS
+from depthwatch.imaging.formats import EXTENSIONS, map_format_problem
 from depthwatch.logtext import shown
 
 _SIDECAR_SUFFIXES = (".json",)

@@ -47,7 +47,7 @@ class Settings:
         out = config.output
         return cls(
             render=RenderOptions(
-                clip_percent=out.clip_percent,
+                clip_percent=out.range_percentile,
                 refine=out.refine,
                 levels=Levels(parse_level(out.near), parse_level(out.far), out.gamma, out.invert),
             ),

@@ -6,6 +6,10 @@ file from one still being written (JPEG ends with EOI, PNG with IEND, WebP
 declares its length, an EXR has every chunk its offset table lists: see
 `exrlayout`; a DPX holds all the data its header lays out). On macOS there is no "file closed" event, so the end
 marker is how a dropped frame is accepted at once.
+
+Which extensions a depth map can be written as (`OUTPUT_FORMATS`) lives here
+too, with the rule the config and each frame's job apply to a template that
+takes the frame's own extension (`map_format_problem`).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from depthwatch.imaging import exrlayout
 
@@ -34,6 +39,32 @@ EXTENSIONS = {
 #: by the OpenEXR package): JPEG is 8-bit only, PNG up to 16, TIFF 8, 16 or 32-bit float, EXR
 #: float32 or half in channel Z.
 OUTPUT_FORMATS = {".jpg": ".jpg", ".jpeg": ".jpg", ".png": ".png", ".tif": ".tiff", ".tiff": ".tiff", ".exr": ".exr"}
+
+def map_format_problem(template: str, frame_ext: str, png_bits: int, frame: str = "the frame") -> str | None:
+    """Why the map `template` names for a frame ending in `frame_ext` cannot be written as configured.
+
+    None when it can. Matters for templates that take the frame's own extension
+    (`{ext}`, `{name}`): a WebP frame would get a .webp map, which no encoder
+    here writes, and a PNG frame a PNG map, which cannot hold png_bits 32.
+    `frame` names the frame in the message ("a *.webp frame", "the frame").
+    """
+    if "{ext}" not in template and "{name}" not in template:
+        return None  # a fixed extension, checked as the template is read
+    ext = frame_ext.lower()
+    suffix = Path(template.format(stem="frame", name=f"frame{ext}", ext=ext.lstrip("."))).suffix.lower()
+    if suffix not in OUTPUT_FORMATS:
+        return (
+            f"output.template {template!r} names the map after {frame}'s extension, and depth maps cannot be "
+            f"written as {suffix or 'a file without one'}; give the template its own: .jpg, .png, .tif or .exr "
+            "(e.g. '{stem}_depth.png')"
+        )
+    if png_bits == 32 and OUTPUT_FORMATS[suffix] == ".png":
+        return (
+            f"output.png_bits 32 (float) needs .tif or .exr maps, and output.template {template!r} makes {frame}'s "
+            "map a PNG, which holds at most 16 bits; use a .tif or .exr template, or png_bits 16"
+        )
+    return None
+
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_IEND = b"\x00\x00\x00\x00IEND\xaeB`\x82"

@@ -1,0 +1,152 @@
+"""Reading a config: YAML text to a checked Config, every mistake named by file, line and column.
+
+People edit the file by hand, often while the daemon runs, so every mistake is
+reported as `file:line:column: what is wrong; what to do`: the YAML is read
+as nodes (safe loader only, so nothing but plain YAML), each key keeps its
+node for its place, a key set twice is refused (YAML would keep the last one
+silently), unknown keys get a "did you mean", and each value goes through its
+setting's check (`checks`). A setting under its old name (`sections.RENAMED`)
+is read as the new one, with one warning that says what to write instead.
+Command-line overrides (`override`) go through the same checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Callable, Collection, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from depthwatch.config.checks import did_you_mean, show
+from depthwatch.config.combinations import check_combinations
+from depthwatch.config.sections import RENAMED, SECTIONS, Config, defaults
+from depthwatch.errors import ConfigError
+
+log = logging.getLogger("depthwatch.config")
+
+
+def load(path: Path | None) -> Config:
+    """Load and check a config file (None: the built-in defaults); ConfigError if unusable."""
+    if path is None:
+        return defaults()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the config: {exc}") from None
+    return parse(text, path)
+
+
+def parse(text: str, path: Path) -> Config:
+    """Check YAML text as a config from `path`; every error names file, line and column."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = " ".join((exc.problem or exc.context or "invalid YAML").split())
+        raise ConfigError(f"{where}: not valid YAML: {problem}; fix the indentation, quoting or tags there") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: YAML error: {exc}") from None
+    finally:
+        loader.dispose()
+    if data is None:
+        data, node = {}, None
+    base = Path(os.path.realpath(path)).parent
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{_where(path, node)}: the config must be a mapping of sections ({', '.join(SECTIONS)})")
+    sections: dict[str, Any] = {}
+    renamed: list[str] = []
+
+    def unknown_section(key: Any) -> str:
+        return f"unknown section {key!r}{did_you_mean(key, SECTIONS)}; sections are {', '.join(SECTIONS)}"
+
+    for key, _, value, value_node in _items(data, node, path, SECTIONS, unknown_section):
+        sections[key] = _section(SECTIONS[key], key, value, value_node, path, base, renamed)
+    config = Config(**sections, source=path)
+    # The default folder (tmp) is relative too: to the file, like every other path in it.
+    config = config.replace("watch", folders=tuple(Path(os.path.abspath(base / f)) for f in config.watch.folders))
+    check_combinations(config, _where(path, node))
+    for line in renamed:  # only for a config that is used: an error stays the one line it is
+        log.warning("%s", line)
+    return config
+
+
+def _where(path: Path, node: yaml.Node | None) -> str:
+    if node is None:
+        return f"{path}:1:1"
+    return f"{path}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
+
+
+def _items(
+    data: Mapping[Any, Any], node: yaml.Node | None, path: Path, known: Collection[str], unknown: Callable[[Any], str]
+) -> Iterator[tuple[Any, Any, Any, Any]]:
+    """(key, key node, value, value node) for each entry of a mapping, in the file's order.
+
+    A key set twice is refused before any entry is given; a key not in `known`
+    is refused as it comes, with `unknown(key)`: what it is and what to do.
+    """
+    pairs = node.value if isinstance(node, yaml.MappingNode) else []
+    nodes = {}
+    for key_node, value_node in pairs:
+        if key_node.value in nodes:
+            raise ConfigError(
+                f"{_where(path, key_node)}: {key_node.value!r} is set twice; YAML would silently keep the last one, so remove one"
+            )
+        nodes[key_node.value] = (key_node, value_node)
+    for key, value in data.items():
+        key_node, value_node = nodes.get(str(key), (node, node))
+        if key not in known:
+            raise ConfigError(f"{_where(path, key_node)}: {unknown(key)}")
+        yield key, key_node, value, value_node
+
+
+def _section(cls: type, name: str, data: Any, node: yaml.Node, path: Path, base: Path, renamed: list[str]) -> Any:
+    """One section's settings, checked; a setting under its old name is added to `renamed` as its warning."""
+    if data is None:
+        return cls()
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{_where(path, node)}: section {name!r} must be a mapping of settings, not {show(data)}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    old_names = RENAMED.get(name, {})
+
+    def unknown_setting(key: Any) -> str:
+        return f"unknown setting {name}.{key}{did_you_mean(str(key), fields)}; see config.yaml for the settings of {name!r}"
+
+    values: dict[str, Any] = {}
+    for key, key_node, value, value_node in _items(data, node, path, {*fields, *old_names}, unknown_setting):
+        setting = old_names.get(key, key)
+        if setting != key:
+            if setting in data:
+                raise ConfigError(
+                    f"{_where(path, key_node)}: {name}.{key} is the old name of {name}.{setting}, which is set too; remove {key}"
+                )
+            renamed.append(
+                f"{_where(path, key_node)}: {name}.{key} is now called {name}.{setting}; "
+                f"write {setting} instead (the old name still works, for now)"
+            )
+        values[setting] = _checked(fields[setting], value, base, f"{_where(path, value_node)}: {name}.{key}")
+    return cls(**values)
+
+
+def _checked(setting: dataclasses.Field[Any], value: Any, base: Path, what: str) -> Any:
+    """`value` through the setting's check; ConfigError "`what` <why>" if it fails."""
+    try:
+        return setting.metadata["check"](value, base)
+    except ValueError as exc:
+        raise ConfigError(f"{what} {exc}") from None
+
+
+def override(config: Config, flag: str, section: str, base: Path | None = None, **raw: Any) -> Config:
+    """A copy with settings given on the command line (`--flag`), checked exactly as the file's are.
+
+    Relative paths are taken from `base` (the shell's folder), not the config file's.
+    """
+    fields = {f.name: f for f in dataclasses.fields(SECTIONS[section])}
+    values = {key: _checked(fields[key], value, base or Path.cwd(), f"{flag}: {section}.{key}") for key, value in raw.items()}
+    return config.replace(section, **values)
