@@ -104,13 +104,13 @@ def machine(applied: Sequence[str]) -> dict[str, Any]:
     import cv2
     import onnxruntime
 
-    from depthwatch.model import choice, providers
+    from depthwatch.model import hardware, providers
 
     return {
         "cores": scenarios.cores(),
         "cpu": _cpu_name(),
         # The ISA features that change which engine and precision win (every figure here ran with them).
-        "cpu_features": list(choice.cpu_features()),
+        "cpu_features": list(hardware.cpu_features()),
         "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
         "python": platform.python_version(),
         "onnxruntime": onnxruntime.__version__,

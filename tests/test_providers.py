@@ -26,7 +26,7 @@ import onnxruntime
 import pytest
 from onnx_models import brightness_model
 
-from depthwatch.model import caches, choice, providers
+from depthwatch.model import caches, gauges, providers
 from depthwatch.model.engine import Engine
 from depthwatch.model.profiles import PROFILES
 from depthwatch.model.spec import ModelSpec
@@ -182,7 +182,7 @@ def test_a_model_changed_under_the_same_name_gets_a_new_cache_key_and_the_old_en
     assert first.compiled is not None and not first.compiled.existed
     assert first.compiled.path.parent == cache_home / "coreml"
     _, again = load(model, machine, ("coreml",))
-    assert again.compiled == caches.Entry(first.compiled.path, existed=True)  # from the cache
+    assert again.compiled == caches.CompiledFolder(first.compiled.path, existed=True)  # from the cache
 
     brightness_model(model, scale=5.0)  # fetched anew under the same name
     _, changed = load(model, machine, ("coreml",))
@@ -234,7 +234,7 @@ def test_node_counts_read_the_provider_of_each_node_from_a_real_trace(tmp_path):
     session = onnxruntime.InferenceSession(str(model), sess_options=options, providers=[CPU])
     for _ in range(3):  # each node counted once, however many runs the profile holds
         session.run(None, {"image": np.zeros((1, 3, 32, 32), np.float32)})
-    counts = choice.node_counts(session.end_profiling())
+    counts = gauges.node_counts(session.end_profiling())
     assert counts == {CPU: len(onnx.load(str(model)).graph.node)} == {CPU: 2}  # ReduceMean, Mul
 
 

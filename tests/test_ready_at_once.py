@@ -32,7 +32,7 @@ from test_providers import CPU, CPU_DELAY, CUDA, FAST, SLOW, COREML, Machine, St
 from depthwatch.config import parse
 from depthwatch.daemon.lifecycle import Daemon
 from depthwatch.errors import EX_SOFTWARE, BadPrediction, ModelChanged
-from depthwatch.model import caches, choice, providers, quantize
+from depthwatch.model import caches, choice, gauges, hardware, providers, quantize
 from depthwatch.model.engine import Engine
 from depthwatch.model.profiles import PROFILES
 from depthwatch.model.spec import ModelSpec
@@ -308,19 +308,19 @@ def _with_flags(cpuinfo: str, add: set[str], remove: set[str]) -> str:
 def test_the_decision_key_changes_with_the_cpus_features(tmp_path, cache_home):
     """Whatever this CPU has: the same machine with AVX-512 BF16 taken away or added is another key."""
     text = _cpuinfo()
-    has = "avx512_bf16" in choice.cpu_features(text)
+    has = "avx512_bf16" in hardware.cpu_features(text)
     other = _with_flags(text, set() if has else {"avx512_bf16"}, {"avx512_bf16"} if has else set())
-    assert choice.machine(text) == choice.machine()
-    assert choice.machine(other) != choice.machine(text)
-    assert choice.machine(_with_flags(text, {"sse3_made_up_flag"}, set())) == choice.machine(text)  # not one that matters
-    assert f"{os.cpu_count()} cores" in choice.machine(text)
+    assert hardware.machine(text) == hardware.machine()
+    assert hardware.machine(other) != hardware.machine(text)
+    assert hardware.machine(_with_flags(text, {"sse3_made_up_flag"}, set())) == hardware.machine(text)  # not one that matters
+    assert f"{os.cpu_count()} cores" in hardware.machine(text)
 
     # A decision measured on the other CPU is not taken here: this start measures for itself.
     model = brightness_model(tmp_path / "m.onnx")
     machine = Machine({CUDA: FAST, CPU: CPU_DELAY})
     digest = caches.model_digest(model, cache_home)
     versions = providers.runtimes_version(machine.available())
-    foreign = choice.decision_key(digest, versions, machine.available(), "auto").replace(choice.machine(), choice.machine(other))
+    foreign = choice.decision_key(digest, versions, machine.available(), "auto").replace(hardware.machine(), hardware.machine(other))
     assert foreign != choice.decision_key(digest, versions, machine.available(), "auto")
     cache_home.mkdir(parents=True, exist_ok=True)
     (cache_home / "providers.json").write_text(json.dumps({foreign: {"provider": CPU, "precision": "fp32", "at": time.time()}}))
@@ -354,12 +354,12 @@ def test_a_choice_measured_on_a_busy_machine_serves_and_is_measured_again(tmp_pa
 def test_other_processes_keeping_the_cpus_busy_are_seen():
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
     try:
-        load = choice.CpuLoad()
+        load = gauges.CpuLoad()
         wait_for(lambda: all(p.poll() is None for p in burners), what="the burners")
         load.begin()
         time.sleep(1.0)
         others = load.others()
-        assert others is not None and others > choice.BUSY_CORES, others
+        assert others is not None and others > gauges.BUSY_CORES, others
     finally:
         for p in burners:
             p.kill()

@@ -11,7 +11,7 @@ import numpy as np
 
 from depthwatch.commands.common import add_config_arguments, config_from_args
 from depthwatch.model import providers as ep
-from depthwatch.model.choice import Trial
+from depthwatch.model.trials import Trial
 from depthwatch.model.spec import ModelInfo
 
 HELP = "check the config and the model: load it, show its providers and I/O, run one synthetic frame"

@@ -91,14 +91,14 @@ def cache_key(digest: str, runtime_version: str, options: dict[str, Any]) -> str
 
 
 @dataclass(frozen=True)
-class Entry:
+class CompiledFolder:
     """One compiled model's folder, and whether it held a compiled model before this load."""
 
     path: Path
     existed: bool
 
 
-def open_entry(root: Path, model: Path, digest: str, runtime_version: str, options: dict[str, Any]) -> Entry:
+def open_entry(root: Path, model: Path, digest: str, runtime_version: str, options: dict[str, Any]) -> CompiledFolder:
     """The folder to hand onnxruntime as its model cache; prunes stale entries first.
 
     Stale: an entry for the same model path under another key (the model
@@ -115,7 +115,7 @@ def open_entry(root: Path, model: Path, digest: str, runtime_version: str, optio
         {"model": str(model), "sha256": digest, "onnxruntime": runtime_version, "options": options, "used": time.time()},
     )
     prune(root, keep=key)
-    return Entry(entry, existed)
+    return CompiledFolder(entry, existed)
 
 
 def entries(root: Path) -> list[tuple[Path, dict[str, Any]]]:

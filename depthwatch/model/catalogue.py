@@ -19,7 +19,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -31,10 +31,39 @@ from depthwatch.model.recognise import ProfileChoice
 from depthwatch.model.spec import ModelSpec
 from depthwatch.paths import expand_path
 
-if TYPE_CHECKING:
-    from depthwatch.config import ModelConfig
-
 ENV_VAR = "DEPTHWATCH_CATALOGUE"
+
+
+class ModelSettings(Protocol):
+    """What `resolve` reads of a model section: the config's `ModelConfig` has these fields.
+
+    Said here, in the model layer, so that the catalogue turns a section into a
+    ModelSpec without importing the config, which sits above it.
+    """
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def profile(self) -> str: ...
+    @property
+    def providers(self) -> str | tuple[str, ...]: ...
+    @property
+    def intra_op_threads(self) -> int: ...
+    @property
+    def precision(self) -> str: ...
+    @property
+    def coreml_cache(self) -> Path | None: ...
+    @property
+    def input_size(self) -> int | None: ...
+    @property
+    def multiple_of(self) -> int | None: ...
+    @property
+    def mean(self) -> tuple[float, float, float] | None: ...
+    @property
+    def std(self) -> tuple[float, float, float] | None: ...
+    @property
+    def output(self) -> str | None: ...
+    def models_folder(self) -> Path: ...
 
 log = logging.getLogger("depthwatch")
 
@@ -166,14 +195,14 @@ def model_file(name: str, models_dir: Path) -> Path:
     return models_dir / entry(name).file
 
 
-def configured_file(model: ModelConfig, base: Path) -> Path:
+def configured_file(model: ModelSettings, base: Path) -> Path:
     """The file a model section names, whether or not it is there (ConfigError: no such catalogue name)."""
     if is_catalogue_name(model.path):
         return model.models_folder() / entry(model.path).file
     return expand_path(model.path, base)
 
 
-def resolve(model: ModelConfig, base: Path) -> ModelSpec:
+def resolve(model: ModelSettings, base: Path) -> ModelSpec:
     """The ModelSpec for a config's model section; ModelError if the file is not there.
 
     With `profile: auto` the profile comes from the file's contents (see

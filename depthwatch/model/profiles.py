@@ -54,6 +54,9 @@ class Profile:
         return dataclasses.replace(self, **changes)
 
 
+#: What the DPT models (hybrid and large) share.
+_DPT: dict[str, Any] = {"input_size": 384, "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}
+
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
@@ -61,20 +64,8 @@ PROFILES: dict[str, Profile] = {
         Profile("midas-v21-small", input_size=256, files=("model-small.onnx",)),
         Profile("midas-v21-large", input_size=384, files=("model-f6b98070.onnx",)),
         # DPT (MiDaS v3): mean 0.5 / std 0.5 outside the graph.
-        Profile(
-            "dpt-hybrid",
-            input_size=384,
-            mean=(0.5, 0.5, 0.5),
-            std=(0.5, 0.5, 0.5),
-            files=("dpt_hybrid-midas-501f0c75.onnx", "dpt_hybrid_384.onnx"),
-        ),
-        Profile(
-            "dpt-large",
-            input_size=384,
-            mean=(0.5, 0.5, 0.5),
-            std=(0.5, 0.5, 0.5),
-            files=("dpt_large-midas-2f21e586.onnx", "dpt_large_384.onnx"),
-        ),
+        Profile("dpt-hybrid", **_DPT, files=("dpt_hybrid-midas-501f0c75.onnx", "dpt_hybrid_384.onnx")),
+        Profile("dpt-large", **_DPT, files=("dpt_large-midas-2f21e586.onnx", "dpt_large_384.onnx")),
         # Depth Anything V2: ImageNet mean/std outside the graph, ViT patch 14.
         Profile(
             "depth-anything-v2-small",

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from depthwatch.errors import ModelError
-from depthwatch.model import caches, choice, providers
+from depthwatch.model import caches, hardware, providers
 
 log = logging.getLogger("depthwatch.model.engine")
 
@@ -54,7 +54,7 @@ def offered() -> bool:
 
 def reduce_range(features: tuple[str, ...] | None = None) -> bool:
     """7-bit weights on x86 without an int8 dot product (VNNI, AMX): u8s8 saturates there."""
-    features = choice.cpu_features() if features is None else features
+    features = hardware.cpu_features() if features is None else features
     if not {"avx2", "avx512f"} & set(features):
         return False  # not an x86 CPU (Arm's dot product has no such saturation)
     return not {"avx512_vnni", "avx_vnni", "amx_int8"} & set(features)

@@ -16,8 +16,8 @@ from depthwatch.model.profiles import Profile
 from depthwatch.model.recognise import ProfileChoice
 
 if TYPE_CHECKING:
-    from depthwatch.model.caches import Entry
-    from depthwatch.model.choice import Trial
+    from depthwatch.model.caches import CompiledFolder
+    from depthwatch.model.trials import Trial
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class ModelInfo:
     #: model's input: what lets a JPEG decode at 1/2..1/8 scale. Computed once per load.
     min_frame_size: tuple[int, int] = (0, 0)
     #: CoreML's compiled-model folder for this load, and whether it was there before (None: not CoreML).
-    compiled: Entry | None = None
+    compiled: CompiledFolder | None = None
     #: How `auto` chose: "measured" now, "remembered" from an earlier measurement, or "" (nothing to choose).
     chosen_by: str = ""
     #: The figures of the measurement this load made (empty when it made none).

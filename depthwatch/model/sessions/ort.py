@@ -70,7 +70,7 @@ def _square_side(profile: Profile) -> int | None:
 
 def provider_chain(
     wanted: list[str], spec: ModelSpec, precision: str = precisions.FP32
-) -> tuple[Chain, caches.Entry | None, dict[str, int]]:
+) -> tuple[Chain, caches.CompiledFolder | None, dict[str, int]]:
     """(provider, options) pairs, CoreML's cache folder, and the input dimensions to pin.
 
     With CoreML in the chain the image input's symbolic batch (and height

@@ -1,0 +1,230 @@
+"""The measurement's steps: load, warm up, time and probe each candidate, one step at a time.
+
+`Measurement` is a generator of steps so the engine's inference thread can
+serve a frame between any two (see `choice` for why and when it measures);
+`measure` runs all the steps at once.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from depthwatch.model import precision as precisions
+from depthwatch.model.gauges import BUSY_CORES, CpuLoad, PeakMemory, node_counts
+from depthwatch.model.trials import Trial, Variant, in_order
+
+#: Seconds of work the whole measurement may take; each variant gets an equal share of what is left.
+BUDGET_S = 90.0
+#: Timed runs per variant after its warm-up run.
+RUNS = 5
+#: Fewest timed runs per variant: a slow model gets this many rather than RUNS.
+MIN_RUNS = 2
+#: Seconds of timed runs a variant gets at most, once MIN_RUNS are done.
+TIMED_S = 1.0
+
+Create = Callable[[Variant, bool], Any]
+Run = Callable[[Any], None]
+Probe = Callable[[Any], list[np.ndarray]]
+
+
+class Preempted(Exception):
+    """A measured run was stopped to let a frame through; the step is done again later."""
+
+
+def measure(candidates: Sequence[Variant], create: Create, run: Run, **options: Any) -> list[Trial]:
+    """The whole measurement at once (`depthwatch check --providers`); `options` as `Measurement` takes them."""
+    measurement = Measurement(candidates, create, run, **options)
+    while measurement.step():
+        pass
+    assert measurement.trials is not None
+    return measurement.trials
+
+
+class Measurement:
+    """Time each candidate: load, one warm-up run, timed runs, its probe maps; one step at a time.
+
+    `create(variant, trace_nodes)` makes a session whose first provider is the
+    variant's provider at its precision (raising if it cannot), `run(session)`
+    runs one frame, `probe(session)` returns its maps of the probe images. A
+    step is one of those calls, so the caller (the engine's inference thread)
+    can serve a frame between any two; a run it stops for a frame raises
+    Preempted and is done again at the next step. Each session is released
+    before the next is made. A variant that fails, or whose load and warm-up
+    overrun its share of the budget (seconds of work, not of waiting), is
+    dropped. Each variant has at least MIN_RUNS timed runs and at most `runs`,
+    fewer when they would take more than TIMED_S.
+
+    The reference is measured first and never dropped for time, so there is
+    always an answer: the CPU provider at fp32 if it is a candidate, else the
+    first fp32 variant. The others' probe maps are compared with its maps.
+    `reference` is a session of the reference variant that already serves
+    (with its load time): it is measured as it is, never made again. `then`
+    is measured right after the reference (the variant that serves, when that
+    is not the reference). `offer(trial, session, trials)` is shown each
+    faithful variant's session before the measurement lets go of it, with the
+    trials so far: a callee that keeps a reference to it (the engine, to serve
+    from it) keeps it alive; otherwise it is released there.
+    """
+
+    def __init__(
+        self,
+        candidates: Sequence[Variant],
+        create: Create,
+        run: Run,
+        *,
+        probe: Probe | None = None,
+        budget_s: float = BUDGET_S,
+        runs: int = RUNS,
+        trace_nodes: bool = False,
+        reference: tuple[Any, float] | None = None,
+        then: Variant | None = None,
+        offer: Callable[[Trial, Any, list[Trial]], object] | None = None,
+    ) -> None:
+        self.order = in_order(candidates, then)
+        self.trials: list[Trial] | None = None
+        #: Seconds of work done so far (loads, runs and probes; not the waits between steps).
+        self.spent = 0.0
+        #: Cores other processes kept busy during the timed runs (median; None: not known here).
+        self.others: float | None = None
+        self._create, self._run, self._probe = create, run, probe
+        self._budget, self._runs, self._trace = budget_s, max(1, runs), trace_nodes
+        self._reference = reference
+        self._offer = offer
+        self._load = CpuLoad()
+        self._loads: list[float] = []
+        self._steps = self._measure()
+
+    @property
+    def busy(self) -> bool:
+        """Whether other processes kept the CPUs busy while the runs were timed."""
+        return self.others is not None and self.others > BUSY_CORES
+
+    def step(self) -> bool:
+        """Do one step of work; False once the measurement is over (`trials` then holds its figures)."""
+        if self.trials is not None:
+            return False
+        start = time.perf_counter()
+        try:
+            next(self._steps)
+            return True
+        except StopIteration as done:
+            self.trials = done.value
+            known = [x for x in self._loads if x is not None]
+            self.others = statistics.median(known) if known else None
+            return False
+        finally:
+            self.spent += time.perf_counter() - start
+
+    def close(self) -> None:
+        """Give up the measurement, releasing the session it was measuring."""
+        self._steps.close()
+
+    def _measure(self) -> Generator[None, None, list[Trial]]:
+        trials: list[Trial] = []
+        reference: list[np.ndarray] | None = None
+        for index, variant in enumerate(self.order):
+            share = max(0.0, self._budget - self.spent) / (len(self.order) - index)
+            adopted = self._reference if index == 0 else None
+            trial, maps, session = yield from self._trial(variant, share, must_finish=index == 0, adopted=adopted)
+            if index == 0:
+                reference = maps
+            elif trial.ok and reference is not None and maps is not None:
+                trial = replace(trial, agreement=round(precisions.agreement(reference, maps), 6))
+            elif trial.ok and self._probe is not None and variant[1] != precisions.FP32:
+                # A reduced precision is taken only on evidence that the maps stay faithful.
+                trial = replace(trial, error="its maps could not be checked: the probe images failed on the reference")
+            trials.append(trial)
+            if session is not None and index > 0 and trial.eligible and self._offer is not None:
+                self._offer(trial, session, trials)
+            session = None  # released (unless kept by the offer) before the next variant's is made
+        return trials
+
+    def _again(self, call: Callable[[], Any]) -> Generator[None, None, Any]:
+        """`call()` as one step, done again at the next step for as long as a frame preempts it."""
+        while True:
+            try:
+                return call()
+            except Preempted:
+                yield
+
+    def _trial(
+        self, variant: Variant, share: float, must_finish: bool, adopted: tuple[Any, float] | None
+    ) -> Generator[None, None, tuple[Trial, list[np.ndarray] | None, Any]]:
+        provider, precision = variant
+        session = None
+        try:
+            with PeakMemory(enabled=self._reference is None) as memory:
+                used = self.spent
+                if adopted is not None:
+                    session, load_s = adopted
+                else:
+                    start = time.perf_counter()
+                    session = self._create(variant, self._trace)
+                    load_s = time.perf_counter() - start
+                    applied = list(session.get_providers())
+                    if not applied or applied[0] != provider:
+                        return Trial(provider, precision, load_s, error=f"it did not take the model (ran on {', '.join(applied)})"), None, None
+                    yield
+                    start = time.perf_counter()
+                    yield from self._again(lambda: self._run(session))  # warm-up: first-run allocations, lazy compilation
+                    if load_s + time.perf_counter() - start > share and not must_finish:
+                        error = f"its load and first run took more than its {share:.0f} s"
+                        return Trial(provider, precision, load_s, peak_mib=memory.mib, error=error), None, None
+                counts = node_counts(session.end_profiling()) if self._trace and adopted is None else Counter()
+                times: list[float] = []
+                while len(times) < self._runs:
+                    timed = sum(times) / 1000
+                    if len(times) >= MIN_RUNS and timed > TIMED_S:
+                        break
+                    if times and self.spent - used > share and not must_finish:
+                        break
+                    yield
+                    ms = yield from self._timed(session)
+                    times.append(ms)
+                maps = None
+                if self._probe is not None and times:
+                    yield
+                    try:
+                        maps = yield from self._again(lambda: self._probe(session))
+                    except Exception:  # a model that fails on some inputs still serves; its maps go unchecked
+                        maps = None
+            trial = Trial(
+                provider,
+                precision,
+                load_s,
+                statistics.median(times),
+                len(times),
+                memory.mib,
+                counts.get(provider) if self._trace else None,
+                sum(counts.values()) if self._trace else None,
+            )
+            kept, session = session, None
+            return trial, maps, (kept if adopted is None else None)
+        except Exception as exc:  # onnxruntime raises its own types; a failing provider is dropped, not fatal
+            if must_finish:
+                raise
+            text = (str(exc).strip() or type(exc).__name__).splitlines()[0][:200]
+            return Trial(provider, precision, error=text), None, None
+        finally:
+            session = None  # released before the next provider's session is made
+
+    def _timed(self, session: Any) -> Generator[None, None, float]:
+        """One timed run in ms (done again if a frame preempts it), and the others' load during it."""
+        while True:
+            self._load.begin()
+            t0 = time.perf_counter()
+            try:
+                self._run(session)
+            except Preempted:
+                yield
+                continue
+            ms = (time.perf_counter() - t0) * 1000
+            self._loads.append(self._load.others())
+            return ms

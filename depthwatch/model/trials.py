@@ -1,0 +1,99 @@
+"""A measured candidate's figures (`Trial`), and which of several trials wins.
+
+A variant is a provider and a precision. Its trial holds the times, the
+memory, and how faithful its maps were to the reference's; `fastest` picks
+among the faithful ones, `in_order` says in which order they are measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from depthwatch.model import precision as precisions
+
+#: A candidate: (provider, precision).
+Variant = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One variant's figures; `error` says why it was dropped."""
+
+    provider: str
+    precision: str = precisions.FP32
+    load_s: float | None = None
+    run_ms: float | None = None
+    runs: int = 0
+    peak_mib: float | None = None
+    #: Nodes the provider ran in the traced run, and all nodes of that run.
+    nodes: int | None = None
+    total_nodes: int | None = None
+    error: str | None = None
+    #: The lowest correlation of its probe maps with the reference's (None: it is the reference).
+    agreement: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.run_ms is not None
+
+    @property
+    def variant(self) -> Variant:
+        return (self.provider, self.precision)
+
+    @property
+    def faithful(self) -> bool:
+        return self.agreement is None or self.agreement >= precisions.FAITHFUL
+
+    @property
+    def eligible(self) -> bool:
+        """Fast enough to have figures, and its maps those of the reference."""
+        return self.ok and self.faithful
+
+    @property
+    def name(self) -> str:
+        return f"{self.provider.replace('ExecutionProvider', '')} {self.precision}"
+
+    def refusal(self) -> str:
+        """Why this variant was not taken for its maps, in one line."""
+        return (
+            f"{self.precision} on {self.provider.replace('ExecutionProvider', '')}: its maps correlate "
+            f"{self.agreement:.4f} with the reference's (at least {precisions.FAITHFUL} needed)"
+        )
+
+    def summary(self) -> str:
+        if not self.ok:
+            return f"{self.name} dropped ({self.error})"
+        text = f"{self.name} {self.run_ms:.1f} ms (load {self.load_s:.2f} s)"
+        if not self.faithful:
+            text += f" not faithful (correlation {self.agreement:.4f} < {precisions.FAITHFUL})"
+        return text
+
+
+def _rank(variant: Variant) -> tuple[bool, bool]:
+    return (variant[1] != precisions.FP32, variant[0] != "CPUExecutionProvider")
+
+
+def in_order(variants: Sequence[Variant], then: Variant | None = None) -> list[Variant]:
+    """The order variants are measured in: the reference first, `then` next, fp32 before reduced precisions."""
+    order = sorted(variants, key=_rank)
+    if then in order[1:]:
+        order.remove(then)
+        order.insert(1, then)
+    return order
+
+
+def reference(variants: Sequence[Variant]) -> Variant:
+    """The variant every other is compared with: the CPU provider at fp32 if offered, else the first fp32 one."""
+    return in_order(variants)[0]
+
+
+def fastest(trials: Sequence[Trial]) -> Variant | None:
+    """The faithful variant with the lowest median time per frame; earlier wins a tie."""
+    good = [t for t in trials if t.eligible]
+    return min(good, key=lambda t: t.run_ms).variant if good else None  # type: ignore[arg-type,return-value]
+
+
+def unfaithful(trials: Sequence[Trial], provider: str) -> list[Trial]:
+    """The reduced precisions of `provider` that were measured and refused for their maps."""
+    return [t for t in trials if t.provider == provider and t.ok and not t.faithful]
