@@ -181,3 +181,17 @@ def test_a_config_folder_the_user_cannot_search_is_one_line_and_exit_78(tmp_path
         f"give yourself access to it (chmod u+rx {xdg}) or name a config with {instead}"
     )
     assert lines == [expected], done.stderr
+
+
+def test_the_old_name_of_range_percentile_still_works_and_says_so(tmp_path, caplog):
+    """output.clip_percent (renamed: it sat beside output.clip_template) is read, with one warning line."""
+    path = tmp_path / "config.yaml"
+    with caplog.at_level("WARNING", logger="depthwatch.config"):
+        config = configuration.parse("output:\n  clip_percent: [2, 98]\n", path)
+    assert config.output.range_percentile == (2.0, 98.0)
+    assert caplog.messages == [
+        f"{path}:2:3: output.clip_percent is now called output.range_percentile; "
+        "write range_percentile instead (the old name still works, for now)"
+    ]
+    with pytest.raises(ConfigError, match=r":2:3: output.clip_percent is the old name of output.range_percentile, which is set too"):
+        configuration.parse("output:\n  clip_percent: [2, 98]\n  range_percentile: [1, 99]\n", path)
