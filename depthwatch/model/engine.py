@@ -93,7 +93,7 @@ BACKGROUND = 1
 _LAST = 2
 
 
-class Engine(SessionMaking, IdleMeasuring):
+class Engine(IdleMeasuring, SessionMaking):
     """Owns the inference thread; thread-safe to call from anywhere.
 
     `start()` begins loading on the inference thread and returns at once;

@@ -20,6 +20,7 @@ from depthwatch.model import precision as precisions
 from depthwatch.model.contract import read_contract
 from depthwatch.model.failures import first_line
 from depthwatch.model.gauges import give_back_freed_memory
+from depthwatch.model.loading import SessionMaking
 from depthwatch.model.measurement import MIN_RUNS, Measurement
 from depthwatch.model.sessions import Session
 from depthwatch.model.spec import ModelInfo
@@ -33,8 +34,17 @@ IDLE_S = 1.0
 BACKGROUND_BUDGET_S = 45.0
 
 
-class IdleMeasuring:
-    """The idle-time measurement of the `Engine` this is mixed into (its attributes are the engine's)."""
+class IdleMeasuring(SessionMaking):
+    """The idle-time measurement of the `Engine` this is mixed into (its attributes are the engine's).
+
+    A measurement's sessions are made as `SessionMaking` makes them.
+    """
+
+    # The engine's state these methods read and write (set in Engine.__init__).
+    _info: ModelInfo | None
+    _kept: tuple[Session, Trial, float] | None
+    _cpu_rebuilt: bool
+    switches: int
 
     def _measure_step(self, session: Session) -> Session:
         """One step of the idle-time measurement; at its end, the swap to a faster faithful engine."""

@@ -16,8 +16,9 @@ import dataclasses
 import logging
 import os
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from depthwatch.model import choice, providers, quantize
 from depthwatch.model import precision as precisions
 from depthwatch.model.contract import Contract, depth_map, model_input_size, read_contract
 from depthwatch.model.failures import FIX_MODEL, EngineStopped, first_line
-from depthwatch.model.measurement import BUDGET_S, Preempted, measure
+from depthwatch.model.measurement import BUDGET_S, Measurement, Preempted, measure
 from depthwatch.model.profiles import Profile
 from depthwatch.model.sessions import Session, ort
 from depthwatch.model.spec import ModelInfo, ModelSpec
@@ -51,6 +52,20 @@ def openvino_session(spec: ModelSpec, precision: str) -> Session:
 
 class SessionMaking:
     """The sessions of the `Engine` this is mixed into (its attributes are the engine's)."""
+
+    # The engine's state these methods read and write (set in Engine.__init__).
+    _factory: Callable[..., Session]
+    _available: Callable[[], Sequence[str]]
+    _measure: str
+    _lock: threading.Lock
+    _closed: bool
+    _measurement: Measurement | None
+    _plan: choice.Plan | None
+    _side_run: tuple[Any, bool] | None
+    _seen: tuple[Path, Contract, float] | None
+    _warm_s: float | None
+    load_count: int
+    measurements: int
 
     def _load(
         self, spec: ModelSpec, generation: int, variant: Variant | None = None, measured: tuple[list[Trial], list[str]] | None = None
