@@ -32,6 +32,8 @@ def setting(check: Check, doc: str = "") -> dict[str, Any]:
 
 
 def whole(lo: int, hi: int) -> Callable[[Any, Path], int]:
+    """A whole number in [lo, hi]; true is not 1, and a float is refused, not rounded."""
+
     def check(value: Any, base: Path) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"must be a whole number, not {show(value)}")
@@ -43,6 +45,8 @@ def whole(lo: int, hi: int) -> Callable[[Any, Path], int]:
 
 
 def number(lo: float, hi: float) -> Callable[[Any, Path], float]:
+    """A number in [lo, hi], kept as a float."""
+
     def check(value: Any, base: Path) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"must be a number, not {show(value)}")
@@ -54,12 +58,15 @@ def number(lo: float, hi: float) -> Callable[[Any, Path], float]:
 
 
 def boolean(value: Any, base: Path) -> bool:
+    """true or false: any other value (a string, a number) is refused, not taken as truthy."""
     if not isinstance(value, bool):
         raise ValueError(f"must be true or false, not {show(value)}")
     return value
 
 
 def one_of(*choices: Any) -> Check:
+    """One of `choices`, with the closest named when it is not."""
+
     def check(value: Any, base: Path) -> Any:
         if isinstance(value, bool) or value not in choices:
             shown = ", ".join(str(c) for c in choices)
@@ -70,12 +77,15 @@ def one_of(*choices: Any) -> Check:
 
 
 def text(value: Any, base: Path) -> str:
+    """A string with something in it."""
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"must be a non-empty string, not {show(value)}")
     return value
 
 
 def optional(check: Check) -> Check:
+    """`check`, or None where the file says null."""
+
     def wrapped(value: Any, base: Path) -> Any:
         return None if value is None else check(value, base)
 
@@ -83,10 +93,13 @@ def optional(check: Check) -> Check:
 
 
 def path(value: Any, base: Path) -> Path:
+    """A path with ~ and $VARS expanded, relative to `base` (the config file's folder)."""
     return paths.expand_path(text(value, base), base)
 
 
 def list_of(check: Check) -> Callable[[Any, Path], tuple[Any, ...]]:
+    """A list (or one value, as a list of one), each item through `check`; never empty."""
+
     def wrapped(value: Any, base: Path) -> tuple[Any, ...]:
         items = value if isinstance(value, list) else [value]
         if not items:
@@ -97,6 +110,7 @@ def list_of(check: Check) -> Callable[[Any, Path], tuple[Any, ...]]:
 
 
 def folder(value: Any, base: Path) -> Path:
+    """A folder that exists, or could be made (its parent does)."""
     where = path(value, base)
     if where.exists() and not where.is_dir():
         raise ValueError(f"{where} is a file, not a folder")
@@ -106,6 +120,7 @@ def folder(value: Any, base: Path) -> Path:
 
 
 def providers(value: Any, base: Path) -> str | tuple[str, ...]:
+    """`auto`, or execution providers by short or full name, as their full names."""
     if value == "auto":
         return "auto"
     names = list_of(text)(value, base)
@@ -118,12 +133,14 @@ def providers(value: Any, base: Path) -> str | tuple[str, ...]:
 
 
 def triple(value: Any, base: Path) -> tuple[float, float, float]:
+    """Three numbers (R, G, B): a mean or std."""
     if not isinstance(value, list) or len(value) != 3:
         raise ValueError(f"must be a list of three numbers (R, G, B), not {show(value)}")
     return tuple(number(-1e6, 1e6)(v, base) for v in value)  # type: ignore[return-value]
 
 
 def percent_pair(value: Any, base: Path) -> tuple[float, float]:
+    """Two percentiles [low, high], low below high."""
     if not isinstance(value, list) or len(value) != 2:
         raise ValueError(f"must be a list [low, high] of two percentiles, not {show(value)}")
     lo, hi = (number(0, 100)(v, base) for v in value)
@@ -133,6 +150,7 @@ def percent_pair(value: Any, base: Path) -> tuple[float, float]:
 
 
 def level(value: Any, base: Path) -> float | str:
+    """A level as `imaging.levels` reads it: a fraction, or a percentile like '80%'."""
     return parse_level(value).setting
 
 
@@ -173,12 +191,14 @@ def _contained(template: str, rendered: str) -> str:
 
 
 def path_map(value: Any, base: Path) -> PathMap:
+    """Client prefix: worker prefix pairs (`farm.path_map`)."""
     if not isinstance(value, Mapping):
         raise ValueError(f"must be a mapping of client prefix: worker prefix, like {{/Volumes/Shots: /mnt/shots}}, not {show(value)}")
     return PathMap.from_mapping(value)
 
 
 def host(value: Any, base: Path) -> str:
+    """An IP address or a host name, nothing with a port or a path in it."""
     name = text(value, base).strip()
     if any(c in name for c in "/ :") and not is_ip(name):
         raise ValueError(f"must be an IP address or a host name, not {show(value)}")

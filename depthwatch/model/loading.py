@@ -39,12 +39,13 @@ from depthwatch.model.trials import Trial, Variant, in_order
 log = logging.getLogger("depthwatch.model.engine")
 
 
-def with_cpu(provider: str) -> list[str]:
+def _with_cpu(provider: str) -> list[str]:
     """`provider` with the CPU provider behind it, to fall back on."""
     return [provider] if provider == providers.CPU else [provider, providers.CPU]
 
 
-def openvino_session(spec: ModelSpec, precision: str) -> Session:
+def _openvino_session(spec: ModelSpec, precision: str) -> Session:
+    """A session on OpenVINO's own runtime, imported only when a variant asks for it (an optional extra)."""
     from depthwatch.model.sessions.openvino import OpenVINOSession
 
     return OpenVINOSession(spec.path, precision, threads=max(0, spec.intra_op_threads))
@@ -91,7 +92,7 @@ class SessionMaking:
         if chosen_by:
             start = time.perf_counter()  # the load time is the serving session's, not the measurement's
         if spec.providers == "auto" or provider != wanted[0]:
-            wanted = with_cpu(provider)  # an explicit list keeps its order (and its fallbacks) as given
+            wanted = _with_cpu(provider)  # an explicit list keeps its order (and its fallbacks) as given
         chain, compiled, pins = ort.provider_chain(wanted, spec, precision)
         model_file = self._int8_file(spec) if precision == precisions.INT8 else path
         session = self._create(model_file, ort.session_options(spec, pins=pins), chain, spec, precision)
@@ -159,8 +160,8 @@ class SessionMaking:
         def create(variant: Variant, traced: bool) -> Session:
             provider, precision = variant
             if provider == providers.OPENVINO:
-                return openvino_session(spec, precision)
-            chain, _, pins = ort.provider_chain(with_cpu(provider), spec, precision)
+                return _openvino_session(spec, precision)
+            chain, _, pins = ort.provider_chain(_with_cpu(provider), spec, precision)
             options = ort.session_options(spec, trace_prefix if traced else None, pins)
             model_file = self._int8_file(spec) if precision == precisions.INT8 else spec.path
             return self._factory(str(model_file), sess_options=options, providers=chain)
@@ -234,7 +235,7 @@ class SessionMaking:
         wanted = [name for name, _ in chain]
         try:
             if wanted[0] == providers.OPENVINO:
-                return openvino_session(spec, precision)
+                return _openvino_session(spec, precision)
             return self._factory(str(path), sess_options=options, providers=chain)
         except Exception as exc:
             if wanted == [providers.CPU]:
