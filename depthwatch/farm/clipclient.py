@@ -151,7 +151,6 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
     serial = iter(range(1 << 62))
     workers = max(1, _worker_count(client))
     ahead = AHEAD_PER_WORKER * workers
-    present = segments.existing(state.folder)
     kept, rendered = 0, 0
     renders: deque[tuple[ClipRange, Any]] = deque()
     bar = _bar(len(index), job.source.name)
@@ -216,7 +215,7 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
                 continue
             name = segments.name(task.first, len(task.times), segments.key(version, task.first, task.times, settings, job.output, model), job.output)
             state.names[task.first] = name
-            if name in present:
+            if (state.folder / name).is_file():  # made by an earlier run (or a task of it that finished since)
                 kept += 1
                 if bar is not None:
                     bar.update(len(task.times))
