@@ -208,3 +208,18 @@ def test_clip_tasks_never_start_a_process_on_a_worker(farm: Farm, clips: dict[st
     assert farm.once(str(clips["prores"]), "-o", str(out)).returncode == 0
     for worker in farm.live():
         assert worker.processes_created_after(worker.status()["loaded_at"]) == []
+
+
+def test_a_clip_the_workers_cannot_read_fails_with_a_line_per_range_and_exit_1(farm: Farm, clips: dict[str, Path]) -> None:
+    # The workers' view of the storage (farm.path_map) leads nowhere: each range fails on its worker.
+    farm.write_config(frames_per_task=2, path_map={str(clips["prores"].parent): str(farm.root / "not-mounted")})
+    try:
+        out = farm.root / "unreadable.mov"
+        done = farm.once(str(clips["prores"]), "-o", str(out))
+    finally:
+        farm.write_config(frames_per_task=2)
+    assert done.returncode == 1, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "cannot read the clip on this worker" in line]
+    assert len(lines) == 1 and "A001_C002.mov: frames 0-15: " in lines[0], done.stderr
+    assert "0 depth clips written on the farm, 1 failed" in done.stdout
+    assert not out.exists() and list(farm.root.glob(".unreadable.mov*")) == []  # no temporary file, no empty folder

@@ -49,7 +49,8 @@ from depthwatch.farm.clipindex import read as read_index
 from depthwatch.farm.cliptasks import ClipRange, RangeReport, collect_clip_range, render_clip_range
 from depthwatch.farm.tasks import RESOURCE
 from depthwatch.frames.settings import Settings
-from depthwatch.frames.writer import temp_name_for
+from depthwatch.frames import timeline
+from depthwatch.frames.writer import sweep_temp_files_for, temp_name_for
 from depthwatch.imaging import clipwrite, sourcemeta, stabilise, video
 from depthwatch.logtext import shown
 
@@ -128,6 +129,8 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
     if meta.width * meta.height > settings.max_pixels:
         raise DepthwatchError(f"{meta.width}x{meta.height} is over the limit of {settings.max_pixels / 1e6:.0f} megapixels; raise daemon.max_megapixels")
     segments.segment_kind(job.output)  # a kind the farm joins, before any work
+    if settings.timeline:
+        timeline.check(job.sequence)
     index = read_index(job.source)
     st = os.stat(job.source)
     version = (st.st_size, st.st_mtime_ns)
@@ -242,6 +245,10 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
         if not state.failed:
             report(f"depthwatch: {shown(job.source)}: the farm returned fewer frames than the clip has; run the command again")
         report(f"depthwatch: {shown(job.source)}: {len(state.failed) or 1} range(s) failed; the ranges made are kept for the next run")
+        try:
+            state.folder.rmdir()  # only when no range was made
+        except OSError:
+            pass
         return None
     ordered = [state.folder / state.names[task.first] for task in tasks]
     temp = temp_name_for(job.final)
@@ -255,7 +262,10 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
             temp.unlink()
         except OSError:
             pass
+        sweep_temp_files_for([job.final])  # a killed earlier run's join
     segments.remove_folder(state.folder)
+    if settings.timeline:
+        timeline.write(job.source, job.final, meta, written, job.output_roots)
     return written
 
 

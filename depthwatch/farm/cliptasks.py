@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -33,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from depthwatch.errors import FrameError
-from depthwatch.farm.tasks import PLUGIN
+from depthwatch.errors import DepthwatchError, FrameError
+from depthwatch.farm.tasks import runner
 from depthwatch.frames.clips import _reduction as reduction  # the rule local clips decode at
 from depthwatch.frames.settings import Settings
 from depthwatch.imaging import clipwrite, codec, render, stabilise, tensor
@@ -88,21 +89,21 @@ class RangeReport:
 
 def collect_clip_range(task: ClipRange) -> RangeReport:
     """First pass: the model's view of each frame of the range, nothing written."""
-    runner = _runner()
-    engine = runner.engine
+    here = runner()
+    engine = here.engine
     info = engine.wait_ready()
     kind = info.profile.predicts
     summaries, predictions = [], []
     try:
-        for image, inference in _inferred(task, runner):
+        for image, inference in _inferred(task, here):
             prediction = inference.prediction
             summaries.append(stabilise.summarise(prediction, kind, image))
             predictions.append(prediction)
     except FrameError as exc:
         log.error("%s: %s", task.describe(), exc)
-        return RangeReport(task.first, str(exc), worker=_address(runner))
+        return RangeReport(task.first, str(exc), worker=_address(here))
     log.info("%s: first pass (model) done", task.describe())
-    return RangeReport(task.first, None, summaries, predictions, kind, model_identity(info), _address(runner))
+    return RangeReport(task.first, None, summaries, predictions, kind, model_identity(info), _address(here))
 
 
 def render_clip_range(
@@ -114,25 +115,27 @@ def render_clip_range(
     renamed into place only whole, so a segment under its name is always a
     whole one, whatever happened to its worker.
     """
-    runner = _runner()
+    here = runner()
     if len(maps) != len(task.times):
-        return RangeReport(task.first, f"the range has {len(task.times)} frames but {len(maps)} maps", worker=_address(runner))
+        return RangeReport(task.first, f"the range has {len(task.times)} frames but {len(maps)} maps", worker=_address(here))
     target = Path(segment)
-    temp = target.with_name(f".{target.name}.{os.getpid()}.part")
+    temp = target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.part")  # pids repeat across machines
     options = replace(settings.render, bits=16)
     size = (meta.width, meta.height)
     writer: clipwrite.ClipWriter | None = None
     try:
         writer = clipwrite.ClipWriter(temp, kind, replace(meta, timecode=None))
-        for k, image in enumerate(_decoded(task, runner.engine.wait_ready().min_frame_size)):
+        for k, image in enumerate(_decoded(task, here.engine.wait_ready().min_frame_size)):
             writer.write(render.render(maps[k], size, options, guide=image))
         writer.close()
         writer = None
         os.replace(temp, target)
-    except FrameError as exc:
-        return RangeReport(task.first, str(exc), worker=_address(runner))
+    except DepthwatchError as exc:  # FrameError, OutputError: one line
+        log.error("%s: %s", task.describe(), exc)
+        return RangeReport(task.first, str(exc), worker=_address(here))
     except OSError as exc:
-        return RangeReport(task.first, f"cannot write its segment in {target.parent}: {exc.strerror or exc}", worker=_address(runner))
+        log.error("%s: cannot write its segment: %s", task.describe(), exc)
+        return RangeReport(task.first, f"cannot write its segment in {target.parent}: {exc.strerror or exc}", worker=_address(here))
     finally:
         if writer is not None:
             writer.abort()
@@ -141,7 +144,7 @@ def render_clip_range(
         except OSError:
             pass
     log.info("%s: segment %s written", task.describe(), target.name)
-    return RangeReport(task.first, worker=_address(runner))
+    return RangeReport(task.first, worker=_address(here))
 
 
 def decode_range(task: ClipRange, scale: Callable[[int, int], int]) -> Iterator[np.ndarray]:
@@ -254,16 +257,6 @@ def model_identity(info: Any) -> str:
 
 
 _digests: dict[tuple[str, int], str] = {}
-
-
-def _runner() -> Any:
-    from distributed import get_worker
-
-    worker = get_worker()
-    plugin = worker.plugins.get(PLUGIN)
-    if plugin is None:
-        raise RuntimeError(f"{worker.address} is not a depthwatch worker; start workers with `depthwatch worker`")
-    return plugin.runner
 
 
 def _address(runner: Any) -> str:
