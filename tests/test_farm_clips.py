@@ -144,6 +144,13 @@ def test_a_b_frame_clip_with_an_edit_list_as_ffv1_and_h264(farm: Farm, clips: di
         done = farm.once(str(source), "-o", str(out))
         assert done.returncode == 0, done.stderr
         assert_same_clip(source, out, local(farm, source, farm.root / f"local-bframes{ext}"))
+    # Each map on its own (--normalise frame): local once's too.
+    out = farm.root / "farm-frame-mode.mkv"
+    done = farm.once(str(source), "--normalise", "frame", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    here = run_once(str(source), "--normalise", "frame", "-o", str(farm.root / "local-frame-mode.mkv"), "-c", str(farm.config), cwd=farm.root)
+    assert here.returncode == 0, here.stderr
+    assert_same_clip(source, out, farm.root / "local-frame-mode.mkv")
 
 
 def test_a_worker_killed_mid_job_and_the_clip_still_comes_whole(farm: Farm, clips: dict[str, Path]) -> None:

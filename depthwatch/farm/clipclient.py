@@ -51,7 +51,7 @@ from depthwatch.farm.tasks import RESOURCE
 from depthwatch.frames.settings import Settings
 from depthwatch.frames import timeline
 from depthwatch.frames.writer import sweep_temp_files_for, temp_name_for
-from depthwatch.imaging import clipwrite, sourcemeta, stabilise, video
+from depthwatch.imaging import clipwrite, normalise, sourcemeta, stabilise, video
 from depthwatch.logtext import shown
 
 #: A clip's range is this many times `farm.frames_per_task` frames (a frame of a clip costs a
@@ -209,7 +209,12 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
     kind = head[0][2] if head is not None else ""
     try:
         results = itertools.chain([head] if head is not None else [], collected)
-        for (k, model, _kind), nearness, _start in stabilise.stabilised(results, kind, settings.render.clip_percent):
+        clip_percent = settings.render.clip_percent
+        if settings.normalise == normalise.STABLE:
+            planned = stabilise.stabilised(results, kind, clip_percent)
+        else:  # each map on its own, as local clips make them in frame mode
+            planned = ((key, normalise.frame(prediction, kind, clip_percent), False) for key, _summary, prediction in results)
+        for (k, model, _kind), nearness, _start in planned:
             if state.failed:
                 break  # the plan past a failed range is not the whole clip's
             maps.append(nearness)
