@@ -36,6 +36,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,7 @@ from depthwatch.farm import require_distributed
 from depthwatch.farm import segments
 from depthwatch.farm.clipindex import ClipIndex, ranges
 from depthwatch.farm.clipindex import read as read_index
+from depthwatch.farm.client import say_if_no_workers
 from depthwatch.farm.cliptasks import ClipRange, RangeReport, collect_clip_range, render_clip_range
 from depthwatch.farm.tasks import RESOURCE
 from depthwatch.frames.settings import Settings
@@ -72,7 +74,7 @@ class _Clip:
     index: ClipIndex
     version: tuple[int, int]
     cuts: list[tuple[int, int]]
-    folder: Any
+    folder: Path
     failed: list[str] = field(default_factory=list)
     names: dict[int, str] = field(default_factory=dict)  # first frame -> segment name
 
@@ -99,9 +101,7 @@ def run(
     failures = 0
     settings = Settings.from_config(config)
     try:
-        from depthwatch.farm.client import _say_if_no_workers
-
-        _say_if_no_workers(client, scheduler, report)
+        say_if_no_workers(client, scheduler, report)
         for job in jobs:
             began = time.monotonic()
             try:
@@ -169,7 +169,7 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
         if bar is not None:
             bar.write(line, file=sys.stderr)
         else:
-            print(line, file=sys.stderr)
+            report(line)
 
     def settle(task: ClipRange, future: Any) -> None:
         outcome = _result(future)
@@ -179,8 +179,8 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
         elif bar is not None:
             bar.update(len(task.times))
 
-    def first_pass() -> Iterator[tuple[tuple[int, str], Any, np.ndarray]]:
-        """(frame k and its range's model, summary, prediction) in frame order; stops at a failed range."""
+    def first_pass() -> Iterator[tuple[tuple[int, str, str], Any, np.ndarray]]:
+        """((frame k, its range's model, what it predicts), summary, prediction) in frame order; stops at a failed range."""
         queued: deque[tuple[ClipRange, Any]] = deque()
         pending = iter(tasks)
         for task in pending:
@@ -196,7 +196,7 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
                 queued.append((nxt, submit(collect_clip_range, nxt)))
             if not outcome.ok:
                 fail(task, outcome.error or "failed")
-                for other, later in queued:
+                for _task, later in queued:
                     later.cancel()
                 return
             for k, (summary, prediction) in enumerate(zip(outcome.summaries, outcome.predictions)):
@@ -204,10 +204,10 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
 
     maps: list[np.ndarray] = []
     current = 0  # the range whose maps are being gathered
-    collected = first_pass()
-    head = next(collected, None)  # what the model's output means comes with the first range's results
-    kind = head[0][2] if head is not None else ""
     try:
+        collected = first_pass()
+        head = next(collected, None)  # what the model's output means comes with the first range's results
+        kind = head[0][2] if head is not None else ""
         results = itertools.chain([head] if head is not None else [], collected)
         clip_percent = settings.render.clip_percent
         if settings.normalise == normalise.STABLE:

@@ -18,7 +18,6 @@ the range are dropped, unconverted).
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -102,9 +101,3 @@ def ranges(count: int, size: int) -> list[tuple[int, int]]:
     if len(cuts) > 1 and count - cuts[-1] < size // 2:
         cuts.pop()  # a short tail joins the range before it
     return [(a, b) for a, b in zip(cuts, [*cuts[1:], count])]
-
-
-def frame_at(index: ClipIndex, pts: int) -> int | None:
-    """The frame number shown at presentation time `pts` (None: no frame has it)."""
-    k = bisect.bisect_left(index.times, pts)
-    return k if k < len(index.times) and index.times[k] == pts else None

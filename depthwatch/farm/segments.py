@@ -164,15 +164,3 @@ def remove_parts(folder: Path) -> int:
 def remove_folder(folder: Path) -> None:
     """The segments' folder, once its depth clip is in place."""
     shutil.rmtree(folder, ignore_errors=True)
-
-
-def existing(folder: Path) -> set[str]:
-    try:
-        return {e.name for e in os.scandir(folder) if not e.name.startswith(".")}
-    except OSError:
-        return set()
-
-
-def stale(folder: Path, keep: set[str]) -> list[Path]:
-    """Segments in `folder` not among `keep` (of another version, settings or model)."""
-    return [folder / n for n in existing(folder) - keep]
