@@ -103,8 +103,11 @@ def clips(farm: Farm) -> dict[str, Path]:
     write_clip(coded, pan_clip_frames(SIZE, 60, step=3, shot=25), codec="h264")
     trimmed = folder / "trimmed.mp4"  # cut without re-encoding: an edit list hides the frames before 0.5 s
     subprocess.run([ffmpeg, "-v", "error", "-ss", "0.5", "-i", str(coded), "-c", "copy", str(trimmed)], check=True, timeout=60)
+    variable = folder / "variable.mp4"  # from frame 20 on, each frame lasts twice as long
+    subprocess.run([ffmpeg, "-v", "error", "-i", str(coded), "-vf", "setpts='if(gt(N,20),2*PTS-20/TB/24,PTS)'",
+                    "-fps_mode", "passthrough", "-frames:v", "40", "-c:v", "libx264", "-bf", "2", str(variable)], check=True, timeout=60)
     coded.unlink()
-    return {"prores": prores, "bframes": trimmed}
+    return {"prores": prores, "bframes": trimmed, "variable": variable}
 
 
 _made_here: dict[tuple[Path, str], Path] = {}
@@ -164,6 +167,24 @@ def test_a_b_frame_clip_with_an_edit_list_as_ffv1_and_h264(farm: Farm, clips: di
     here = run_once(str(source), "--normalise", "frame", "-o", str(farm.root / "local-frame-mode.mkv"), "-c", str(farm.config), cwd=farm.root)
     assert here.returncode == 0, here.stderr
     assert_same_clip(source, out, farm.root / "local-frame-mode.mkv")
+
+
+def packets(path: Path) -> str:
+    tool = shutil.which("ffprobe")
+    assert tool is not None
+    return subprocess.run([tool, "-v", "error", "-select_streams", "v:0", "-show_entries", "packet=pts,dts,duration:stream=time_base",
+                           "-of", "compact", str(path)], capture_output=True, text=True, check=True, timeout=60).stdout
+
+
+def test_a_variable_rate_clip_keeps_each_frames_own_time_as_local_once(farm: Farm, clips: dict[str, Path]) -> None:
+    source = clips["variable"]
+    out = farm.root / "farm-variable.mov"
+    done = farm.once(str(source), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    here = local(farm, source, farm.root / "local-variable.mov")
+    assert_same_clip(source, out, here)
+    assert packets(out) == packets(here)  # every frame's time and duration, as local once writes them
+    assert "is variable-rate" in done.stderr
 
 
 def test_a_worker_killed_mid_job_and_the_clip_still_comes_whole(farm: Farm, clips: dict[str, Path]) -> None:

@@ -11,10 +11,14 @@ finds the segments that are still right by name and renders only the rest;
 a segment of another version of anything is not found, and is removed with
 the folder when the job ends.
 
-Joining copies packets: ProRes and FFV1 code every frame on its own, so the
-segments' packets laid end to end, each re-stamped with its frame's time in
-the whole clip (k at 1/rate, or a variable-rate source's own frame times),
-are the depth clip local `once` writes, without decoding or encoding a frame.
+Joining copies packets: ProRes codes every frame on its own, and FFV1's
+frames need nothing of another's pixels (its coder state restarts at each
+keyframe, and every segment starts with one), so the segments' packets laid
+end to end, each re-stamped with its frame's time in the whole clip (k at
+1/rate, or a variable-rate source's own frame times), decode to the frames of
+the depth clip local `once` writes, without decoding or encoding a frame
+here. (A joined FFV1 clip has a keyframe at each range's start besides
+FFV1's own every few frames: the same frames, not the same bytes.)
 The container gets the source's timecode (a tmcd track in .mov, a tag in
 .mkv), pixel aspect, display matrix and depthwatch's mark. H.264 cannot be
 joined so (its frames refer to each other, across a range's edges unless each

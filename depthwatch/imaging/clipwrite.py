@@ -195,11 +195,15 @@ class ClipWriter:
         frame: segments of one clip, written by this class with the same
         settings, join into the clip it would have written frame by frame.
         """
+        # The packet keeps the duration its encoder gave it, as `write`'s packets do (the encoder's
+        # frame duration, 1/rate): only its time changes.
+        lasts = Fraction(packet.duration) * Fraction(packet.time_base) if packet.duration and packet.time_base else None
         if self._source is not None:
-            packet.pts, packet.duration = self._source.time_of(self._count)
+            packet.pts, duration = self._source.time_of(self._count)
         else:
-            packet.pts, packet.duration = self._count, 1
+            packet.pts, duration = self._count, 1
         packet.dts = packet.pts
+        packet.duration = round(lasts / self._time_base) if lasts is not None else duration
         packet.time_base = self._time_base
         packet.stream = self._stream
         self._count += 1
