@@ -297,7 +297,8 @@ def _bench(args: argparse.Namespace, work: Path) -> int:
             long_clip = (120, (320, 180)) if args.quick else (args.clip_frames, framesets.FULL_HD)
             s["clip_memory"] = _run(results, "daemon RSS over a long clip", lambda: clip_bench.memory(plan, *long_clip))
             if "farm" not in args.skip and farmclips_bench.available():
-                s["farm_clips"] = _run(results, "a long clip on the farm vs once CLIP", lambda: farmclips_bench.compare(plan, *long_clip))
+                farm_clip = (48, (160, 90)) if args.quick else long_clip
+                s["farm_clips"] = _run(results, "a long clip on the farm vs once CLIP", lambda: farmclips_bench.compare(plan, *farm_clip))
         elif "clips" not in args.skip:
             _progress("clips skipped: they need the video extra (pip install -e '.[video]')")
     del captured, ort
