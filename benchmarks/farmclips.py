@@ -49,7 +49,7 @@ def _run(name: str, argv: list[str], log: Path, knobs: Knobs, timeout: float) ->
 
 def compare(plan: Any, frames: int, size: tuple[int, int]) -> dict[str, Any]:
     """Frames per second and peak RSS: local `once CLIP`, and `once --farm CLIP` on 1 and 2 workers."""
-    from benchmarks.farm import _rate, _wait_running
+    from benchmarks.farm import _wait_running
     from benchmarks.scenarios import median
 
     knobs: Knobs = plan.knobs
@@ -110,7 +110,7 @@ def compare(plan: Any, frames: int, size: tuple[int, int]) -> dict[str, Any]:
                 fixed.append(_run("once --farm one frame", [*base, "--farm", address, "--force", str(one), "-o", str(plan.work / "farm-clip-one.mov")],
                                   logs / f"farm{n}-one{i}.log", knobs, timeout)[0])
             results[f"workers_{n}"] = {
-                "fps": _rate(count, median(runs), median(fixed)),
+                "fps": _fps(count, median(runs), median(fixed)),
                 "wall_s": runs,
                 "fixed_s": fixed,
                 "client_peak_rss_bytes": max(client_rss),
@@ -120,13 +120,25 @@ def compare(plan: Any, frames: int, size: tuple[int, int]) -> dict[str, Any]:
         for child in reversed(children):
             child.stop()
     results["local"] = {
-        "fps": _rate(count, median(local), median(local_fixed)),
+        "fps": _fps(count, median(local), median(local_fixed)),
         "wall_s": local,
         "fixed_s": local_fixed,
         "peak_rss_bytes": max(local_rss),
     }
-    results["overhead_ms_per_frame"] = 1000 / results["workers_1"]["fps"] - 1000 / results["local"]["fps"]
+    one_fps, local_fps = results["workers_1"]["fps"], results["local"]["fps"]
+    results["overhead_ms_per_frame"] = 1000 / one_fps - 1000 / local_fps if one_fps and local_fps else None
     return results
+
+
+def _fps(frames: int, wall_s: float, fixed_s: float) -> float | None:
+    """Frames per second beyond the fixed cost; None when the run was within the fixed cost's noise."""
+    from benchmarks.farm import _rate
+
+    return _rate(frames, wall_s, fixed_s) if wall_s > fixed_s else None
+
+
+def _f(value: float | None, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def rows(results: dict[str, Any]) -> list[str]:
@@ -138,8 +150,8 @@ def rows(results: dict[str, Any]) -> list[str]:
     w1, w2, local = f["workers_1"], f["workers_2"], f["local"]
     return [
         f"  clip on the farm ({f['frames']} frames, {f['size'][0]}x{f['size'][1]}, H.264 -> ProRes): "
-        f"local once {local['fps']:.1f} fps (peak RSS {local['peak_rss_bytes'] * mb:.0f} MB); "
-        f"1 worker {w1['fps']:.1f} fps, 2 workers {w2['fps']:.1f} fps (same machine); "
-        f"overhead {f['overhead_ms_per_frame']:.1f} ms/frame; client peak RSS {w2['client_peak_rss_bytes'] * mb:.0f} MB, "
+        f"local once {_f(local['fps'])} fps (peak RSS {local['peak_rss_bytes'] * mb:.0f} MB); "
+        f"1 worker {_f(w1['fps'])} fps, 2 workers {_f(w2['fps'])} fps (same machine); "
+        f"overhead {_f(f['overhead_ms_per_frame'])} ms/frame; client peak RSS {w2['client_peak_rss_bytes'] * mb:.0f} MB, "
         f"workers {', '.join(f'{r * mb:.0f}' for r in w2['worker_peak_rss_bytes'])} MB",
     ]
