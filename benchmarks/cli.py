@@ -24,6 +24,7 @@ from typing import Any
 
 from benchmarks import clips as clip_bench
 from benchmarks import farm as farm_bench
+from benchmarks import farmclips as farmclips_bench
 from benchmarks import firststart
 from benchmarks import frames as framesets
 from benchmarks import predict, report, scenarios, stable, standin
@@ -295,6 +296,9 @@ def _bench(args: argparse.Namespace, work: Path) -> int:
             s["clip_throughput"] = _run(results, "once CLIP vs once over stills", lambda: clip_bench.throughput(plan))
             long_clip = (120, (320, 180)) if args.quick else (args.clip_frames, framesets.FULL_HD)
             s["clip_memory"] = _run(results, "daemon RSS over a long clip", lambda: clip_bench.memory(plan, *long_clip))
+            if "farm" not in args.skip and farmclips_bench.available():
+                farm_clip = (48, (160, 90)) if args.quick else long_clip
+                s["farm_clips"] = _run(results, "a long clip on the farm vs once CLIP", lambda: farmclips_bench.compare(plan, *farm_clip))
         elif "clips" not in args.skip:
             _progress("clips skipped: they need the video extra (pip install -e '.[video]')")
     del captured, ort

@@ -353,6 +353,9 @@ def table(results: dict[str, Any]) -> str:
     from benchmarks.clips import rows as clip_rows
 
     lines += clip_rows(results)
+    from benchmarks.farmclips import rows as farm_clip_rows
+
+    lines += farm_clip_rows(results)
     lines.append("")
     lat = s.get("latency")
     if lat:

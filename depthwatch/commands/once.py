@@ -194,8 +194,6 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("no frames found in " + ", ".join(args.inputs) + "; give image files, clips or folders of them")
     clips = [s for s in sources if is_clip_name(s)]
     sources = [s for s in sources if not is_clip_name(s)]
-    if clips and args.farm:
-        raise ConfigError("--farm maps frames, not clips (yet: see docs/farm.md); map the clip here, without --farm")
     if clips and args.frames:
         raise ConfigError("--frames picks numbered frames, not a clip's frames; drop it for clips")
     if clips:
@@ -207,6 +205,8 @@ def main(args: argparse.Namespace) -> int:
             raise ConfigError(str(exc)) from None
     clip_jobs, clip_refused = _clip_jobs(clips, config)  # ConfigError, before any work, for a clash
     if clips and not sources:
+        if args.farm:
+            return 1 if _farm_clips(args.farm, clip_jobs, clip_refused, config, args.force) else 0
         return 1 if _clips(clip_jobs, clip_refused, config) else 0
     if args.frames:
         sources = in_range(sources, args.frames)
@@ -230,7 +230,8 @@ def main(args: argparse.Namespace) -> int:
         finally:
             progress.close()
         _summary(len(sources), len(failures) + farm_failures, began)  # maps up to date count as written
-        return 1 if failures or farm_failures else 0
+        clip_failures = _farm_clips(args.farm, clip_jobs, clip_refused, config, args.force) if clips else 0
+        return 1 if failures or farm_failures or clip_failures else 0
     spec = catalogue.resolve(config.model, config.base)
 
     def report(done: Future[Result]) -> None:
@@ -368,6 +369,19 @@ def _clips(jobs: list[Any], refused: list[str], config: Any, engine: Any = None)
             engine.stop()
     done = len(jobs) + len(refused) - failed
     print(f"{done} depth clip{'s' if done != 1 else ''} written ({frames} frames), {failed} failed, in {time.monotonic() - began:.1f} s")
+    return failed
+
+
+def _farm_clips(scheduler: str, jobs: list[Any], refused: list[str], config: Any, force: bool) -> int:
+    """Each clip to its depth clip on the farm (`farm.clipclient`); returns the failures."""
+    from depthwatch.farm import clipclient
+
+    began = time.monotonic()
+    for line in refused:
+        print(f"depthwatch: {line}", file=sys.stderr)
+    failed = len(refused) + (clipclient.run(scheduler, jobs, config, force=force) if jobs else 0)
+    done = len(jobs) + len(refused) - failed
+    print(f"{done} depth clip{'s' if done != 1 else ''} written on the farm, {failed} failed, in {time.monotonic() - began:.1f} s")
     return failed
 
 

@@ -116,7 +116,7 @@ def run(
             progress.update(1)
 
     try:
-        _say_if_no_workers(client, scheduler, report)
+        say_if_no_workers(client, scheduler, report)
         plain_settings = replace(settings, normalise=normalise.FRAME)  # stills: each its own map
         batch_of: dict[str, list[FrameTask]] = {}
         futures = []
@@ -251,7 +251,7 @@ def _outcomes(future: Any, batch: list[FrameTask]) -> list[FrameReport]:
         return [FrameReport(frame.index, reason) for frame in batch]
 
 
-def _say_if_no_workers(client: Any, scheduler: str, report: Callable[[str], None]) -> None:
+def say_if_no_workers(client: Any, scheduler: str, report: Callable[[str], None]) -> None:
     workers = client.scheduler_info(n_workers=-1).get("workers", {})
     if not any(RESOURCE in (w.get("resources") or {}) for w in workers.values()):
         report(f"depthwatch: no depthwatch worker on {scheduler} yet; waiting (start one with `depthwatch worker {scheduler}`)")

@@ -116,15 +116,16 @@ class FrameReport:
 
 def render_frames(frames: list[FrameTask], settings: Settings, force: bool = False) -> list[FrameReport]:
     """The task: map `frames` on this worker with the client's output `settings`."""
-    return _runner().render(frames, settings, force)
+    return runner().render(frames, settings, force)
 
 
 def collect_frames(frames: list[FrameTask], settings: Settings) -> list[FrameReport]:
     """The task of a shot-stable sequence's first pass: the model's view of each frame, nothing written."""
-    return _runner().render(frames, settings, force=True, collect=True)
+    return runner().render(frames, settings, force=True, collect=True)
 
 
-def _runner() -> Any:
+def runner() -> Any:
+    """This worker's FrameRunner (its engine, loaded once; its pipeline; its counts), through the plugin."""
     from distributed import get_worker
 
     worker = get_worker()

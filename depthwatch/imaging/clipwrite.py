@@ -188,6 +188,27 @@ class ClipWriter:
             raise FrameError(f"the {self.kind.label} encoder failed: {exc.strerror or exc}") from None
         self._mux(packets)
 
+    def copy(self, packet: Any) -> None:
+        """Append a frame already encoded as this kind (a farm segment's packet), timed as the next frame.
+
+        For the intra-only kinds (ProRes, FFV1), whose packets are each a whole
+        frame: segments of one clip, written by this class with the same
+        settings, join into the clip it would have written frame by frame.
+        """
+        # The packet keeps the duration its encoder gave it, as `write`'s packets do (the encoder's
+        # frame duration, 1/rate): only its time changes.
+        lasts = Fraction(packet.duration) * Fraction(packet.time_base) if packet.duration and packet.time_base else None
+        if self._source is not None:
+            packet.pts, duration = self._source.time_of(self._count)
+        else:
+            packet.pts, duration = self._count, 1
+        packet.dts = packet.pts
+        packet.duration = round(lasts / self._time_base) if lasts is not None else duration
+        packet.time_base = self._time_base
+        packet.stream = self._stream
+        self._count += 1
+        self._mux([packet])
+
     def frame_for(self, depth: np.ndarray) -> Any:
         """The encoder's frame for a map: grey as is, or luma in video range with neutral chroma.
 

@@ -1,0 +1,170 @@
+"""A depth clip made on the farm, in pieces: the workers' segments, named for what they hold, and their join.
+
+Each range of a clip becomes one intra-only segment (ProRes for a `.mov`
+depth clip, FFV1 for the rest), written by a worker into a hidden folder
+beside the depth clip (`.A001_depth.mov.farm/`). Its name carries a key of
+everything its pixels depend on: the source's version (size and mtime), the
+range (its first frame and every presentation time), the render settings and
+the output kind, and the model (file digest, providers, precision, as the
+worker that ran the first pass reports them). A run interrupted and run again
+finds the segments that are still right by name and renders only the rest;
+a segment of another version of anything is not found, and is removed with
+the folder when the job ends.
+
+Joining copies packets: ProRes codes every frame on its own, and FFV1's
+frames need nothing of another's pixels (its coder state restarts at each
+keyframe, and every segment starts with one), so the segments' packets laid
+end to end, each re-stamped with its frame's time in the whole clip (k at
+1/rate, or a variable-rate source's own frame times), decode to the frames of
+the depth clip local `once` writes, without decoding or encoding a frame
+here. (A joined FFV1 clip has a keyframe at each range's start besides
+FFV1's own every few frames: the same frames, not the same bytes.)
+The container gets the source's timecode (a tmcd track in .mov, a tag in
+.mkv), pixel aspect, display matrix and depthwatch's mark. H.264 cannot be
+joined so (its frames refer to each other, across a range's edges unless each
+range is closed), so for a `.mp4` depth clip the client decodes the lossless
+FFV1 segments and encodes the whole clip once: the same encoder, the same
+frames, so the same file local `once` writes; it costs one H.264 encode at the
+client (a few hundred frames a second at 1080p on one core with `preset
+fast`, against the model's tens on a worker).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from depthwatch.errors import FrameError, OutputError
+from depthwatch.frames.settings import Settings
+from depthwatch.imaging import clipwrite
+from depthwatch.imaging.sourcemeta import SourceMeta
+from depthwatch.imaging.video import ClipInfo, require_av
+from depthwatch.logtext import shown
+
+#: The intra-only kind each output kind's segments are written in.
+SEGMENT_KINDS = {".mov": ".mov", ".mkv": ".mkv", ".mp4": ".mkv"}
+#: A segment being written: `.NAME.PID.part` (a killed worker's is removed when the job ends).
+PART_SUFFIX = ".part"
+
+
+def folder_for(final: Path) -> Path:
+    """The hidden folder of a depth clip's segments, beside it."""
+    return final.with_name(f".{final.name}.farm")
+
+
+def segment_kind(output: Path) -> clipwrite.Kind:
+    """The kind a depth clip's segments are written in; FrameError for an output the farm does not join."""
+    ext = SEGMENT_KINDS.get(output.suffix.lower())
+    if ext is None:
+        raise FrameError(
+            f"the farm writes depth clips as .mov, .mkv or .mp4, not {output.suffix or 'an image sequence'}; "
+            "map it without --farm, or give -o NAME.mov"
+        )
+    kind = clipwrite.kind_for(ext)
+    assert kind is not None
+    return kind
+
+
+def key(version: tuple[int, int], first: int, times: tuple[int, ...], settings: Settings, output: Path, model: str) -> str:
+    """What a segment's pixels depend on, as a short digest."""
+    what = {
+        "source": list(version),
+        "first": first,
+        "times": hashlib.sha256(json.dumps(times).encode()).hexdigest(),
+        "render": repr(settings.render),
+        "normalise": settings.normalise,
+        "kind": repr(segment_kind(output)),
+        "model": model,
+    }
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def name(first: int, count: int, digest: str, output: Path) -> str:
+    return f"{first:08d}-{count:06d}-{digest}{SEGMENT_KINDS[output.suffix.lower()]}"
+
+
+def join(segments: list[Path], final: Path, temp: Path, meta: ClipInfo, source: SourceMeta) -> int:
+    """The segments, in order, as one depth clip at `temp`; the frames written."""
+    kind = clipwrite.kind_for(final.suffix)
+    assert kind is not None
+    if segment_kind(final).codec == kind.codec:
+        return _copy_packets(segments, temp, kind, meta, source)
+    return _encode(segments, temp, kind, meta, source)
+
+
+def _copy_packets(segments: list[Path], temp: Path, kind: clipwrite.Kind, meta: ClipInfo, source: SourceMeta) -> int:
+    """The segments' packets, re-timed, into the container local `once` writes (`ClipWriter`, the same kind)."""
+    av = require_av()
+    writer = clipwrite.ClipWriter(temp, kind, meta, source)
+    try:
+        for path in segments:
+            with av.open(str(path), "r") as segment:
+                for packet in segment.demux(video=0):
+                    if packet.size:
+                        writer.copy(packet)
+        writer.close()
+    except av.FFmpegError as exc:
+        writer.abort()
+        raise FrameError(f"cannot join the segments: {exc}") from None
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.frames
+
+
+def _encode(segments: list[Path], temp: Path, kind: clipwrite.Kind, meta: ClipInfo, source: SourceMeta) -> int:
+    av = require_av()
+    writer = clipwrite.ClipWriter(temp, kind, meta, source)
+    try:
+        for path in segments:
+            with av.open(str(path), "r") as segment:
+                for frame in segment.decode(video=0):
+                    writer.write(frame.to_ndarray(format="gray16le"))
+        writer.close()
+    except av.FFmpegError as exc:
+        writer.abort()
+        raise FrameError(f"cannot read a segment back: {exc}") from None
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.frames
+
+
+def put_in_place(temp: Path, final: Path) -> None:
+    """The whole depth clip under its name, replacing only a depth clip depthwatch made."""
+    from depthwatch.files import rename_noreplace
+
+    if os.path.lexists(final) and not clipwrite.is_ours(final):
+        raise OutputError(f"{shown(final)} is not a depth clip depthwatch made; not replacing it: move it away", retryable=False)
+    try:
+        if os.path.lexists(final):
+            os.replace(temp, final)
+        else:
+            rename_noreplace(temp, final)
+    except OSError as exc:
+        raise OutputError(f"cannot put {shown(final.name)} in place in {shown(final.parent)}: {exc.strerror or exc}") from None
+
+
+def remove_parts(folder: Path) -> int:
+    """Segments a killed worker was writing (once every task has its answer); how many."""
+    removed = 0
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return 0
+    for entry in entries:
+        if entry.name.startswith(".") and entry.name.endswith(PART_SUFFIX):
+            try:
+                os.unlink(entry.path)
+                removed += 1
+            except OSError:
+                pass
+    return removed
+
+
+def remove_folder(folder: Path) -> None:
+    """The segments' folder, once its depth clip is in place."""
+    shutil.rmtree(folder, ignore_errors=True)
