@@ -12,7 +12,7 @@ Stills, and everything in `frame` mode, get their own map each, exactly as
 the daemon's per-frame path makes it.
 
 Clips (`shot.mov`, `A001.mp4`: see `imaging.video`) become depth clips of the
-same length, rate, timecode, size and pixel aspect (`frames.clips`), by
+same length, rate, timecode, size and pixel aspect (`clips`), by
 default `{stem}_depth.mov` beside the clip; `-o` names another file, folder or
 template, and its extension picks the codec.
 """
@@ -299,7 +299,7 @@ def _clip_jobs(clips: list[Path], config: Any) -> tuple[list[Any], list[str]]:
     frames does (nothing is written): a clip refused only after it was mapped
     would have cost its whole length.
     """
-    from depthwatch.frames.clips import ClipJob
+    from depthwatch.clips.job import ClipJob
     from depthwatch.imaging import clipwrite
 
     rules = rules_for((c.parent for c in clips), config.output.template, config.output.clip_template)
@@ -339,7 +339,7 @@ def _clip_jobs(clips: list[Path], config: Any) -> tuple[list[Any], list[str]]:
 
 def _clips(jobs: list[Any], refused: list[str], config: Any, engine: Any = None) -> int:
     """Each clip to its depth clip, one after the other, with a progress bar; returns the failures."""
-    from depthwatch.frames.clips import make_clip
+    from depthwatch.clips.make import make_clip
     from depthwatch.frames.settings import Settings
     from depthwatch.model import catalogue
     from depthwatch.model.engine import Engine

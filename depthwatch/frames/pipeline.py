@@ -23,7 +23,6 @@ import itertools
 import json
 import logging
 import os
-import sys
 import threading
 import time
 import zlib
@@ -38,7 +37,6 @@ import numpy as np
 
 from depthwatch import __version__
 from depthwatch.errors import (
-    BadPrediction,
     DepthwatchError,
     FrameError,
     ModelChanged,
@@ -60,7 +58,7 @@ from depthwatch.imaging.render import Stable, depth_map
 from depthwatch.logtext import shown
 from depthwatch.model.engine import Engine, Inference
 from depthwatch.model.spec import ModelInfo
-from depthwatch.threadnames import name_this_thread
+from depthwatch.threadnames import yield_to_inference
 
 log = logging.getLogger("depthwatch.frames")
 
@@ -115,26 +113,6 @@ class _Frame:
         now = time.perf_counter()
         self.result.ms[stage] = self.result.ms.get(stage, 0.0) + (now - self.clock) * 1000
         self.clock = now
-
-
-def yield_to_inference(niceness: int) -> None:
-    """Make this worker thread `niceness` steps nicer than the inference thread.
-
-    On a CPU-only machine the image work and the model's operator threads share
-    the cores; when both want one the model should win, and decoding and
-    encoding should fill the gaps its parallel sections leave (measured: burst
-    throughput 21 -> 25 frames/s on two cores at niceness 10; see docs/benchmarks.md).
-    Linux applies nice to single threads; elsewhere this does nothing. The
-    thread gets its name in the operating system too (see `threadnames`).
-    """
-    name_this_thread()
-    if not sys.platform.startswith("linux") or niceness <= 0:
-        return
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness))
-    except OSError:
-        pass
 
 
 #: While an output's maps keep coming at least this often, a newer version of its
@@ -579,11 +557,7 @@ class Pipeline:
         frame.decoded = None
         result, job = frame.result, frame.job
         if isinstance(exc, DepthwatchError):
-            result.error = str(exc)
-            result.retryable = isinstance(exc, OutputError) and exc.retryable
-            result.unusable = isinstance(exc, FrameError)
-            result.superseded = isinstance(exc, Superseded)
-            result.bad_prediction = isinstance(exc, BadPrediction)
+            result.failed_with(exc)
             result.inferred = frame.inference is not None and not frame.inference.cancelled()
         else:
             log.error("internal error on %s (a bug; please report it with this traceback)", shown(job.source), exc_info=exc)

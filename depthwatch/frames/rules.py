@@ -19,6 +19,7 @@ from pathlib import Path
 from depthwatch.config import OutputConfig, WatchConfig, map_format_problem
 from depthwatch.errors import ConfigError, FrameError
 from depthwatch.frames import provenance
+from depthwatch.frames.folders import inside
 from depthwatch.frames.job import Job, Signature
 from depthwatch.frames.writer import is_temp_name
 from depthwatch.imaging import clipwrite, video
@@ -154,9 +155,7 @@ class Rules:
             text = self.template.format(stem=source.stem, name=source.name, ext=source.suffix.lstrip("."))
         output = Path(os.path.abspath(source.parent / text))
         # Real paths: a symlinked subfolder must not carry an output outside either.
-        real = os.path.realpath(output.parent)
-        allowed = [os.path.realpath(r) for r in self.output_roots(source)]
-        if not any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in allowed):
+        if not inside(output.parent, self.output_roots(source)):
             raise FrameError(f"its output {output} would be outside the configured folders; not writing it")
         if output == source:
             raise FrameError("its output would overwrite the frame itself; change output.template")
@@ -315,7 +314,7 @@ class Rules:
             target = path.resolve(strict=True)
         except (OSError, RuntimeError):
             return False
-        return root is not None and (root.resolve() in target.parents)
+        return root is not None and inside(target, (root,), strictly=True)
 
 
 #: Stems a frame pattern's `*` is tried with when looking for a clash with the output template.

@@ -16,11 +16,13 @@ import re
 import secrets
 import stat
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 
 from depthwatch.errors import OutputError
-from depthwatch.files import fsync_folder, rename_noreplace, write_all
+from depthwatch.files import rename_noreplace, replace_in
 from depthwatch.frames import provenance
+from depthwatch.frames.folders import LeadsOutside, Unchecked, inside, open_inside
 from depthwatch.imaging.clipwrite import SEQUENCE_MARKER, is_whole, marked_frames
 from depthwatch.logtext import shown
 
@@ -38,7 +40,6 @@ _TEMP_EXTRA = 2 + 10 + 1 + 8 + len(TEMP_SUFFIX)
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 
 def temp_name_for(target: Path) -> Path:
@@ -78,39 +79,23 @@ def _alive(pid: int) -> bool:
 
 
 def open_folder(folder: Path, roots: tuple[Path, ...] = ()) -> int:
-    """A descriptor of the real folder `folder` names now, checked to lie inside `roots`.
+    """A descriptor of the real folder `folder` names now, checked to lie inside `roots` (see `folders.open_inside`).
 
     Writing relative to this descriptor means a folder swapped for a symlink
     after the job was made cannot carry the file elsewhere: what is checked is
     what is written into. No `roots`: no containment check (`once`).
     """
     try:
-        fd = os.open(folder, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
+        return open_inside(folder, roots)
+    except LeadsOutside:
+        raise OutputError(
+            f"the output folder {shown(folder)} now leads outside the configured folders (replaced by a link?); not writing",
+            retryable=False,
+        ) from None
+    except Unchecked as exc:
+        raise OutputError(f"cannot check the output folder {shown(folder)}: {_reason(exc.cause)}") from None
     except OSError as exc:
         raise OutputError(f"cannot open the output folder {shown(folder)}: {_reason(exc)}") from None
-    if not roots:
-        return fd
-    try:
-        real = os.path.realpath(folder)
-        here, there = os.fstat(fd), os.stat(real)
-        if not really_inside(folder, roots) or (here.st_dev, here.st_ino) != (there.st_dev, there.st_ino):
-            raise OutputError(
-                f"the output folder {shown(folder)} now leads outside the configured folders (replaced by a link?); not writing",
-                retryable=False,
-            )
-    except OSError as exc:
-        os.close(fd)
-        raise OutputError(f"cannot check the output folder {shown(folder)}: {_reason(exc)}") from None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def really_inside(path: Path, roots: tuple[Path, ...]) -> bool:
-    """Whether `path`, every link in it resolved, lies inside one of `roots` (resolved too)."""
-    real = os.path.realpath(path)
-    return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in map(os.path.realpath, roots))
 
 
 def ensure_folder(folder: Path, roots: tuple[Path, ...] = ()) -> None:
@@ -120,7 +105,7 @@ def ensure_folder(folder: Path, roots: tuple[Path, ...] = ()) -> None:
     """
     if folder.is_dir():
         return
-    if roots and not really_inside(folder, roots):
+    if roots and not inside(folder, roots):
         raise OutputError(
             f"the output folder {shown(folder)} now leads outside the configured folders (replaced by a link?); not writing",
             retryable=False,
@@ -166,25 +151,12 @@ def atomic_write(
 
 
 def _write_in(folder: int, target: Path, data: bytes, may_replace: ReplaceCheck | None) -> None:
-    tmp = temp_name_for(target).name
+    put = None if may_replace is None else partial(_replace_if_allowed, folder, target=target, may_replace=may_replace)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC | _NOFOLLOW, 0o644, dir_fd=folder)
-        try:
-            write_all(fd, data)
-        finally:
-            os.close(fd)
-        if may_replace is None:
-            os.replace(tmp, target.name, src_dir_fd=folder, dst_dir_fd=folder)
-        else:
-            _replace_if_allowed(folder, tmp, target, may_replace)
+        replace_in(folder, target.name, data, temp_name_for(target).name, put)
     except OSError as exc:
-        _remove_quietly(tmp, folder)
         retryable = exc.errno not in (errno.ENAMETOOLONG, errno.EINVAL, errno.EISDIR)
         raise OutputError(f"cannot write {shown(target.name)} in {shown(target.parent)}: {_reason(exc)}", retryable) from None
-    except BaseException:
-        _remove_quietly(tmp, folder)
-        raise
-    fsync_folder(folder)  # so the rename survives a power cut
 
 
 def _replace_if_allowed(folder: int, tmp: str, target: Path, may_replace: ReplaceCheck) -> None:
