@@ -52,7 +52,8 @@ from depthwatch.frames.jobqueue import LatestWinsQueue
 from depthwatch.frames.reading import read_source
 from depthwatch.frames.result import Result
 from depthwatch.frames.settings import Settings
-from depthwatch.frames.writer import JSON_MARK, atomic_write, ensure_folder, json_refusal
+from depthwatch.frames.replacing import JSON_MARK, json_refusal, map_refusal
+from depthwatch.frames.writer import atomic_write, ensure_folder
 from depthwatch.imaging import codec, formats, normalise, stabilise, tensor
 from depthwatch.imaging.render import Stable, depth_map
 from depthwatch.logtext import shown
@@ -490,7 +491,7 @@ class Pipeline:
             if self._newer_written(frame):
                 raise Superseded("a newer version's map was written first")
             # Only a map depthwatch made is ever replaced (its record, read just before the rename).
-            atomic_write(output, encoded, job.output_roots, folder_fd=beside, may_replace=provenance.refusal)
+            atomic_write(output, encoded, job.output_roots, folder_fd=beside, may_replace=map_refusal)
             if frame.shot is not None and self.stabiliser.landed(output, frame.shot):
                 result.shot, result.started = frame.shot.shot, frame.shot.started
             if frame.settings.sidecar:

@@ -9,13 +9,12 @@ failure the temporary file is removed and the old target is untouched.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import re
 import secrets
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from depthwatch.errors import OutputError
 from depthwatch.files import rename_noreplace, replace_in
 from depthwatch.frames import provenance
 from depthwatch.frames.folders import LeadsOutside, Unchecked, inside, open_inside
+from depthwatch.frames.replacing import ReplaceCheck
 from depthwatch.imaging.clipwrite import SEQUENCE_MARKER, is_whole, marked_frames
 from depthwatch.logtext import shown
 
@@ -38,8 +38,6 @@ _TEMP_TAIL = re.compile(r"\.(\d+)-[0-9a-f]{8}" + re.escape(TEMP_SUFFIX) + "$")
 #: Room the temporary name adds to the target's: "." + "." + pid + "-" + 8 hex digits + TEMP_SUFFIX.
 _TEMP_EXTRA = 2 + 10 + 1 + 8 + len(TEMP_SUFFIX)
 
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def temp_name_for(target: Path) -> Path:
@@ -88,14 +86,19 @@ def open_folder(folder: Path, roots: tuple[Path, ...] = ()) -> int:
     try:
         return open_inside(folder, roots)
     except LeadsOutside:
-        raise OutputError(
-            f"the output folder {shown(folder)} now leads outside the configured folders (replaced by a link?); not writing",
-            retryable=False,
-        ) from None
+        raise _outside(folder) from None
     except Unchecked as exc:
         raise OutputError(f"cannot check the output folder {shown(folder)}: {_reason(exc.cause)}") from None
     except OSError as exc:
         raise OutputError(f"cannot open the output folder {shown(folder)}: {_reason(exc)}") from None
+
+
+def _outside(folder: Path) -> OutputError:
+    """A folder for output that leads outside the allowed ones now: never retried."""
+    return OutputError(
+        f"the output folder {shown(folder)} now leads outside the configured folders (replaced by a link?); not writing",
+        retryable=False,
+    )
 
 
 def ensure_folder(folder: Path, roots: tuple[Path, ...] = ()) -> None:
@@ -106,19 +109,11 @@ def ensure_folder(folder: Path, roots: tuple[Path, ...] = ()) -> None:
     if folder.is_dir():
         return
     if roots and not inside(folder, roots):
-        raise OutputError(
-            f"the output folder {shown(folder)} now leads outside the configured folders (replaced by a link?); not writing",
-            retryable=False,
-        )
+        raise _outside(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputError(f"cannot create the output folder {shown(folder)}: {exc.strerror or exc}") from None
-
-
-#: Asked right before the rename, with the folder's descriptor and the target's name:
-#: why the file now at that name must not be replaced (None: it may be).
-ReplaceCheck = Callable[[int, str], "str | None"]
 
 
 def atomic_write(
@@ -178,42 +173,6 @@ def _replace_if_allowed(folder: int, tmp: str, target: Path, may_replace: Replac
         os.replace(tmp, target.name, src_dir_fd=folder, dst_dir_fd=folder)
         return
     raise OutputError(f"{shown(target.name)} in {shown(target.parent)} keeps changing; not writing", retryable=True)
-
-
-#: depthwatch's JSON files beside the maps (sidecars, error records) carry this key: ours to replace.
-JSON_MARK = "depthwatch"
-
-
-def json_refusal(legacy: frozenset[str]) -> ReplaceCheck:
-    """A `ReplaceCheck` for depthwatch's JSON files: only one it wrote is replaced (or removed).
-
-    Ours: a JSON object with the `JSON_MARK` key, or with exactly the keys
-    `legacy` (what versions before the mark wrote). Anything else at the name
-    (a user's `shot_depth.png.json`, a folder, a link) stays.
-    """
-
-    def refusal(folder_fd: int, name: str) -> str | None:
-        try:
-            st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            return f"cannot be looked at ({exc.strerror or exc}); not replacing it"
-        if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
-            return "is not a file depthwatch wrote; not replacing it"
-        try:
-            fd = os.open(name, os.O_RDONLY | _CLOEXEC | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0), dir_fd=folder_fd)
-            with os.fdopen(fd, "rb") as f:
-                data = json.loads(f.read(1 << 20))
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError):
-            data = None
-        if isinstance(data, dict) and (JSON_MARK in data or set(data) == legacy):
-            return None
-        return "is not a file depthwatch wrote; not replacing it"
-
-    return refusal
 
 
 def sweep_temp_files(folder: Path) -> tuple[int, int]:
