@@ -1,9 +1,12 @@
-"""Atomic file replacement: a reader sees the old file or the new one, never half.
+"""Writing into folders other programs control: maps, sidecars and records, atomically, and only inside the allowed folders.
 
-The bytes go to a hidden temporary file in the target's own folder (rename is
-atomic only within one filesystem), are flushed and fsynced, then renamed over
-the target; the folder is fsynced so the rename survives a power cut. On any
-failure the temporary file is removed and the old target is untouched.
+The replacement itself is `files.replace_in` (a hidden temporary file beside
+the target, fsynced, renamed over it, the folder fsynced; on any failure the
+temporary file is removed and the old target is untouched). This module adds
+what a watched folder needs: the folder opened and checked to lie inside the
+allowed ones (`folders.open_inside`), a check of whatever holds the name right
+before the rename (`replacing`), one-line OutputErrors, temporary names that
+carry the writer's pid, and the sweep of dead writers' leftovers.
 """
 
 from __future__ import annotations
