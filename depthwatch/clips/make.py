@@ -191,6 +191,6 @@ def _write_still(
     number = settings.first_frame + k
     data = provenance.embed(data, {**record, "frame": number})
     try:
-        write_new(folder / output.name.format(frame=number), data)
+        write_new(folder / output.name.format(frame=number), data)  # fsynced: the swap never brings in frames still in the page cache
     except OSError as exc:
         raise OutputError(f"cannot write frame {number} of {output.parent.name} in {output.parent.parent}: {exc.strerror or exc}") from None
