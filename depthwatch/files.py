@@ -4,10 +4,11 @@ Frames, model files and config files all come from folders other programs
 control: `kind_of`, `link_problem` and `why_not_a_file` say, in words for a
 one-line message, what is at a path when it is not a regular file (a folder, a
 FIFO, a dangling link), without opening it. `sha256_of` is the one file hash
-(model checksums, recognition, cache keys). `atomic_write` replaces one of
-depthwatch's own files (caches, recorded checksums); maps and status files go
-through `frames.writer.atomic_write`, which shares `write_all` and adds the
-folder checks a watched folder needs. `rename_noreplace` and `exchange` are the
+(model checksums, recognition, cache keys). `replace_in` is the one atomic
+replacement (a temporary file beside the target, fsynced, renamed, the folder
+fsynced): `atomic_write` uses it for depthwatch's own files (caches, recorded
+checksums), and `frames.writer.atomic_write` for maps and status files, adding
+the folder checks a watched folder needs. `rename_noreplace` and `exchange` are the
 two renames a plain `rename` cannot do in one step: into a name only while it
 is absent, and swapping two names (a folder of frames for the last one).
 """
@@ -26,6 +27,7 @@ from pathlib import Path
 
 _CHUNK = 1 << 20
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def kind_of(mode: int) -> str | None:
@@ -102,29 +104,61 @@ def fsync_folder(fd: int) -> None:
         pass
 
 
+def write_new(path: str | Path, data: bytes, *, dir_fd: int | None = None) -> None:
+    """A new file at `path` (never one already there, never through a link) holding `data`, fsynced."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC | _NOFOLLOW, 0o644, dir_fd=dir_fd)
+    try:
+        write_all(fd, data)
+    finally:
+        os.close(fd)
+
+
+def replace_in(folder_fd: int, name: str, data: bytes, temp: str, put: Callable[[str], None] | None = None) -> None:
+    """Replace the file `name` in the folder open as `folder_fd` with `data`, atomically: the one way it is done.
+
+    Written to the new file `temp` beside it (rename is atomic only within
+    one filesystem), fsynced, renamed over `name` (or handed to `put`, which
+    renames it on its own terms), and the folder fsynced so the rename
+    survives a power cut. On any failure `temp` is removed and `name` is as it was.
+    """
+    try:
+        write_new(temp, data, dir_fd=folder_fd)
+        if put is None:
+            os.replace(temp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+        else:
+            put(temp)
+    except BaseException:
+        try:
+            os.unlink(temp, dir_fd=folder_fd)
+        except OSError:
+            pass
+        raise
+    fsync_folder(folder_fd)
+
+
 def atomic_write(target: Path, data: bytes) -> None:
     """Replace `target` with `data`: a reader sees the old file or the new one, never half.
 
-    Written to a hidden temporary file beside it, fsynced, renamed over it, and
-    the folder fsynced. OSError on failure, with the temporary file removed and
-    the old file untouched.
+    `replace_in` through the target's folder, with a hidden temporary name.
+    OSError on failure, with the temporary file removed and the old file untouched.
     """
-    tmp = target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC, 0o644)
-        try:
-            write_all(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     folder = os.open(target.parent, os.O_RDONLY | _CLOEXEC)
     try:
-        fsync_folder(folder)
+        replace_in(folder, target.name, data, f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     finally:
         os.close(folder)
+
+
+def sync_folder(folder: Path) -> None:
+    """`fsync_folder` by path; a folder that cannot be opened is left as it is."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | _CLOEXEC)
+    except OSError:
+        return
+    try:
+        fsync_folder(fd)
+    finally:
+        os.close(fd)
 
 
 # -- renames a plain rename cannot do ----------------------------------------------------

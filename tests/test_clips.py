@@ -29,7 +29,8 @@ from benchmarks.clips import pan_clip_frames, write_clip  # noqa: E402
 from conftest import FASTDEPTH  # noqa: E402
 from depthwatch.config import ModelConfig  # noqa: E402
 from depthwatch.frames import provenance  # noqa: E402
-from depthwatch.frames.clips import ClipJob, make_clip  # noqa: E402
+from depthwatch.clips.job import ClipJob  # noqa: E402
+from depthwatch.clips.make import make_clip  # noqa: E402
 from depthwatch.frames.settings import Settings  # noqa: E402
 from depthwatch.imaging import codec, normalise, tensor  # noqa: E402
 from depthwatch.model import catalogue  # noqa: E402

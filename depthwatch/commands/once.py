@@ -12,7 +12,7 @@ Stills, and everything in `frame` mode, get their own map each, exactly as
 the daemon's per-frame path makes it.
 
 Clips (`shot.mov`, `A001.mp4`: see `imaging.video`) become depth clips of the
-same length, rate, timecode, size and pixel aspect (`frames.clips`), by
+same length, rate, timecode, size and pixel aspect (`clips`), by
 default `{stem}_depth.mov` beside the clip; `-o` names another file, folder or
 template, and its extension picks the codec.
 """
@@ -34,7 +34,8 @@ from depthwatch.commands.common import add_config_arguments, config_from_args
 from depthwatch.config import OutputConfig, WatchConfig
 from depthwatch.errors import ConfigError, FrameError, InputError
 from depthwatch.frames import provenance
-from depthwatch.frames.rules import Rules
+from depthwatch.frames.replacing import map_refusal_at
+from depthwatch.frames.rules import Claims, Rules
 from depthwatch.imaging.formats import EXTENSIONS
 from depthwatch.imaging.video import CLIP_EXTENSIONS, is_clip_name
 from depthwatch.imaging.normalise import FRAME, MODES, STABLE
@@ -300,14 +301,14 @@ def _clip_jobs(clips: list[Path], config: Any) -> tuple[list[Any], list[str]]:
     frames does (nothing is written): a clip refused only after it was mapped
     would have cost its whole length.
     """
-    from depthwatch.frames.clips import ClipJob
+    from depthwatch.clips.job import ClipJob
     from depthwatch.imaging import clipwrite
 
     rules = rules_for((c.parent for c in clips), config.output.template, config.output.clip_template)
     inputs = {os.path.realpath(c) for c in clips}
     jobs: list[Any] = []
     refused: list[str] = []
-    owner: dict[str, Path] = {}
+    claims = Claims()
     for clip in clips:
         try:
             output = rules.output_for(clip)
@@ -321,14 +322,8 @@ def _clip_jobs(clips: list[Path], config: Any) -> tuple[list[Any], list[str]]:
             refused.append(f"{shown(clip)}: is a depth clip depthwatch made; not taken as a clip")
             continue
         job = ClipJob(clip, output)
-        first = owner.setdefault(os.path.realpath(job.final), clip)
-        if first is not clip:
-            if os.path.realpath(first) == os.path.realpath(clip):
-                continue  # the same clip named twice: one job
-            raise ConfigError(
-                f"{shown(first)} and {shown(clip)} both map to {shown(job.final)}; one depth clip would replace the other: "
-                "name outputs with {name} (e.g. -o '{name}_depth.mov') or leave one out (nothing was written)"
-            )
+        if not claims.claim(job.final, clip, "depth clip", ".mov", " (nothing was written)"):
+            continue
         if os.path.lexists(job.final) and not clipwrite.is_ours(job.final):
             raise ConfigError(
                 f"{shown(clip)}: its output {shown(job.final)} is not a depth clip depthwatch made; "
@@ -340,7 +335,7 @@ def _clip_jobs(clips: list[Path], config: Any) -> tuple[list[Any], list[str]]:
 
 def _clips(jobs: list[Any], refused: list[str], config: Any, engine: Any = None) -> int:
     """Each clip to its depth clip, one after the other, with a progress bar; returns the failures."""
-    from depthwatch.frames.clips import make_clip
+    from depthwatch.clips.make import make_clip
     from depthwatch.frames.settings import Settings
     from depthwatch.model import catalogue
     from depthwatch.model.engine import Engine
@@ -415,7 +410,7 @@ def _refuse_replacing(jobs: list[Any]) -> None:
     writer refuses such a file anyway; saying so first means nothing at all
     is written under a template that clashes.
     """
-    clashes = [(job, reason) for job in jobs if (reason := provenance.refusal_at(job.output))]
+    clashes = [(job, reason) for job in jobs if (reason := map_refusal_at(job.output))]
     if not clashes:
         return
     job, reason = clashes[0]

@@ -51,6 +51,7 @@ from waitress.task import ErrorTask
 from depthwatch.config import ApiConfig
 from depthwatch.daemon.waiters import DONE, FAILED, TIMEOUT, Ticket
 from depthwatch.errors import DepthwatchError, FrameError
+from depthwatch.frames.folders import inside
 from depthwatch.frames.frameline import timings
 from depthwatch.frames.result import Result
 from depthwatch.frames.rules import Rules
@@ -385,8 +386,7 @@ def _contained(path: Path, rules: Rules) -> bool:
     root = rules.root_of(path)
     if root is None:
         return False
-    real_root, real_parent = os.path.realpath(root), os.path.realpath(path.parent)
-    return real_parent == real_root or real_parent.startswith(real_root.rstrip(os.sep) + os.sep)
+    return inside(path.parent, (root,))
 
 
 def _content_length(environ: dict[str, Any]) -> int:

@@ -23,12 +23,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
-from depthwatch.frames.clips import ClipJob, ClipResult, Progress, make_clip
-from depthwatch.frames.pipeline import yield_to_inference
+from depthwatch.clips.job import ClipJob, ClipResult, Progress
+from depthwatch.clips.make import make_clip
 from depthwatch.frames.rules import clips_sharing
 from depthwatch.frames.settings import Settings
 from depthwatch.logtext import shown
 from depthwatch.model.engine import Engine
+from depthwatch.threadnames import yield_to_inference
 
 log = logging.getLogger("depthwatch.clips")
 

@@ -29,6 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from depthwatch.clips.job import ClipJob, ClipResult
 from depthwatch.config import Config, ModelConfig
 from depthwatch.daemon.clips import ClipRunner
 from depthwatch.daemon.locks import FolderLocks
@@ -45,7 +46,6 @@ from depthwatch.daemon.waiters import MapWaiters, Ticket
 from depthwatch.daemon.watcher import Watcher
 from depthwatch.errors import EX_SOFTWARE, ConfigError, DepthwatchError, FrameError, OutputError
 from depthwatch.frames import provenance
-from depthwatch.frames.clips import ClipJob, ClipResult
 from depthwatch.frames.job import Job, Signature, signature_of
 from depthwatch.frames.jobqueue import LatestWinsQueue
 from depthwatch.frames.errorrecords import write_error_record

@@ -2,7 +2,7 @@
 
 Written when a frame fails for a reason of its own, removed once a map of it lands.
 Only a record depthwatch wrote is replaced or removed: a user's file of that
-name stays (see `writer.json_refusal`).
+name stays (see `replacing.json_refusal`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pathlib import Path
 
 from depthwatch.errors import OutputError
 from depthwatch import __version__
-from depthwatch.frames.writer import JSON_MARK, atomic_write, ensure_folder, json_refusal
+from depthwatch.frames.replacing import JSON_MARK, json_refusal
+from depthwatch.frames.writer import atomic_write, ensure_folder
 
 log = logging.getLogger("depthwatch.frames")
 

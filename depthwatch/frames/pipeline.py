@@ -13,128 +13,49 @@ minus the read and the write, in the same slots, but never in all of them (a
 frame from disk always finds one within about one job), and stopped where it is
 by `cancel` once nobody waits for it.
 
-The steps themselves live in their own modules: `reading`, `imaging.codec`,
-`imaging.tensor`, the engine, `imaging.render`, `provenance`, `writer`.
+This module schedules; the steps themselves live in their own modules:
+`inflight` (what is held for a frame, and the steps that need nothing else:
+read, decode, record, sidecar), `reading`, `imaging.codec`, `imaging.tensor`,
+the engine, `imaging.render`, `provenance`, `writer`.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import logging
-import os
-import sys
 import threading
 import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-
-from depthwatch import __version__
 from depthwatch.errors import (
-    BadPrediction,
     DepthwatchError,
     FrameError,
     ModelChanged,
     OutputError,
-    OwnOutput,
     Superseded,
 )
 from depthwatch.frames import provenance
 from depthwatch.frames.errorrecords import remove_error_record, write_error_record
-from depthwatch.frames.folders import check_frame_folder, open_frame_folder
-from depthwatch.frames.job import Job, Signature, signature_from
+from depthwatch.frames.folders import check_frame_folder
+from depthwatch.frames.inflight import OWN_SIDECAR, FrameInFlight, MadeFrom
+from depthwatch.frames.job import Job, signature_from
 from depthwatch.frames.jobqueue import LatestWinsQueue
-from depthwatch.frames.reading import read_source
+from depthwatch.frames.replacing import map_refusal
 from depthwatch.frames.result import Result
 from depthwatch.frames.settings import Settings
-from depthwatch.frames.writer import JSON_MARK, atomic_write, ensure_folder, json_refusal
-from depthwatch.imaging import codec, formats, normalise, stabilise, tensor
+from depthwatch.frames.writer import atomic_write, ensure_folder
+from depthwatch.imaging import normalise, stabilise, tensor
 from depthwatch.imaging.render import Stable, depth_map
 from depthwatch.logtext import shown
 from depthwatch.model.engine import Engine, Inference
 from depthwatch.model.spec import ModelInfo
-from depthwatch.threadnames import name_this_thread
+from depthwatch.threadnames import yield_to_inference
 
 log = logging.getLogger("depthwatch.frames")
-
-
-@dataclass(frozen=True)
-class _MadeFrom:
-    """One frame version's bytes, the settings and the model a map was made with."""
-
-    source: Path
-    signature: Signature
-    crc: int
-    settings: Settings
-    generation: int
-
-
-@dataclass
-class _Frame:
-    job: Job
-    settings: Settings
-    future: Future[Result]
-    result: Result
-    decoded: codec.Decoded | None = None
-    source_stat: os.stat_result | None = None
-    clock: float = field(default_factory=time.perf_counter)
-    #: Submission order; a map never replaces one written by a later job for its output.
-    seq: int = 0
-    #: A newer job for the same output was submitted, or nobody waits for this one
-    #: any more (`cancel`): do not start inference.
-    abandoned: bool = False
-    inference: Future[Inference] | None = None
-    #: output.normalise: stable: the shot state this frame's map leaves once written.
-    shot: stabilise.ShotMap | None = None
-    #: The folder the frame was read from, open from read to result (see `folders`).
-    folder: int | None = None
-    #: What its map is made from (a frame from disk), to know the same work asked again.
-    made_from: _MadeFrom | None = None
-
-    def close_folder(self) -> None:
-        if self.folder is not None:
-            os.close(self.folder)
-            self.folder = None
-
-    def beside(self, path: Path) -> int | None:
-        """The frame's own folder, open, if `path` lies directly in it (else None: by path)."""
-        return self.folder if path.parent == self.job.source.parent else None
-
-    def check(self) -> None:
-        if self.abandoned:
-            raise Superseded("a newer version arrived")
-
-    def lap(self, stage: str) -> None:
-        now = time.perf_counter()
-        self.result.ms[stage] = self.result.ms.get(stage, 0.0) + (now - self.clock) * 1000
-        self.clock = now
-
-
-def yield_to_inference(niceness: int) -> None:
-    """Make this worker thread `niceness` steps nicer than the inference thread.
-
-    On a CPU-only machine the image work and the model's operator threads share
-    the cores; when both want one the model should win, and decoding and
-    encoding should fill the gaps its parallel sections leave (measured: burst
-    throughput 21 -> 25 frames/s on two cores at niceness 10; see docs/benchmarks.md).
-    Linux applies nice to single threads; elsewhere this does nothing. The
-    thread gets its name in the operating system too (see `threadnames`).
-    """
-    name_this_thread()
-    if not sys.platform.startswith("linux") or niceness <= 0:
-        return
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness))
-    except OSError:
-        pass
 
 
 #: While an output's maps keep coming at least this often, a newer version of its
@@ -142,8 +63,6 @@ def yield_to_inference(niceness: int) -> None:
 #: the inference in progress finishes and lands, so the editor still sees a live map.
 PREVIEW_INTERVAL_S = 0.25
 _WRITTEN_MEMORY = 1024
-#: Only a sidecar depthwatch wrote is replaced (its mark, or the keys sidecars had before the mark).
-_OWN_SIDECAR = json_refusal(frozenset({"source", "width", "height", "source_bytes", "source_mtime", "model", "providers", "ms"}))
 
 
 class Pipeline:
@@ -171,7 +90,7 @@ class Pipeline:
         self.held_in_flight = max(1, self.in_flight - 1)
         self._held_slots = threading.Semaphore(self.held_in_flight)
         #: Images in memory in flight, by their future (see `cancel`).
-        self._held: dict[Future[Result], _Frame] = {}
+        self._held: dict[Future[Result], FrameInFlight] = {}
         self._pool = ThreadPoolExecutor(
             max_workers=workers,
             thread_name_prefix="depthwatch-worker",
@@ -181,11 +100,11 @@ class Pipeline:
         self._lock = threading.Lock()
         self._pending = 0
         self._idle = threading.Condition(self._lock)
-        self._newest: dict[Path, _Frame] = {}
+        self._newest: dict[Path, FrameInFlight] = {}
         self._seq = itertools.count(1)
         # (seq, time, what it was made from) of the last map written per output; a short
         # memory is enough, since only jobs in flight (a handful) ever compare against it.
-        self._written: OrderedDict[Path, tuple[int, float, _MadeFrom | None]] = OrderedDict()
+        self._written: OrderedDict[Path, tuple[int, float, MadeFrom | None]] = OrderedDict()
         # Shot state per output for output.normalise: stable (bounded; see stabilise).
         self.stabiliser = stabilise.Stabiliser()
         # Writes to one output are serialised (by stripe, to keep this bounded) so the
@@ -280,7 +199,7 @@ class Pipeline:
         future: Future[Result] = Future()
         if then is not None:
             future.add_done_callback(then)
-        frame = _Frame(job, settings, future, Result(job), seq=next(self._seq))
+        frame = FrameInFlight(job, settings, future, Result(job), seq=next(self._seq))
         older = None
         with self._lock:
             self._pending += 1
@@ -324,7 +243,7 @@ class Pipeline:
         self._pool.shutdown(wait=idle, cancel_futures=True)
         return idle
 
-    def _finished(self, frame: _Frame) -> None:
+    def _finished(self, frame: FrameInFlight) -> None:
         frame.close_folder()
         with self._idle:
             if frame.job.output is not None and self._newest.get(frame.job.output) is frame:
@@ -340,33 +259,19 @@ class Pipeline:
 
     # -- worker side ----------------------------------------------------------------
 
-    def _front(self, frame: _Frame) -> None:
+    def _front(self, frame: FrameInFlight) -> None:
         """read, decode, prepare, hand to the engine (worker thread)."""
         try:
             frame.check()
             job = frame.job
-            data = job.data if job.data is not None else self._read(frame)
+            data = job.data if job.data is not None else frame.read()
             frame.lap("read")
             info = self._model_info()
             if self._made_already(frame, data, info):
                 frame.future.set_result(frame.result)
                 return
-            frame.decoded = codec.decode(
-                data,
-                max_pixels=frame.settings.max_pixels,
-                min_size=info.min_frame_size,
-                checked_format=job.format,
-                exr_colour=frame.settings.exr.colour,
-            )
+            frame.decode(data, info)
             del data
-            if frame.decoded.not_finite:
-                log.warning(
-                    "%s: %d NaN or infinite values in the EXR were made finite before the model "
-                    "(NaN and -Inf as black, +Inf as white)",
-                    shown(job.source),
-                    frame.decoded.not_finite,
-                )
-            frame.lap("decode")
             if job.nearness is not None:  # once, pass 2: the map is made, only write it
                 done: Future[Inference] = Future()
                 done.set_result(Inference(job.nearness, 0.0, info))
@@ -376,28 +281,7 @@ class Pipeline:
         except Exception as exc:
             self._fail(frame, exc)
 
-    def _read(self, frame: _Frame) -> bytes:
-        """The frame's bytes from disk, checked to be a frame and not one of depthwatch's own maps."""
-        job = frame.job
-        frame.folder = open_frame_folder(job.source, job.output_roots)
-        data, frame.source_stat = read_source(
-            job.source,
-            job.signature,
-            max_bytes=frame.settings.max_file_bytes,
-            link_root=job.link_root,
-            folder_fd=frame.folder,
-        )
-        made = provenance.read(data)
-        if made is not None:
-            raise OwnOutput(f"is a depth map depthwatch made from {shown(str(made.get('source')))}; not taken as input")
-        # The watcher sniffed the format and saw its end marker; the bytes are that version.
-        found = job.format or formats.sniff(data)
-        expected = formats.EXTENSIONS.get(job.source.suffix.lower())
-        if expected and found and found != expected:
-            raise FrameError(f"is a {found.upper()} image but its name says {job.source.suffix}; rename it")
-        return data
-
-    def _made_already(self, frame: _Frame, data: bytes, info: ModelInfo) -> bool:
+    def _made_already(self, frame: FrameInFlight, data: bytes, info: ModelInfo) -> bool:
         """Whether the map on disk was made from these very bytes, with these settings and model.
 
         Two producers (the watcher, the API) and a watcher that cannot always
@@ -411,7 +295,7 @@ class Pipeline:
         if job.output is None or job.data is not None or job.nearness is not None or job.collect:
             return False
         assert frame.source_stat is not None
-        made_from = _MadeFrom(job.source, signature_from(frame.source_stat), zlib.crc32(data), frame.settings, info.generation)
+        made_from = MadeFrom(job.source, signature_from(frame.source_stat), zlib.crc32(data), frame.settings, info.generation)
         frame.made_from = made_from
         with self._lock:
             last = self._written.get(job.output)
@@ -427,7 +311,7 @@ class Pipeline:
         info = self.engine.info
         return info if info is not None else self.engine.wait_ready()
 
-    def _to_engine(self, frame: _Frame, info: ModelInfo) -> None:
+    def _to_engine(self, frame: FrameInFlight, info: ModelInfo) -> None:
         assert frame.decoded is not None
         prepared = tensor.prepare(frame.decoded, info.contract, info.profile)
         frame.lap("prepare")
@@ -437,20 +321,20 @@ class Pipeline:
             self.engine.abort(frame.inference, running_too=frame.job.output is None)
         frame.inference.add_done_callback(lambda done: self._handoff(frame, done))
 
-    def _newer_written(self, frame: _Frame) -> bool:
+    def _newer_written(self, frame: FrameInFlight) -> bool:
         if frame.job.output is None:
             return False
         with self._lock:
             return self._written.get(frame.job.output, (0, 0.0, None))[0] > frame.seq
 
-    def _handoff(self, frame: _Frame, done: Future[Inference]) -> None:
+    def _handoff(self, frame: FrameInFlight, done: Future[Inference]) -> None:
         """Runs on the inference thread: only queue the rest of the job, do nothing else."""
         try:
             self._pool.submit(self._back, frame, done)
         except RuntimeError:  # the pool was shut down after a shutdown timeout
             self._fail(frame, FrameError("stopped before the depth map was written"))
 
-    def _back(self, frame: _Frame, done: Future[Inference]) -> None:
+    def _back(self, frame: FrameInFlight, done: Future[Inference]) -> None:
         """normalise, render, encode, write (worker thread)."""
         try:
             if done.cancelled():
@@ -472,7 +356,7 @@ class Pipeline:
             result.model = info.spec.path.name
             result.providers = info.providers
             if job.collect:
-                self._collect(frame, inference, info)
+                frame.collect(inference, info)
                 return
             made = depth_map(
                 inference.prediction,
@@ -491,8 +375,7 @@ class Pipeline:
                 frame.future.set_result(result)
                 return
             frame.shot = made.shot
-            assert frame.source_stat is not None
-            encoded = provenance.embed(made.data, _record(job, frame.source_stat, info, settings))
+            encoded = provenance.embed(made.data, frame.record(info))
             frame.lap("encode")
             self._write(frame, job.output, encoded)
             frame.lap("write")
@@ -500,7 +383,7 @@ class Pipeline:
         except Exception as exc:
             self._fail(frame, exc)
 
-    def _write(self, frame: _Frame, output: Path, encoded: bytes) -> None:
+    def _write(self, frame: FrameInFlight, output: Path, encoded: bytes) -> None:
         """The map (and its sidecar) onto disk, unless a newer job's map got there first."""
         job, result = frame.job, frame.result
         assert frame.folder is not None
@@ -512,14 +395,14 @@ class Pipeline:
             if self._newer_written(frame):
                 raise Superseded("a newer version's map was written first")
             # Only a map depthwatch made is ever replaced (its record, read just before the rename).
-            atomic_write(output, encoded, job.output_roots, folder_fd=beside, may_replace=provenance.refusal)
+            atomic_write(output, encoded, job.output_roots, folder_fd=beside, may_replace=map_refusal)
             if frame.shot is not None and self.stabiliser.landed(output, frame.shot):
                 result.shot, result.started = frame.shot.shot, frame.shot.started
             if frame.settings.sidecar:
                 try:
                     atomic_write(
-                        output.with_name(output.name + ".json"), self._sidecar(frame), job.output_roots,
-                        folder_fd=beside, may_replace=_OWN_SIDECAR,
+                        output.with_name(output.name + ".json"), frame.sidecar(), job.output_roots,
+                        folder_fd=beside, may_replace=OWN_SIDECAR,
                     )
                 except OutputError as exc:
                     if exc.retryable:
@@ -533,7 +416,7 @@ class Pipeline:
         if job.error_record is not None:
             remove_error_record(job.error_record, frame.beside(job.error_record))
 
-    def _stable(self, frame: _Frame, info: ModelInfo) -> Stable | None:
+    def _stable(self, frame: FrameInFlight, info: ModelInfo) -> Stable | None:
         """output.normalise: stable: where this frame's map joins its output's shot.
 
         The map comes from the output's shot state as it is; the state this
@@ -545,45 +428,11 @@ class Pipeline:
             return None
         return Stable(self.stabiliser, job.output, (info.generation, settings.render.clip_percent), frame.seq)
 
-    def _collect(self, frame: _Frame, inference: Inference, info: ModelInfo) -> None:
-        """Pass 1 of a sequence in `once`: keep what planning needs, write nothing."""
-        assert frame.decoded is not None
-        result = frame.result
-        result.summary = stabilise.summarise(
-            inference.prediction, info.profile.predicts, frame.decoded.image, frame.settings.render.clip_percent
-        )
-        result.prediction = inference.prediction.astype(np.float16)
-        if frame.source_stat is not None:
-            result.signature = signature_from(frame.source_stat)
-        frame.decoded = None
-        frame.lap("normalise")
-        frame.future.set_result(result)
-
-    def _sidecar(self, frame: _Frame) -> bytes:
-        st = frame.source_stat
-        result = frame.result
-        record: dict[str, Any] = {
-            JSON_MARK: __version__,
-            "source": frame.job.source.name,
-            "width": result.size[0] if result.size else None,
-            "height": result.size[1] if result.size else None,
-            "source_bytes": st.st_size if st else None,
-            "source_mtime": st.st_mtime if st else None,
-            "model": result.model,
-            "providers": list(result.providers),
-            "ms": {k: round(v, 2) for k, v in result.ms.items()},
-        }
-        return json.dumps(record, indent=2).encode() + b"\n"
-
-    def _fail(self, frame: _Frame, exc: BaseException) -> None:
+    def _fail(self, frame: FrameInFlight, exc: BaseException) -> None:
         frame.decoded = None
         result, job = frame.result, frame.job
         if isinstance(exc, DepthwatchError):
-            result.error = str(exc)
-            result.retryable = isinstance(exc, OutputError) and exc.retryable
-            result.unusable = isinstance(exc, FrameError)
-            result.superseded = isinstance(exc, Superseded)
-            result.bad_prediction = isinstance(exc, BadPrediction)
+            result.failed_with(exc)
             result.inferred = frame.inference is not None and not frame.inference.cancelled()
         else:
             log.error("internal error on %s (a bug; please report it with this traceback)", shown(job.source), exc_info=exc)
@@ -593,14 +442,3 @@ class Pipeline:
             write_error_record(job.error_record, job.source, result.error, job.output_roots, frame.beside(job.error_record))
         if not frame.future.done():
             frame.future.set_result(result)
-
-
-def _record(job: Job, source_stat: os.stat_result, info: ModelInfo, settings: Settings) -> dict[str, Any]:
-    """The provenance record a map of this frame version carries (see `provenance`)."""
-    return provenance.record_for(
-        job.source.name,
-        source_stat,
-        model=info.spec.path.name,
-        normalise=settings.normalise,
-        invert=settings.render.levels.invert,
-    )

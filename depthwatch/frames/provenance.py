@@ -20,7 +20,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import stat
 import struct
 import zlib
 from pathlib import Path
@@ -28,7 +27,6 @@ from typing import Any, BinaryIO
 
 from depthwatch import __version__
 from depthwatch.errors import FrameError
-from depthwatch.files import kind_of
 from depthwatch.frames.reading import open_checked
 from depthwatch.imaging import exrlayout, formats
 
@@ -98,43 +96,6 @@ def read(source: Path | bytes, dir_fd: int | None = None) -> dict[str, Any] | No
             return _read(f)
         except OSError:
             return None
-
-
-def refusal(folder_fd: int, name: str) -> str | None:
-    """Why the file named `name` in the open folder must not be replaced by a map (None: it may).
-
-    Only a map depthwatch made (its record inside, read through the folder's
-    own descriptor, right before the rename) is ever replaced: a user's file
-    that happens to have a map's name (a master `shot.png` under the template
-    `{stem}.png`, a photo called `x_depth.jpg`) is left as it is. A format
-    that carries no record yet (see `read`) is never replaced either.
-    """
-    try:
-        st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return f"cannot be looked at ({exc.strerror or exc}); not replacing it"
-    if stat.S_ISLNK(st.st_mode):
-        return "is a symlink, not a depth map depthwatch made; not replacing it"
-    kind = kind_of(st.st_mode)
-    if kind is not None:
-        return f"is {kind}, not a depth map depthwatch made; not replacing it"
-    if read(Path(name), dir_fd=folder_fd) is None:
-        return "is not a depth map depthwatch made (it carries no depthwatch record); not replacing it"
-    return None
-
-
-def refusal_at(target: Path) -> str | None:
-    """`refusal` for a path (`depthwatch once`, before anything is written)."""
-    try:
-        fd = os.open(target.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return None  # no folder yet: nothing to replace
-    try:
-        return refusal(fd, target.name)
-    finally:
-        os.close(fd)
 
 
 def _read(f: BinaryIO) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from depthwatch.errors import FrameError, Superseded
 from depthwatch.files import kind_of, link_problem
+from depthwatch.frames.folders import inside
 from depthwatch.frames.job import Signature, signature_from
 
 #: Default for `daemon.max_file_mb`: far above any frame, far below a machine's memory.
@@ -171,8 +172,7 @@ def read_source(
         if problem:
             raise FrameError(problem)
         real = os.path.realpath(path)
-        top = os.path.realpath(link_root)
-        if not real.startswith(top.rstrip(os.sep) + os.sep):
+        if not inside(real, (link_root,), strictly=True):
             raise FrameError("a symlink to outside the watch folder; not followed (set watch.follow_symlinks to allow it)")
         path, follow = Path(real), False  # the target itself, without following another link
     before = os.stat(path) if os.path.exists(path) else None

@@ -1,29 +1,72 @@
-"""What happened to one job: its map (or why not), its timings, and its one log line."""
+"""What happened to one job: its map (or why not), its timings, and its one log line.
+
+`Outcome` is what a frame's `Result` and a clip's `ClipResult` (`clips.job`)
+share: the job, why it failed, whether another try may help, whether it was
+only superseded; and how an error becomes all three (`failed_with`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
+from pathlib import Path
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
+from depthwatch.errors import BadPrediction, DepthwatchError, FrameError, OutputError, Superseded
 from depthwatch.frames.frameline import frame_line
 from depthwatch.frames.job import Job, Signature
 from depthwatch.imaging import stabilise
 from depthwatch.logtext import shown
 
 
-@dataclass
-class Result:
-    """`retryable` marks output errors worth another try; `unusable` an input that can never make a map."""
+class _HasSource(Protocol):
+    @property
+    def source(self) -> Path: ...
 
-    job: Job
+
+J = TypeVar("J", bound=_HasSource)
+
+
+@dataclass
+class Outcome(Generic[J]):
+    """How a job (a frame's, a clip's) ended: ok, or an `error` in one line.
+
+    `retryable` marks output errors worth another try (a full disk);
+    `superseded` a job stopped for a newer version or a stop request: not a failure.
+    """
+
+    job: J
+    _: KW_ONLY
     error: str | None = None
     retryable: bool = False
+    superseded: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def failed_with(self, exc: DepthwatchError) -> None:
+        """Record `exc` as the reason this job made nothing."""
+        self.error = str(exc)
+        self.retryable = isinstance(exc, OutputError) and exc.retryable
+        self.superseded = isinstance(exc, Superseded)
+
+    def error_line(self) -> str:
+        """The one log line of a job that failed: its source, then why."""
+        return f"{shown(self.job.source)}: {self.error}"
+
+
+@dataclass
+class Result(Outcome[Job]):
+    """A frame's outcome; `unusable` marks an input that can never make a map.
+
+    `failed_with` also says whether the frame was at fault (`unusable`) or the model (`bad_prediction`).
+    """
+
     #: The frame itself cannot be used (a FrameError: damaged, too large, not an image),
     #: as opposed to a failure of depthwatch's own (the API answers 422 against 500).
     unusable: bool = False
-    #: A newer version of the frame turned up meanwhile; not a failure.
-    superseded: bool = False
     #: The map on disk was already made from these very bytes (a version handed over twice):
     #: nothing was run or written; ok, but not counted as a frame done.
     unchanged: bool = False
@@ -48,14 +91,15 @@ class Result:
     #: A job with no output (image bytes held in memory): its encoded map.
     data: bytes | None = field(default=None, repr=False)
 
-    @property
-    def ok(self) -> bool:
-        return self.error is None
+    def failed_with(self, exc: DepthwatchError) -> None:
+        super().failed_with(exc)
+        self.unusable = isinstance(exc, FrameError)
+        self.bad_prediction = isinstance(exc, BadPrediction)
 
     def describe(self) -> str:
         """The one log line for this frame (read back by `frameline.parse_frame_line`)."""
         if self.error:
-            return f"{shown(self.job.source)}: {self.error}"
+            return self.error_line()
         output = self.job.output.name if self.job.output is not None else self.job.map_ext.lstrip(".")
         return frame_line(self.job.source.name, output, self.size or (0, 0), self.ms)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from depthwatch.config import OutputConfig, WatchConfig
 from depthwatch.errors import ConfigError, FrameError
 from depthwatch.frames import provenance
+from depthwatch.frames.folders import inside
 from depthwatch.frames.job import Job, Signature
 from depthwatch.frames.writer import is_temp_name
 from depthwatch.imaging import clipwrite, video
@@ -154,9 +155,7 @@ class Rules:
             text = self.template.format(stem=source.stem, name=source.name, ext=source.suffix.lstrip("."))
         output = Path(os.path.abspath(source.parent / text))
         # Real paths: a symlinked subfolder must not carry an output outside either.
-        real = os.path.realpath(output.parent)
-        allowed = [os.path.realpath(r) for r in self.output_roots(source)]
-        if not any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in allowed):
+        if not inside(output.parent, self.output_roots(source)):
             raise FrameError(f"its output {output} would be outside the configured folders; not writing it")
         if output == source:
             raise FrameError("its output would overwrite the frame itself; change output.template")
@@ -284,7 +283,7 @@ class Rules:
         refused: list[tuple[Path, str]] = []
         sources = list(sources)
         inputs = {os.path.realpath(s) for s in sources}
-        owner: dict[str, Path] = {}
+        claims = Claims()
         for source in sources:
             try:
                 job = self._job(source)  # frames named together: compared with each other below
@@ -295,15 +294,8 @@ class Rules:
             if real in inputs:  # another input's name, or this one's by another path
                 refused.append((source, f"its output {shown(job.output)} is an input frame; writing it would replace that frame: give another -o"))
                 continue
-            first = owner.setdefault(real, source)
-            if first is not source:
-                if os.path.realpath(first) == os.path.realpath(source):
-                    continue  # the same frame named twice: one job
-                raise ConfigError(
-                    f"{shown(first)} and {shown(source)} both map to {shown(job.output)}; "
-                    "one map would replace the other: name outputs with {name} (e.g. -o '{name}_depth.jpg') or leave one out"
-                )
-            jobs.append(job)
+            if claims.claim(job.output, source, "map", ".jpg"):
+                jobs.append(job)
         return jobs, refused
 
     def link_allowed(self, path: Path) -> bool:
@@ -315,7 +307,33 @@ class Rules:
             target = path.resolve(strict=True)
         except (OSError, RuntimeError):
             return False
-        return root is not None and (root.resolve() in target.parents)
+        return root is not None and inside(target, (root,), strictly=True)
+
+
+class Claims:
+    """Outputs claimed by inputs named together (`once`): two inputs for one output is a clash.
+
+    Outputs and inputs are compared by real path: two names of one output
+    clash, and one input named twice (by two paths) is one job.
+    """
+
+    def __init__(self) -> None:
+        self._owner: dict[str, Path] = {}
+
+    def claim(self, output: Path, source: Path, what: str, ext: str, after: str = "") -> bool:
+        """Whether `source` makes `output` (False: it was named already); ConfigError if another input does.
+
+        `what` the output is ("map", "depth clip"), `ext` its example's, `after` what the message ends with.
+        """
+        first = self._owner.setdefault(os.path.realpath(output), source)
+        if first is source:
+            return True
+        if os.path.realpath(first) == os.path.realpath(source):
+            return False  # the same input named twice: one job
+        raise ConfigError(
+            f"{shown(first)} and {shown(source)} both map to {shown(output)}; one {what} would replace the other: "
+            f"name outputs with {{name}} (e.g. -o '{{name}}_depth{ext}') or leave one out{after}"
+        )
 
 
 #: Stems a frame pattern's `*` is tried with when looking for a clash with the output template.

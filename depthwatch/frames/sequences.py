@@ -14,6 +14,15 @@ shot-cut detection downstream is what gives each unrelated still its own map.
 pipelines (and farm managers: Deadline, OpenCue, Tractor) share it through:
 `1001-1100`, `1001-1100x2`, `1100-1001`, `1001-1100y2`, `1001`, and
 comma-separated lists of those.
+
+Finding the sequences is not fileseq's (weighed for issue 30, fileseq 2.x),
+because its grouping is not this one: `FileSequence` reads a frame number
+only after a dot (`shot.1001.jpg`), so `shot_1001.jpg` and `frame_000123.png`
+would be stills; `findSequencesInList` splits `f_1.jpg` from `f_01.jpg` by
+padding and `.jpg` from `.JPG` by case (one sequence here: a camera's and a
+renderer's names mix both); and it takes `.tar.gz` as one extension where
+the rest of depthwatch names formats by the last suffix. The grouping below
+is one regular expression and a dict, and the tests pin its behaviour.
 """
 
 from __future__ import annotations

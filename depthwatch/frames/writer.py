@@ -1,26 +1,31 @@
-"""Atomic file replacement: a reader sees the old file or the new one, never half.
+"""Writing into folders other programs control: maps, sidecars and records, atomically, and only inside the allowed folders.
 
-The bytes go to a hidden temporary file in the target's own folder (rename is
-atomic only within one filesystem), are flushed and fsynced, then renamed over
-the target; the folder is fsynced so the rename survives a power cut. On any
-failure the temporary file is removed and the old target is untouched.
+The replacement itself is `files.replace_in` (a hidden temporary file beside
+the target, fsynced, renamed over it, the folder fsynced; on any failure the
+temporary file is removed and the old target is untouched). This module adds
+what a watched folder needs: the folder opened and checked to lie inside the
+allowed ones (`folders.open_inside`), a check of whatever holds the name right
+before the rename (`replacing`), one-line OutputErrors, temporary names that
+carry the writer's pid, and the sweep of dead writers' leftovers.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import re
 import secrets
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 
 from depthwatch.errors import OutputError
-from depthwatch.files import fsync_folder, rename_noreplace, write_all
+from depthwatch.files import rename_noreplace, replace_in
 from depthwatch.frames import provenance
+from depthwatch.frames.folders import LeadsOutside, Unchecked, inside, open_inside
+from depthwatch.frames.replacing import ReplaceCheck
 from depthwatch.imaging.clipwrite import SEQUENCE_MARKER, is_whole, marked_frames
 from depthwatch.logtext import shown
 
@@ -36,9 +41,6 @@ _TEMP_TAIL = re.compile(r"\.(\d+)-[0-9a-f]{8}" + re.escape(TEMP_SUFFIX) + "$")
 #: Room the temporary name adds to the target's: "." + "." + pid + "-" + 8 hex digits + TEMP_SUFFIX.
 _TEMP_EXTRA = 2 + 10 + 1 + 8 + len(TEMP_SUFFIX)
 
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 
 def temp_name_for(target: Path) -> Path:
@@ -78,39 +80,28 @@ def _alive(pid: int) -> bool:
 
 
 def open_folder(folder: Path, roots: tuple[Path, ...] = ()) -> int:
-    """A descriptor of the real folder `folder` names now, checked to lie inside `roots`.
+    """A descriptor of the real folder `folder` names now, checked to lie inside `roots` (see `folders.open_inside`).
 
     Writing relative to this descriptor means a folder swapped for a symlink
     after the job was made cannot carry the file elsewhere: what is checked is
     what is written into. No `roots`: no containment check (`once`).
     """
     try:
-        fd = os.open(folder, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
+        return open_inside(folder, roots)
+    except LeadsOutside:
+        raise _outside(folder) from None
+    except Unchecked as exc:
+        raise OutputError(f"cannot check the output folder {shown(folder)}: {_reason(exc.cause)}") from None
     except OSError as exc:
         raise OutputError(f"cannot open the output folder {shown(folder)}: {_reason(exc)}") from None
-    if not roots:
-        return fd
-    try:
-        real = os.path.realpath(folder)
-        here, there = os.fstat(fd), os.stat(real)
-        if not really_inside(folder, roots) or (here.st_dev, here.st_ino) != (there.st_dev, there.st_ino):
-            raise OutputError(
-                f"the output folder {shown(folder)} now leads outside the configured folders (replaced by a link?); not writing",
-                retryable=False,
-            )
-    except OSError as exc:
-        os.close(fd)
-        raise OutputError(f"cannot check the output folder {shown(folder)}: {_reason(exc)}") from None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
-def really_inside(path: Path, roots: tuple[Path, ...]) -> bool:
-    """Whether `path`, every link in it resolved, lies inside one of `roots` (resolved too)."""
-    real = os.path.realpath(path)
-    return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in map(os.path.realpath, roots))
+def _outside(folder: Path) -> OutputError:
+    """A folder for output that leads outside the allowed ones now: never retried."""
+    return OutputError(
+        f"the output folder {shown(folder)} now leads outside the configured folders (replaced by a link?); not writing",
+        retryable=False,
+    )
 
 
 def ensure_folder(folder: Path, roots: tuple[Path, ...] = ()) -> None:
@@ -120,20 +111,12 @@ def ensure_folder(folder: Path, roots: tuple[Path, ...] = ()) -> None:
     """
     if folder.is_dir():
         return
-    if roots and not really_inside(folder, roots):
-        raise OutputError(
-            f"the output folder {shown(folder)} now leads outside the configured folders (replaced by a link?); not writing",
-            retryable=False,
-        )
+    if roots and not inside(folder, roots):
+        raise _outside(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputError(f"cannot create the output folder {shown(folder)}: {exc.strerror or exc}") from None
-
-
-#: Asked right before the rename, with the folder's descriptor and the target's name:
-#: why the file now at that name must not be replaced (None: it may be).
-ReplaceCheck = Callable[[int, str], "str | None"]
 
 
 def atomic_write(
@@ -166,25 +149,12 @@ def atomic_write(
 
 
 def _write_in(folder: int, target: Path, data: bytes, may_replace: ReplaceCheck | None) -> None:
-    tmp = temp_name_for(target).name
+    put = None if may_replace is None else partial(_replace_if_allowed, folder, target=target, may_replace=may_replace)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC | _NOFOLLOW, 0o644, dir_fd=folder)
-        try:
-            write_all(fd, data)
-        finally:
-            os.close(fd)
-        if may_replace is None:
-            os.replace(tmp, target.name, src_dir_fd=folder, dst_dir_fd=folder)
-        else:
-            _replace_if_allowed(folder, tmp, target, may_replace)
+        replace_in(folder, target.name, data, temp_name_for(target).name, put)
     except OSError as exc:
-        _remove_quietly(tmp, folder)
         retryable = exc.errno not in (errno.ENAMETOOLONG, errno.EINVAL, errno.EISDIR)
         raise OutputError(f"cannot write {shown(target.name)} in {shown(target.parent)}: {_reason(exc)}", retryable) from None
-    except BaseException:
-        _remove_quietly(tmp, folder)
-        raise
-    fsync_folder(folder)  # so the rename survives a power cut
 
 
 def _replace_if_allowed(folder: int, tmp: str, target: Path, may_replace: ReplaceCheck) -> None:
@@ -206,42 +176,6 @@ def _replace_if_allowed(folder: int, tmp: str, target: Path, may_replace: Replac
         os.replace(tmp, target.name, src_dir_fd=folder, dst_dir_fd=folder)
         return
     raise OutputError(f"{shown(target.name)} in {shown(target.parent)} keeps changing; not writing", retryable=True)
-
-
-#: depthwatch's JSON files beside the maps (sidecars, error records) carry this key: ours to replace.
-JSON_MARK = "depthwatch"
-
-
-def json_refusal(legacy: frozenset[str]) -> ReplaceCheck:
-    """A `ReplaceCheck` for depthwatch's JSON files: only one it wrote is replaced (or removed).
-
-    Ours: a JSON object with the `JSON_MARK` key, or with exactly the keys
-    `legacy` (what versions before the mark wrote). Anything else at the name
-    (a user's `shot_depth.png.json`, a folder, a link) stays.
-    """
-
-    def refusal(folder_fd: int, name: str) -> str | None:
-        try:
-            st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            return f"cannot be looked at ({exc.strerror or exc}); not replacing it"
-        if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
-            return "is not a file depthwatch wrote; not replacing it"
-        try:
-            fd = os.open(name, os.O_RDONLY | _CLOEXEC | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0), dir_fd=folder_fd)
-            with os.fdopen(fd, "rb") as f:
-                data = json.loads(f.read(1 << 20))
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError):
-            data = None
-        if isinstance(data, dict) and (JSON_MARK in data or set(data) == legacy):
-            return None
-        return "is not a file depthwatch wrote; not replacing it"
-
-    return refusal
 
 
 def sweep_temp_files(folder: Path) -> tuple[int, int]:

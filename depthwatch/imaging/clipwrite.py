@@ -12,7 +12,7 @@ written is frame k shown: pts k at 1/rate, or, from a variable-rate source,
 the source frame's own time in the source's time base.
 
 The file is written under the name it is given (a temporary one: see
-`frames.clips`), so the container is named by `kind`, not by the extension.
+`clips`), so the container is named by `kind`, not by the extension.
 """
 
 from __future__ import annotations

@@ -71,16 +71,29 @@ class ExrOptions:
     channels: str = "z+rgb"
 
 
-def _reduction(header: formats.Header, min_size: tuple[int, int] | None) -> int:
-    """The largest JPEG DCT scale-down that still leaves at least `min_size` pixels."""
-    if header.format != formats.JPEG or not min_size:
+def reduction(size: tuple[int, int], min_size: tuple[int, int] | None) -> int:
+    """The largest of 8, 4, 2 by which a frame of `size` can shrink and still give the model `min_size`.
+
+    The one reduced-scale rule: a still JPEG's DCT-scaled decode and a clip's
+    frames (`clips.stream`) both use it, so a clip's frame and the same frame
+    as a still get the same map. A side is rounded up, as libjpeg(-turbo)
+    rounds its scaled output (`jdiv_round_up`: 1790 px at 1/8 gives 224).
+    """
+    if not min_size:
         return 1
     need = max(min_size)
-    short = min(header.width, header.height)
+    short = min(size)
     for factor in (8, 4, 2):
         if math.ceil(short / factor) >= need:
             return factor
     return 1
+
+
+def _reduction(header: formats.Header, min_size: tuple[int, int] | None) -> int:
+    """The largest JPEG DCT scale-down that still leaves at least `min_size` pixels (1 for other formats)."""
+    if header.format != formats.JPEG:
+        return 1
+    return reduction((header.width, header.height), min_size)
 
 
 def decode(

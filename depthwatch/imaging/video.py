@@ -165,8 +165,8 @@ class Clip:
         av = require_av()
         count = 0
         size = {}
-        if scale > 1:
-            size = {"width": max(1, self.info.width // scale), "height": max(1, self.info.height // scale), "interpolation": "AREA"}
+        if scale > 1:  # sides rounded up, as libjpeg's reduced decode rounds them (see `codec.reduction`)
+            size = {"width": -(-self.info.width // scale), "height": -(-self.info.height // scale), "interpolation": "AREA"}
         try:
             for frame in self._container.decode(self._stream):
                 yield frame.to_ndarray(format="bgr24", **size)

@@ -1,0 +1,196 @@
+"""The clip job: a clip in, its depth clip out, in one pass (`make_clip`); what happened comes back, never raised.
+
+`make_clip` is what the daemon's clip thread, `once` and the farm call. It
+checks the clip and its output before any work, streams the frames through
+the model and the shot planner (`stream`), writes them under a temporary
+name and renames the whole into place (`placing`). A model swapped mid-clip
+starts it over (the shots must be planned with one model); a stop request, a
+newer version of the clip, or any error removes the temporary file and
+leaves the last good output as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from depthwatch.clips.job import ClipJob, ClipResult, Progress
+from depthwatch.clips.placing import ensure_folder, refuse_replacing, remove, rename_into_place
+from depthwatch.clips.stream import Pass, Restart, WriteBehind
+from depthwatch.errors import DepthwatchError, FrameError, OutputError, OwnOutput, Superseded
+from depthwatch.files import write_new
+from depthwatch.frames import provenance, timeline
+from depthwatch.frames.job import signature_of
+from depthwatch.frames.settings import Settings
+from depthwatch.frames.writer import temp_name_for
+from depthwatch.imaging import clipwrite, codec, normalise, render, sourcemeta, video
+from depthwatch.logtext import shown
+from depthwatch.model.engine import Engine
+
+#: The source is checked for a rewrite every this many frames (and at the end).
+CHECK_EVERY = 24
+#: Times a clip is started over when the model is swapped mid-job.
+RESTARTS = 2
+#: Why a clip that changed while it was mapped (and so looked damaged) is no failure.
+CHANGED = "the clip changed while it was being mapped (still being copied?); it starts over with the new version"
+
+
+def make_clip(
+    job: ClipJob,
+    engine: Engine,
+    settings: Settings,
+    *,
+    cancelled: Callable[[], str | None] = lambda: None,
+    gate: Callable[[], None] = lambda: None,
+    on_progress: Callable[[Progress], None] = lambda progress: None,
+) -> ClipResult:
+    """Make `job`'s depth clip; the result says what happened (errors included, never raised).
+
+    `cancelled()` is asked between frames: a reason (a newer version, a stop)
+    ends the job with nothing written. `gate()` is called before each frame's
+    work and may block: the daemon holds clip frames there while live frames
+    are waiting. `on_progress` gets the same Progress object after each step.
+    """
+    began = time.monotonic()
+    result = ClipResult(job)
+    progress = Progress(job)
+    version = job.signature or signature_of(job.source)
+    for attempt in range(RESTARTS + 1):
+        try:
+            result.frames, result.info = _make(job, engine, settings, cancelled, gate, on_progress, progress)
+            break
+        except Restart:
+            if attempt == RESTARTS:
+                result.error = "the model changed while the clip was being mapped, again and again; drop the clip again"
+                break
+            progress = Progress(job)
+        except Superseded as exc:
+            result.failed_with(exc)
+            break
+        except FrameError as exc:
+            if signature_of(job.source) != version:
+                # Damaged, or short, because it is still being written (a copy that preallocates,
+                # one that paused): not a bad clip; the version it becomes has an event of its own.
+                result.error, result.superseded = CHANGED, True
+            else:
+                result.error = str(exc)
+            break
+        except DepthwatchError as exc:
+            result.failed_with(exc)
+            break
+    result.seconds = time.monotonic() - began
+    return result
+
+
+def _make(
+    job: ClipJob,
+    engine: Engine,
+    settings: Settings,
+    cancelled: Callable[[], str | None],
+    gate: Callable[[], None],
+    on_progress: Callable[[Progress], None],
+    progress: Progress,
+) -> tuple[int, video.ClipInfo]:
+    signature = job.signature or signature_of(job.source)
+
+    def check(k: int) -> None:
+        reason = cancelled()
+        if reason:
+            raise Superseded(reason)
+        if k % CHECK_EVERY == 0 and signature_of(job.source) != signature:
+            raise Superseded("the clip was rewritten while it was being mapped; it starts over with the new version")
+
+    info = engine.info or engine.wait_ready()
+    kind = None if job.sequence else clipwrite.kind_for(job.output.suffix)
+    if kind is None and not job.sequence:
+        raise FrameError(f"cannot write a depth clip as {job.output.suffix!r}; use .mov, .mkv, .mp4 or an image sequence")
+    if settings.timeline:
+        timeline.check(job.sequence)
+    stable = settings.normalise == normalise.STABLE
+    with video.Clip(job.source) as clip:
+        meta = clip.info
+    if meta.comment.startswith(clipwrite.MARK):  # a depth clip, or a copy of one, whatever its name
+        raise OwnOutput("is a depth clip depthwatch made; not taken as a clip")
+    refuse_replacing(job.final)  # before the work, not after it
+    if meta.width * meta.height > settings.max_pixels:
+        raise FrameError(
+            f"{meta.width}x{meta.height} is over the limit of {settings.max_pixels / 1e6:.0f} megapixels; raise daemon.max_megapixels"
+        )
+    progress.frames = progress.total = meta.frames
+    progress.phase = "mapping"
+    on_progress(progress)
+    folder = job.final.parent
+    ensure_folder(folder, job.output_roots)
+    temp = temp_name_for(job.final)
+    writer: clipwrite.ClipWriter | None = None
+    written = 0
+    try:
+        if job.sequence:
+            try:
+                os.mkdir(temp)
+                write_new(temp / clipwrite.SEQUENCE_MARKER, clipwrite.marker_text(job.output.name).encode())
+                st = os.stat(job.source)
+            except OSError as exc:
+                raise OutputError(f"cannot write in {shown(folder)}: {exc.strerror or exc}") from None
+            # Each frame carries a map's record: never taken for a frame, and known as ours when replaced.
+            record = provenance.record_for(
+                job.source.name, st, model=info.spec.path.name, normalise=settings.normalise, invert=settings.render.levels.invert
+            )
+            sink = WriteBehind(lambda k, depth: _write_still(temp, job.output, k, depth, settings, record, meta), gate)
+        else:
+            assert kind is not None
+            writer = clipwrite.ClipWriter(temp, kind, meta, sourcemeta.read(job.source, meta.rate))
+            sink = WriteBehind(lambda k, depth: writer.write(depth), gate)  # type: ignore[union-attr]
+        bits = 16 if kind is not None else codec.bits_for(job.output.suffix, settings.png_bits)
+        options = replace(settings.render, bits=bits)
+        clip_percent = settings.render.clip_percent
+        size = (meta.width, meta.height)
+        try:
+            for k, image, nearness in Pass(job.source, meta, engine, info, check, gate).maps(stable, clip_percent):
+                sink.put(k, render.render(nearness, size, options, guide=image))
+                written += 1
+                progress.done = written
+                progress.frames = max(progress.frames, written)
+                on_progress(progress)
+            sink.finish()
+            if written < meta.expected:  # AVI, MXF: settling said it was whole; its header says otherwise
+                raise FrameError(
+                    f"the clip is cut short: it holds {written} of the {meta.expected} frames its header declares (an unfinished copy?)"
+                )
+        finally:
+            sink.close()
+        if writer is not None:
+            writer.close()
+            writer = None
+        check(0)  # a last look for a rewrite before the rename
+        rename_into_place(temp, job.final, job.output_roots, job.output.name if job.sequence else None, settings.swap_folders)
+        if settings.timeline:
+            timeline.write(job.source, job.final, meta, written, job.output_roots)
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        remove(temp)
+        raise
+    return written, meta
+
+
+def _write_still(
+    folder: Path, output: Path, k: int, depth: np.ndarray, settings: Settings, record: dict[str, object], meta: video.ClipInfo
+) -> None:
+    """Frame k of an image sequence (numbered from output.first_frame), into the sequence's temporary folder,
+    on disk before the folder is swapped in."""
+    data = codec.encode(
+        depth, output.suffix, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression, exr_options=settings.exr,
+        exr_frame=clipwrite.sequence_frame(meta, k),
+    )
+    number = settings.first_frame + k
+    data = provenance.embed(data, {**record, "frame": number})
+    try:
+        write_new(folder / output.name.format(frame=number), data)  # fsynced: the swap never brings in frames still in the page cache
+    except OSError as exc:
+        raise OutputError(f"cannot write frame {number} of {output.parent.name} in {output.parent.parent}: {exc.strerror or exc}") from None

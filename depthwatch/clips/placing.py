@@ -1,0 +1,186 @@
+"""The temporary name and the rename: a depth clip is put in place only once whole, and only over one of depthwatch's.
+
+The clip is written under a temporary name beside its final one (the
+writer's pid in it, so a start-up sweep removes only a dead writer's) and
+renamed into place once whole: an editor never sees a partial clip. Only a
+depth clip depthwatch made is ever replaced. An image sequence is a folder
+of frames, swapped for the last one in one step, keeping the files a user
+saved in it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+from depthwatch.errors import OutputError
+from depthwatch.files import exchange, rename_noreplace, sync_folder, write_new
+from depthwatch.frames import provenance
+from depthwatch.frames.folders import inside
+from depthwatch.frames.writer import is_temp_name, remove_own_folder, temp_name_for
+from depthwatch.imaging import clipwrite
+from depthwatch.logtext import shown
+
+log = logging.getLogger("depthwatch.clips")
+
+
+def ensure_folder(folder: Path, roots: tuple[Path, ...]) -> None:
+    """Make the depth clip's folder, which must lie inside `roots` (empty: anywhere)."""
+    if roots and not inside(folder if folder.exists() else folder.parent, roots):
+        raise OutputError(f"the output folder {shown(folder)} leads outside the configured folders; not writing", retryable=False)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create the output folder {shown(folder)}: {exc.strerror or exc}") from None
+
+
+def rename_into_place(
+    temp: Path, final: Path, roots: tuple[Path, ...], frame_name: str | None = None, swap: bool = True
+) -> None:
+    """The whole clip (file or folder of frames) replaces the last one in one rename.
+
+    Only a depth clip depthwatch made is replaced: anything else at the name
+    (an editor's own clip called A001_depth.mov, a folder of their frames) stays,
+    and a name that was free is taken only while it still is. A sequence
+    folder is swapped for the last one in one step (`files.exchange`), and
+    replaces only its own frames: a user's file saved in it stays (see
+    `_swap_sequence`). `frame_name`: the sequence's frame names (`{frame:04d}.png`);
+    `swap` False: three renames instead of the exchange (see `Settings.swap_folders`).
+    """
+    refuse_replacing(final)
+    if roots and not inside(final.parent, roots):
+        raise OutputError(f"the output folder {shown(final.parent)} now leads outside the configured folders; not writing", retryable=False)
+    try:
+        if not temp.is_dir():
+            fd = os.open(temp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        else:
+            assert frame_name is not None
+            _mark_whole(temp, frame_name)
+            sync_folder(temp)
+        if temp.is_dir() and final.is_dir() and not final.is_symlink():
+            assert frame_name is not None
+            _swap_sequence(temp, final, frame_name, swap)
+        elif os.path.lexists(final):
+            os.replace(temp, final)
+        else:
+            rename_noreplace(temp, final)
+    except FileExistsError:
+        raise OutputError(
+            f"{shown(final)} appeared while the clip was being mapped, and depthwatch did not make it; not replacing it",
+            retryable=False,
+        ) from None
+    except OSError as exc:
+        raise OutputError(f"cannot put {shown(final.name)} in place in {shown(final.parent)}: {exc.strerror or exc}") from None
+    sync_folder(final.parent)
+
+
+def _mark_whole(folder: Path, frame_name: str) -> None:
+    """Every frame is on disk: the marker says so (replaced in one rename), before the swap."""
+    marker = folder / clipwrite.SEQUENCE_MARKER
+    step = temp_name_for(marker)
+    write_new(step, clipwrite.marker_text(frame_name, whole=True).encode())
+    os.replace(step, marker)
+
+
+def _own_frame(folder: Path, name: str, frames: re.Pattern[str]) -> bool:
+    """Whether `name` in a sequence folder is depthwatch's: the marker, or a frame carrying its record."""
+    if name == clipwrite.SEQUENCE_MARKER or is_temp_name(name):
+        return True
+    return bool(frames.fullmatch(name)) and provenance.read(folder / name) is not None
+
+
+def _swap_sequence(new: Path, final: Path, frame_name: str, atomic: bool = True) -> None:
+    """Swap the new sequence folder for the last one at `final`, keeping the user's files that were in it.
+
+    Before the swap, each user file in the old folder gets a hard link in the
+    new one, so it is in `final` at every moment (files that cannot be linked,
+    folders, are moved across right after). A user's file under a frame's name
+    refuses the swap. After it, a file the user saved in the old folder in
+    between wins over the link of its older version; the old folder, now at
+    the temporary name, loses only depthwatch's files.
+    """
+    frames = clipwrite.frames_pattern(frame_name)
+    theirs = [e for e in os.scandir(final) if not _own_frame(final, e.name, frames)]
+    for entry in theirs:
+        if os.path.lexists(new / entry.name):
+            raise OutputError(
+                f"{shown(entry.name)} in {shown(final)} is not a frame depthwatch made; not replacing it: move it away",
+                retryable=False,
+            )
+    linked: dict[str, int] = {}
+    for entry in theirs:
+        try:
+            os.link(entry.path, new / entry.name, follow_symlinks=False)
+            linked[entry.name] = entry.stat(follow_symlinks=False).st_ino
+        except OSError:
+            pass  # a folder, or no hard links here: moved across after the swap
+    try:
+        exchange(new, final, atomic)
+    except OSError:
+        _unlink_all(new, linked)
+        raise
+    old = new  # the last sequence, now under the temporary name
+    if not (old / clipwrite.SEQUENCE_MARKER).is_file():  # not ours after all (swapped in since the check): back
+        exchange(old, final, atomic)
+        _unlink_all(new, linked)
+        raise OutputError(f"{shown(final)} is not a depth clip depthwatch made; not replacing it", retryable=False)
+    kept = 0
+    try:
+        entries = list(os.scandir(old))
+    except OSError:
+        entries = []
+        kept += 1
+    for entry in entries:
+        name = entry.name
+        if _own_frame(old, name, frames):
+            continue
+        try:
+            ino = entry.stat(follow_symlinks=False).st_ino
+            if name in linked and ino == linked[name]:
+                os.unlink(entry.path)  # its link is in place
+            elif name in linked and os.stat(final / name, follow_symlinks=False).st_ino == linked[name]:
+                os.replace(entry.path, final / name)  # saved again before the swap: the newer one
+            else:
+                rename_noreplace(entry.path, final / name)
+        except OSError:
+            kept += 1
+    if not remove_own_folder(old) or kept:
+        log.warning(
+            "%s: some of the files saved in the last sequence's folder could not be carried over; they are in %s",
+            shown(final), shown(old),
+        )
+
+
+def _unlink_all(folder: Path, names: dict[str, int]) -> None:
+    for name in names:
+        try:
+            os.unlink(folder / name)
+        except OSError:
+            pass
+
+
+def refuse_replacing(final: Path) -> None:
+    """OutputError if what is at `final` is not a depth clip (or sequence folder) depthwatch made."""
+    if os.path.lexists(final) and not clipwrite.is_ours(final):
+        raise OutputError(
+            f"{shown(final)} is not a depth clip depthwatch made; not replacing it: move it away or change output.clip_template",
+            retryable=False,
+        )
+
+
+def remove(path: Path) -> None:
+    """The temporary clip (file or folder of frames), gone whatever it holds; quietly."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    except OSError:
+        pass
