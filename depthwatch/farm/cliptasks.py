@@ -36,7 +36,6 @@ import numpy as np
 
 from depthwatch.errors import DepthwatchError, FrameError
 from depthwatch.farm.tasks import runner
-from depthwatch.frames.clips import _reduction as reduction  # the rule local clips decode at
 from depthwatch.frames.settings import Settings
 from depthwatch.imaging import clipwrite, codec, render, stabilise, tensor
 from depthwatch.imaging.video import ClipInfo, require_av
@@ -219,7 +218,7 @@ def _mismatch(task: ClipRange, got: int, pts: int) -> str:
 
 
 def _decoded(task: ClipRange, min_size: tuple[int, int]) -> Iterator[np.ndarray]:
-    return decode_range(task, lambda w, h: reduction((w, h), min_size))
+    return decode_range(task, lambda w, h: codec.reduction((w, h), min_size))
 
 
 def _inferred(task: ClipRange, runner: Any) -> Iterator[tuple[np.ndarray, Inference]]:
