@@ -126,12 +126,23 @@ def _square_float_graph(nodes: list, name: str, size: int, inits: list) -> onnx.
     )
 
 
-def slow_model(path: Path, layers: int = 40, size: int = 64, channels: int = 32) -> Path:
+def slow_model(
+    path: Path, layers: int | None = None, size: int = 64, channels: int = 32, *, seconds: float | None = None
+) -> Path:
     """A float NCHW model that takes a while (many convolutions), to catch a run in progress.
+
+    `seconds`: about that long a run on onnxruntime's CPU provider on this
+    machine, as loaded as it is now (`layers_for`). A fixed layer count takes
+    three times longer on an AVX2 machine than on one with AVX-512, and a test
+    that needs "a second in the model" wants a second on both, not a minute
+    of the suite's time on one. `layers`: exactly that many convolutions, for
+    a test about what the model computes rather than how long it takes.
 
     Its output is the convolutions' mean plus the frame's brightness, so a
     frame that is not one flat colour gets a map that is not flat either.
     """
+    if layers is None:
+        layers = layers_for(seconds if seconds is not None else 0.1, size, channels)
     nodes, inits, last = _conv_stack(layers, channels, 0.05)
     nodes += [
         helper.make_node("ReduceMean", [last], ["busy"], axes=[1], keepdims=0),
@@ -139,6 +150,51 @@ def slow_model(path: Path, layers: int = 40, size: int = 64, channels: int = 32)
         helper.make_node("Add", ["busy", "mean"], ["depth"]),
     ]
     return _save(_square_float_graph(nodes, "slow", size, inits), path)
+
+
+#: Seconds a run of one convolution layer takes here, per (size, channels): measured once per process.
+_LAYER_SECONDS: dict[tuple[int, int], float] = {}
+#: What the calibration probe's run lasts at least: well above the timer's and the call's overheads.
+_PROBE_S = 0.05
+
+
+def layers_for(seconds: float, size: int, channels: int = 32) -> int:
+    """How many convolution layers make `slow_model` take about `seconds` a run here.
+
+    Measured, not assumed: a probe model (grown until a run lasts 50 ms) is
+    timed on onnxruntime's CPU provider with its default threads (as the
+    daemon's `intra_op_threads: 0`), the fastest of five runs after a warm-up:
+    what this CPU does when it is let, so that the count follows the CPU (its
+    vector units, its clock) and not the moment's load. On a loaded machine
+    the model then takes longer than `seconds`, as any work does, and the
+    tests that use it wait on conditions, never on a time.
+    """
+    import tempfile
+    import time
+
+    import numpy as np
+    import onnxruntime
+
+    key = (size, channels)
+    if key not in _LAYER_SECONDS:
+        feed = {"image": np.random.default_rng(0).random((1, 3, size, size), np.float32)}
+        layers = 4
+        with tempfile.TemporaryDirectory() as folder:
+            while True:
+                probe = slow_model(Path(folder) / f"probe{layers}.onnx", layers=layers, size=size, channels=channels)
+                session = onnxruntime.InferenceSession(str(probe), providers=["CPUExecutionProvider"])
+                session.run(None, feed)
+                runs = []
+                for _ in range(5):
+                    start = time.perf_counter()
+                    session.run(None, feed)
+                    runs.append(time.perf_counter() - start)
+                run = min(runs)
+                if run >= _PROBE_S or layers >= 256:
+                    break
+                layers = min(256, layers * max(2, int(_PROBE_S / max(run, 1e-4)) + 1))
+        _LAYER_SECONDS[key] = max(run / layers, 1e-6)
+    return max(1, min(2000, round(seconds / _LAYER_SECONDS[key])))
 
 
 def busy_brightness_model(path: Path, size: int = 64, layers: int = 6, channels: int = 16) -> Path:

@@ -559,7 +559,7 @@ def slow_api_daemon(tmp_path):
     """Daemons with the API on a model slow enough (about a second a frame) that requests pile up."""
     from onnx_models import slow_model
 
-    model = slow_model(tmp_path / "slow.onnx", layers=40, size=256)
+    model = slow_model(tmp_path / "slow.onnx", seconds=0.6, size=256)
     started: list[DaemonProcess] = []
 
     def start(**sections) -> DaemonProcess:

@@ -195,7 +195,7 @@ def test_sigterm_in_a_burst_exits_zero_with_nothing_left_behind(daemon):
 def test_second_signal_cuts_the_stop_short_and_still_unwinds(tmp_path):
     from onnx_models import slow_model
 
-    model = slow_model(tmp_path / "slow.onnx", layers=120, size=256)  # over half a second per frame
+    model = slow_model(tmp_path / "slow.onnx", seconds=0.6, size=256)  # over half a second per frame
     d = DaemonProcess(tmp_path, model, watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_depth.jpg"},
                       daemon={"shutdown_timeout_s": 19}, providers=["cpu"]).start()
     try:

@@ -408,8 +408,8 @@ class _ObservedSession:
 def test_a_running_inference_is_stopped_when_its_frame_is_superseded(tmp_path):
     from onnx_models import slow_model
 
-    # About a second a run on a loaded two-core machine: the abort lands while it runs.
-    model = slow_model(tmp_path / "slow.onnx", layers=80, size=192)
+    # Half a second a run on a quiet machine, more on a loaded one: the abort lands while it runs.
+    model = slow_model(tmp_path / "slow.onnx", seconds=0.5, size=192)
     entered = threading.Event()
 
     def observed(*args, **kwargs):
@@ -493,7 +493,7 @@ def test_a_live_inference_stops_a_running_clip_inference_which_runs_again_after(
 
     from depthwatch.model.engine import BACKGROUND
 
-    model = slow_model(tmp_path / "slow.onnx", layers=120)
+    model = slow_model(tmp_path / "slow.onnx", seconds=0.2)
     with Engine(spec_for(model)) as engine:
         info = engine.wait_ready()
         tensor = np.zeros((1, 3, 64, 64), np.float32)

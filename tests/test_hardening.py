@@ -60,7 +60,7 @@ def test_queued_frames_swapped_for_a_fifo_a_device_or_a_sparse_file_and_the_outp
     """
     from onnx_models import slow_model
 
-    model = slow_model(tmp_path / "slow.onnx", layers=400, size=256)  # a second or more per frame, even on a quiet machine
+    model = slow_model(tmp_path / "slow.onnx", seconds=1.0, size=256)  # a second or more per frame, even on a quiet machine
     outside = tmp_path / "outside"
     outside.mkdir()
     d = DaemonProcess(

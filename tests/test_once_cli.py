@@ -131,7 +131,7 @@ def slow_config(tmp_path: Path) -> Path:
     import yaml
     from onnx_models import slow_model
 
-    model = slow_model(tmp_path / "slow.onnx", layers=60, size=128, channels=64)
+    model = slow_model(tmp_path / "slow.onnx", seconds=0.5, size=128, channels=64)
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"model": {"path": str(model), "profile": "midas-v21-small", "providers": ["cpu"]}}))
     return config

@@ -160,7 +160,7 @@ def test_openvino_sessions_are_made_and_run_on_the_one_inference_thread(tmp_path
 
 
 def test_a_running_openvino_inference_is_stopped_when_its_frame_is_superseded(tmp_path):
-    model = slow_model(tmp_path / "slow.onnx")
+    model = slow_model(tmp_path / "slow.onnx", seconds=0.2)
     spec = ModelSpec(path=model, profile=PROFILES["midas-v21-small"].with_overrides(input_size=64), providers=(OPENVINO,), precision="fp32")
     with Engine(spec) as engine:
         info = engine.wait_ready(120)

@@ -159,7 +159,7 @@ def test_requests_during_a_graceful_stop_get_503_not_a_dropped_connection(tmp_pa
     pytest.importorskip("waitress")
     from onnx_models import slow_model
 
-    model = slow_model(tmp_path / "slow.onnx", layers=120, size=256)  # over half a second per frame
+    model = slow_model(tmp_path / "slow.onnx", seconds=0.6, size=256)  # over half a second per frame
     d = DaemonProcess(
         tmp_path / "d", model, watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_depth.jpg"},
         api={"enabled": True, "port": 0}, daemon={"shutdown_timeout_s": 19},

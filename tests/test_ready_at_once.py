@@ -57,7 +57,7 @@ def log_lines(d: DaemonProcess, text: str) -> list[int]:
 def test_the_daemon_is_ready_and_maps_a_frame_before_the_measurement_ends_and_sigterm_ends_it(tmp_path):
     """A model of about a second a run, never measured: `ready` at once, the first map while the
     measurement still has many runs to make, then SIGTERM in the middle of the measurement."""
-    model = slow_model(tmp_path / "slow.onnx", layers=100, size=256)
+    model = slow_model(tmp_path / "slow.onnx", seconds=1.0, size=256)
     d = DaemonProcess(tmp_path, model, daemon={"workers": 1, "shutdown_timeout_s": 5})
     try:
         d.start()
@@ -79,7 +79,7 @@ def test_the_daemon_is_ready_and_maps_a_frame_before_the_measurement_ends_and_si
 
 def test_sigterm_while_the_model_loads_ends_the_daemon(tmp_path):
     """SIGTERM before `ready` (the first load of a slow model) is honoured, not held until the start ends."""
-    model = slow_model(tmp_path / "slow.onnx", layers=400, size=256)
+    model = slow_model(tmp_path / "slow.onnx", seconds=2.0, size=256)
     d = DaemonProcess(tmp_path, model, daemon={"shutdown_timeout_s": 5})
     try:
         d.start(wait=False)

@@ -183,7 +183,7 @@ def test_queue_size_takes_effect_on_reload(tmp_path):
     """A smaller queue after a reload turns frames away (for the rescan) at the new bound."""
     from onnx_models import slow_model
 
-    model = slow_model(tmp_path / "slow.onnx", layers=100, size=128)  # slow enough to keep three frames in flight
+    model = slow_model(tmp_path / "slow.onnx", seconds=0.3, size=128)  # slow enough to keep three frames in flight
     d = DaemonProcess(
         tmp_path, model, watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_depth.jpg"},
         daemon={"workers": 1, "queue_size": 1000, "shutdown_timeout_s": 2}, providers=["cpu"],

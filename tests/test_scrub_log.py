@@ -13,7 +13,7 @@ from depthwatch.frames import provenance
 
 
 def test_superseded_frames_are_summarised_and_none_is_reported_as_inferred(tmp_path):
-    model = slow_model(tmp_path / "slow.onnx", layers=30, size=128)
+    model = slow_model(tmp_path / "slow.onnx", seconds=0.1, size=128)
     d = DaemonProcess(tmp_path / "d", model, watch={"settle_ms": 0}, providers=["cpu"]).start()
     try:
         versions = [jpeg_bytes(quadrant_frame(160, 96, corner)) for corner in ("top-left", "top-right", "bottom-left")]

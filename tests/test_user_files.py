@@ -113,7 +113,7 @@ def test_maps_never_land_in_a_folder_swapped_in_while_their_frames_were_in_fligh
     """
     from onnx_models import slow_model
 
-    model = slow_model(tmp_path / "slow.onnx", layers=400, size=256)  # about a second per frame on the CPU provider
+    model = slow_model(tmp_path / "slow.onnx", seconds=1.0, size=256)  # about a second per frame on the CPU provider
     show_a, show_b, outside = tmp_path / "showA" / "shots", tmp_path / "showB" / "shots", tmp_path / "outside"
     for folder in (show_a, show_b, outside):
         folder.mkdir(parents=True)
@@ -181,7 +181,7 @@ def test_a_predict_request_whose_output_folder_turns_into_a_link_outside_is_refu
     requests = __import__("pytest").importorskip("requests")
     from onnx_models import slow_model
 
-    model = slow_model(tmp_path / "slow.onnx", layers=400, size=256)  # a second or more in the model
+    model = slow_model(tmp_path / "slow.onnx", seconds=1.0, size=256)  # a second or more in the model
     outside = tmp_path / "outside"
     outside.mkdir()
     d = DaemonProcess(
