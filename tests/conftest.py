@@ -30,6 +30,15 @@ SHARED_MODELS = SHARED / "models"
 FASTDEPTH = SHARED_MODELS / "fastdepth_224_nyu_int8.onnx"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The soak (marked slow: minutes of one daemon's fsyncs, not of CPU) first.
+
+    With two test processes, it then runs beside all the others from the start,
+    instead of alone at the end while the other process has nothing left to do.
+    """
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture
 def tiny_model(tmp_path: Path) -> Path:
     """A 32x32 float NCHW model whose depth output is the frame's brightness."""
