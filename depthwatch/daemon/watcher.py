@@ -385,7 +385,7 @@ class Watcher:
             began_ns = time.time_ns()
             started = time.monotonic()
             try:
-                count = self.scan(folder)
+                count = self.scan_now(folder)
             except Exception:  # one odd folder must not end the scans
                 log.exception("error scanning %s", shown(folder))
                 continue
@@ -401,7 +401,7 @@ class Watcher:
                 how = "moved in" if moved_in else "scanned again"
                 log.info("%s %s: %d frame(s) to map (scanned in %.1f s)", shown(folder), how, count, time.monotonic() - started)
 
-    def scan(self, folder: Path | None = None, cancelled: Callable[[], bool] | None = None) -> int:
+    def scan_now(self, folder: Path | None = None, cancelled: Callable[[], bool] | None = None) -> int:
         """Queue every frame whose depth map is missing or older than it; returns how many.
 
         `cancelled` is asked between files (the daemon's start-up scan runs on the main
