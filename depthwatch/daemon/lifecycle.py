@@ -56,7 +56,7 @@ from depthwatch.model.engine import Engine, SessionFactory
 from depthwatch.model.spec import ModelInfo
 
 if TYPE_CHECKING:
-    from depthwatch.daemon.api import ApiServer
+    from depthwatch.daemon.apiserver import ApiServer
 
 log = logging.getLogger("depthwatch")
 
@@ -244,7 +244,7 @@ class Daemon(ApiBackend):
     def _start_api(self) -> None:
         """The HTTP listener, once the model is ready (imported only when enabled: an extra)."""
         try:
-            from depthwatch.daemon.api import ApiServer
+            from depthwatch.daemon.apiserver import ApiServer
         except ImportError as exc:
             raise ConfigError(
                 f"api.enabled needs the api extra ({exc.name} is missing); run: pip install 'depthwatch[api]'"
