@@ -17,7 +17,7 @@ from conftest import jpeg_bytes, quadrant_frame, write_by_rename
 from daemon_process import wait_for
 
 from depthwatch.config import OutputConfig, WatchConfig
-from depthwatch.daemon.watcher import Mode, Watcher, _Pending
+from depthwatch.daemon.watcher import Mode, Watcher, _Settling
 from depthwatch.frames.rules import Rules
 
 
@@ -150,7 +150,7 @@ def test_an_event_checked_after_the_file_was_written_again_does_not_take_that_ve
     path.write_bytes(jpeg_bytes(quadrant_frame(64, 48, "bottom-right")))  # ...then a rewrite, with its own close
     wait_for(lambda: len(seen.emitted) == 2, what="the second version")
     # ...and only now is the earlier event checked (the settle thread was busy).
-    watcher._check(path, _Pending(Mode.NOW, due=0.0, since=time.monotonic(), event_ns=reported))
+    watcher._check(path, _Settling(Mode.NOW, due=0.0, since=time.monotonic(), event_ns=reported))
     # The late check left a settle-time stand-in; once it has left the queue, a file moved in
     # afterwards is checked by the same thread after it, so its emission means the stand-in's
     # check has finished.

@@ -66,13 +66,13 @@ def main(args: argparse.Namespace) -> int:
     configuration.check_combinations(config)
     logging.getLogger("depthwatch").setLevel(config.daemon.log_level.upper())
 
-    def reload() -> Config:
-        """The same file with the same command-line overrides, read again."""
+    def read_config_again() -> Config:
+        """The same file with the same command-line overrides, read again (the daemon's live reload)."""
         fresh = apply_overrides(config_from_args(args), args)
         configuration.check_combinations(fresh)
         return fresh
 
-    daemon = Daemon(config, loader=reload)
+    daemon = Daemon(config, loader=read_config_again)
     code = daemon.run()  # SIGTERM/SIGINT stop it (a second one cuts the wait short), SIGHUP reloads
     if daemon.stuck:
         # A worker is stuck in a system call (a hung network volume): the interpreter would

@@ -33,7 +33,8 @@ from depthwatch.threadnames import yield_to_inference
 
 log = logging.getLogger("depthwatch.clips")
 
-STOPPING = "stopped by the daemon's shutdown; the clip is mapped again at the next start"
+#: Why a clip job in progress was cancelled (its result's error): the daemon's shutdown, or a newer version.
+STOPPED_BY_SHUTDOWN = "stopped by the daemon's shutdown; the clip is mapped again at the next start"
 NEWER = "a newer version of the clip arrived; starting over with it"
 
 
@@ -104,7 +105,7 @@ class ClipRunner:
             self._stopping = True
             self._waiting.clear()
             if self._current is not None:
-                self._cancel = STOPPING
+                self._cancel = STOPPED_BY_SHUTDOWN
             self._cond.notify_all()
         if self._thread.ident is not None:
             self._thread.join(timeout)

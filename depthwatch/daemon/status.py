@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from depthwatch import paths
 from depthwatch.frames.writer import atomic_write
+from depthwatch.processes import pid_alive
 
 if TYPE_CHECKING:
     from depthwatch.config import Config
@@ -157,19 +158,6 @@ def default_path(config: Config) -> Path:
 def path_for(config: Config) -> Path:
     """The status file a daemon with this config writes."""
     return config.daemon.status_file or default_path(config)
-
-
-def pid_alive(pid: object) -> bool:
-    """Whether a process with this pid exists (it may belong to someone else: still alive)."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def is_running(data: dict[str, Any]) -> bool:

@@ -27,16 +27,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from cachetools import LRUCache
 
 from depthwatch.frames import provenance
 from depthwatch.frames.job import Job, Signature
 from depthwatch.frames.result import Result
 
 
+#: Outputs and sources remembered (the least recently used forgotten first).
 _MEMORY = 1024
 
 DONE, FAILED, STOPPING, REFUSED, TIMEOUT = "done", "failed", "stopping", "refused", "timeout"
@@ -79,21 +81,14 @@ def _map_on_disk(output: Path, signature: Signature) -> bool:
     return record is not None and (record.get("size"), record.get("mtime_ns"), record.get("inode")) == signature
 
 
-def _remember(memory: OrderedDict, key: Path, value: object) -> None:
-    memory[key] = value
-    memory.move_to_end(key)
-    if len(memory) > _MEMORY:
-        memory.popitem(last=False)
-
-
 class MapWaiters:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._waiting: dict[Path, list[Ticket]] = {}
         #: The (source, signature, outcome) of the last job finished, per output.
-        self._last: OrderedDict[Path, tuple[Path, Signature | None, Release]] = OrderedDict()
+        self._last: LRUCache[Path, tuple[Path, Signature | None, Release]] = LRUCache(_MEMORY)
         #: Versions a request queued, per source, so the watcher's event for them is dropped once.
-        self._taken: OrderedDict[Path, Signature] = OrderedDict()
+        self._taken: LRUCache[Path, Signature] = LRUCache(_MEMORY)
         self._closed = False
 
     def hold(self) -> threading.RLock:
@@ -120,7 +115,7 @@ class MapWaiters:
                 del self._last[job.output]  # deleted or replaced since: make it again
             self._waiting.setdefault(job.output, []).append(ticket)
             if enqueue(job):
-                _remember(self._taken, job.source, job.signature)
+                self._taken[job.source] = job.signature
             else:
                 self._drop(ticket)
                 ticket._release(Release(REFUSED, "the queue is full; try again shortly"))
@@ -153,7 +148,7 @@ class MapWaiters:
                 outcome = Release(DONE)
             else:
                 outcome = Release(FAILED, result.error, frame_error=not result.retryable)
-            _remember(self._last, job.output, (job.source, job.signature, outcome))
+            self._last[job.output] = (job.source, job.signature, outcome)
             tickets = self._waiting.get(job.output, [])
             for ticket in list(tickets):
                 if ticket.source != job.source:

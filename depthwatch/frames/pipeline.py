@@ -26,10 +26,11 @@ import logging
 import threading
 import time
 import zlib
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+
+from cachetools import LRUCache
 
 from depthwatch.errors import (
     DepthwatchError,
@@ -62,6 +63,7 @@ log = logging.getLogger("depthwatch.frames")
 #: frame stops the inference in progress. Slower than that (a long scrub, playback),
 #: the inference in progress finishes and lands, so the editor still sees a live map.
 PREVIEW_INTERVAL_S = 0.25
+#: Outputs whose last write is remembered (least recently used forgotten first).
 _WRITTEN_MEMORY = 1024
 
 
@@ -104,7 +106,7 @@ class Pipeline:
         self._seq = itertools.count(1)
         # (seq, time, what it was made from) of the last map written per output; a short
         # memory is enough, since only jobs in flight (a handful) ever compare against it.
-        self._written: OrderedDict[Path, tuple[int, float, MadeFrom | None]] = OrderedDict()
+        self._written: LRUCache[Path, tuple[int, float, MadeFrom | None]] = LRUCache(_WRITTEN_MEMORY)
         # Shot state per output for output.normalise: stable (bounded; see stabilise).
         self.stabiliser = stabilise.Stabiliser()
         # Writes to one output are serialised (by stripe, to keep this bounded) so the
@@ -410,9 +412,6 @@ class Pipeline:
                     log.warning("%s", exc)  # a user's file under the sidecar's name stays; the map is written
             with self._lock:
                 self._written[output] = (frame.seq, time.monotonic(), frame.made_from)
-                self._written.move_to_end(output)
-                if len(self._written) > _WRITTEN_MEMORY:
-                    self._written.popitem(last=False)
         if job.error_record is not None:
             remove_error_record(job.error_record, frame.beside(job.error_record))
 

@@ -28,6 +28,7 @@ from depthwatch.frames.folders import LeadsOutside, Unchecked, inside, open_insi
 from depthwatch.frames.replacing import ReplaceCheck
 from depthwatch.imaging.clipwrite import SEQUENCE_MARKER, is_whole, marked_frames
 from depthwatch.logtext import shown
+from depthwatch.processes import pid_alive
 
 log = logging.getLogger("depthwatch.frames")
 
@@ -63,20 +64,6 @@ def temp_owner(name: str) -> int | None:
     """The pid of the process that made a temporary file (None: an older name without one)."""
     match = _TEMP_TAIL.search(name)
     return int(match.group(1)) if match else None
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    except OSError:
-        return False
-    return True
 
 
 def open_folder(folder: Path, roots: tuple[Path, ...] = ()) -> int:
@@ -198,7 +185,7 @@ def sweep_temp_files(folder: Path) -> tuple[int, int]:
         if not folder_of_frames and not entry.is_file(follow_symlinks=False):
             continue
         owner = temp_owner(entry.name)
-        if owner is not None and _alive(owner):
+        if owner is not None and pid_alive(owner):
             continue
         if folder_of_frames and _put_back(folder, entry.name):
             continue

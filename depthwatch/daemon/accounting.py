@@ -1,0 +1,229 @@
+"""What the daemon does with each result: counts and log lines, retries, parking, the model's health.
+
+A frame's output error (a full disk, no permission) is tried again a few
+times with growing pauses (`daemon.retries`), then parked until its folder
+looks writable (see `parked`); a clip is parked at once. Frames that a newer
+version replaced are summarised in one line every `SUPERSEDED_SUMMARY_S`,
+and several unusable predictions in a row put a health error in the status.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from depthwatch.daemon.parked import Parked
+from depthwatch.clips.job import ClipJob, ClipResult
+from depthwatch.frames.frameline import STAGES
+from depthwatch.frames.job import Job
+from depthwatch.frames.result import Result
+from depthwatch.logtext import shown
+
+if TYPE_CHECKING:
+    from depthwatch.daemon.lifecycle import Daemon
+
+log = logging.getLogger("depthwatch")
+frames_log = logging.getLogger("depthwatch.frames")
+
+_RETRY_MAX_DELAY = 60.0
+#: Unusable predictions in a row (NaN, a constant) after which the status shows a health error.
+BAD_PREDICTIONS_UNHEALTHY = 5
+#: Superseded frames are summarised in one log line at most this often.
+SUPERSEDED_SUMMARY_S = 5.0
+_SUPERSEDED_STAGES = ("replaced while queued", "before inference", "after inference had started")
+
+
+class Accounts:
+    """The daemon's results, counted (worker and clip threads) and acted on: retried, parked, reported."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+        self._report = daemon.report
+        self._status = daemon.report.status
+        self._lock = daemon.report.lock
+        self._attempts: dict[Path, int] = {}
+        #: Unusable predictions since the last good map (see BAD_PREDICTIONS_UNHEALTHY).
+        self._bad_predictions = 0
+        #: Frames whose tries ran out on an output error, by output folder (see `Parked`).
+        self._parked = Parked()
+        self.superseded_in_flight = 0
+        #: Superseded frames since the last summary line, by how far they got, and when
+        #: the first of them came (monotonic; None: none unreported).
+        self._superseded_unreported = dict.fromkeys(_SUPERSEDED_STAGES, 0)
+        self._superseded_since: float | None = None
+        self._queue_superseded_seen = 0
+
+    def finished(self, job: Job, result: Result) -> None:
+        """A job's result (worker thread): count it, log its line, retry an output error later."""
+        daemon = self._daemon
+        # One step for a request (see waiters): the job in flight, or its result known and let go by the queue.
+        with daemon.waiters.hold():
+            retrying = not result.ok and not result.superseded and result.retryable and self._retry(job, result)
+            if daemon.api is not None:
+                daemon.waiters.finished(job, result, final=not retrying)
+            daemon.queue.settled(job)
+        counts = self._status.counts
+        if result.unchanged:  # one version handed over twice: its map is on disk already
+            frames_log.debug("%s: its map is already made from these very bytes; not made again", shown(job.source))
+            return
+        self._model_health(result)
+        if result.ok:
+            latency_ms = (time.monotonic() - job.queued_at) * 1000
+            with self._lock:
+                self._attempts.pop(job.output, None)
+                counts.done += 1
+                counts.last_latency_ms = round(latency_ms, 2)
+                counts.last_stage_ms = {stage: round(result.ms.get(stage, 0.0), 2) for stage in STAGES}
+                counts.last_frame = str(job.source)
+                if result.started:
+                    counts.shots += 1
+                if result.started == "cut":
+                    counts.cuts += 1
+                    counts.last_cut = f"{job.source} -> {job.output}:{result.shot_note()}"
+            frames_log.info("%s total %.1f queue %d%s", result.describe(), latency_ms, len(daemon.queue), result.shot_note())
+        elif result.superseded:
+            with self._lock:
+                self.superseded_in_flight += 1
+                stage = "after inference had started" if result.inferred else "before inference"
+                self._superseded_unreported[stage] += 1
+                if self._superseded_since is None:
+                    self._superseded_since = time.monotonic()
+            frames_log.debug("%s", result.describe())  # summarised by report_superseded
+        elif retrying:
+            pass
+        elif result.retryable and not daemon.stopping and self._park(job):
+            self.count_failure(f"{result.describe()}; made again once {shown(job.output.parent)} can be written")
+        else:
+            self.count_failure(result.describe())
+        if result.ok:
+            self._parked.written(job.output.parent, job.source)
+        self._report.touch()
+
+    def clip_finished(self, job: ClipJob, result: ClipResult) -> None:
+        """A clip job's end (clip thread): its log line and counts."""
+        if result.ok:
+            with self._lock:
+                self._status.counts.clips += 1
+            log.info("clip %s", result.describe())
+            self._parked.written(job.final.parent, job.source)
+        elif result.superseded:
+            log.info("clip %s: %s", shown(job.source.name), result.error)
+        elif result.retryable and self._daemon.watcher is not None and not self._daemon.stopping and self._park_clip(job):
+            self.count_failure(f"clip {result.describe()}; made again once {shown(job.final.parent)} can be written")
+        else:
+            self.count_failure(f"clip {result.describe()}")
+        self._report.touch()
+
+    def _model_health(self, result: Result) -> None:
+        """Several unusable predictions in a row are the model's fault, not the frames': say so in the status."""
+        if result.superseded:
+            return
+        status = self._status
+        with self._lock:
+            if result.ok:
+                if status.health_error is not None:
+                    log.info("the model's predictions are usable again; health error cleared")
+                self._bad_predictions = 0
+                status.health_error = None
+                return
+            if not result.bad_prediction:
+                return
+            self._bad_predictions += 1
+            count = self._bad_predictions
+            if count < BAD_PREDICTIONS_UNHEALTHY:
+                return
+            first = status.health_error is None
+            status.health_error = (
+                f"the model's last {count} predictions were unusable ({result.error}); "
+                "check the model file and model.providers (try providers: [cpu])"
+            )
+        if first:
+            log.error("%s", status.health_error)
+
+    def _retry(self, job: Job, result: Result) -> bool:
+        """Try an output error again later (the disk may free up); False once out of tries."""
+        daemon = self._daemon
+        retries = daemon.config.daemon.retries
+        watcher = daemon.watcher
+        with self._lock:
+            attempt = self._attempts.get(job.output, 0) + 1
+            if attempt > retries or watcher is None or daemon.stopping:
+                self._attempts.pop(job.output, None)
+                return False
+            self._attempts[job.output] = attempt
+            self._status.counts.retried += 1
+        delay = min(_RETRY_MAX_DELAY, 2.0 ** (attempt - 1))
+        log.warning("%s; try %d of %d in %.0f s", result.describe(), attempt, retries, delay)
+        self._hand_back(job.source, delay)
+        return True
+
+    def _hand_back(self, source: Path, delay: float = 0.0) -> None:
+        """`source` back to the watcher, let through even if unchanged, checked after `delay`."""
+        watcher = self._daemon.watcher
+        if watcher is None:
+            return
+        watcher.forget(source)
+        self._daemon.waiters.forget(source)
+        watcher.poke(source, delay=delay)
+
+    def _park(self, job: Job) -> bool:
+        """Keep a frame whose tries ran out (disk full, no permission) for when its folder can be written."""
+        if self._daemon.watcher is None:
+            return False
+        return self._parked.park(job.output.parent, job.source)
+
+    def _park_clip(self, job: ClipJob) -> bool:
+        """Keep a clip whose depth clip could not be written (a full disk) for when its folder can be.
+
+        No quick retries first, as a frame gets: a clip is minutes of work, so it waits
+        until its folder looks writable; `retry_parked` hands it back to the watcher.
+        """
+        return self._parked.park(job.final.parent, job.source)
+
+    def retry_parked(self) -> None:
+        """Hand the parked frames of each folder that can be written again back to the watcher (main loop)."""
+        if self._daemon.watcher is None:
+            return
+        for source in self._parked.due():
+            self._hand_back(source)
+
+    def count_failure(self, line: str) -> None:
+        """A frame or clip that failed for good: counted, its line logged, and last in the status."""
+        with self._lock:
+            self._status.counts.failed += 1
+            self._status.counts.last_error = line
+        log.error("%s", line)
+        self._report.touch()
+
+    def count_own_map(self) -> None:
+        """A file taken for a frame that carries depthwatch's own record: counted, never mapped."""
+        with self._lock:
+            self._status.counts.own_maps += 1
+        self._report.touch()
+
+    def report_superseded(self, final: bool = False) -> None:
+        """One info line for the frames a newer version replaced, every SUPERSEDED_SUMMARY_S at most.
+
+        While scrubbing, dozens a second are normal and not worth a line each;
+        the line says how far each got, so none reads as if it had been inferred.
+        """
+        now = time.monotonic()
+        with self._lock:
+            unreported = self._superseded_unreported
+            queued = self._daemon.queue.superseded
+            if queued > self._queue_superseded_seen:
+                unreported["replaced while queued"] += queued - self._queue_superseded_seen
+                self._queue_superseded_seen = queued
+                if self._superseded_since is None:
+                    self._superseded_since = now
+            since = self._superseded_since
+            if since is None or (now - since < SUPERSEDED_SUMMARY_S and not final):
+                return
+            self._superseded_unreported = dict.fromkeys(unreported, 0)
+            self._superseded_since = None
+        count = sum(unreported.values())
+        how = ", ".join(f"{n} {stage}" for stage, n in unreported.items() if n)
+        frames = "frame" if count == 1 else "frames"
+        log.info("%d %s superseded by newer versions in the last %.0f s (%s)", count, frames, max(1.0, now - since), how)

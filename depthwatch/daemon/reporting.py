@@ -1,0 +1,104 @@
+"""What the daemon's status file says, kept current: the model in service, the queue, the clip in progress.
+
+The parts of the daemon change the `Status` in memory and `touch` it; the
+main loop writes the file (an fsync each time) only when something changed.
+A clip's progress reaches it at most once a second (`CLIP_STATUS_S`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from depthwatch.daemon.status import Status, path_for, write_status
+from depthwatch.errors import OutputError
+from depthwatch.model.spec import ModelInfo
+
+if TYPE_CHECKING:
+    from depthwatch.daemon.lifecycle import Daemon
+
+log = logging.getLogger("depthwatch")
+
+#: A clip job's progress reaches the status file at most this often.
+CLIP_STATUS_S = 1.0
+
+
+class StatusReport:
+    """The daemon's `Status` in memory and when it goes to its file (main thread)."""
+
+    def __init__(self, daemon: Daemon, status: Status) -> None:
+        self._daemon = daemon
+        self.status = status
+        #: Guards the counts, which worker, clip and settle threads all change.
+        self.lock = threading.Lock()
+        self._dirty = True
+        #: The model info last written to the status (a switch of engine shows as a new one).
+        self.published: ModelInfo | None = None
+        self._clip_status_at = 0.0
+        self._clip_status_phase: str | None = None
+
+    def touch(self) -> None:
+        """Something the status shows has changed: the main loop writes the file at its next look."""
+        self._dirty = True
+
+    def publish_model(self) -> None:
+        """The engine's model, providers and precision into the status; a switch of engine logged."""
+        engine = self._daemon.engine
+        assert engine is not None
+        info = engine.info
+        self.status.measuring = engine.measuring
+        self.status.engine_switches = engine.switches
+        self._dirty = True
+        if info is None:
+            return
+        if self.published is not None and info.generation != self.published.generation and info.chosen_by == "measured":
+            log.info("now using %s", info.describe())
+        self.published = info
+        self.status.model = str(info.spec.path)
+        self.status.profile = info.profile.name
+        self.status.providers = list(info.providers)
+        self.status.precision = info.precision
+        self.status.contract = info.contract.describe()
+
+    def write(self) -> None:
+        """The status file, rewritten atomically if anything changed since the last write."""
+        path = path_for(self._daemon.config)
+        status = self.refresh()
+        if not self._dirty:
+            return
+        self._dirty = False
+        try:
+            write_status(path, status)
+        except OutputError as exc:
+            log.warning("status file: %s", exc)
+
+    def refresh(self) -> Status:
+        """The status with what the queue, the watcher, the engine and the clip thread say now."""
+        daemon, status = self._daemon, self.status
+        status.queue_depth = len(daemon.queue)
+        status.in_progress = daemon.queue.in_progress
+        status.counts.superseded = daemon.queue.superseded + daemon.accounts.superseded_in_flight
+        status.counts.incomplete = daemon.watcher.incomplete if daemon.watcher else 0
+        if daemon.engine is not None:
+            status.model_loads = daemon.engine.load_count
+        clips = daemon.clips
+        progress = clips.progress if clips is not None else None
+        status.clip = progress.as_dict() if progress is not None else None
+        status.clips_waiting = clips.waiting if clips is not None else 0
+        return status
+
+    def clip_progress(self) -> None:
+        """A clip frame done (clip thread): the status file says so at most once a second.
+
+        Rewriting it is an fsync; four a second of those would slow the live frames'
+        own fsyncs, which share the filesystem's journal.
+        """
+        now = time.monotonic()
+        clips = self._daemon.clips
+        progress = clips.progress if clips is not None else None
+        phase = progress.phase if progress is not None else None
+        if now - self._clip_status_at >= CLIP_STATUS_S or phase != self._clip_status_phase:
+            self._clip_status_at, self._clip_status_phase = now, phase
+            self._dirty = True

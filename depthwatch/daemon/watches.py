@@ -1,0 +1,132 @@
+"""The watch folders' watches and their health: each folder scheduled on the observer, and watched again when it comes back.
+
+A watch folder can vanish (a volume unmounted, the folder deleted and made
+again, replaced by another of the same name): its watch is then dead even if
+a folder of that name, and maybe that inode number, is back. Once a second
+the settle thread looks (`check_health`): a dead observer is replaced, a
+folder gone or replaced is watched again once it is there, and scanned for
+the frames it brought. A watch folder that is (or lies under) a symlink is
+watched through its real folder, and its events' paths are put back under
+the watch folder (`as_watched`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from watchdog.events import FileSystemEventHandler
+
+from depthwatch.config import WatchConfig
+from depthwatch.daemon.observer import start_observer, trusts_close_events
+from depthwatch.frames.rules import Rules
+from depthwatch.logtext import shown
+
+log = logging.getLogger("depthwatch.watch")
+
+
+class WatchFolders:
+    """The observer and one watch per watch folder (settle thread; `as_watched` and `lost` from watchdog's)."""
+
+    def __init__(
+        self, rules: Rules, config: WatchConfig, handler: FileSystemEventHandler, scan_later: Callable[[Path], None]
+    ) -> None:
+        self.rules = rules
+        self.config = config
+        self._handler = handler
+        self._scan_later = scan_later
+        self._observer: Any = None
+        self._watches: dict[Path, tuple[Any, tuple[int, int]]] = {}
+        #: Watch folders that are (or lie under) a symlink -> the folder watched for them: the
+        #: observer watches a link itself, not its folder, so it is given the real one, and
+        #: its events' paths are put back under the watch folder (see `as_watched`).
+        self._real: dict[Path, Path] = {}
+        #: Watch folders whose own deletion was reported: their watch is dead even if a
+        #: folder of the same name, and maybe the same inode number, is back.
+        self._lost: set[Path] = set()
+        #: Whether the observer's close and move events say a file is complete (inotify).
+        self.trust_close = False
+
+    def start(self) -> None:
+        self._new_observer()
+        for root in self.rules.roots:
+            self._watch(root)
+
+    def stop(self, timeout: float | None = None) -> None:
+        observer, self._observer = self._observer, None
+        self._watches.clear()
+        self._real.clear()
+        if observer is not None:
+            observer.stop()
+            observer.join(timeout)
+
+    def _new_observer(self) -> None:
+        self._observer = start_observer(self.config)
+        self.trust_close = trusts_close_events(self._observer)
+
+    def _watch(self, root: Path) -> bool:
+        """Start watching `root`; False (and a warning) if it is not there."""
+        if not root.is_dir():
+            log.warning("watch folder %s does not exist; waiting for it to appear", shown(root))
+            return False
+        real = Path(os.path.realpath(root))
+        self._real.pop(root, None)
+        if real != root:
+            self._real[root] = real  # before the first event can come
+        try:
+            watch = self._observer.schedule(self._handler, str(real), recursive=self.rules.recursive)
+        except OSError as exc:
+            log.warning("cannot watch %s (%s); will retry", shown(root), exc.strerror or exc)
+            return False
+        st = root.stat()
+        self._watches[root] = (watch, (st.st_dev, st.st_ino))
+        self._lost.discard(root)
+        log.info(
+            "watching %s%s for %s%s", shown(root), f" (a link to {shown(real)})" if real != root else "",
+            ", ".join(self.rules.patterns), " (recursive)" if self.rules.recursive else "",
+        )
+        return True
+
+    def as_watched(self, raw: str | bytes) -> Path:
+        """An event's path, under the watch folder it was seen through (a link's folder is watched as itself)."""
+        path = Path(os.fsdecode(raw))
+        for root, real in tuple(self._real.items()):  # a copy: the settle thread may watch a folder again meanwhile
+            if path.is_relative_to(real):
+                return root / path.relative_to(real)
+        return path
+
+    def lost(self, folder: Path) -> None:
+        """A folder's deletion was reported (watchdog's thread): if it is a watch folder, its watch is dead."""
+        if folder in self._watches:
+            self._lost.add(folder)  # the health check watches it again once it is back
+
+    def check_health(self) -> None:
+        """Replace a dead observer; watch a watch folder again that vanished or was replaced and is back."""
+        observer = self._observer
+        if observer is None or not observer.is_alive():
+            log.warning("the file watcher stopped; restarting it")
+            self.stop(1.0)
+            self._new_observer()
+        for root in self.rules.roots:
+            current = self._watches.get(root)
+            try:
+                st = root.stat()
+                ino = (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+            except OSError:
+                ino = None
+            if current is not None and current[1] == ino and root not in self._lost:
+                continue
+            if current is not None:
+                log.warning("watch folder %s disappeared or was replaced; watching it again when it is back", shown(root))
+                try:
+                    self._observer.unschedule(current[0])
+                except Exception:  # the emitter may already be gone with its folder
+                    pass
+                del self._watches[root]
+                self._real.pop(root, None)
+            if ino is not None and self._watch(root):
+                self._scan_later(root)
