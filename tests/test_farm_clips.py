@@ -18,6 +18,7 @@ import subprocess
 from fractions import Fraction
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 
@@ -185,6 +186,32 @@ def test_a_variable_rate_clip_keeps_each_frames_own_time_as_local_once(farm: Far
     assert_same_clip(source, out, here)
     assert packets(out) == packets(here)  # every frame's time and duration, as local once writes them
     assert "is variable-rate" in done.stderr
+
+
+def test_an_image_sequence_on_the_farm_is_local_onces_sequence(farm: Farm, clips: dict[str, Path]) -> None:
+    from depthwatch.frames import provenance
+
+    source = clips["prores"]
+    here = farm.root / "local-seq"
+    done = run_once(str(source), "-o", str(here / "{frame:04d}.png"), "-c", str(farm.config), cwd=farm.root)
+    assert done.returncode == 0, done.stderr
+    out = farm.root / "farm-seq"
+    for run in range(2):  # the second swaps the new sequence for the first one
+        done = farm.once(str(source), "-o", str(out / "{frame:04d}.png"))
+        assert done.returncode == 0, done.stderr
+        if run == 0:
+            (out / "notes.nk").write_text("the user's own file")  # kept: the swap replaces only depthwatch's frames
+    names = sorted(p.name for p in here.iterdir())
+    assert sorted(p.name for p in out.iterdir()) == sorted([*names, "notes.nk"]) and len(names) == 41  # 40 frames, the marker
+    assert (out / "notes.nk").read_text() == "the user's own file"
+    for name in names:
+        if name.endswith(".png"):
+            mine, theirs = (cv2.imread(str(f / name), cv2.IMREAD_UNCHANGED) for f in (out, here))
+            assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs), name
+            assert provenance.read(out / name) == provenance.read(here / name), name
+        else:
+            assert (out / name).read_bytes() == (here / name).read_bytes(), name
+    assert list(farm.root.glob(".farm-seq*")) == []  # segments and the temporary folder gone
 
 
 def test_a_worker_killed_mid_job_and_the_clip_still_comes_whole(farm: Farm, clips: dict[str, Path]) -> None:
