@@ -269,7 +269,7 @@ def test_an_interrupted_job_run_again_renders_only_the_missing_ranges(farm: Farm
     assert not segments.exists()
 
 
-def test_a_clip_the_workers_cannot_read_fails_with_a_line_per_range_and_exit_1(farm: Farm, clips: dict[str, Path]) -> None:
+def test_a_clip_the_workers_cannot_read_fails_with_a_line_per_failed_range_and_exit_1(farm: Farm, clips: dict[str, Path]) -> None:
     # The workers' view of the storage (farm.path_map) leads nowhere: each range fails on its worker.
     farm.write_config(frames_per_task=2, path_map={str(clips["prores"].parent): str(farm.root / "not-mounted")})
     try:
@@ -279,6 +279,8 @@ def test_a_clip_the_workers_cannot_read_fails_with_a_line_per_range_and_exit_1(f
         farm.write_config(frames_per_task=2)
     assert done.returncode == 1, done.stderr
     lines = [line for line in done.stderr.splitlines() if "cannot read the clip on this worker" in line]
-    assert len(lines) == 1 and "A001_C002.mov: frames 0-15: " in lines[0], done.stderr
+    # One line per range: a failed first range does not hide (or cancel) the later ones.
+    assert [re.search(r"frames (\d+-\d+): ", line)[1] for line in lines] == ["0-15", "16-31", "32-39"], done.stderr
+    assert "A001_C002.mov: 3 range(s) failed" in done.stderr
     assert "0 depth clips written on the farm, 1 failed" in done.stdout
     assert not out.exists() and list(farm.root.glob(".unreadable.mov*")) == []  # no temporary file, no empty folder
