@@ -214,6 +214,32 @@ def test_an_image_sequence_on_the_farm_is_local_onces_sequence(farm: Farm, clips
     assert list(farm.root.glob(".farm-seq*")) == []  # segments and the temporary folder gone
 
 
+def test_a_farm_managers_own_range_tasks_joined_are_local_onces_depth_clip(farm: Farm, clips: dict[str, Path]) -> None:
+    # Deadline, OpenCue, Tractor: one `once CLIP --frames A-B` per task, then `once CLIP --join`; no Dask.
+    source = clips["prores"]
+    out = farm.root / "managed.mov"
+
+    def once(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_once(str(source), "-o", str(out), "-c", str(farm.config), *args, cwd=farm.root)
+
+    first = once("--frames", "0-12")  # cuts the first 20-frame shot: planned with the frames beyond its edge
+    assert first.returncode == 0, first.stderr
+    assert "frames 0-12: segment written" in first.stdout
+    early = once("--join")
+    assert early.returncode == 1 and not out.exists()
+    assert "no segment of frames 13-39" in early.stderr and len(early.stderr.strip().splitlines()) == 1, early.stderr
+    assert once("--frames", "13-39").returncode == 0
+    again = once("--frames", "0-12")  # a task the manager retries finds its segment made
+    assert again.returncode == 0 and "already made" in again.stdout, again.stdout + again.stderr
+    done = once("--join")
+    assert done.returncode == 0, done.stderr
+    assert "40 frames joined" in done.stdout
+    assert_same_clip(source, out, local(farm, source, farm.root / "local-prores.mov"))
+    assert not (farm.root / ".managed.mov.farm").exists()
+    outside = once("--frames", "30-45")
+    assert outside.returncode == 78 and "outside the clip's frames 0-39" in outside.stderr, outside.stderr
+
+
 def test_a_worker_killed_mid_job_and_the_clip_still_comes_whole(farm: Farm, clips: dict[str, Path]) -> None:
     source = clips["prores"]
     victim = farm.live()[0]

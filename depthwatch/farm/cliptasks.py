@@ -252,8 +252,14 @@ def _decoded(task: ClipRange, min_size: tuple[int, int]) -> Iterator[np.ndarray]
 
 
 def _inferred(task: ClipRange, runner: Any) -> Iterator[tuple[np.ndarray, Inference]]:
-    """Each frame (reduced) with its inference, in order; WINDOW frames ahead at the model, as local clips."""
-    engine = runner.engine
+    return inferred(task, runner.engine)
+
+
+def inferred(task: ClipRange, engine: Any) -> Iterator[tuple[np.ndarray, Inference]]:
+    """Each frame (reduced) with its inference, in order; WINDOW frames ahead at the model, as local clips.
+
+    `engine`: a worker's, or local `once`'s for a farm manager's own range task (`managed`).
+    """
     info = engine.wait_ready()
     window: deque[tuple[np.ndarray, Future[Inference]]] = deque()
     for image in _decoded(task, info.min_frame_size):
