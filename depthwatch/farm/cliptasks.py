@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import shutil
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -37,6 +36,7 @@ import numpy as np
 
 from depthwatch.clips import sequence
 from depthwatch.errors import DepthwatchError, FrameError
+from depthwatch.farm import segments
 from depthwatch.farm.tasks import runner
 from depthwatch.files import sync_folder
 from depthwatch.frames.settings import Settings
@@ -130,7 +130,7 @@ def render_clip_range(
     if len(maps) != len(task.times):
         return RangeReport(task.first, f"the range has {len(task.times)} frames but {len(maps)} maps", worker=_address(here))
     target = Path(segment)
-    temp = target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.part")  # pids repeat across machines
+    temp = segments.part_for(target)
     size = (meta.width, meta.height)
     info = here.engine.wait_ready()
     writer: clipwrite.ClipWriter | None = None

@@ -24,7 +24,6 @@ is planned from the part it sees, and its maps near the edge can differ
 from __future__ import annotations
 
 import os
-import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -45,8 +44,6 @@ from depthwatch.model.engine import Engine
 #: Frames seen beyond each edge of a range (the planner's window and look-ahead): a shot
 #: that fits in the range plus these is planned as on the whole clip.
 MARGIN = stabilise.held_at_most()
-
-_NAME = re.compile(r"(\d{8})-(\d{6})-([0-9a-f]{20})(\.mov|\.mkv)")
 
 
 def model_key(path: Path) -> str:
@@ -106,7 +103,7 @@ def make_range(job: ClipJob, spec: set[int], engine: Engine, settings: Settings)
     else:
         planned = ((k, image, normalise.frame(p, kind_out, clip_percent)) for k, image, p in frames)
     options = replace(settings.render, bits=16)
-    temp = target.with_name(f".{target.name}.{os.getpid()}{segments.PART_SUFFIX}")
+    temp = segments.part_for(target)
     writer = clipwrite.ClipWriter(temp, kind, replace(meta, timecode=None))
     try:
         for k, image, nearness in planned:
@@ -142,11 +139,11 @@ def join(job: ClipJob, settings: Settings, model: Path) -> int:
     except OSError:
         names = []
     for name in names:
-        match = _NAME.fullmatch(name)
-        if match is None:
+        parsed = segments.parse(name)
+        if parsed is None:
             continue
-        first, count = int(match[1]), int(match[2])
-        if first + count <= len(index) and segments.key(version, first, index.times[first : first + count], settings, job.output, mine) == match[3]:
+        first, count, digest = parsed
+        if first + count <= len(index) and segments.key(version, first, index.times[first : first + count], settings, job.output, mine) == digest:
             found[first] = (count, folder / name)
     ordered: list[Path] = []
     k = 0

@@ -39,6 +39,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import secrets
 import shutil
 from pathlib import Path
 
@@ -104,6 +106,20 @@ def name(first: int, count: int, digest: str, output: Path) -> str:
     """A segment's name: its range and key; an image sequence's segment is a folder of its frames (`.seq`)."""
     ext = SEQUENCE_SUFFIX if is_sequence(output) else SEGMENT_KINDS[output.suffix.lower()]
     return f"{first:08d}-{count:06d}-{digest}{ext}"
+
+
+_NAME = re.compile(r"(\d{8})-(\d{6})-([0-9a-f]{20})\.(mov|mkv|seq)")
+
+
+def parse(segment: str) -> tuple[int, int, str] | None:
+    """(first frame, frame count, key) of a segment's name (`name`'s), None for any other name."""
+    match = _NAME.fullmatch(segment)
+    return (int(match[1]), int(match[2]), match[3]) if match else None
+
+
+def part_for(target: Path) -> Path:
+    """The temporary name a segment is written under, beside it (`.NAME.PID-RANDOM.part`: pids repeat across machines)."""
+    return target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}{PART_SUFFIX}")
 
 
 def join(segments: list[Path], final: Path, temp: Path, meta: ClipInfo, source: SourceMeta) -> int:
