@@ -32,6 +32,7 @@ from typing import Any
 from depthwatch.clips.job import ClipJob
 from depthwatch.errors import ConfigError, FrameError, OutputError
 from depthwatch.farm import segments
+from depthwatch.farm.clipindex import ClipIndex
 from depthwatch.farm.clipindex import read as read_index
 from depthwatch.farm.cliptasks import ClipRange, inferred
 from depthwatch.files import sha256_of
@@ -64,10 +65,9 @@ def frames_of(spec: set[int], first_frame: int, count: int) -> tuple[int, int]:
     return lo - first_frame, hi - first_frame + 1
 
 
-def make_range(job: ClipJob, spec: set[int], engine: Engine, settings: Settings) -> str:
+def make_range(job: ClipJob, spec: set[int], engine: Engine, settings: Settings, index: ClipIndex) -> str:
     """The segment of the frames `spec` names, into the depth clip's segments folder; a line saying what was done."""
     kind = _kind(job)
-    index = read_index(job.source)
     a, b = frames_of(spec, settings.first_frame, len(index))
     with video.Clip(job.source) as clip:
         meta = clip.info
@@ -203,14 +203,16 @@ def run(jobs: list[ClipJob], frames: str | None, do_join: bool, config: Any) -> 
         wanted = sequences.frame_range(frames)
     except ValueError as exc:
         raise ConfigError(f"--frames: {exc}") from None
+    indexes = []
     for job in jobs:  # a range the clip does not have is a typing mistake: said before the model loads
         _kind(job)
-        frames_of(wanted, settings.first_frame, len(read_index(job.source)))
+        indexes.append(read_index(job.source))
+        frames_of(wanted, settings.first_frame, len(indexes[-1]))
     with Engine(spec) as engine:
         engine.wait_ready()
-        for job in jobs:
+        for job, index in zip(jobs, indexes):
             try:
-                print(f"depthwatch: {make_range(job, wanted, engine, settings)}")
+                print(f"depthwatch: {make_range(job, wanted, engine, settings, index)}")
             except (DepthwatchError, OSError) as exc:
                 why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
                 print(f"depthwatch: {shown(job.source)}: {why}", file=sys.stderr)
