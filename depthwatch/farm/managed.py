@@ -109,13 +109,15 @@ def make_range(job: ClipJob, spec: set[int], engine: Engine, settings: Settings,
         for k, image, nearness in planned:
             if a <= k < b:
                 writer.write(render.render(nearness, (meta.width, meta.height), options, guide=image))
+            if k == b - 1:
+                break  # the margin after the range has done its part: no more decoding
         writer.close()
         os.replace(temp, target)
     except BaseException:
         writer.abort()
         temp.unlink(missing_ok=True)
         raise
-    return f"{shown(job.source.name)}: {numbers}: segment written ({b - a} frames, planned from frames {lo}-{hi - 1})"
+    return f"{shown(job.source.name)}: {numbers}: segment written ({b - a} frames, planned from frames {settings.first_frame + lo}-{settings.first_frame + hi - 1})"
 
 
 def join(job: ClipJob, settings: Settings, model: Path) -> int:
