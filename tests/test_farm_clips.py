@@ -18,6 +18,7 @@ import subprocess
 from fractions import Fraction
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 
@@ -187,6 +188,58 @@ def test_a_variable_rate_clip_keeps_each_frames_own_time_as_local_once(farm: Far
     assert "is variable-rate" in done.stderr
 
 
+def test_an_image_sequence_on_the_farm_is_local_onces_sequence(farm: Farm, clips: dict[str, Path]) -> None:
+    from depthwatch.frames import provenance
+
+    source = clips["prores"]
+    here = farm.root / "local-seq"
+    done = run_once(str(source), "-o", str(here / "{frame:04d}.png"), "-c", str(farm.config), cwd=farm.root)
+    assert done.returncode == 0, done.stderr
+    out = farm.root / "farm-seq"
+    for run in range(2):  # the second swaps the new sequence for the first one
+        done = farm.once(str(source), "-o", str(out / "{frame:04d}.png"))
+        assert done.returncode == 0, done.stderr
+        if run == 0:
+            (out / "notes.nk").write_text("the user's own file")  # kept: the swap replaces only depthwatch's frames
+    names = sorted(p.name for p in here.iterdir())
+    assert sorted(p.name for p in out.iterdir()) == sorted([*names, "notes.nk"]) and len(names) == 41  # 40 frames, the marker
+    assert (out / "notes.nk").read_text() == "the user's own file"
+    for name in names:
+        if name.endswith(".png"):
+            mine, theirs = (cv2.imread(str(f / name), cv2.IMREAD_UNCHANGED) for f in (out, here))
+            assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs), name
+            assert provenance.read(out / name) == provenance.read(here / name), name
+        else:
+            assert (out / name).read_bytes() == (here / name).read_bytes(), name
+    assert list(farm.root.glob(".farm-seq*")) == []  # segments and the temporary folder gone
+
+
+def test_a_farm_managers_own_range_tasks_joined_are_local_onces_depth_clip(farm: Farm, clips: dict[str, Path]) -> None:
+    # Deadline, OpenCue, Tractor: one `once CLIP --frames A-B` per task, then `once CLIP --join`; no Dask.
+    source = clips["prores"]
+    out = farm.root / "managed.mov"
+
+    def once(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_once(str(source), "-o", str(out), "-c", str(farm.config), *args, cwd=farm.root)
+
+    first = once("--frames", "0-12")  # cuts the first 20-frame shot: planned with the frames beyond its edge
+    assert first.returncode == 0, first.stderr
+    assert "frames 0-12: segment written" in first.stdout
+    early = once("--join")
+    assert early.returncode == 1 and not out.exists()
+    assert "no segment of frames 13-39" in early.stderr and len(early.stderr.strip().splitlines()) == 1, early.stderr
+    assert once("--frames", "13-39").returncode == 0
+    again = once("--frames", "0-12")  # a task the manager retries finds its segment made
+    assert again.returncode == 0 and "already made" in again.stdout, again.stdout + again.stderr
+    done = once("--join")
+    assert done.returncode == 0, done.stderr
+    assert "40 frames joined" in done.stdout
+    assert_same_clip(source, out, local(farm, source, farm.root / "local-prores.mov"))
+    assert not (farm.root / ".managed.mov.farm").exists()
+    outside = once("--frames", "30-45")
+    assert outside.returncode == 78 and "outside the clip's frames 0-39" in outside.stderr, outside.stderr
+
+
 def test_a_worker_killed_mid_job_and_the_clip_still_comes_whole(farm: Farm, clips: dict[str, Path]) -> None:
     source = clips["prores"]
     victim = farm.live()[0]
@@ -242,7 +295,7 @@ def test_an_interrupted_job_run_again_renders_only_the_missing_ranges(farm: Farm
     assert not segments.exists()
 
 
-def test_a_clip_the_workers_cannot_read_fails_with_a_line_per_range_and_exit_1(farm: Farm, clips: dict[str, Path]) -> None:
+def test_a_clip_the_workers_cannot_read_fails_with_a_line_per_failed_range_and_exit_1(farm: Farm, clips: dict[str, Path]) -> None:
     # The workers' view of the storage (farm.path_map) leads nowhere: each range fails on its worker.
     farm.write_config(frames_per_task=2, path_map={str(clips["prores"].parent): str(farm.root / "not-mounted")})
     try:
@@ -252,6 +305,8 @@ def test_a_clip_the_workers_cannot_read_fails_with_a_line_per_range_and_exit_1(f
         farm.write_config(frames_per_task=2)
     assert done.returncode == 1, done.stderr
     lines = [line for line in done.stderr.splitlines() if "cannot read the clip on this worker" in line]
-    assert len(lines) == 1 and "A001_C002.mov: frames 0-15: " in lines[0], done.stderr
+    # One line per range: a failed first range does not hide (or cancel) the later ones.
+    assert [re.search(r"frames (\d+-\d+): ", line)[1] for line in lines] == ["0-15", "16-31", "32-39"], done.stderr
+    assert "A001_C002.mov: 3 range(s) failed" in done.stderr
     assert "0 depth clips written on the farm, 1 failed" in done.stdout
     assert not out.exists() and list(farm.root.glob(".unreadable.mov*")) == []  # no temporary file, no empty folder

@@ -11,25 +11,20 @@ leaves the last good output as it was.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 
-import numpy as np
-
+from depthwatch.clips import sequence
 from depthwatch.clips.job import ClipJob, ClipResult, Progress
 from depthwatch.clips.placing import ensure_folder, refuse_replacing, remove, rename_into_place
 from depthwatch.clips.stream import Pass, Restart, WriteBehind
-from depthwatch.errors import DepthwatchError, FrameError, OutputError, OwnOutput, Superseded
-from depthwatch.files import write_new
-from depthwatch.frames import provenance, timeline
+from depthwatch.errors import DepthwatchError, FrameError, OwnOutput, Superseded
+from depthwatch.frames import timeline
 from depthwatch.frames.job import signature_of
 from depthwatch.frames.settings import Settings
 from depthwatch.frames.writer import temp_name_for
-from depthwatch.imaging import clipwrite, codec, normalise, render, sourcemeta, video
-from depthwatch.logtext import shown
+from depthwatch.imaging import clipwrite, normalise, render, sourcemeta, video
 from depthwatch.model.engine import Engine
 
 #: The source is checked for a rewrite every this many frames (and at the end).
@@ -131,22 +126,15 @@ def _make(
     written = 0
     try:
         if job.sequence:
-            try:
-                os.mkdir(temp)
-                write_new(temp / clipwrite.SEQUENCE_MARKER, clipwrite.marker_text(job.output.name).encode())
-                st = os.stat(job.source)
-            except OSError as exc:
-                raise OutputError(f"cannot write in {shown(folder)}: {exc.strerror or exc}") from None
+            sequence.begin(temp, job.output.name)
             # Each frame carries a map's record: never taken for a frame, and known as ours when replaced.
-            record = provenance.record_for(
-                job.source.name, st, model=info.spec.path.name, normalise=settings.normalise, invert=settings.render.levels.invert
-            )
-            sink = WriteBehind(lambda k, depth: _write_still(temp, job.output, k, depth, settings, record, meta), gate)
+            record = sequence.record(job.source, settings, info.spec.path.name)
+            sink = WriteBehind(lambda k, depth: sequence.write_frame(temp, job.output, k, depth, settings, record, meta), gate)
         else:
             assert kind is not None
             writer = clipwrite.ClipWriter(temp, kind, meta, sourcemeta.read(job.source, meta.rate))
             sink = WriteBehind(lambda k, depth: writer.write(depth), gate)  # type: ignore[union-attr]
-        bits = 16 if kind is not None else codec.bits_for(job.output.suffix, settings.png_bits)
+        bits = 16 if kind is not None else sequence.bits(job.output, settings)
         options = replace(settings.render, bits=bits)
         clip_percent = settings.render.clip_percent
         size = (meta.width, meta.height)
@@ -178,19 +166,3 @@ def _make(
         raise
     return written, meta
 
-
-def _write_still(
-    folder: Path, output: Path, k: int, depth: np.ndarray, settings: Settings, record: dict[str, object], meta: video.ClipInfo
-) -> None:
-    """Frame k of an image sequence (numbered from output.first_frame), into the sequence's temporary folder,
-    on disk before the folder is swapped in."""
-    data = codec.encode(
-        depth, output.suffix, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression, exr_options=settings.exr,
-        exr_frame=clipwrite.sequence_frame(meta, k),
-    )
-    number = settings.first_frame + k
-    data = provenance.embed(data, {**record, "frame": number})
-    try:
-        write_new(folder / output.name.format(frame=number), data)  # fsynced: the swap never brings in frames still in the page cache
-    except OSError as exc:
-        raise OutputError(f"cannot write frame {number} of {output.parent.name} in {output.parent.parent}: {exc.strerror or exc}") from None

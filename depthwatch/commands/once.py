@@ -64,7 +64,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--frames",
         metavar="RANGE",
-        help="only the numbered frames in RANGE, as render-farm managers cut a job: 1001-1100, 1001-1100x2, 1001,1005",
+        help="only the numbered frames in RANGE, as render-farm managers cut a job: 1001-1100, 1001-1100x2, 1001,1005; "
+        "for a clip, one range of its frames (numbered from output.first_frame) made as a segment for --join",
+    )
+    parser.add_argument(
+        "--join",
+        action="store_true",
+        help="for a clip: join the segments that `once CLIP --frames A-B` tasks made into the depth clip -o names (see docs/farm.md)",
     )
     parser.add_argument(
         "--farm",
@@ -195,8 +201,8 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("no frames found in " + ", ".join(args.inputs) + "; give image files, clips or folders of them")
     clips = [s for s in sources if is_clip_name(s)]
     sources = [s for s in sources if not is_clip_name(s)]
-    if clips and args.frames:
-        raise ConfigError("--frames picks numbered frames, not a clip's frames; drop it for clips")
+    if (args.join or (clips and args.frames)) and (args.farm or sources or not clips or (args.join and args.frames)):
+        raise ConfigError("--frames on clips and --join are a farm manager's tasks: clips only, without --farm, one of the two at a time")
     if clips:
         from depthwatch.imaging.video import require_av
 
@@ -205,6 +211,12 @@ def main(args: argparse.Namespace) -> int:
         except FrameError as exc:
             raise ConfigError(str(exc)) from None
     clip_jobs, clip_refused = _clip_jobs(clips, config)  # ConfigError, before any work, for a clash
+    if clips and (args.frames or args.join):  # a farm manager's own tasks (farm.managed)
+        from depthwatch.farm import managed
+
+        for line in clip_refused:
+            print(f"depthwatch: {line}", file=sys.stderr)
+        return 1 if managed.run(clip_jobs, args.frames, args.join, config) or clip_refused else 0
     if clips and not sources:
         if args.farm:
             return 1 if _farm_clips(args.farm, clip_jobs, clip_refused, config, args.force) else 0

@@ -15,12 +15,15 @@ For each clip, in the client's view of the storage:
    (`render_clip_range`) decodes the range again, renders and writes it as
    one intra-only segment (see `segments`).
 3. **Joined** by copying packets (or, for H.264, one encode here) into a
-   temporary file beside the depth clip, renamed into place only whole.
+   temporary file beside the depth clip, renamed into place only whole; an
+   image sequence's ranges (folders of frames) linked into one new sequence
+   folder, swapped in as local `once` swaps its own.
 
 A range whose segment is already there under its key (an interrupted run)
 is not rendered again; its first pass still runs, since the plan of its shot
 needs every frame of it. A range that fails fails the clip with one line
-each; the segments made are kept for the next run, and the clip's temporary
+each (the first pass goes on over the later ranges, so each failed range
+has its line); the segments made are kept for the next run, and the clip's temporary
 files go, whatever happened. Workers that die: Dask gives their tasks to
 another, and a segment they finished is a whole file under its name.
 """
@@ -41,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from depthwatch.clips.placing import refuse_replacing, remove, rename_into_place
 from depthwatch.config import Config
 from depthwatch.errors import DepthwatchError, FarmError
 from depthwatch.farm import require_distributed
@@ -128,7 +132,8 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
         raise DepthwatchError("is a depth clip depthwatch made; not taken as a clip")
     if meta.width * meta.height > settings.max_pixels:
         raise DepthwatchError(f"{meta.width}x{meta.height} is over the limit of {settings.max_pixels / 1e6:.0f} megapixels; raise daemon.max_megapixels")
-    segments.segment_kind(job.output)  # a kind the farm joins, before any work
+    out_kind = segments.segment_kind(job.output)  # a kind the farm joins, before any work
+    refuse_replacing(job.final)  # before the work, not after it
     if settings.timeline:
         timeline.check(job.sequence)
     index = read_index(job.source)
@@ -180,7 +185,7 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
             bar.update(len(task.times))
 
     def first_pass() -> Iterator[tuple[tuple[int, str, str], Any, np.ndarray]]:
-        """((frame k, its range's model, what it predicts), summary, prediction) in frame order; stops at a failed range."""
+        """((frame k, its range's model, what it predicts), summary, prediction) in frame order; none after a failed range."""
         queued: deque[tuple[ClipRange, Any]] = deque()
         pending = iter(tasks)
         for task in pending:
@@ -196,9 +201,8 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
                 queued.append((nxt, submit(collect_clip_range, nxt)))
             if not outcome.ok:
                 fail(task, outcome.error or "failed")
-                for _task, later in queued:
-                    later.cancel()
-                return
+            if state.failed:
+                continue  # the later ranges still run, for a line each that fails; no plan is made past a failure
             for k, (summary, prediction) in enumerate(zip(outcome.summaries, outcome.predictions)):
                 yield (task.first + k, outcome.model, outcome.kind), summary, prediction
 
@@ -216,21 +220,21 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
             planned = ((key, normalise.frame(prediction, kind, clip_percent), False) for key, _summary, prediction in results)
         for (k, model, _kind), nearness, _start in planned:
             if state.failed:
-                break  # the plan past a failed range is not the whole clip's
+                continue  # the plan past a failed range is not the whole clip's; the first pass goes on, to report
             maps.append(nearness)
             task = tasks[current]
             if len(maps) < len(task.times):
                 continue
             name = segments.name(task.first, len(task.times), segments.key(version, task.first, task.times, settings, job.output, model), job.output)
             state.names[task.first] = name
-            if (state.folder / name).is_file():  # made by an earlier run (or a task of it that finished since)
+            if (state.folder / name).exists():  # made by an earlier run (or a task of it that finished since)
                 kept += 1
                 if bar is not None:
                     bar.update(len(task.times))
             else:
                 segment = str(path_map.to_worker(state.folder / name))
-                kind_out = segments.segment_kind(job.output)
-                renders.append((task, submit(render_clip_range, task, maps, settings, kind_out, meta, segment)))
+                frame_name = job.output.name if job.sequence else None
+                renders.append((task, submit(render_clip_range, task, maps, settings, out_kind, meta, segment, frame_name)))
                 rendered += 1
                 while len(renders) > ahead:
                     settle(*renders.popleft())
@@ -258,15 +262,18 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
     ordered = [state.folder / state.names[task.first] for task in tasks]
     temp = temp_name_for(job.final)
     try:
-        written = segments.join(ordered, job.final, temp, meta, source_meta)
+        if job.sequence:
+            written = segments.join_sequence(ordered, temp, job.output.name)
+        else:
+            written = segments.join(ordered, job.final, temp, meta, source_meta)
         if written != len(index):
             raise DepthwatchError(f"the joined segments hold {written} frames where the clip has {len(index)}; run the command again with --force")
-        segments.put_in_place(temp, job.final)
+        if job.sequence:  # marked whole and swapped in, keeping the user's files, as local once's sequence
+            rename_into_place(temp, job.final, job.output_roots, job.output.name, settings.swap_folders)
+        else:
+            segments.put_in_place(temp, job.final)
     finally:
-        try:
-            temp.unlink()
-        except OSError:
-            pass
+        remove(temp)
         sweep_temp_files_for([job.final])  # a killed earlier run's join
     segments.remove_folder(state.folder)
     if settings.timeline:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
+import shutil
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -34,8 +34,11 @@ from typing import Any
 
 import numpy as np
 
+from depthwatch.clips import sequence
 from depthwatch.errors import DepthwatchError, FrameError
+from depthwatch.farm import segments
 from depthwatch.farm.tasks import runner
+from depthwatch.files import sync_folder
 from depthwatch.frames.settings import Settings
 from depthwatch.imaging import clipwrite, codec, render, stabilise, tensor
 from depthwatch.imaging.video import ClipInfo, require_av
@@ -106,40 +109,67 @@ def collect_clip_range(task: ClipRange) -> RangeReport:
 
 
 def render_clip_range(
-    task: ClipRange, maps: list[np.ndarray], settings: Settings, kind: clipwrite.Kind, meta: ClipInfo, segment: str
+    task: ClipRange,
+    maps: list[np.ndarray],
+    settings: Settings,
+    kind: clipwrite.Kind | None,
+    meta: ClipInfo,
+    segment: str,
+    frame_name: str | None = None,
 ) -> RangeReport:
     """Second pass: each frame's map from its planned [0, 1] nearness, into one segment at `segment`.
 
     The segment is written under a temporary name (the writer's pid in it) and
     renamed into place only whole, so a segment under its name is always a
-    whole one, whatever happened to its worker.
+    whole one, whatever happened to its worker. `kind` None: an image
+    sequence's range, a folder of its frames named `frame_name`
+    (`{frame:04d}.png`), each written as local `once` writes it
+    (`clips.sequence`).
     """
     here = runner()
     if len(maps) != len(task.times):
         return RangeReport(task.first, f"the range has {len(task.times)} frames but {len(maps)} maps", worker=_address(here))
     target = Path(segment)
-    temp = target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.part")  # pids repeat across machines
-    options = replace(settings.render, bits=16)
+    temp = segments.part_for(target)
     size = (meta.width, meta.height)
+    info = here.engine.wait_ready()
     writer: clipwrite.ClipWriter | None = None
     try:
-        writer = clipwrite.ClipWriter(temp, kind, replace(meta, timecode=None))
-        for k, image in enumerate(_decoded(task, here.engine.wait_ready().min_frame_size)):
-            writer.write(render.render(maps[k], size, options, guide=image))
-        writer.close()
-        writer = None
+        if kind is None:
+            assert frame_name is not None
+            output = Path(frame_name)
+            options = replace(settings.render, bits=sequence.bits(output, settings))
+            record = sequence.record(Path(task.source), settings, info.spec.path.name)
+            os.mkdir(temp)
+            for k, image in enumerate(_decoded(task, info.min_frame_size)):
+                depth = render.render(maps[k], size, options, guide=image)
+                sequence.write_frame(temp, output, task.first + k, depth, settings, record, meta)
+            sync_folder(temp)
+        else:
+            options = replace(settings.render, bits=16)
+            writer = clipwrite.ClipWriter(temp, kind, replace(meta, timecode=None))
+            for k, image in enumerate(_decoded(task, info.min_frame_size)):
+                writer.write(render.render(maps[k], size, options, guide=image))
+            writer.close()
+            writer = None
         os.replace(temp, target)
     except DepthwatchError as exc:  # FrameError, OutputError: one line
         log.error("%s: %s", task.describe(), exc)
         return RangeReport(task.first, str(exc), worker=_address(here))
     except OSError as exc:
+        if kind is None and target.is_dir():  # the same range, made meanwhile by a task given up for dead
+            log.info("%s: segment %s already there", task.describe(), target.name)
+            return RangeReport(task.first, worker=_address(here))
         log.error("%s: cannot write its segment: %s", task.describe(), exc)
         return RangeReport(task.first, f"cannot write its segment in {target.parent}: {exc.strerror or exc}", worker=_address(here))
     finally:
         if writer is not None:
             writer.abort()
         try:
-            temp.unlink()
+            if temp.is_dir():
+                shutil.rmtree(temp, ignore_errors=True)
+            else:
+                temp.unlink()
         except OSError:
             pass
     log.info("%s: segment %s written", task.describe(), target.name)
@@ -222,8 +252,14 @@ def _decoded(task: ClipRange, min_size: tuple[int, int]) -> Iterator[np.ndarray]
 
 
 def _inferred(task: ClipRange, runner: Any) -> Iterator[tuple[np.ndarray, Inference]]:
-    """Each frame (reduced) with its inference, in order; WINDOW frames ahead at the model, as local clips."""
-    engine = runner.engine
+    return inferred(task, runner.engine)
+
+
+def inferred(task: ClipRange, engine: Any) -> Iterator[tuple[np.ndarray, Inference]]:
+    """Each frame (reduced) with its inference, in order; WINDOW frames ahead at the model, as local clips.
+
+    `engine`: a worker's, or local `once`'s for a farm manager's own range task (`managed`).
+    """
     info = engine.wait_ready()
     window: deque[tuple[np.ndarray, Future[Inference]]] = deque()
     for image in _decoded(task, info.min_frame_size):

@@ -27,6 +27,11 @@ FFV1 segments and encodes the whole clip once: the same encoder, the same
 frames, so the same file local `once` writes; it costs one H.264 encode at the
 client (a few hundred frames a second at 1080p on one core with `preset
 fast`, against the model's tens on a worker).
+
+An image sequence's segment is a folder of its range's frames, each written
+as local `once` writes a sequence's frame (`clips.sequence`: the same name,
+bits, record); the join links them into one new sequence folder, which is
+marked whole and swapped in as local `once`'s is (`clips.placing`).
 """
 
 from __future__ import annotations
@@ -34,9 +39,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import secrets
 import shutil
 from pathlib import Path
 
+from depthwatch.clips import sequence
 from depthwatch.errors import FrameError, OutputError
 from depthwatch.frames.settings import Settings
 from depthwatch.imaging import clipwrite
@@ -48,6 +56,8 @@ from depthwatch.logtext import shown
 SEGMENT_KINDS = {".mov": ".mov", ".mkv": ".mkv", ".mp4": ".mkv"}
 #: A segment being written: `.NAME.PID.part` (a killed worker's is removed when the job ends).
 PART_SUFFIX = ".part"
+#: An image sequence's segment: a folder of the range's frames, named and recorded as local `once` names them.
+SEQUENCE_SUFFIX = ".seq"
 
 
 def folder_for(final: Path) -> Path:
@@ -55,13 +65,21 @@ def folder_for(final: Path) -> Path:
     return final.with_name(f".{final.name}.farm")
 
 
-def segment_kind(output: Path) -> clipwrite.Kind:
-    """The kind a depth clip's segments are written in; FrameError for an output the farm does not join."""
+def is_sequence(output: Path) -> bool:
+    """Whether `output` names an image sequence's frames (`{frame:04d}.png`) rather than a depth clip."""
+    return "{frame" in output.name
+
+
+def segment_kind(output: Path) -> clipwrite.Kind | None:
+    """The kind a depth clip's segments are written in (None: an image sequence's, a folder of its frames);
+    FrameError for an output the farm does not join."""
+    if is_sequence(output):
+        return None
     ext = SEGMENT_KINDS.get(output.suffix.lower())
     if ext is None:
         raise FrameError(
-            f"the farm writes depth clips as .mov, .mkv or .mp4, not {output.suffix or 'an image sequence'}; "
-            "map it without --farm, or give -o NAME.mov"
+            f"the farm writes depth clips as .mov, .mkv, .mp4 or an image sequence, not {output.suffix or 'a file without an extension'}; "
+            "give -o NAME.mov"
         )
     kind = clipwrite.kind_for(ext)
     assert kind is not None
@@ -79,11 +97,29 @@ def key(version: tuple[int, int], first: int, times: tuple[int, ...], settings: 
         "kind": repr(segment_kind(output)),
         "model": model,
     }
+    if is_sequence(output):  # its frames' names, format and numbering
+        what["frames"] = [output.name, settings.first_frame, settings.png_bits, settings.png_compression, settings.jpeg_quality, repr(settings.exr)]
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]
 
 
 def name(first: int, count: int, digest: str, output: Path) -> str:
-    return f"{first:08d}-{count:06d}-{digest}{SEGMENT_KINDS[output.suffix.lower()]}"
+    """A segment's name: its range and key; an image sequence's segment is a folder of its frames (`.seq`)."""
+    ext = SEQUENCE_SUFFIX if is_sequence(output) else SEGMENT_KINDS[output.suffix.lower()]
+    return f"{first:08d}-{count:06d}-{digest}{ext}"
+
+
+_NAME = re.compile(r"(\d{8})-(\d{6})-([0-9a-f]{20})\.(mov|mkv|seq)")
+
+
+def parse(segment: str) -> tuple[int, int, str] | None:
+    """(first frame, frame count, key) of a segment's name (`name`'s), None for any other name."""
+    match = _NAME.fullmatch(segment)
+    return (int(match[1]), int(match[2]), match[3]) if match else None
+
+
+def part_for(target: Path) -> Path:
+    """The temporary name a segment is written under, beside it (`.NAME.PID-RANDOM.part`: pids repeat across machines)."""
+    return target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}{PART_SUFFIX}")
 
 
 def join(segments: list[Path], final: Path, temp: Path, meta: ClipInfo, source: SourceMeta) -> int:
@@ -133,6 +169,32 @@ def _encode(segments: list[Path], temp: Path, kind: clipwrite.Kind, meta: ClipIn
     return writer.frames
 
 
+def join_sequence(segments: list[Path], temp: Path, frame_name: str) -> int:
+    """The segments' frames, in one new sequence folder at `temp` (hard links: no frame copied; a copy where
+    the storage has none); the frames there.
+
+    The folder is begun as local `once` begins one (`clips.sequence.begin`), and
+    `clips.placing.rename_into_place` marks it whole and swaps it in.
+    """
+    sequence.begin(temp, frame_name)
+    frames = 0
+    for folder in segments:
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError as exc:
+            raise FrameError(f"cannot read the segment {shown(folder.name)}: {exc.strerror or exc}") from None
+        for entry in names:
+            try:
+                try:
+                    os.link(folder / entry, temp / entry)
+                except OSError:
+                    shutil.copyfile(folder / entry, temp / entry)
+            except OSError as exc:
+                raise OutputError(f"cannot put frame {shown(entry)} in {shown(temp.parent)}: {exc.strerror or exc}") from None
+            frames += 1
+    return frames
+
+
 def put_in_place(temp: Path, final: Path) -> None:
     """The whole depth clip under its name, replacing only a depth clip depthwatch made."""
     from depthwatch.files import rename_noreplace
@@ -158,7 +220,10 @@ def remove_parts(folder: Path) -> int:
     for entry in entries:
         if entry.name.startswith(".") and entry.name.endswith(PART_SUFFIX):
             try:
-                os.unlink(entry.path)
+                if entry.is_dir(follow_symlinks=False):  # an image sequence's range
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
                 removed += 1
             except OSError:
                 pass
