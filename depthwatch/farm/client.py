@@ -60,6 +60,20 @@ def tasks_for(jobs: Sequence[Job], todo: Sequence[int], config: Config) -> list[
     return [frames[n : n + size] for n in range(0, len(frames), size)]
 
 
+def connect(scheduler: str) -> Any:
+    """A Dask client of the scheduler at `scheduler` (frames and clips alike), or one line saying what to do."""
+    require_distributed()
+    import distributed
+
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    try:
+        return distributed.Client(scheduler, timeout=CONNECT_TIMEOUT, set_as_default=False)
+    except (OSError, TimeoutError) as exc:
+        raise FarmError(
+            f"cannot reach the Dask scheduler at {scheduler} ({exc}); start one with `dask scheduler` and check the address"
+        ) from None
+
+
 def run(
     scheduler: str,
     jobs: Sequence[Job],
@@ -73,7 +87,6 @@ def run(
     require_distributed()
     import distributed
 
-    logging.getLogger("distributed").setLevel(logging.ERROR)
     todo = plan(jobs, force)
     report(f"depthwatch: {len(jobs)} frame(s): {len(jobs) - len(todo)} up to date, {len(todo)} to map on {scheduler}")
     if progress is not None:
@@ -82,12 +95,7 @@ def run(
         return 0
     settings = Settings.from_config(config)
     plain, shots = _split(jobs, todo, settings)
-    try:
-        client = distributed.Client(scheduler, timeout=CONNECT_TIMEOUT, set_as_default=False)
-    except (OSError, TimeoutError) as exc:
-        raise FarmError(
-            f"cannot reach the Dask scheduler at {scheduler} ({exc}); start one with `dask scheduler` and check the address"
-        ) from None
+    client = connect(scheduler)
     run_id = uuid.uuid4().hex[:8]
     serial = iter(range(1 << 62))
     todo_set = set(todo)

@@ -31,7 +31,6 @@ another, and a segment they finished is a whole file under its name.
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 import sys
 import time
@@ -46,12 +45,11 @@ import numpy as np
 
 from depthwatch.clips.placing import refuse_replacing, remove, rename_into_place
 from depthwatch.config import Config
-from depthwatch.errors import DepthwatchError, FarmError
-from depthwatch.farm import require_distributed
+from depthwatch.errors import DepthwatchError
 from depthwatch.farm import segments
 from depthwatch.farm.clipindex import ClipIndex, ranges
 from depthwatch.farm.clipindex import read as read_index
-from depthwatch.farm.client import say_if_no_workers
+from depthwatch.farm.client import connect, say_if_no_workers
 from depthwatch.farm.cliptasks import ClipRange, RangeReport, collect_clip_range, render_clip_range
 from depthwatch.farm.tasks import RESOURCE
 from depthwatch.frames.settings import Settings
@@ -66,7 +64,6 @@ RANGE_FACTOR = 8
 #: First-pass ranges queued ahead of the one the planner is taking, per worker (bounds the
 #: predictions held on the workers and here, whatever the clip's length).
 AHEAD_PER_WORKER = 2
-CONNECT_TIMEOUT = "10s"
 
 
 @dataclass
@@ -92,16 +89,7 @@ def run(
     report: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
 ) -> int:
     """Make each clip job's depth clip on the farm; the number of clips that failed."""
-    require_distributed()
-    import distributed
-
-    logging.getLogger("distributed").setLevel(logging.ERROR)
-    try:
-        client = distributed.Client(scheduler, timeout=CONNECT_TIMEOUT, set_as_default=False)
-    except (OSError, TimeoutError) as exc:
-        raise FarmError(
-            f"cannot reach the Dask scheduler at {scheduler} ({exc}); start one with `dask scheduler` and check the address"
-        ) from None
+    client = connect(scheduler)
     failures = 0
     settings = Settings.from_config(config)
     try:

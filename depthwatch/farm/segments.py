@@ -133,36 +133,31 @@ def join(segments: list[Path], final: Path, temp: Path, meta: ClipInfo, source: 
 
 def _copy_packets(segments: list[Path], temp: Path, kind: clipwrite.Kind, meta: ClipInfo, source: SourceMeta) -> int:
     """The segments' packets, re-timed, into the container local `once` writes (`ClipWriter`, the same kind)."""
-    av = require_av()
-    writer = clipwrite.ClipWriter(temp, kind, meta, source)
-    try:
-        for path in segments:
-            with av.open(str(path), "r") as segment:
-                for packet in segment.demux(video=0):
-                    if packet.size:
-                        writer.copy(packet)
-        writer.close()
-    except av.FFmpegError as exc:
-        writer.abort()
-        raise FrameError(f"cannot join the segments: {exc}") from None
-    except BaseException:
-        writer.abort()
-        raise
-    return writer.frames
+    return _rewrite(segments, temp, kind, meta, source, copy=True)
 
 
 def _encode(segments: list[Path], temp: Path, kind: clipwrite.Kind, meta: ClipInfo, source: SourceMeta) -> int:
+    """The segments' frames, decoded and encoded once more as `kind` (H.264: a long-GOP codec cannot be joined by copy)."""
+    return _rewrite(segments, temp, kind, meta, source, copy=False)
+
+
+def _rewrite(segments: list[Path], temp: Path, kind: clipwrite.Kind, meta: ClipInfo, source: SourceMeta, *, copy: bool) -> int:
     av = require_av()
     writer = clipwrite.ClipWriter(temp, kind, meta, source)
     try:
         for path in segments:
             with av.open(str(path), "r") as segment:
-                for frame in segment.decode(video=0):
-                    writer.write(frame.to_ndarray(format="gray16le"))
+                if copy:
+                    for packet in segment.demux(video=0):
+                        if packet.size:
+                            writer.copy(packet)
+                else:
+                    for frame in segment.decode(video=0):
+                        writer.write(frame.to_ndarray(format="gray16le"))
         writer.close()
     except av.FFmpegError as exc:
         writer.abort()
-        raise FrameError(f"cannot read a segment back: {exc}") from None
+        raise FrameError(f"cannot {'join the segments' if copy else 'read a segment back'}: {exc}") from None
     except BaseException:
         writer.abort()
         raise
