@@ -21,6 +21,11 @@ THUMB_WIDTH = 160
 #: DIS optical flow's fast preset: about 1.5 ms forward and backward at 160x90; the ultrafast
 #: one saves 0.4 ms and leaves 8% more flicker.
 FLOW_PRESET = cv2.DISOPTICAL_FLOW_PRESET_FAST
+#: Offline (`measure(fine=True)`): the same preset down to half the thumbnail, not a quarter (DIS's
+#: finest pyramid level 1, not the preset's 2). A moving subject's edges are followed better, which
+#: lets the planner's filter take a frame's own prediction wherever it disagrees, and still holds the
+#: still scene steadier: about 2 ms more a frame, which the daemon's budget has no room for.
+FINE_SCALE = 1
 #: Forward-backward check: a pixel is consistent when |f + b| <= CONSISTENT_REL * (|f| + |b|)
 #: (squared) + CONSISTENT_PX^2, the usual test (Sundaram, Brox, Keutzer 2010).
 CONSISTENT_REL = 0.01
@@ -88,11 +93,15 @@ def thumbnail(image: np.ndarray) -> np.ndarray:
 _flow = threading.local()
 
 
-def _dis() -> Any:
-    """One DIS instance per thread (it keeps buffers; the worker threads measure at once)."""
-    dis = getattr(_flow, "dis", None)
+def _dis(fine: bool = False) -> Any:
+    """One DIS instance of each kind per thread (it keeps buffers; the worker threads measure at once)."""
+    name = "fine" if fine else "dis"
+    dis = getattr(_flow, name, None)
     if dis is None:
-        dis = _flow.dis = cv2.DISOpticalFlow_create(FLOW_PRESET)
+        dis = cv2.DISOpticalFlow_create(FLOW_PRESET)
+        if fine:
+            dis.setFinestScale(FINE_SCALE)
+        setattr(_flow, name, dis)
     return dis
 
 
@@ -142,13 +151,16 @@ class Motion:
         return float(np.sqrt(self.inconsistent / CUT_INCONSISTENT * self.residual / CUT_RESIDUAL))
 
 
-def measure(before: np.ndarray, after: np.ndarray) -> Motion | None:
-    """The motion from thumbnail `before` to `after` (None if either is unknown or they differ in size)."""
+def measure(before: np.ndarray, after: np.ndarray, fine: bool = False) -> Motion | None:
+    """The motion from thumbnail `before` to `after` (None if either is unknown or they differ in size).
+
+    `fine`: the flow down to FINE_SCALE (the offline planner, which has the time for it).
+    """
     if before.size == 0 or after.size == 0 or before.shape != after.shape:
         return None
     g0 = cv2.cvtColor(before, cv2.COLOR_BGR2GRAY)
     g1 = cv2.cvtColor(after, cv2.COLOR_BGR2GRAY)
-    dis = _dis()
+    dis = _dis(fine)
     forward = dis.calc(g0, g1, None)
     backward = dis.calc(g1, g0, None)
     h, w = g1.shape
