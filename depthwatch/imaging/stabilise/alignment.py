@@ -80,7 +80,7 @@ def on_map(motion: Motion, shape: tuple[int, ...], forward: bool = False) -> tup
 
 
 def follow(
-    n: np.ndarray, previous: tuple[np.ndarray, np.ndarray], motion: Motion | None, span: float, segment: bool = False
+    n: np.ndarray, previous: tuple[np.ndarray, np.ndarray], motion: Motion | None, span: float, agree: float = 0.0, segment: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """This frame's nearness `n` aligned to the shot, and filtered with the previous map.
 
@@ -119,7 +119,7 @@ def follow(
         # its last map, so it follows its own frame while the still background holds. Offline the
         # backward pass brings the lag down instead, which the warp error can afford there.
         trust = trust * cv2.resize(motion.still, trust.shape[::-1], interpolation=cv2.INTER_LINEAR)
-    return aligned, blend(aligned, carried, trust, span, CARRY, AGREE)
+    return aligned, blend(aligned, carried, trust, span, CARRY, agree or AGREE)
 
 
 def blend(aligned: np.ndarray, carried: np.ndarray, trust: np.ndarray, span: float, carry: float, agree: float) -> np.ndarray:
