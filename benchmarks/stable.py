@@ -89,11 +89,13 @@ def per_frame(
     return {"ms_a_frame": round(wall, 2), "cpu_ms_a_frame": round(cpu, 2), "frames": len(images)}
 
 
-def moving_figure(out: Any, model: Any, before: Any, clip: Any = None, width: int = 192) -> int:
+def moving_figure(out: Any, model: Any, before: Any, clip: Any = None, width: int = 192, path: str = "live") -> int:
     """docs/stable_moving.png: a moving subject, before and after (a row each): the frame, the bare
     model's map, the live map, and their difference past the tone curve (x4); the frame shown is the one whose live map
     correlated worst with the bare one on moving pixels before. `before`: the older
-    `depthwatch.imaging.stabilise` (loaded from `git show`). Returns the frame's index.
+    `depthwatch.imaging.stabilise` (loaded from `git show`), or its maps (`planned`, run where it is
+    importable: a package cannot be loaded twice). `path` "batch": the shot planner's maps instead
+    (docs/stable_batch.png). Returns the frame's index.
     """
     from pathlib import Path
 
@@ -107,14 +109,18 @@ def moving_figure(out: Any, model: Any, before: Any, clip: Any = None, width: in
     predictions = predict(model, shot.frames)
     bare = [normalise.frame(p, DEPTH) for p in predictions]
     flow = footage.flows(shot.frames)
-    rows = {}
-    for name, module in (("before", before), ("after", stabilise)):
+
+    def maps_of(module: Any) -> list[np.ndarray]:
+        if path == "batch":
+            return planned(predictions, shot.frames, module)
         s, output, maps = module.Stabiliser(), Path("depth.jpg"), []
         for i, (p, f) in enumerate(zip(predictions, shot.frames)):
             outcome = s.map(output, p, DEPTH, f, key=0, seq=i + 1)
             s.landed(output, outcome)
             maps.append(outcome.map)
-        rows[name] = maps
+        return maps
+
+    rows = {"before": list(before) if isinstance(before, (list, tuple)) else maps_of(before), "after": maps_of(stabilise)}
     def on_moving(maps: list[np.ndarray], t: int) -> float:
         """The correlation with the bare map of frame t + 1 on its moving pixels (1 if too few move)."""
         moving = flow[t].consistent & (flow[t].magnitude > 1.5)
@@ -139,7 +145,7 @@ def moving_figure(out: Any, model: Any, before: Any, clip: Any = None, width: in
         grid.append(np.hstack([
             tile(shot.frames[worst], f"frame {worst}"),
             tile(bare[worst], "bare map"),
-            tile(live, f"live, {name}: r {on_moving(maps, worst - 1):.2f}"),
+            tile(live, f"{path}, {name}: r {on_moving(maps, worst - 1):.2f}"),
             tile(np.abs(live * scale + shift - bare[worst]) * 4, "difference x4"),
         ]))
     cv2.imwrite(str(out), np.vstack(grid), [cv2.IMWRITE_PNG_COMPRESSION, 9])
@@ -163,6 +169,16 @@ def predict(model: Any, frames: list[Any]) -> list[Any]:
             decoded = codec.Decoded(image, (image.shape[1], image.shape[0]), "jpeg")
             out.append(engine.infer(tensor.prepare(decoded, info.contract, profile), info.generation).result().prediction)
     return out
+
+
+def planned(predictions: list[Any], frames: list[Any], module: Any = None) -> list[Any]:
+    """The shot planner's maps (`once`, the farm) of a clip's predictions, in frame order."""
+    from depthwatch.imaging import stabilise
+    from depthwatch.model.profiles import DEPTH
+
+    stabilise = module or stabilise
+    items = ((i, stabilise.summarise(p, DEPTH, f), p) for i, (p, f) in enumerate(zip(predictions, frames)))
+    return [m for _i, m, _first in stabilise.stabilised(items, DEPTH)]
 
 
 def clips(size: tuple[int, int] = (256, 144)) -> list[Any]:
@@ -209,8 +225,7 @@ def figures(model: Any) -> dict[str, dict[str, tuple[float, float, float]]]:
             outcome = s.map(output, p, DEPTH, f, key=0, seq=i + 1)
             s.landed(output, outcome)
             live.append(outcome.map)
-        items = ((i, stabilise.summarise(p, DEPTH, f), p) for i, (p, f) in enumerate(zip(predictions, clip.frames)))
-        batch = [m for _i, m, _first in stabilise.stabilised(items, DEPTH)]
+        batch = planned(predictions, clip.frames)
         bare_error = footage.warp_error(bare, flow, clip.cuts)
         for mode, maps in (("live", live), ("batch", batch)):
             moving = footage.moving_correlations(maps, bare, flow, clip.cuts)
