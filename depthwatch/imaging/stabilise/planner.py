@@ -22,7 +22,7 @@ from depthwatch.imaging.stabilise.alignment import blend, follow, nearness_clip,
 from depthwatch.imaging.stabilise.motion import LOOKAHEAD, Motion, is_cut, is_new_picture, measure, thumbnail
 
 #: Offline: frames after each one that its map is also pulled towards (a backward pass), and how strongly
-#: (0.8: with the finer flow the still scene holds as steady as it did at 0.9, and a subject lags less).
+#: (0.8, not 0.9: with the finer flow the still scene holds about as steady, and a subject lags less).
 LAG = 12
 BACK_CARRY = 0.8
 #: Offline: the share of BACK_CARRY a shot's first frame gets (it must stay that frame's own map).
