@@ -161,6 +161,21 @@ def mixed(size: tuple[int, int] = SIZE) -> Edit:
     )
 
 
+def trailer(size: tuple[int, int] = SIZE) -> Edit:
+    """All of bigbuckbunny.mp4 cut four times and reframed between cuts, as a trailer is: 132 frames, 4 cuts."""
+    return edit(
+        [
+            Segment("bigbuckbunny", 0, 30),
+            Segment("bigbuckbunny", 30, 60, zoom=1.4, fx=0.3),
+            Segment("bigbuckbunny", 60, 85, mirror=True),
+            Segment("bigbuckbunny", 85, 110, zoom=1.3, fx=0.7, fy=0.4),
+            Segment("bigbuckbunny", 110, 132),
+        ],
+        size,
+        "bigbuckbunny.mp4 cut 4 times, reframed",
+    )
+
+
 # -- the measure -----------------------------------------------------------------------------
 
 #: The flow the measure uses: DIS at its medium preset, on the frames at this width.

@@ -48,14 +48,18 @@ def compare(plan: scenarios.Plan) -> dict[str, Any]:
     return out
 
 
-def per_frame(size: tuple[int, int] = (1920, 1080), frames: int = 50, repeats: int = 5, module: Any = None) -> dict[str, float]:
+def per_frame(
+    size: tuple[int, int] = (1920, 1080), frames: int = 50, repeats: int = 5, module: Any = None, path: str = "live"
+) -> dict[str, float]:
     """The stabiliser's own cost on the followed-shot path, in process: ms a frame, best of `repeats`.
 
     The shot's frames at `size` and a flat 224x224 prediction each (the model
     takes no part): thumbnail, flow both ways, cut test, trust, fit, filter,
-    stretch; no frame is a cut, so every one takes the whole path. `module`:
-    another version of `depthwatch.imaging.stabilise` to time the same way
-    (an older one, loaded from `git show`), in the same run.
+    stretch; no frame is a cut, so every one takes the whole path. `path`:
+    "live" (the daemon's Stabiliser) or "batch" (the shot planner of `once`
+    and the farm, its backward pass and range included). `module`: another
+    version of `depthwatch.imaging.stabilise` to time the same way (an older
+    one, loaded from `git show`), in the same run.
     """
     import time
     from pathlib import Path
@@ -73,7 +77,11 @@ def per_frame(size: tuple[int, int] = (1920, 1080), frames: int = 50, repeats: i
     for _ in range(repeats):
         s, out = stabilise.Stabiliser(), Path("depth.jpg")
         began, began_cpu = time.perf_counter(), time.process_time()
-        for i, (image, prediction) in enumerate(zip(images, predictions)):
+        if path == "batch":
+            items = ((i, stabilise.summarise(p, DEPTH, f), p) for i, (p, f) in enumerate(zip(predictions, images)))
+            for _ in stabilise.stabilised(items, DEPTH):
+                pass
+        for i, (image, prediction) in enumerate(zip(images, predictions) if path == "live" else ()):
             s.landed(out, s.map(out, prediction, DEPTH, image, key=0, seq=i + 1))
         wall = min(wall, (time.perf_counter() - began) * 1000 / len(images))
         cpu = min(cpu, (time.process_time() - began_cpu) * 1000 / len(images))
@@ -81,40 +89,38 @@ def per_frame(size: tuple[int, int] = (1920, 1080), frames: int = 50, repeats: i
     return {"ms_a_frame": round(wall, 2), "cpu_ms_a_frame": round(cpu, 2), "frames": len(images)}
 
 
-def moving_figure(out: Any, model: Any, before: Any, clip: Any = None, width: int = 192) -> int:
+def moving_figure(out: Any, model: Any, before: Any, clip: Any = None, width: int = 192, path: str = "live") -> int:
     """docs/stable_moving.png: a moving subject, before and after (a row each): the frame, the bare
     model's map, the live map, and their difference past the tone curve (x4); the frame shown is the one whose live map
     correlated worst with the bare one on moving pixels before. `before`: the older
-    `depthwatch.imaging.stabilise` (loaded from `git show`). Returns the frame's index.
+    `depthwatch.imaging.stabilise` (loaded from `git show`), or its maps (`planned`, run where it is
+    importable: a package cannot be loaded twice). `path` "batch": the shot planner's maps instead
+    (docs/stable_batch.png). Returns the frame's index.
     """
     from pathlib import Path
 
     import cv2
     import numpy as np
 
-    from depthwatch.imaging import codec, normalise, stabilise, tensor
-    from depthwatch.model.engine import Engine
-    from depthwatch.model.profiles import DEPTH, PROFILES
-    from depthwatch.model.spec import ModelSpec
+    from depthwatch.imaging import normalise, stabilise
+    from depthwatch.model.profiles import DEPTH
 
     shot = clip or footage.edit([footage.Segment("bigbuckbunny", 0, 60)], (256, 144))
-    profile = PROFILES["fastdepth-nyu"]
-    predictions = []
-    with Engine(ModelSpec(Path(model), profile, ("cpu",))) as engine:
-        info = engine.wait_ready()
-        for image in shot.frames:
-            decoded = codec.Decoded(image, (image.shape[1], image.shape[0]), "jpeg")
-            predictions.append(engine.infer(tensor.prepare(decoded, info.contract, profile), info.generation).result().prediction)
+    predictions = predict(model, shot.frames)
     bare = [normalise.frame(p, DEPTH) for p in predictions]
     flow = footage.flows(shot.frames)
-    rows = {}
-    for name, module in (("before", before), ("after", stabilise)):
+
+    def maps_of(module: Any) -> list[np.ndarray]:
+        if path == "batch":
+            return planned(predictions, shot.frames, module)
         s, output, maps = module.Stabiliser(), Path("depth.jpg"), []
         for i, (p, f) in enumerate(zip(predictions, shot.frames)):
             outcome = s.map(output, p, DEPTH, f, key=0, seq=i + 1)
             s.landed(output, outcome)
             maps.append(outcome.map)
-        rows[name] = maps
+        return maps
+
+    rows = {"before": list(before) if isinstance(before, (list, tuple)) else maps_of(before), "after": maps_of(stabilise)}
     def on_moving(maps: list[np.ndarray], t: int) -> float:
         """The correlation with the bare map of frame t + 1 on its moving pixels (1 if too few move)."""
         moving = flow[t].consistent & (flow[t].magnitude > 1.5)
@@ -139,8 +145,103 @@ def moving_figure(out: Any, model: Any, before: Any, clip: Any = None, width: in
         grid.append(np.hstack([
             tile(shot.frames[worst], f"frame {worst}"),
             tile(bare[worst], "bare map"),
-            tile(live, f"live, {name}: r {on_moving(maps, worst - 1):.2f}"),
+            tile(live, f"{path}, {name}: r {on_moving(maps, worst - 1):.2f}"),
             tile(np.abs(live * scale + shift - bare[worst]) * 4, "difference x4"),
         ]))
     cv2.imwrite(str(out), np.vstack(grid), [cv2.IMWRITE_PNG_COMPRESSION, 9])
     return worst
+
+
+def predict(model: Any, frames: list[Any]) -> list[Any]:
+    """FastDepth's raw predictions for BGR frames, prepared as the daemon prepares them (onnxruntime's CPU provider)."""
+    from pathlib import Path
+
+    from depthwatch.imaging import codec, tensor
+    from depthwatch.model.engine import Engine
+    from depthwatch.model.profiles import PROFILES
+    from depthwatch.model.spec import ModelSpec
+
+    profile = PROFILES["fastdepth-nyu"]
+    out = []
+    with Engine(ModelSpec(Path(model), profile, ("cpu",))) as engine:
+        info = engine.wait_ready()
+        for image in frames:
+            decoded = codec.Decoded(image, (image.shape[1], image.shape[0]), "jpeg")
+            out.append(engine.infer(tensor.prepare(decoded, info.contract, profile), info.generation).result().prediction)
+    return out
+
+
+def planned(predictions: list[Any], frames: list[Any], module: Any = None) -> list[Any]:
+    """The shot planner's maps (`once`, the farm) of a clip's predictions, in frame order."""
+    from depthwatch.imaging import stabilise
+    from depthwatch.model.profiles import DEPTH
+
+    stabilise = module or stabilise
+    items = ((i, stabilise.summarise(p, DEPTH, f), p) for i, (p, f) in enumerate(zip(predictions, frames)))
+    return [m for _i, m, _first in stabilise.stabilised(items, DEPTH)]
+
+
+def clips(size: tuple[int, int] = (256, 144)) -> list[Any]:
+    """The real footage the figures in docs/stable.md are measured on, each as JPEG frames (quality 90) decoded
+    again: what `once` reads from disk and the shared tool's flow is measured on."""
+    import cv2
+    import numpy as np
+
+    s = footage.Segment
+    edits = [
+        footage.edit([s("bikes", 0, 100), s("carphone_pristine", 0, 20), s("carphone_pristine", 20, 40, mirror=True, zoom=1.3, fx=0.3)],
+                     size, "the tests' edit"),
+        footage.bikes(size=size),
+        footage.edit([s("carphone_pristine", 0, 120)], size, "carphone_pristine.mp4 (handheld)"),
+        footage.edit([s("bigbuckbunny", 0, 132)], size, "bigbuckbunny.mp4 (animated)"),
+        footage.trailer(size),
+    ]
+    decoded = []
+    for edit in edits:
+        frames = [cv2.imdecode(np.frombuffer(j, np.uint8), cv2.IMREAD_COLOR) for j in edit.jpegs()]
+        decoded.append(footage.Edit(frames, edit.cuts, edit.name))
+    return decoded
+
+
+def figures(model: Any) -> dict[str, dict[str, tuple[float, float, float]]]:
+    """Per clip, live and batch: the warp error as a multiple of the bare maps', and the median and 10th
+    percentile of the correlation with the bare map on moving pixels (the shared tool's definitions,
+    `footage.warp_error` and `footage.moving_correlations`), in process. An older version's figures: the
+    same command with PYTHONPATH at a `git archive` of that commit's `depthwatch/`."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from depthwatch.imaging import normalise, stabilise
+    from depthwatch.model.profiles import DEPTH
+
+    out: dict[str, dict[str, tuple[float, float, float]]] = {}
+    for clip in clips():
+        predictions = predict(model, clip.frames)
+        bare = [normalise.frame(p, DEPTH) for p in predictions]
+        flow = footage.flows(clip.frames)
+        s, output, live = stabilise.Stabiliser(), Path("depth.jpg"), []
+        for i, (p, f) in enumerate(zip(predictions, clip.frames)):
+            outcome = s.map(output, p, DEPTH, f, key=0, seq=i + 1)
+            s.landed(output, outcome)
+            live.append(outcome.map)
+        batch = planned(predictions, clip.frames)
+        bare_error = footage.warp_error(bare, flow, clip.cuts)
+        for mode, maps in (("live", live), ("batch", batch)):
+            moving = footage.moving_correlations(maps, bare, flow, clip.cuts)
+            ratio = footage.warp_error(maps, flow, clip.cuts) / bare_error
+            out.setdefault(clip.name, {})[mode] = (round(ratio, 3), round(float(np.median(moving)), 3), round(float(np.percentile(moving, 10)), 3))
+    return out
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Per-clip figures of the stabiliser (docs/stable.md), and its cost a frame.")
+    parser.add_argument("--model", default="../shared/models/fastdepth_224_nyu_int8.onnx")
+    args = parser.parse_args()
+    for name, modes in figures(args.model).items():
+        for mode, (ratio, median, p10) in modes.items():
+            print(f"{name:40s} {mode:5s} warp error {ratio:.3f}x, moving pixels median {median:.3f}, p10 {p10:.3f}")
+    for path in ("live", "batch"):
+        print(f"cost a frame, {path} (1080p):", per_frame(path=path))

@@ -151,7 +151,8 @@ def test_once_plans_each_shot_with_look_ahead(tmp_path, fastdepth, edit, flows, 
     print(f"once: warp error {ratio:.3f}x the bare maps'; on moving pixels correlation median "
           f"{np.median(moving):.3f}, 10th percentile {np.percentile(moving, 10):.3f}")
     assert ratio <= 0.23
-    assert np.median(moving) >= 0.95 and np.percentile(moving, 10) >= 0.90  # before the trust: 0.891
+    # Before the trust: 0.891; before the planner's finer flow and lighter backward pass: 0.910.
+    assert np.median(moving) >= 0.95 and np.percentile(moving, 10) >= 0.92
     firsts = [correlation(stable[c], bare[c]) for c in (0, *edit.cuts)]
     print(f"once: each shot's first map against that frame's own: correlation {min(firsts):.3f} at least")
     assert min(firsts) >= 0.95  # its own map, over its shot's range
@@ -410,12 +411,12 @@ def live_and_batch(predictions: list[np.ndarray], frames: list[np.ndarray]) -> t
 
 
 #: Clips of the kinds editors cut most, 60 frames each at SIZE: (segment, the warp error's ceiling
-#: live and batch, the moving pixels' median and 10th percentile floor). The targets are 0.32x / 0.23x
-#: and 0.95 / 0.88; where one is not met yet, the floor is what is met, so it cannot slip back.
+#: live and batch, the moving pixels' median and 10th percentile floor): the targets, 0.32x / 0.23x
+#: and 0.95 / 0.88, met on each (the animation's batch p10 was 0.880 before the planner's finer flow, now 0.883).
 KINDS = {
     "street, static camera, people walking": (footage.Segment("bikes", 76, 136), (0.32, 0.23), (0.95, 0.88)),
     "handheld": (footage.Segment("carphone_pristine", 0, 60), (0.32, 0.23), (0.95, 0.88)),
-    "animated, a subject on a still background": (footage.Segment("bigbuckbunny", 0, 60), (0.32, 0.23), (0.95, 0.87)),
+    "animated, a subject on a still background": (footage.Segment("bigbuckbunny", 0, 60), (0.32, 0.23), (0.95, 0.88)),
 }
 
 

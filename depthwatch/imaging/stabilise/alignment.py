@@ -1,0 +1,146 @@
+"""The alignment maths: one frame's prediction fitted to its shot, filtered with a neighbour's map, stretched to grey.
+
+Why its own module: the fit (a trimmed scale and shift), the blend towards a
+neighbour's map carried by the flow, and the stretch over the shot's range are
+the same pure functions for the daemon and the offline planner; they hold no
+state and know nothing of outputs or sequences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from depthwatch.imaging.stabilise.motion import KEEP, REFITS, Motion, grid
+from depthwatch.model.profiles import INVERSE_DEPTH
+
+#: Pixels the fit samples (every k-th row and column of the map): plenty for two numbers.
+FIT_PIXELS = 4096
+#: At least this share of the map consistent to fit on it; below, the fit uses every pixel.
+MIN_CONSISTENT = 0.05
+#: Temporal filter: the weight of the warped previous map where the two agree, falling
+#: off where they differ by more than AGREE x the shot's range.
+CARRY = 0.92
+AGREE = 0.3
+
+
+def nearness_clip(clip: tuple[float, float] | None, output_kind: str) -> tuple[float, float] | None:
+    """`clip_percent` is set on the model's own values; nearness of a depth model runs the other way."""
+    if clip is None or output_kind == INVERSE_DEPTH:
+        return clip
+    return 100.0 - clip[1], 100.0 - clip[0]
+
+
+@dataclass(frozen=True)
+class Fit:
+    """warped previous ~ scale * nearness + shift over the pixels kept."""
+
+    scale: float
+    shift: float
+
+
+def fit(x: np.ndarray, r: np.ndarray) -> Fit:
+    """Scale and shift taking values `x` onto `r` (1-D, paired), trimming the worst-fitting ones."""
+    x = x.astype(np.float64)
+    r = r.astype(np.float64)
+    scale, shift = 1.0, 0.0
+    for round_ in range(REFITS + 1):
+        if x.size < 8:
+            return Fit(scale, shift)
+        xm, rm = x.mean(), r.mean()
+        dx, dr = x - xm, r - rm
+        vx, vr = float(dx @ dx), float(dr @ dr)
+        if vx <= 1e-12 * max(1.0, xm * xm) * x.size or vr <= 1e-12 * max(1.0, rm * rm) * r.size:
+            return Fit(1.0, float(rm - xm))  # flat: keep the scale, match the level
+        cov = float(dx @ dr)
+        # The spreads' ratio (reduced major axis), not cov / var(x): noise biases the
+        # least-squares slope towards 0, and chained over a shot that fades the map.
+        scale = float(np.sqrt(vr / vx)) if cov > 0 else 1.0
+        shift = float(rm - scale * xm)
+        if round_ < REFITS:
+            residual = np.abs(scale * x + shift - r)
+            cut = int(x.size * KEEP)
+            keep = np.argpartition(residual, cut)[:cut]
+            x, r = x[keep], r[keep]
+    return Fit(scale, shift)
+
+
+def on_map(motion: Motion, shape: tuple[int, ...], forward: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The backward (or forward) flow as remap coordinates at the map's resolution, and its trust there."""
+    h, w = shape[:2]
+    flow, trusted = (motion.forward, motion.forward_trust) if forward else (motion.backward, motion.trust)
+    th, tw = trusted.shape
+    flow = cv2.resize(flow, (w, h), interpolation=cv2.INTER_LINEAR)
+    gx, gy = grid(h, w)
+    mx = gx + flow[..., 0] * np.float32(w / tw)
+    my = gy + flow[..., 1] * np.float32(h / th)
+    return mx, my, cv2.resize(trusted, (w, h), interpolation=cv2.INTER_LINEAR)
+
+
+def follow(
+    n: np.ndarray, previous: tuple[np.ndarray, np.ndarray], motion: Motion | None, span: float, agree: float = 0.0, segment: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """This frame's nearness `n` aligned to the shot, and filtered with the previous map.
+
+    `previous` is the frame before's (aligned, filtered) maps, in the shot's
+    units. The fit is to the previous *aligned* map, whose noise is the same
+    kind as this prediction's: fitted to the filtered one (smoother), the ratio
+    of spreads would come out below 1 every frame and the map would fade.
+    Returns this frame's (aligned, filtered).
+    """
+    last_aligned, last_filtered = previous
+    if last_aligned.shape != n.shape:
+        return n, n
+    if motion is None:
+        mx = my = None
+        trust = np.ones(n.shape, np.float32)
+    else:
+        mx, my, trust = on_map(motion, n.shape)
+    step = max(1, int(np.sqrt(n.size / FIT_PIXELS)))
+    c = trust[::step, ::step] > 0
+    if mx is None:
+        before = last_aligned[::step, ::step]
+    else:
+        before = cv2.remap(last_aligned, mx[::step, ::step], my[::step, ::step], cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    x = n[::step, ::step]
+    f = fit(x[c], before[c]) if c.mean() >= MIN_CONSISTENT else fit(x.ravel(), before.ravel())
+    aligned = n * np.float32(f.scale)
+    aligned += np.float32(f.shift)
+    if not span > 0:
+        return aligned, aligned
+    if mx is None:
+        carried = last_filtered
+    else:
+        carried = cv2.remap(last_filtered, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    if segment and motion is not None and motion.still is not None:
+        # Live, with no frames after to average over: a subject moving on its own keeps less of
+        # its last map, so it follows its own frame while the still background holds. Offline the
+        # backward pass brings the lag down instead, which the warp error can afford there.
+        trust = trust * cv2.resize(motion.still, trust.shape[::-1], interpolation=cv2.INTER_LINEAR)
+    return aligned, blend(aligned, carried, trust, span, CARRY, agree or AGREE)
+
+
+def blend(aligned: np.ndarray, carried: np.ndarray, trust: np.ndarray, span: float, carry: float, agree: float) -> np.ndarray:
+    """`aligned` pulled towards `carried` (a neighbour's map, warped onto this frame) where they agree and it is trusted."""
+    diff = carried - aligned
+    weight = diff * np.float32(1 / (agree * span))
+    np.square(weight, out=weight)
+    np.negative(weight, out=weight)
+    np.exp(weight, out=weight)
+    weight *= np.float32(carry) * trust
+    weight *= diff
+    weight += aligned
+    return weight
+
+
+def stretch(aligned: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """clip((aligned - lo) / (hi - lo), 0, 1) as one multiply-add on float32."""
+    span = hi - lo
+    if not span > 1e-12 * max(1.0, abs(hi)):
+        return np.zeros_like(aligned)
+    out = aligned * np.float32(1 / span)
+    out -= np.float32(lo / span)
+    return np.clip(out, 0.0, 1.0, out=out)
+
