@@ -15,7 +15,7 @@ def pid_alive(pid: object) -> bool:
 
     Anything that is no positive int (a status file's JSON may say anything) is no process.
     """
-    if not isinstance(pid, int) or pid <= 0:
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:  # JSON's true is no pid
         return False
     if pid == os.getpid():
         return True
