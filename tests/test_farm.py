@@ -13,7 +13,9 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -122,15 +124,22 @@ class Farm:
         self.scheduler.stop()
 
 
-@pytest.fixture(scope="module")
-def farm(tmp_path_factory: pytest.TempPathFactory):
-    farm = Farm(tmp_path_factory.mktemp("farm"))
+def module_farm(root: Path, **config: Any) -> Iterator[Farm]:
+    """A scheduler and two workers for a whole module's tests (`config`: the farm section), always closed."""
+    farm = Farm(root)
+    if config:
+        farm.write_config(**config)
     farm.module_fixture = True  # the workers tests add for the tests after them are this fixture's
     try:
         farm.add_workers(2)
         yield farm
     finally:
         farm.close()
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory: pytest.TempPathFactory):
+    yield from module_farm(tmp_path_factory.mktemp("farm"))
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from benchmarks.clips import pan_clip_frames, write_clip  # noqa: E402
 from daemon_process import wait_for  # noqa: E402
 from depthwatch.farm import clipindex  # noqa: E402
 from farm_process import run_once, start_once  # noqa: E402
-from test_farm import Farm  # noqa: E402
+from test_farm import Farm, module_farm  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -81,14 +81,7 @@ def assert_same_clip(source: Path, farm: Path, local: Path) -> None:
 
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory: pytest.TempPathFactory):
-    farm = Farm(tmp_path_factory.mktemp("farmclips"))
-    farm.write_config(frames_per_task=2)  # 16-frame ranges: three or so per clip
-    farm.module_fixture = True
-    try:
-        farm.add_workers(2)
-        yield farm
-    finally:
-        farm.close()
+    yield from module_farm(tmp_path_factory.mktemp("farmclips"), frames_per_task=2)  # 16-frame ranges: three or so per clip
 
 
 @pytest.fixture(scope="module")
