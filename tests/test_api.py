@@ -719,7 +719,8 @@ def test_a_map_deleted_while_its_job_is_still_being_reported_is_made_again(tmp_p
         wait_for(lambda: tickets, what="the request at the frame's log line")
         assert tickets[0].wait(HTTP_TIMEOUT).kind == DONE
         assert_same_map(decode_map((watch / "depth.jpg").read_bytes()), reference.depth(data))
-        assert daemon.status.counts.done == 2
+        # Counted just after its answer went out (the worker thread answers waiters first): wait for it.
+        wait_for(lambda: daemon.status.counts.done == 2, what="the second job counted")
     finally:
         frames_log.removeHandler(handler)
         logging.getLogger("depthwatch").setLevel(level)
