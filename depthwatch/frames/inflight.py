@@ -30,6 +30,7 @@ from depthwatch.frames.replacing import JSON_MARK, json_refusal
 from depthwatch.frames.result import Result
 from depthwatch.frames.settings import Settings
 from depthwatch.imaging import codec, formats, stabilise
+from depthwatch.imaging.render import Ahead
 from depthwatch.logtext import shown
 from depthwatch.model.engine import Inference
 from depthwatch.model.spec import ModelInfo
@@ -72,6 +73,10 @@ class FrameInFlight:
     folder: int | None = None
     #: What its map is made from (a frame from disk), to know the same work asked again.
     made_from: MadeFrom | None = None
+    #: An older job for the same output still in flight when this one started (until this one reaches the model).
+    follows: Future[Result] | None = None
+    #: What the map needs of the frame alone, made while the model runs (`render.ahead`).
+    ahead: Ahead | None = None
 
     def close_folder(self) -> None:
         if self.folder is not None:

@@ -41,6 +41,8 @@ does not vary), so no depth edges are invented in flat regions.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import cv2
 import numpy as np
 
@@ -67,32 +69,67 @@ def guide_for(image: np.ndarray, prediction_shape: tuple[int, int]) -> np.ndarra
     return grey.astype(np.float32) * np.float32(1 / top)
 
 
-def edges(nearness: np.ndarray, image: np.ndarray, *, radius: int = RADIUS, eps: float = EPS) -> np.ndarray:
+@dataclass(frozen=True)
+class Guide:
+    """The filter's half that needs only the frame: the grey guide and its window statistics.
+
+    Why apart: the pipeline makes it on a worker while the model runs (see
+    `render.ahead`), so a frame on its own does not wait for it after inference.
+    Made for one prediction grid (`grid`, rows and columns) and one radius.
+    """
+
+    grid: tuple[int, int]
+    radius: int
+    #: The grey guide in [0, 1] at its working size (`guide_for`).
+    full: np.ndarray
+    #: The guide at the grid the fit is made on, and its window mean and variance there.
+    fit: np.ndarray
+    mean: np.ndarray
+    var: np.ndarray
+
+
+def guide(image: np.ndarray, grid: tuple[int, int], radius: int = RADIUS) -> Guide:
+    """`image`'s guide for refining a prediction of `grid` (rows, columns)."""
+    full = guide_for(image, grid)
+    gh, gw = full.shape
+    lh, lw = grid
+    if lh * lw > gh * gw:  # a guide smaller than the prediction: fit at the guide's size
+        lh, lw = gh, gw
+    fit = cv2.resize(full, (lw, lh), interpolation=cv2.INTER_AREA)
+    ksize = (2 * radius + 1, 2 * radius + 1)
+    mean = cv2.boxFilter(fit, -1, ksize)
+    var = cv2.sqrBoxFilter(fit, cv2.CV_32F, ksize) - mean * mean
+    return Guide(tuple(grid), radius, full, fit, mean, var)  # type: ignore[arg-type]
+
+
+def edges(
+    nearness: np.ndarray, image: np.ndarray, *, radius: int = RADIUS, eps: float = EPS, prepared: Guide | None = None
+) -> np.ndarray:
     """`nearness` (float32, prediction grid) refined along `image`'s edges, at the guide's size.
 
     The result is float32 in [0, 1] with the guide's aspect; the caller scales
-    it to the frame (the guide may be a reduced decode of it).
+    it to the frame (the guide may be a reduced decode of it). `prepared`:
+    `guide(image, ...)` made beforehand; made here when it is missing or was
+    made for another grid or radius.
     """
-    guide = guide_for(image, nearness.shape)
-    gh, gw = guide.shape
-    lh, lw = nearness.shape
+    g = prepared
+    if g is None or g.grid != nearness.shape or g.radius != radius:
+        g = guide(image, nearness.shape, radius)
+    gh, gw = g.full.shape
+    lh, lw = g.fit.shape
     p = nearness.astype(np.float32, copy=False)
-    if lh * lw > gh * gw:  # a guide smaller than the prediction: fit at the guide's size
-        lh, lw = gh, gw
+    if p.shape != (lh, lw):
         p = cv2.resize(p, (lw, lh), interpolation=cv2.INTER_AREA)
-    i = cv2.resize(guide, (lw, lh), interpolation=cv2.INTER_AREA)
     ksize = (2 * radius + 1, 2 * radius + 1)
-    mean_i = cv2.boxFilter(i, -1, ksize)
     mean_p = cv2.boxFilter(p, -1, ksize)
-    cov_ip = cv2.boxFilter(i * p, -1, ksize) - mean_i * mean_p
-    var_i = cv2.sqrBoxFilter(i, cv2.CV_32F, ksize) - mean_i * mean_i
-    a = cov_ip / (var_i + np.float32(eps))
-    b = mean_p - a * mean_i
+    cov_ip = cv2.boxFilter(g.fit * p, -1, ksize) - g.mean * mean_p
+    a = cov_ip / (g.var + np.float32(eps))
+    b = mean_p - a * g.mean
     a = cv2.boxFilter(a, -1, ksize)
     b = cv2.boxFilter(b, -1, ksize)
     if (lw, lh) != (gw, gh):
         a = cv2.resize(a, (gw, gh), interpolation=cv2.INTER_LINEAR)
         b = cv2.resize(b, (gw, gh), interpolation=cv2.INTER_LINEAR)
-    q = cv2.multiply(a, guide)
+    q = cv2.multiply(a, g.full)
     cv2.add(q, b, dst=q)
     return np.clip(q, 0.0, 1.0, out=q)

@@ -68,6 +68,42 @@ class Stable:
 
 
 @dataclass(frozen=True)
+class Ahead:
+    """What a frame's map needs of the frame alone, made on a worker while the model runs (`ahead`)."""
+
+    guide: refine.Guide | None = None
+    shot: stabilise.Lookahead | None = None
+
+
+def ahead(
+    frame: codec.Decoded,
+    grid: tuple[int, int] | None,
+    options: RenderOptions,
+    stable: Stable | None = None,
+    *,
+    motion: bool = True,
+) -> Ahead:
+    """The work of `depth_map` that does not need the prediction: the refine guide, the shot's flow.
+
+    Why: a frame on its own (an editor's drop, an API request) waits for every
+    stage in turn, and while the model runs a worker has nothing to do. The
+    pipeline calls this then, so after inference only the prediction's own work
+    is left. `grid`: the prediction's rows and columns, if known (the guide is
+    made for it); `motion=False`: leave the flow to `depth_map` (the output's
+    shot state will likely move on first). Whatever turns out not to hold
+    when the prediction comes (another grid, a newer shot state) is made again
+    there, so the map is the same either way.
+    """
+    guide = None
+    if grid is not None and options.refine == REFINE_EDGES:
+        guide = refine.guide(frame.image, grid)
+    shot = None
+    if stable is not None:
+        shot = stable.stabiliser.lookahead(stable.output, frame.image, stable.key, motion=motion)
+    return Ahead(guide, shot)
+
+
+@dataclass(frozen=True)
 class DepthMap:
     """A map, encoded; with `stable`, the shot state it leaves (`Stabiliser.landed` once written)."""
 
@@ -86,6 +122,7 @@ def depth_map(
     nearness: np.ndarray | None = None,
     stable: Stable | None = None,
     lap: Callable[[str], None] | None = None,
+    ahead: Ahead | None = None,
 ) -> DepthMap:
     """The whole chain for one frame: `prediction` (model resolution) -> the bytes of a map named `*ext`.
 
@@ -95,7 +132,8 @@ def depth_map(
     `nearness`: the [0, 1] map already made (a planned shot, offline), so
     normalising is skipped. `stable`: normalise against the output's shot so
     far instead of this frame alone. `lap(stage)` is called as each of
-    normalise, render and encode ends (stage timings).
+    normalise, render and encode ends (stage timings). `ahead`: this frame's
+    `ahead`, made while the model ran.
     """
     guide = frame.image
     shot = None
@@ -111,11 +149,13 @@ def depth_map(
                 key=stable.key,
                 seq=stable.seq,
                 clip_percent=options.clip_percent,
+                ahead=None if ahead is None else ahead.shot,
             )
             nearness = shot.map
     if lap is not None:
         lap("normalise")
-    depth = render(nearness, frame.size, _with_bits(options, ext, encoding), guide=guide)
+    prepared = None if ahead is None else ahead.guide
+    depth = render(nearness, frame.size, _with_bits(options, ext, encoding), guide=guide, prepared=prepared)
     if lap is not None:
         lap("render")
     data = codec.encode(
@@ -138,7 +178,11 @@ def _with_bits(options: RenderOptions, ext: str, encoding: Encoding) -> RenderOp
 
 
 def render(
-    nearness: np.ndarray, size: tuple[int, int], options: RenderOptions, guide: np.ndarray | None = None
+    nearness: np.ndarray,
+    size: tuple[int, int],
+    options: RenderOptions,
+    guide: np.ndarray | None = None,
+    prepared: refine.Guide | None = None,
 ) -> np.ndarray:
     """The depth map at the frame's (width, height): uint8/uint16, or float32 for bits 32.
 
@@ -147,11 +191,11 @@ def render(
     `refine: edges` follows. Levels and quantisation happen at the working
     resolution, before the one upscale to `size`: quantising first and
     upscaling integers gives the same map as upscaling floats first (within
-    one level) at a fraction of the cost.
+    one level) at a fraction of the cost. `prepared`: `refine.guide` of `guide`, made beforehand.
     """
     m = nearness.astype(np.float32, copy=False)
     if options.refine == REFINE_EDGES and guide is not None:
-        m = refine.edges(m, guide)
+        m = refine.edges(m, guide, prepared=prepared)
     m = apply_levels(m, options.levels, reference=nearness)
     if options.bits == 32:
         q = np.ascontiguousarray(m, dtype=np.float32)

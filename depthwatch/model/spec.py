@@ -6,11 +6,13 @@ a model without importing the thread that runs it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from depthwatch import paths
+from depthwatch.model import providers
 from depthwatch.model.contract import Contract
 from depthwatch.model.profiles import Profile
 from depthwatch.model.recognise import ProfileChoice
@@ -75,6 +77,18 @@ class ModelInfo:
     @property
     def profile(self) -> Profile:
         return self.spec.profile
+
+    @property
+    def leaves_cores_free(self) -> bool:
+        """Whether a run leaves CPU cores idle: an accelerator's run, or fewer CPU threads than cores.
+
+        Why it matters: work done beside a run that holds every core does not
+        save time, it delays the run (each of its parallel sections waits for the
+        core taken), so the pipeline does work ahead of the map only where cores are free.
+        """
+        if self.providers and self.providers[0] not in (providers.CPU, providers.OPENVINO):
+            return True
+        return 0 < self.spec.intra_op_threads < (os.cpu_count() or 1)
 
     def describe(self) -> str:
         return (

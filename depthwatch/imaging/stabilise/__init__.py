@@ -87,7 +87,7 @@ What the rest of depthwatch uses is imported here, so callers write
 from __future__ import annotations
 
 from depthwatch.imaging.stabilise.alignment import Fit, fit
-from depthwatch.imaging.stabilise.live import IDLE_S, MAX_OUTPUTS, Stabiliser, ShotMap
+from depthwatch.imaging.stabilise.live import IDLE_S, MAX_OUTPUTS, Lookahead, ShotMap, Stabiliser
 from depthwatch.imaging.stabilise.motion import LOOKAHEAD, THUMB_WIDTH, Motion, camera, is_cut, measure, thumbnail
 from depthwatch.imaging.stabilise.planner import RANGE_WINDOW, Summary, held_at_most, stabilised, summarise
 
@@ -98,6 +98,7 @@ __all__ = [
     "RANGE_WINDOW",
     "THUMB_WIDTH",
     "Fit",
+    "Lookahead",
     "Motion",
     "ShotMap",
     "Stabiliser",

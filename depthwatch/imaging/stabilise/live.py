@@ -20,7 +20,7 @@ import numpy as np
 
 from depthwatch.imaging import normalise
 from depthwatch.imaging.stabilise.alignment import follow, nearness_clip, stretch
-from depthwatch.imaging.stabilise.motion import is_new_picture, measure, thumbnail
+from depthwatch.imaging.stabilise.motion import Motion, is_new_picture, measure, thumbnail
 
 #: Daemon: how fast the grey range follows the shot (share of the new frame's range per frame).
 RANGE_RATE = 0.05
@@ -55,6 +55,20 @@ class ShotMap:
     state: _Shot | None = field(default=None, repr=False)
 
 
+@dataclass(frozen=True)
+class Lookahead:
+    """A frame's thumbnail and its motion from its output's state as that was, made before its prediction.
+
+    Why: the flow needs only the two pictures, so the pipeline measures it on a
+    worker while the model runs (see `render.ahead`); `map` uses it only if the
+    output's state is still the one it was measured from (`since`).
+    """
+
+    thumbnail: np.ndarray
+    since: _Shot | None = None
+    motion: Motion | None = None
+
+
 class Stabiliser:
     """Per-output shot state for the daemon; thread-safe.
 
@@ -82,6 +96,22 @@ class Stabiliser:
         with self._lock:
             return self._shots.get(output)
 
+    def lookahead(self, output: Path, image: np.ndarray | None, key: Hashable, *, motion: bool = True) -> Lookahead:
+        """What `map` will need of this frame alone: its thumbnail, and (`motion`) the flow from the output's state.
+
+        `motion=False` where the state will likely have moved on before the map
+        is made (an older frame of the output still in flight): the flow is then
+        measured once, in `map`, not twice.
+        """
+        small = np.zeros((0, 0, 3), np.uint8) if image is None else thumbnail(image)
+        if not motion:
+            return Lookahead(small)
+        with self._lock:
+            shot = self._shots.get(output)
+        if shot is None or shot.key != key:
+            return Lookahead(small)
+        return Lookahead(small, shot, measure(shot.thumbnail, small))
+
     def map(
         self,
         output: Path,
@@ -92,17 +122,25 @@ class Stabiliser:
         key: Hashable,
         seq: int,
         clip_percent: tuple[float, float] | None = None,
+        ahead: Lookahead | None = None,
     ) -> ShotMap:
-        """The [0, 1] nearness map of frame `seq` of `output`, consistent with its shot so far."""
+        """The [0, 1] nearness map of frame `seq` of `output`, consistent with its shot so far.
+
+        `ahead`: this frame's `lookahead`, made while the model ran (used where it still holds).
+        """
         n = normalise.nearness(prediction, output_kind)
         clip = nearness_clip(clip_percent, output_kind)
-        small = np.zeros((0, 0, 3), np.uint8) if image is None else thumbnail(image)
+        if ahead is not None:
+            small = ahead.thumbnail
+        else:
+            small = np.zeros((0, 0, 3), np.uint8) if image is None else thumbnail(image)
         with self._lock:
             self._forget_idle(time.monotonic())
             shot = self._shots.get(output)
         motion = None
         if shot is not None and shot.key == key:
-            motion = measure(shot.thumbnail, small)
+            measured = ahead is not None and ahead.since is shot
+            motion = ahead.motion if measured else measure(shot.thumbnail, small)  # type: ignore[union-attr]
         if shot is None or shot.key != key or is_new_picture(shot.thumbnail, small, motion):
             number, why = (1, "new") if shot is None else (shot.number + 1, "cut" if shot.key == key else "model")
             lo, hi = normalise.bounds(n, clip)
