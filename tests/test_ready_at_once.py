@@ -118,6 +118,14 @@ def test_the_switch_after_the_measurement_serves_from_the_measured_session_on_th
         now = engine.info
         assert now.providers == (CUDA, CPU) and now.generation == info.generation + 1
         assert engine.switches == 1 and engine.load_count == 1 and engine.measurements == 1
+        # Idle-time work goes only to what can still win: CoreML's first run was clearly slower than
+        # the CPU's (no second run, no probe); int8 (a CPU session, measured after CUDA) was not
+        # faster than CUDA, so its maps were not checked. CUDA's were.
+        trials = {t.provider if t.precision == "fp32" else t.precision: t for t in now.trials}
+        assert trials[COREML].runs == 1 and not trials[COREML].ok
+        assert "not faster than CPU fp32" in trials[COREML].error and "maps were not checked" in trials[COREML].error
+        assert not trials["int8"].ok and "not faster than CUDA fp32" in trials["int8"].error
+        assert trials[CUDA].eligible and trials[CUDA].agreement is not None
         # Every session made on the inference thread; the CUDA one measured is the one serving
         # (no second CUDA session was loaded for it), the int8 one (a CPU session) came and went.
         assert [p for p, _ in machine.sessions] == [CPU, COREML, CUDA, CPU]

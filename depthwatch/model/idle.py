@@ -64,6 +64,7 @@ class IdleMeasuring(SessionMaking):
                     reference=(session, info.load_seconds) if serving == reference(plan.variants) else None,
                     then=serving,
                     offer=self._offered,
+                    lazy=True,
                 )
                 # A load, a warm-up and a few runs per variant, each at about the time a run takes now.
                 estimate = len(plan.variants) * (1 + (2 + MIN_RUNS + precisions.PROBES) * self._run_seconds(info))

@@ -28,6 +28,8 @@ RUNS = 5
 MIN_RUNS = 2
 #: Seconds of timed runs a variant gets at most, once MIN_RUNS are done.
 TIMED_S = 1.0
+#: Lazy: a variant whose first timed run is this many times the fastest faithful one's median gets no more runs.
+CLEARLY_SLOWER = 1.5
 
 Create = Callable[[Variant, bool], Any]
 Run = Callable[[Any], None]
@@ -71,6 +73,15 @@ class Measurement:
     faithful variant's session before the measurement lets go of it, with the
     trials so far: a callee that keeps a reference to it (the engine, to serve
     from it) keeps it alive; otherwise it is released there.
+
+    `lazy` (the daemon's idle-time measurement, where every run is work the
+    machine does for nothing the user sees): only what can still win is
+    measured. The likely fastest come first (`in_order`); a variant
+    whose first timed run is CLEARLY_SLOWER than the fastest faithful one so
+    far gets no more runs, and one not faster than it is not probed: it can
+    never be chosen, since the best faithful time only falls. It is dropped,
+    its time and the reason in its trial. `depthwatch check` and batch work
+    measure everything (`lazy` False), so their tables are complete.
     """
 
     def __init__(
@@ -86,8 +97,10 @@ class Measurement:
         reference: tuple[Any, float] | None = None,
         then: Variant | None = None,
         offer: Callable[[Trial, Any, list[Trial]], object] | None = None,
+        lazy: bool = False,
     ) -> None:
-        self.order = in_order(candidates, then)
+        self.order = in_order(candidates, then, fastest_first=lazy)
+        self._lazy = lazy
         self.trials: list[Trial] | None = None
         #: Seconds of work done so far (loads, runs and probes; not the waits between steps).
         self.spent = 0.0
@@ -132,7 +145,8 @@ class Measurement:
         for index, variant in enumerate(self.order):
             share = max(0.0, self._budget - self.spent) / (len(self.order) - index)
             adopted = self._reference if index == 0 else None
-            trial, maps, session = yield from self._trial(variant, share, must_finish=index == 0, adopted=adopted)
+            best = _fastest_faithful(trials) if self._lazy else None
+            trial, maps, session = yield from self._trial(variant, share, must_finish=index == 0, adopted=adopted, beat=best)
             if index == 0:
                 reference = maps
             elif trial.ok and reference is not None and maps is not None:
@@ -155,8 +169,14 @@ class Measurement:
                 yield
 
     def _trial(
-        self, variant: Variant, share: float, must_finish: bool, adopted: tuple[Any, float] | None
+        self,
+        variant: Variant,
+        share: float,
+        must_finish: bool,
+        adopted: tuple[Any, float] | None,
+        beat: Trial | None = None,
     ) -> Generator[None, None, tuple[Trial, list[np.ndarray] | None, Any]]:
+        """One variant's trial; `beat`: the trial it must be faster than to be worth its probe (lazy)."""
         provider, precision = variant
         session = None
         try:
@@ -185,9 +205,17 @@ class Measurement:
                         break
                     if times and self.spent - used > share and not must_finish:
                         break
+                    if beat is not None and times and times[0] > CLEARLY_SLOWER * beat.run_ms:  # type: ignore[operator]
+                        break
                     yield
                     ms = yield from self._timed(session)
                     times.append(ms)
+                if beat is not None and times and statistics.median(times) >= beat.run_ms:  # type: ignore[operator]
+                    error = (
+                        f"{statistics.median(times):.1f} ms a frame, not faster than {beat.name} "
+                        f"({beat.run_ms:.1f} ms): its maps were not checked"
+                    )
+                    return Trial(provider, precision, load_s, statistics.median(times), len(times), memory.mib, error=error), None, None
                 maps = None
                 if self._probe is not None and times:
                     yield
@@ -228,3 +256,8 @@ class Measurement:
             ms = (time.perf_counter() - t0) * 1000
             self._loads.append(self._load.others())
             return ms
+
+
+def _fastest_faithful(trials: Sequence[Trial]) -> Trial | None:
+    good = [t for t in trials if t.eligible and t.run_ms is not None]
+    return min(good, key=lambda t: t.run_ms) if good else None  # type: ignore[arg-type,return-value]
