@@ -146,6 +146,8 @@ class Engine(IdleMeasuring, SessionMaking):
         #: and when the last live job ended (monotonic), which a step waits IDLE_S after.
         self._measurement: Measurement | None = None
         self._plan: choice.Plan | None = None
+        #: The measurement has ended and its choice is being put in place (`idle._measured`).
+        self._concluding = False
         self._live_at = 0.0
         #: A run in progress that is not a frame's (a warm-up, a measured run): its RunOptions,
         #: which a stop always stops, and whether a live job stops it too (a measured run).
@@ -190,7 +192,7 @@ class Engine(IdleMeasuring, SessionMaking):
     @property
     def measuring(self) -> bool:
         """Whether an idle-time measurement is still to be made or under way."""
-        return self._plan is not None or self._measurement is not None
+        return self._plan is not None or self._measurement is not None or self._concluding
 
     @property
     def alive(self) -> bool:

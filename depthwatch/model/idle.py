@@ -44,6 +44,7 @@ class IdleMeasuring(SessionMaking):
     _info: ModelInfo | None
     _kept: tuple[Session, Trial, float] | None
     _cpu_rebuilt: bool
+    _concluding: bool
     switches: int
 
     def _measure_step(self, session: Session) -> Session:
@@ -138,10 +139,21 @@ class IdleMeasuring(SessionMaking):
         return new_session  # the old session is released as its last reference goes
 
     def _measured(self, session: Session) -> Session:
-        """The measurement is done: remember it, and swap to its choice if that is not what serves."""
+        """The measurement is done: remember it, and swap to its choice if that is not what serves.
+
+        `measuring` stays true until its choice serves and its figures are in
+        `info`: a status read in between must not say "measured" over the old engine.
+        """
+        self._concluding = True
+        try:
+            return self._conclude(session)
+        finally:
+            self._concluding = False
+
+    def _conclude(self, session: Session) -> Session:
         measurement, plan, info = self._measurement, self._plan, self._info
         assert measurement is not None and measurement.trials is not None and plan is not None and info is not None
-        self._measurement = self._plan = None
+        self._measurement = self._plan = None  # the swap's load below is not a measured run: nothing preempts it
         self.measurements += 1
         serving = (info.providers[0], info.precision)
         trials = measurement.trials
