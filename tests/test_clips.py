@@ -356,6 +356,29 @@ def test_a_dead_writers_temporary_sequence_folder_is_swept(tmp_path: Path) -> No
     assert (tmp_path / ".notes.dwtmp").exists()
 
 
+def test_the_farm_clients_sweep_takes_a_killed_joins_temporary_sequence_folder_and_only_depthwatchs_files(
+    tmp_path: Path,
+) -> None:
+    """`once --farm` sweeps its targets' leftovers after a job: a sequence folder a killed client left too."""
+    from depthwatch.frames.writer import sweep_temp_files_for
+    from depthwatch.imaging import clipwrite
+
+    target = tmp_path / "shot_depth"
+    killed = tmp_path / ".shot_depth.4242-0123abcd.dwtmp"  # a worker's pid, on another machine
+    killed.mkdir()
+    (killed / clipwrite.SEQUENCE_MARKER).write_text(clipwrite.marker_text("{frame:04d}.png"))
+    (killed / "0000.png").write_bytes(b"half")
+    kept = tmp_path / ".shot_depth.4242-4567abcd.dwtmp"  # one a user's file was carried into
+    kept.mkdir()
+    (kept / clipwrite.SEQUENCE_MARKER).write_text(clipwrite.marker_text("{frame:04d}.png"))
+    (kept / "my_comp.nk").write_text("Root {}\n")
+    (tmp_path / ".shot_depth.mov.4242-89abcdef.dwtmp").write_bytes(b"another target's")
+    assert sweep_temp_files_for([target]) == 1
+    assert not killed.exists()
+    assert sorted(p.name for p in kept.iterdir()) == ["my_comp.nk"]
+    assert (tmp_path / ".shot_depth.mov.4242-89abcdef.dwtmp").exists()
+
+
 def test_once_swaps_a_sequence_in_one_exchange_of_fsynced_frames_and_keeps_a_users_file(
     sources: dict[str, Path], tmp_path: Path
 ) -> None:

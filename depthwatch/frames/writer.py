@@ -299,7 +299,9 @@ def sweep_temp_files_for(targets: Iterable[Path]) -> int:
     """Remove the temporary files of these targets that a killed writer left; returns how many.
 
     Only for targets nothing is writing any more (the farm client, once its job
-    is over: a worker killed mid-write leaves its temporary file behind).
+    is over: a worker killed mid-write leaves its temporary file behind; a
+    client killed mid-join its image sequence's temporary folder, of which
+    only depthwatch's own files go: see `remove_own_folder`).
     """
     wanted: dict[Path, set[str]] = {}
     for target in targets:
@@ -312,9 +314,13 @@ def sweep_temp_files_for(targets: Iterable[Path]) -> int:
         except OSError:
             continue
         for entry in entries:
-            if is_temp_name(entry.name) and temp_target_name(entry.name) in names:
-                _remove_quietly(entry.path)
-                removed += 1
+            if not is_temp_name(entry.name) or temp_target_name(entry.name) not in names:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                gone = remove_own_folder(Path(entry.path))
+            else:
+                gone = _remove_quietly(entry.path)
+            removed += gone
     return removed
 
 
