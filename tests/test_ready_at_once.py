@@ -117,6 +117,7 @@ def test_the_switch_after_the_measurement_serves_from_the_measured_session_on_th
         wait_for(lambda: not engine.measuring, timeout=120, what="the measurement to end")
         now = engine.info
         assert now.providers == (CUDA, CPU) and now.generation == info.generation + 1
+        assert now.runs_off_the_cpu and not info.runs_off_the_cpu  # the pipeline works ahead beside CUDA only
         assert engine.switches == 1 and engine.load_count == 1 and engine.measurements == 1
         # Idle-time work goes only to what can still win: CoreML's first run was clearly slower than
         # the CPU's (no second run, no probe); int8 (a CPU session, measured after CUDA) was not

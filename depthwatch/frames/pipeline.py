@@ -325,7 +325,7 @@ class Pipeline:
         frame.inference = self.engine.infer(prepared, info.generation)
         if frame.abandoned:  # a newer job (or a cancel) came while this one was being handed over
             self.engine.abort(frame.inference, running_too=frame.job.output is None)
-        elif info.leaves_cores_free:
+        elif info.runs_off_the_cpu:
             self._ahead(frame, info, prepared)
         # Only now: the rest of the job starts after the work ahead (at once if the model was quicker).
         frame.inference.add_done_callback(lambda done: self._handoff(frame, done))
@@ -333,10 +333,8 @@ class Pipeline:
     def _ahead(self, frame: FrameInFlight, info: ModelInfo, prepared: np.ndarray) -> None:
         """While the model runs: what the map needs of the frame alone (`render.ahead`).
 
-        Only where the run leaves cores free (an accelerator; fewer CPU threads
-        than cores): beside a run on every core it would only delay the run,
-        measured on 2 cores (the model's own run 30 -> 35 ms, the frame's
-        latency longer, not shorter). The flow from the output's shot is left for later when an older frame of
+        Only beside an accelerator's run (`ModelInfo.runs_off_the_cpu`): beside
+        a run on the CPU it slows the run as much as it saves. The flow from the output's shot is left for later when an older frame of
         the output is still in flight: it would likely land first and make the
         flow measured now stale.
         """

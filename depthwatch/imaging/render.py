@@ -86,9 +86,9 @@ def ahead(
     """The work of `depth_map` that does not need the prediction: the refine guide, the shot's flow.
 
     Why: a frame on its own (an editor's drop, an API request) waits for every
-    stage in turn, and while the model runs a worker has nothing to do. The
-    pipeline calls this then, so after inference only the prediction's own work
-    is left. `grid`: the prediction's rows and columns, if known (the guide is
+    stage in turn, and while an accelerator runs the model the CPU has nothing
+    to do. The pipeline calls this then, so after inference only the
+    prediction's own work is left. `grid`: the prediction's rows and columns, if known (the guide is
     made for it); `motion=False`: leave the flow to `depth_map` (the output's
     shot state will likely move on first). Whatever turns out not to hold
     when the prediction comes (another grid, a newer shot state) is made again
