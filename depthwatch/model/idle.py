@@ -67,13 +67,14 @@ class IdleMeasuring(SessionMaking):
                     offer=self._offered,
                     lazy=True,
                 )
-                # A load, a warm-up and a few runs per variant, each at about the time a run takes now.
-                estimate = len(plan.variants) * (1 + (2 + MIN_RUNS + precisions.PROBES) * self._run_seconds(info))
+                # A bound, not a forecast: a load, a warm-up, the timed runs and the probes for every
+                # variant, each run as slow as one now; the lazy measurement usually does about half.
+                bound = len(plan.variants) * (1 + (2 + MIN_RUNS + precisions.PROBES) * self._run_seconds(info))
                 log.info(
-                    "measuring engines for %s in idle time (%s; about %.0f s of work, every frame goes first): %s",
+                    "measuring engines for %s in idle time (%s; at most about %.0f s of work, every frame goes first): %s",
                     plan.spec.path.name,
                     plan.why,
-                    min(estimate, BACKGROUND_BUDGET_S),
+                    min(bound, BACKGROUND_BUDGET_S),
                     ", ".join(f"{providers.short(p)} {q}" for p, q in self._measurement.order),
                 )
                 return session
