@@ -203,7 +203,33 @@ def clips(size: tuple[int, int] = (256, 144)) -> list[Any]:
     return decoded
 
 
-def figures(model: Any) -> dict[str, dict[str, tuple[float, float, float]]]:
+def held_out(size: tuple[int, int] = (256, 144)) -> list[Any]:
+    """Clips no setting was tuned on: the same footage backwards (every motion the other way round for the
+    planner's two passes), carphone mirrored and zoomed, and bikes at another size; JPEG frames decoded again."""
+    import cv2
+    import numpy as np
+
+    s = footage.Segment
+    wider = (size[0] * 5 // 4, size[1] * 5 // 4)
+    edits = [  # (clip, played backwards)
+        (footage.bikes(size=size), True),
+        (footage.edit([s("carphone_pristine", 0, 120)], size, "carphone_pristine.mp4"), True),
+        (footage.edit([s("bigbuckbunny", 0, 132)], size, "bigbuckbunny.mp4"), True),
+        (footage.edit([s("carphone_pristine", 0, 120, mirror=True, zoom=1.2, fx=0.4)], wider, "carphone mirrored, zoom 1.2"), False),
+        (footage.bikes(size=wider), False),
+    ]
+    out = []
+    for edit, backwards in edits:
+        frames = [cv2.imdecode(np.frombuffer(j, np.uint8), cv2.IMREAD_COLOR) for j in edit.jpegs()]
+        if backwards:
+            n = len(frames)
+            out.append(footage.Edit(frames[::-1], tuple(sorted(n - c for c in edit.cuts)), f"{edit.name} backwards"))
+        else:
+            out.append(footage.Edit(frames, edit.cuts, f"{edit.name}, {wider[0]}x{wider[1]}"))
+    return out
+
+
+def figures(model: Any, which: list[Any] | None = None) -> dict[str, dict[str, tuple[float, float, float]]]:
     """Per clip, live and batch: the warp error as a multiple of the bare maps', and the median and 10th
     percentile of the correlation with the bare map on moving pixels (the shared tool's definitions,
     `footage.warp_error` and `footage.moving_correlations`), in process. An older version's figures: the
@@ -216,7 +242,7 @@ def figures(model: Any) -> dict[str, dict[str, tuple[float, float, float]]]:
     from depthwatch.model.profiles import DEPTH
 
     out: dict[str, dict[str, tuple[float, float, float]]] = {}
-    for clip in clips():
+    for clip in clips() if which is None else which:
         predictions = predict(model, clip.frames)
         bare = [normalise.frame(p, DEPTH) for p in predictions]
         flow = footage.flows(clip.frames)
@@ -239,8 +265,9 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description="Per-clip figures of the stabiliser (docs/stable.md), and its cost a frame.")
     parser.add_argument("--model", default="../shared/models/fastdepth_224_nyu_int8.onnx")
+    parser.add_argument("--held-out", action="store_true", help="the clips no setting was tuned on (`held_out`), not the usual ones")
     args = parser.parse_args()
-    for name, modes in figures(args.model).items():
+    for name, modes in figures(args.model, held_out() if args.held_out else None).items():
         for mode, (ratio, median, p10) in modes.items():
             print(f"{name:40s} {mode:5s} warp error {ratio:.3f}x, moving pixels median {median:.3f}, p10 {p10:.3f}")
     for path in ("live", "batch"):
