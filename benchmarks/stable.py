@@ -229,9 +229,11 @@ def held_out(size: tuple[int, int] = (256, 144)) -> list[Any]:
     return out
 
 
-def figures(model: Any, which: list[Any] | None = None) -> dict[str, dict[str, tuple[float, float, float]]]:
-    """Per clip, live and batch: the warp error as a multiple of the bare maps', and the median and 10th
-    percentile of the correlation with the bare map on moving pixels (the shared tool's definitions,
+def figures(model: Any, which: list[Any] | None = None) -> dict[str, dict[str, tuple[float, float, float, float]]]:
+    """Per clip, live and batch: the warp error as a multiple of the bare maps', the median and 10th
+    percentile of the correlation with the bare map on moving pixels, and the maps' contrast (the median
+    over frames of a map's standard deviation over the bare map's: a warp error bought by washing the maps
+    out shows here, as one with clipped greys does above 1) (the shared tool's definitions,
     `footage.warp_error` and `footage.moving_correlations`), in process. An older version's figures: the
     same command with PYTHONPATH at a `git archive` of that commit's `depthwatch/`."""
     from pathlib import Path
@@ -241,7 +243,7 @@ def figures(model: Any, which: list[Any] | None = None) -> dict[str, dict[str, t
     from depthwatch.imaging import normalise, stabilise
     from depthwatch.model.profiles import DEPTH
 
-    out: dict[str, dict[str, tuple[float, float, float]]] = {}
+    out: dict[str, dict[str, tuple[float, float, float, float]]] = {}
     for clip in clips() if which is None else which:
         predictions = predict(model, clip.frames)
         bare = [normalise.frame(p, DEPTH) for p in predictions]
@@ -256,7 +258,10 @@ def figures(model: Any, which: list[Any] | None = None) -> dict[str, dict[str, t
         for mode, maps in (("live", live), ("batch", batch)):
             moving = footage.moving_correlations(maps, bare, flow, clip.cuts)
             ratio = footage.warp_error(maps, flow, clip.cuts) / bare_error
-            out.setdefault(clip.name, {})[mode] = (round(ratio, 3), round(float(np.median(moving)), 3), round(float(np.percentile(moving, 10)), 3))
+            contrast = float(np.median([float(np.std(m)) / max(float(np.std(b)), 1e-6) for m, b in zip(maps, bare)]))
+            out.setdefault(clip.name, {})[mode] = (
+                round(ratio, 3), round(float(np.median(moving)), 3), round(float(np.percentile(moving, 10)), 3), round(contrast, 2)
+            )
     return out
 
 
@@ -268,7 +273,7 @@ if __name__ == "__main__":
     parser.add_argument("--held-out", action="store_true", help="the clips no setting was tuned on (`held_out`), not the usual ones")
     args = parser.parse_args()
     for name, modes in figures(args.model, held_out() if args.held_out else None).items():
-        for mode, (ratio, median, p10) in modes.items():
-            print(f"{name:40s} {mode:5s} warp error {ratio:.3f}x, moving pixels median {median:.3f}, p10 {p10:.3f}")
+        for mode, (ratio, median, p10, contrast) in modes.items():
+            print(f"{name:40s} {mode:5s} warp error {ratio:.3f}x, moving pixels median {median:.3f}, p10 {p10:.3f}, contrast {contrast:.2f}")
     for path in ("live", "batch"):
         print(f"cost a frame, {path} (1080p):", per_frame(path=path))
