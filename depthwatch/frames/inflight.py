@@ -73,7 +73,7 @@ class FrameInFlight:
     folder: int | None = None
     #: What its map is made from (a frame from disk), to know the same work asked again.
     made_from: MadeFrom | None = None
-    #: An older job for the same output still in flight when this one started (until this one reaches the model).
+    #: An older job for the same output still in flight when this one started (read as this one reaches the model).
     follows: Future[Result] | None = None
     #: What the map needs of the frame alone, made while the model runs (`render.ahead`).
     ahead: Ahead | None = None

@@ -52,8 +52,8 @@ from depthwatch.frames.settings import Settings
 from depthwatch.frames.writer import atomic_write, ensure_folder
 from depthwatch.imaging import normalise, stabilise, tensor
 from depthwatch.imaging.render import Stable, ahead, depth_map
-from depthwatch.model.contract import NHWC
 from depthwatch.logtext import shown
+from depthwatch.model.contract import NHWC
 from depthwatch.model.engine import Engine, Inference
 from depthwatch.model.spec import ModelInfo
 from depthwatch.threadnames import yield_to_inference
@@ -334,9 +334,9 @@ class Pipeline:
         """While the model runs: what the map needs of the frame alone (`render.ahead`).
 
         Only beside an accelerator's run (`ModelInfo.runs_off_the_cpu`): beside
-        a run on the CPU it slows the run as much as it saves. The flow from the output's shot is left for later when an older frame of
-        the output is still in flight: it would likely land first and make the
-        flow measured now stale.
+        a run on the CPU it slows the run as much as it saves. The flow from the
+        output's shot is left for later when an older frame of the output is
+        still in flight: that one would likely land first and make it stale.
         """
         follows, frame.follows = frame.follows, None
         decoded = frame.decoded

@@ -88,11 +88,11 @@ def ahead(
     Why: a frame on its own (an editor's drop, an API request) waits for every
     stage in turn, and while an accelerator runs the model the CPU has nothing
     to do. The pipeline calls this then, so after inference only the
-    prediction's own work is left. `grid`: the prediction's rows and columns, if known (the guide is
-    made for it); `motion=False`: leave the flow to `depth_map` (the output's
-    shot state will likely move on first). Whatever turns out not to hold
-    when the prediction comes (another grid, a newer shot state) is made again
-    there, so the map is the same either way.
+    prediction's own work is left. `grid`: the prediction's rows and columns,
+    if known (the guide is made for it); `motion=False`: leave the flow to
+    `depth_map` (the output's shot state will likely move on first). Whatever
+    turns out not to hold when the prediction comes (another grid, a newer
+    shot state) is made again there, so the map is the same either way.
     """
     guide = None
     if grid is not None and options.refine == REFINE_EDGES:
