@@ -18,7 +18,7 @@ import numpy as np
 
 from depthwatch.model import precision as precisions
 from depthwatch.model.gauges import BUSY_CORES, CpuLoad, PeakMemory, node_counts
-from depthwatch.model.trials import Trial, Variant, in_order
+from depthwatch.model.trials import Trial, Variant, fastest_trial, in_order
 
 #: Seconds of work the whole measurement may take; each variant gets an equal share of what is left.
 BUDGET_S = 90.0
@@ -145,7 +145,7 @@ class Measurement:
         for index, variant in enumerate(self.order):
             share = max(0.0, self._budget - self.spent) / (len(self.order) - index)
             adopted = self._reference if index == 0 else None
-            best = _fastest_faithful(trials) if self._lazy else None
+            best = fastest_trial(trials) if self._lazy else None
             trial, maps, session = yield from self._trial(variant, share, must_finish=index == 0, adopted=adopted, beat=best)
             if index == 0:
                 reference = maps
@@ -256,8 +256,3 @@ class Measurement:
             ms = (time.perf_counter() - t0) * 1000
             self._loads.append(self._load.others())
             return ms
-
-
-def _fastest_faithful(trials: Sequence[Trial]) -> Trial | None:
-    good = [t for t in trials if t.eligible and t.run_ms is not None]
-    return min(good, key=lambda t: t.run_ms) if good else None  # type: ignore[arg-type,return-value]

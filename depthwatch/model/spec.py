@@ -83,9 +83,10 @@ class ModelInfo:
 
         Why it matters: image work done beside a run on the CPU does not save
         time, it slows the run (measured on 2 cores: beside a run on both cores
-        the run took 30 -> 35 ms; beside a run on one thread the time after the
-        run fell 2.2 ms and the run rose 1.3-2.2 ms, caches and memory being
-        shared), so the pipeline works ahead of the map only beside an accelerator.
+        the run took 34.7-36.6 ms against 18.0-33.3 alone; beside a run on one
+        thread the time after the run fell 2.2 ms and the run rose 1.3-2.2 ms,
+        caches and memory being shared), so the pipeline works ahead of the map
+        only beside an accelerator (docs/benchmarks.md).
         """
         return bool(self.providers) and self.providers[0] not in (providers.CPU, providers.OPENVINO)
 

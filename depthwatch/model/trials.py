@@ -103,10 +103,16 @@ def reference(variants: Sequence[Variant]) -> Variant:
     return in_order(variants)[0]
 
 
-def fastest(trials: Sequence[Trial]) -> Variant | None:
-    """The faithful variant with the lowest median time per frame; earlier wins a tie."""
+def fastest_trial(trials: Sequence[Trial]) -> Trial | None:
+    """The faithful trial with the lowest median time per frame; earlier wins a tie."""
     good = [t for t in trials if t.eligible]
-    return min(good, key=lambda t: t.run_ms).variant if good else None  # type: ignore[arg-type,return-value]
+    return min(good, key=lambda t: t.run_ms) if good else None  # type: ignore[arg-type,return-value]
+
+
+def fastest(trials: Sequence[Trial]) -> Variant | None:
+    """The variant of `fastest_trial`."""
+    best = fastest_trial(trials)
+    return None if best is None else best.variant
 
 
 def unfaithful(trials: Sequence[Trial], provider: str) -> list[Trial]:
