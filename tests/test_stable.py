@@ -486,6 +486,10 @@ KINDS = {
 }
 
 
+#: The least contrast the maps may keep against the bare map's (see the assertion's comment).
+CONTRAST_FLOOR_LIVE, CONTRAST_FLOOR_BATCH = 0.65, 0.85
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_moving_subjects_follow_their_own_frame_while_the_scene_holds(fastdepth, kind):
     """Lag and ghosts on what moves, flicker on the rest: the shared tool's two figures, live and batch."""
@@ -496,9 +500,15 @@ def test_moving_subjects_follow_their_own_frame_while_the_scene_holds(fastdepth,
     flow = footage.flows(clip.frames)
     for mode, maps, ceiling in zip(("live", "batch"), live_and_batch(predictions, clip.frames), (live_ceiling, batch_ceiling)):
         ratio, moving = figures(maps, bare, flow, clip.cuts)
-        print(f"{kind}, {mode}: warp error {ratio:.3f}x, moving pixels median {np.median(moving):.3f}, p10 {np.percentile(moving, 10):.3f}")
+        contrast = float(np.median([np.std(m) / max(float(np.std(b)), 1e-6) for m, b in zip(maps, bare)]))
+        print(f"{kind}, {mode}: warp error {ratio:.3f}x, moving pixels median {np.median(moving):.3f}, "
+              f"p10 {np.percentile(moving, 10):.3f}, contrast {contrast:.2f}")
         assert ratio <= ceiling, mode
         assert np.median(moving) >= median_floor and np.percentile(moving, 10) >= p10_floor, mode
+        # The warp error falls as the maps wash out (docs/stable.md, "what the live warp error hides"): it
+        # must not be bought with more of that. Measured 2026-12-02: live 0.71 (the street), 0.87, 0.90;
+        # batch 0.94, 0.99, 0.94 of the bare map's contrast (the median of a map's std over the bare map's).
+        assert contrast >= (CONTRAST_FLOOR_LIVE if mode == "live" else CONTRAST_FLOOR_BATCH), (mode, contrast)
 
 
 @pytest.fixture(scope="module")
