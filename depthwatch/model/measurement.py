@@ -210,12 +210,10 @@ class Measurement:
                     yield
                     ms = yield from self._timed(session)
                     times.append(ms)
-                if beat is not None and times and statistics.median(times) >= beat.run_ms:  # type: ignore[operator]
-                    error = (
-                        f"{statistics.median(times):.1f} ms a frame, not faster than {beat.name} "
-                        f"({beat.run_ms:.1f} ms): its maps were not checked"
-                    )
-                    return Trial(provider, precision, load_s, statistics.median(times), len(times), memory.mib, error=error), None, None
+                median_ms = statistics.median(times) if times else None
+                if beat is not None and median_ms is not None and median_ms >= beat.run_ms:  # type: ignore[operator]
+                    error = f"{median_ms:.1f} ms a frame, not faster than {beat.name} ({beat.run_ms:.1f} ms): its maps were not checked"
+                    return Trial(provider, precision, load_s, median_ms, len(times), memory.mib, error=error), None, None
                 maps = None
                 if self._probe is not None and times:
                     yield

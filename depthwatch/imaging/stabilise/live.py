@@ -103,7 +103,7 @@ class Stabiliser:
         is made (an older frame of the output still in flight): the flow is then
         measured once, in `map`, not twice.
         """
-        small = np.zeros((0, 0, 3), np.uint8) if image is None else thumbnail(image)
+        small = _thumbnail_of(image)
         if not motion:
             return Lookahead(small)
         with self._lock:
@@ -130,10 +130,7 @@ class Stabiliser:
         """
         n = normalise.nearness(prediction, output_kind)
         clip = nearness_clip(clip_percent, output_kind)
-        if ahead is not None:
-            small = ahead.thumbnail
-        else:
-            small = np.zeros((0, 0, 3), np.uint8) if image is None else thumbnail(image)
+        small = ahead.thumbnail if ahead is not None else _thumbnail_of(image)
         with self._lock:
             self._forget_idle(time.monotonic())
             shot = self._shots.get(output)
@@ -179,3 +176,7 @@ class Stabiliser:
         with self._lock:
             self._shots.clear()
 
+
+def _thumbnail_of(image: np.ndarray | None) -> np.ndarray:
+    """The frame's thumbnail; an empty one where there is no picture (no flow, no cut test)."""
+    return np.zeros((0, 0, 3), np.uint8) if image is None else thumbnail(image)
