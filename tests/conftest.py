@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -108,12 +109,55 @@ def api_daemon(tmp_path: Path, tiny_model: Path) -> Iterator[Callable[..., Daemo
         d.close()
 
 
+@pytest.fixture(scope="session")
+def _real_models_engines(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    """`providers.json` with the real model's engines measured on this machine, once per test process.
+
+    A user's machine measures a model's engines on its first run and
+    remembers the choice; every later `once` and start reads it. Each test
+    has a cache folder of its own, so without this every `once --model
+    FASTDEPTH` would measure again: about 3 s of CPU each on an AVX2 machine
+    (onnxruntime and OpenVINO, with their maps checked), over a hundred times
+    a suite. Tests of the measurement itself use models of their own, or
+    folders of their own (`test_providers`, `test_ready_at_once`,
+    `test_openvino`), and still start from nothing.
+    """
+    if not FASTDEPTH.is_file():
+        return None
+    home = tmp_path_factory.mktemp("measured")
+    frame = home / "probe.jpg"
+    frame.write_bytes(jpeg_bytes(quadrant_frame(224, 224)))
+    env = {**os.environ, "XDG_CACHE_HOME": str(home / "cache"), "XDG_STATE_HOME": str(home / "state"),
+           "XDG_CONFIG_HOME": str(home / "config"), "XDG_DATA_HOME": str(home / "data")}
+    done = subprocess.run(
+        [sys.executable, "-m", "depthwatch", "once", str(frame), "-o", str(home / "probe_depth.jpg"),
+         "--model", str(FASTDEPTH), "--profile", "fastdepth-nyu"],
+        capture_output=True, text=True, env=env, cwd=home, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    remembered = list((home / "cache").rglob("providers.json"))
+    assert len(remembered) == 1, f"no engine choice remembered for {FASTDEPTH.name}: {done.stderr[-2000:]}"
+    return remembered[0]
+
+
 @pytest.fixture(autouse=True)
-def _user_folders_of_its_own(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test (nor any daemon it starts) reads the real user config or writes the real state or cache folders."""
+def _user_folders_of_its_own(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, _real_models_engines: Path | None
+) -> None:
+    """No test (nor any daemon it starts) reads the real user config or writes the real state or cache folders.
+
+    The cache folder starts as a user's does after a first run of the real
+    model: with its engine choice remembered (`_real_models_engines`).
+    """
+    from depthwatch import paths
+
     home = tmp_path_factory.mktemp("user")
     for name in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME"):
         monkeypatch.setenv(name, str(home / name.lower()))
+    if _real_models_engines is not None:
+        cache = paths.cache_dir()
+        cache.mkdir(parents=True)
+        shutil.copyfile(_real_models_engines, cache / _real_models_engines.name)
 
 
 #: Processes a module-scoped fixture owns though a test started them (a farm's worker added for

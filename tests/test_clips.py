@@ -387,6 +387,8 @@ def test_once_swaps_a_sequence_in_one_exchange_of_fsynced_frames_and_keeps_a_use
     every frame is fsynced before, and the user's file is there after."""
     from daemon_process import strace_works
 
+    if not FASTDEPTH.is_file():
+        pytest.skip(f"the real model {FASTDEPTH} is not here")
     why = strace_works()
     if why:
         pytest.skip(why)

@@ -359,7 +359,7 @@ def test_a_frame_rewritten_between_the_two_passes_is_mapped_from_its_new_version
 
     from depthwatch.frames.rules import map_is_current
 
-    farm = Farm(tmp_path, model=slow_model(tmp_path / "slow.onnx", seconds=0.5, size=128, channels=64))
+    farm = Farm(tmp_path, model=slow_model(tmp_path / "slow.onnx", seconds=0.25, size=128, channels=64))
     try:
         farm.add_workers(1)
         paths = make_frames(tmp_path / "frames", 8)
@@ -392,7 +392,7 @@ def test_a_frame_rewritten_again_while_its_shot_is_mapped_again_fails_with_no_ma
     from file_events import FileEvents, new_version, rewritten_between_the_passes
     from onnx_models import slow_model
 
-    farm = Farm(tmp_path, model=slow_model(tmp_path / "slow.onnx", seconds=0.5, size=128, channels=64))
+    farm = Farm(tmp_path, model=slow_model(tmp_path / "slow.onnx", seconds=0.25, size=128, channels=64))
     try:
         farm.add_workers(1)
         paths = make_frames(tmp_path / "frames", 8)

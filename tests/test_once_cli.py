@@ -127,11 +127,13 @@ def starter(cwd: Path, *args: str) -> Callable[[], subprocess.Popen[bytes]]:
 
 
 def slow_config(tmp_path: Path) -> Path:
-    """A model slow enough (on the CPU, not measured against others) that pass 1 of a few frames takes seconds."""
+    """A model slow enough (on the CPU, not measured against others) that pass 1 of 8 frames takes about 2 s:
+    after pass 1 reads a frame, the model still has that frame and the ones after it to run (over a second)
+    before pass 2 can read it again, while the test needs one rename."""
     import yaml
     from onnx_models import slow_model
 
-    model = slow_model(tmp_path / "slow.onnx", seconds=0.5, size=128, channels=64)
+    model = slow_model(tmp_path / "slow.onnx", seconds=0.25, size=128, channels=64)
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"model": {"path": str(model), "profile": "midas-v21-small", "providers": ["cpu"]}}))
     return config

@@ -1,4 +1,9 @@
-"""Ten thousand frames through one daemon: flat memory, one model load, nothing unaccounted for."""
+"""Six thousand frames through one daemon: flat memory, one model load, nothing unaccounted for.
+
+Four thousand frames after the daemon is warm: a leak of 1.6 KB a frame (a sixth of one
+64x48 frame decoded) grows its memory (about 127 MiB) by the 5% the test allows. (It was
+ten thousand frames, a minute and a half of CPU of the suite's ten minutes on an AVX2 machine.)
+"""
 
 from __future__ import annotations
 
@@ -16,8 +21,8 @@ WARM = 2_000
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_ten_thousand_frames(tmp_path, tiny_model):
-    total, batch, bad_every = 10_000, 100, 997
+def test_six_thousand_frames(tmp_path, tiny_model):
+    total, batch, bad_every = 6_000, 100, 997
     d = DaemonProcess(
         tmp_path, tiny_model, watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_depth.jpg", "error_sidecar": True}
     ).start()
