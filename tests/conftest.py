@@ -116,11 +116,12 @@ def _real_models_engines(tmp_path_factory: pytest.TempPathFactory) -> Path | Non
     A user's machine measures a model's engines on its first run and
     remembers the choice; every later `once` and start reads it. Each test
     has a cache folder of its own, so without this every `once --model
-    FASTDEPTH` would measure again: about 3 s of CPU each on an AVX2 machine
-    (onnxruntime and OpenVINO, with their maps checked), over a hundred times
-    a suite. Tests of the measurement itself use models of their own, or
-    folders of their own (`test_providers`, `test_ready_at_once`,
-    `test_openvino`), and still start from nothing.
+    FASTDEPTH` (and every daemon on it) would measure again: about 3 s of CPU
+    each on an AVX2 machine (onnxruntime and OpenVINO, with their maps
+    checked), some 130 s of the suite's CPU. Tests of the measurement
+    itself use models of their own, or folders of their own
+    (`test_providers`, `test_ready_at_once`, `test_openvino`), and still
+    start from nothing.
     """
     if not FASTDEPTH.is_file():
         return None
