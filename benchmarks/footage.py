@@ -254,6 +254,15 @@ def warp_error(maps: list[np.ndarray], flow: list[Flow], cuts: tuple[int, ...]) 
     return float(np.mean(errors)) if errors else 0.0
 
 
+def contrast(maps: list[np.ndarray], bare: list[np.ndarray]) -> float:
+    """The maps' contrast against the bare maps': the median over frames of std(map) / std(bare map).
+
+    The warp error falls as maps wash out, so it is read beside this figure
+    (docs/stable.md, "what the live warp error hides").
+    """
+    return float(np.median([float(np.std(m)) / max(float(np.std(b)), 1e-6) for m, b in zip(maps, bare)]))
+
+
 def moving_correlations(maps: list[np.ndarray], bare: list[np.ndarray], flow: list[Flow], cuts: tuple[int, ...], moving_px: float = 1.5) -> list[float]:
     """Pearson correlation of each map with the bare map of the same frame, on the pixels that move.
 

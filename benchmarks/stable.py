@@ -258,7 +258,7 @@ def figures(model: Any, which: list[Any] | None = None) -> dict[str, dict[str, t
         for mode, maps in (("live", live), ("batch", batch)):
             moving = footage.moving_correlations(maps, bare, flow, clip.cuts)
             ratio = footage.warp_error(maps, flow, clip.cuts) / bare_error
-            contrast = float(np.median([float(np.std(m)) / max(float(np.std(b)), 1e-6) for m, b in zip(maps, bare)]))
+            contrast = footage.contrast(maps, bare)
             out.setdefault(clip.name, {})[mode] = (
                 round(ratio, 3), round(float(np.median(moving)), 3), round(float(np.percentile(moving, 10)), 3), round(contrast, 2)
             )

@@ -500,7 +500,7 @@ def test_moving_subjects_follow_their_own_frame_while_the_scene_holds(fastdepth,
     flow = footage.flows(clip.frames)
     for mode, maps, ceiling in zip(("live", "batch"), live_and_batch(predictions, clip.frames), (live_ceiling, batch_ceiling)):
         ratio, moving = figures(maps, bare, flow, clip.cuts)
-        contrast = float(np.median([np.std(m) / max(float(np.std(b)), 1e-6) for m, b in zip(maps, bare)]))
+        contrast = footage.contrast(maps, bare)
         print(f"{kind}, {mode}: warp error {ratio:.3f}x, moving pixels median {np.median(moving):.3f}, "
               f"p10 {np.percentile(moving, 10):.3f}, contrast {contrast:.2f}")
         assert ratio <= ceiling, mode
