@@ -90,7 +90,7 @@ def per_frame(
 
 
 def moving_figure(out: Any, model: Any, before: Any, clip: Any = None, width: int = 192, path: str = "live") -> int:
-    """docs/stable_moving.png: a moving subject, before and after (a row each): the frame, the bare
+    """docs/stable_moving.png and stable_moving_flow.png: a moving subject, before and after (a row each): the frame, the bare
     model's map, the live map, and their difference past the tone curve (x4); the frame shown is the one whose live map
     correlated worst with the bare one on moving pixels before. `before`: the older
     `depthwatch.imaging.stabilise` (loaded from `git show`), or its maps (`planned`, run where it is
@@ -205,27 +205,39 @@ def clips(size: tuple[int, int] = (256, 144)) -> list[Any]:
 
 def held_out(size: tuple[int, int] = (256, 144)) -> list[Any]:
     """Clips no setting was tuned on: the same footage backwards (every motion the other way round for the
-    planner's two passes), carphone mirrored and zoomed, and bikes at another size; JPEG frames decoded again."""
+    planner's two passes), carphone mirrored and zoomed, and bikes at another size; then (`fresh`) six more
+    that were first measured after the live flow's scale and agreement were chosen (stop 40): the
+    distorted carphone both ways, bigbuckbunny mirrored and reframed backwards, bikes reframed left, and
+    right mirrored backwards, and bikes at 320x180 backwards. JPEG frames decoded again."""
     import cv2
     import numpy as np
 
     s = footage.Segment
     wider = (size[0] * 5 // 4, size[1] * 5 // 4)
+    between = (size[0] * 9 // 8, size[1] * 9 // 8)
     edits = [  # (clip, played backwards)
         (footage.bikes(size=size), True),
         (footage.edit([s("carphone_pristine", 0, 120)], size, "carphone_pristine.mp4"), True),
         (footage.edit([s("bigbuckbunny", 0, 132)], size, "bigbuckbunny.mp4"), True),
         (footage.edit([s("carphone_pristine", 0, 120, mirror=True, zoom=1.2, fx=0.4)], wider, "carphone mirrored, zoom 1.2"), False),
         (footage.bikes(size=wider), False),
+        # fresh
+        (footage.edit([s("carphone_distorted", 0, 120)], size, "carphone_distorted.mp4"), False),
+        (footage.edit([s("carphone_distorted", 0, 120)], size, "carphone_distorted.mp4"), True),
+        (footage.edit([s("bigbuckbunny", 0, 132, mirror=True, zoom=1.25, fx=0.6)], between, "bigbuckbunny mirrored, zoom 1.25"), True),
+        (footage.edit([s("bikes", 0, 250, zoom=1.3, fx=0.2)], between, "bikes.mp4 zoom 1.3 left"), False),
+        (footage.edit([s("bikes", 0, 250, zoom=1.3, fx=0.8, mirror=True)], between, "bikes.mp4 zoom 1.3 right, mirrored"), True),
+        (footage.bikes(size=wider), True),
     ]
     out = []
     for edit, backwards in edits:
         frames = [cv2.imdecode(np.frombuffer(j, np.uint8), cv2.IMREAD_COLOR) for j in edit.jpegs()]
+        shown = f"{edit.name}, {frames[0].shape[1]}x{frames[0].shape[0]}" if frames[0].shape[1] != size[0] else edit.name
         if backwards:
             n = len(frames)
-            out.append(footage.Edit(frames[::-1], tuple(sorted(n - c for c in edit.cuts)), f"{edit.name} backwards"))
+            out.append(footage.Edit(frames[::-1], tuple(sorted(n - c for c in edit.cuts)), f"{shown} backwards"))
         else:
-            out.append(footage.Edit(frames, edit.cuts, f"{edit.name}, {wider[0]}x{wider[1]}"))
+            out.append(footage.Edit(frames, edit.cuts, shown))
     return out
 
 

@@ -21,9 +21,12 @@ FIT_PIXELS = 4096
 #: At least this share of the map consistent to fit on it; below, the fit uses every pixel.
 MIN_CONSISTENT = 0.05
 #: Temporal filter: the weight of the warped previous map where the two agree, falling
-#: off where they differ by more than AGREE x the shot's range.
+#: off where they differ by more than AGREE x the shot's range (the daemon's; the planner
+#: passes its own). AGREE 0.4, not 0.3, since the flow follows subjects at half the
+#: thumbnail (motion.FLOW_SCALE): with the finer flow the moving pixels keep their own map
+#: at 0.3, and 0.4 lets the still scene hold more without giving that back (docs/stable.md).
 CARRY = 0.92
-AGREE = 0.3
+AGREE = 0.4
 
 
 def nearness_clip(clip: tuple[float, float] | None, output_kind: str) -> tuple[float, float] | None:
@@ -71,6 +74,7 @@ def on_map(motion: Motion, shape: tuple[int, ...], forward: bool = False) -> tup
     """The backward (or forward) flow as remap coordinates at the map's resolution, and its trust there."""
     h, w = shape[:2]
     flow, trusted = (motion.forward, motion.forward_trust) if forward else (motion.backward, motion.trust)
+    assert trusted is not None, "the trust the other way is measured offline only (measure(live=False))"
     th, tw = trusted.shape
     flow = cv2.resize(flow, (w, h), interpolation=cv2.INTER_LINEAR)
     gx, gy = grid(h, w)

@@ -110,7 +110,7 @@ class Stabiliser:
             shot = self._shots.get(output)
         if shot is None or shot.key != key:
             return Lookahead(small)
-        return Lookahead(small, shot, measure(shot.thumbnail, small))
+        return Lookahead(small, shot, measure(shot.thumbnail, small, live=True))
 
     def map(
         self,
@@ -137,7 +137,7 @@ class Stabiliser:
         motion = None
         if shot is not None and shot.key == key:
             measured = ahead is not None and ahead.since is shot
-            motion = ahead.motion if measured else measure(shot.thumbnail, small)  # type: ignore[union-attr]
+            motion = ahead.motion if measured else measure(shot.thumbnail, small, live=True)  # type: ignore[union-attr]
         if shot is None or shot.key != key or is_new_picture(shot.thumbnail, small, motion):
             number, why = (1, "new") if shot is None else (shot.number + 1, "cut" if shot.key == key else "model")
             lo, hi = normalise.bounds(n, clip)

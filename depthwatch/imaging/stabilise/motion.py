@@ -18,21 +18,16 @@ import numpy as np
 
 #: The colour thumbnail motion and cuts are measured on: this wide, the frame's own aspect.
 THUMB_WIDTH = 160
-#: DIS optical flow's fast preset: about 1.5 ms forward and backward at 160x90; the ultrafast
-#: one saves 0.4 ms and leaves 8% more flicker.
-FLOW_PRESET = cv2.DISOPTICAL_FLOW_PRESET_FAST
-#: Offline (`measure(fine=True)`): the same preset down to half the thumbnail, not a quarter (DIS's
-#: finest pyramid level 1, not the preset's 2). A subject's edges and the scene behind are followed
-#: better: the planner's warp error falls by a tenth on street footage, which pays for a lighter
-#: backward pass, so what moves lags less. About 2 ms more a frame, which the daemon's budget
-#: (its followed-shot path within 2 ms of before) has no room for; the cuts found are the same.
-FINE_SCALE = 1
-#: Offline, and the medium preset there (its larger patches and more iterations, at the same finest
-#: level): the carried maps land where the scene went, so on street footage the planner's warp
-#: error falls by another tenth (0.229x -> 0.207x on a street shot), which pays for a narrower
-#: agreement (planner.BATCH_AGREE), so a subject and the car window's scenery lag less. About 0.4 ms
-#: more a frame than the fast preset at that level; the cuts found are the same.
-FINE_PRESET = cv2.DISOPTICAL_FLOW_PRESET_MEDIUM
+#: DIS optical flow down to half the thumbnail (DIS's finest pyramid level 1, not the preset's 2),
+#: with the medium preset (larger patches, more iterations), live and offline alike. A subject's
+#: edges and the scene behind it are followed where the quarter-scale fast flow smeared them, so
+#: the carried map lands where the scene went and a moving subject takes its own frame's map: live,
+#: on sixteen real clips, the moving pixels' worst tenth rises on eleven (bikes 0.920 -> 0.940)
+#: and the warp error falls on all sixteen (with alignment.AGREE 0.4, which that pays for; see
+#: docs/stable.md). It costs about 1.4 ms a frame of wall time and 2.4 ms of CPU more than the fast
+#: quarter-scale flow did (`benchmarks.stable.per_frame`); the cuts found are the same.
+FLOW_SCALE = 1
+FLOW_PRESET = cv2.DISOPTICAL_FLOW_PRESET_MEDIUM
 #: Forward-backward check: a pixel is consistent when |f + b| <= CONSISTENT_REL * (|f| + |b|)
 #: (squared) + CONSISTENT_PX^2, the usual test (Sundaram, Brox, Keutzer 2010).
 CONSISTENT_REL = 0.01
@@ -100,15 +95,13 @@ def thumbnail(image: np.ndarray) -> np.ndarray:
 _flow = threading.local()
 
 
-def _dis(fine: bool = False) -> Any:
-    """One DIS instance of each kind per thread (it keeps buffers; the worker threads measure at once)."""
-    name = "fine" if fine else "dis"
-    dis = getattr(_flow, name, None)
+def _dis() -> Any:
+    """One DIS instance per thread (it keeps buffers; the worker threads measure at once)."""
+    dis = getattr(_flow, "dis", None)
     if dis is None:
-        dis = cv2.DISOpticalFlow_create(FINE_PRESET if fine else FLOW_PRESET)
-        if fine:
-            dis.setFinestScale(FINE_SCALE)
-        setattr(_flow, name, dis)
+        dis = cv2.DISOpticalFlow_create(FLOW_PRESET)
+        dis.setFinestScale(FLOW_SCALE)
+        _flow.dis = dis
     return dis
 
 
@@ -128,13 +121,11 @@ class Motion:
     backward: np.ndarray
     #: Where that is trusted: the flow back and forth agrees, and lands inside the frame.
     consistent: np.ndarray
-    #: The other way (offline smoothing): where each pixel of the previous frame went, and where trusted.
+    #: The other way: where each pixel of the previous frame went (the forward-backward check).
     forward: np.ndarray
-    forward_consistent: np.ndarray
     #: How far the previous map, carried along `backward`, is trusted at each pixel (0..1,
-    #: float32; see `_trust`), and the next one's along `forward`.
+    #: float32; see `_trust`).
     trust: np.ndarray
-    forward_trust: np.ndarray
     #: Share of pixels not consistent (0..1).
     inconsistent: float
     #: Mean |grey - previous grey warped by the flow| (0-255), its texture part as if the frames had CONTRAST.
@@ -147,6 +138,9 @@ class Motion:
     #: Live: 1 where a pixel moves with the camera, down to OWN_FLOOR where it moves on its
     #: own (its flow is not the camera's, see `camera`): the daemon's motion segmentation.
     still: np.ndarray | None = None
+    #: Offline (the planner's backward pass): where the previous frame's pixels, carried along
+    #: `forward`, are trusted on the previous frame; what `trust` is the other way.
+    forward_trust: np.ndarray | None = None
 
     @property
     def score(self) -> float:
@@ -158,23 +152,24 @@ class Motion:
         return float(np.sqrt(self.inconsistent / CUT_INCONSISTENT * self.residual / CUT_RESIDUAL))
 
 
-def measure(before: np.ndarray, after: np.ndarray, fine: bool = False) -> Motion | None:
+def measure(before: np.ndarray, after: np.ndarray, *, live: bool = False) -> Motion | None:
     """The motion from thumbnail `before` to `after` (None if either is unknown or they differ in size).
 
-    `fine`: the flow down to FINE_SCALE with FINE_PRESET (the offline planner, which has the time for it).
+    `live`: the daemon's (with the motion segmentation, `Motion.still`); else the
+    planner's (with the trust the other way, `Motion.forward_trust`, for its backward
+    pass). Each leaves out what only the other uses: about 0.5 ms a frame either way.
     """
     if before.size == 0 or after.size == 0 or before.shape != after.shape:
         return None
     g0 = cv2.cvtColor(before, cv2.COLOR_BGR2GRAY)
     g1 = cv2.cvtColor(after, cv2.COLOR_BGR2GRAY)
-    dis = _dis(fine)
+    dis = _dis()
     forward = dis.calc(g0, g1, None)
     backward = dis.calc(g1, g0, None)
     h, w = g1.shape
     gx, gy = grid(h, w)
     mx, my = gx + backward[..., 0], gy + backward[..., 1]
     consistent = _checked(backward, forward, mx, my)
-    forward_consistent = _checked(forward, backward, gx + forward[..., 0], gy + forward[..., 1])
     warped = cv2.remap(g0, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
     mismatch = cv2.absdiff(warped, g1)
     residual = float(mismatch.mean())
@@ -188,21 +183,25 @@ def measure(before: np.ndarray, after: np.ndarray, fine: bool = False) -> Motion
         # picture moves its mean, which says nothing new.
         texture = np.abs((warped - np.float32(warped.mean())) - (g1 - np.float32(g1.mean()))).mean()
         residual += (min(MAX_BOOST, CONTRAST / contrast) - 1.0) * float(texture)
-    ahead = cv2.remap(g1, gx + forward[..., 0], gy + forward[..., 1], cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
     trust = _trust(backward, consistent, mismatch)
-    own = backward - camera(backward, consistent)
-    own = np.square(own[..., 0]) + np.square(own[..., 1])
-    own *= np.float32(1 / OWN_PX**2)
-    np.square(own, out=own)
-    own += 1
-    still = np.reciprocal(own)
-    still *= np.float32(1 - OWN_FLOOR)
-    still += np.float32(OWN_FLOOR)
-    forward_trust = _trust(forward, forward_consistent, cv2.absdiff(ahead, g0))
+    still = forward_trust = None
+    if live:
+        own = backward - camera(backward, consistent)
+        own = np.square(own[..., 0]) + np.square(own[..., 1])
+        own *= np.float32(1 / OWN_PX**2)
+        np.square(own, out=own)
+        own += 1
+        still = np.reciprocal(own)
+        still *= np.float32(1 - OWN_FLOOR)
+        still += np.float32(OWN_FLOOR)
+    else:
+        fx, fy = gx + forward[..., 0], gy + forward[..., 1]
+        ahead = cv2.remap(g1, fx, fy, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+        forward_trust = _trust(forward, _checked(forward, backward, fx, fy), cv2.absdiff(ahead, g0))
     h0 = cv2.cvtColor(before, cv2.COLOR_BGR2HSV)
     h1 = cv2.cvtColor(after, cv2.COLOR_BGR2HSV)
     content = float(cv2.absdiff(h0, h1).mean())
-    return Motion(backward, consistent, forward, forward_consistent, trust, forward_trust, inconsistent, residual, content, c0 < FLAT <= c1, still)
+    return Motion(backward, consistent, forward, trust, inconsistent, residual, content, c0 < FLAT <= c1, still, forward_trust)
 
 
 def camera(flow: np.ndarray, consistent: np.ndarray) -> np.ndarray:

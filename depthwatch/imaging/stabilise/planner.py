@@ -27,7 +27,7 @@ LAG = 12
 BACK_CARRY = 0.8
 #: Offline: the share of BACK_CARRY a shot's first frame gets (it must stay that frame's own map).
 FIRST_BACK = 0.5
-#: Offline: the filter's AGREE. 0.36, not 0.42: with the finer flow (motion.FINE_PRESET) the still
+#: Offline: the filter's AGREE. 0.36, not 0.42: with the finer flow (motion.FLOW_PRESET) the still
 #: scene holds steady with less, and where the model's map of a thing changes (a face turning, the
 #: scenery past a car window) the map takes it a frame sooner (the handheld clip's worst tenth:
 #: 0.871 -> 0.891).
@@ -116,7 +116,7 @@ class _Planner:
 
     def push(self, key: Any, summary: Summary, prediction: np.ndarray) -> Iterator[tuple[Any, np.ndarray, bool]]:
         last = self.pending[-1] if self.pending else self.previous
-        motion = measure(last.thumbnail, summary.thumbnail, fine=True) if last is not None else None
+        motion = measure(last.thumbnail, summary.thumbnail) if last is not None else None
         index = self.received
         self.received += 1
         self.scores[index] = motion.score if motion is not None else 0.0
