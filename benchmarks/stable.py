@@ -208,7 +208,9 @@ def held_out(size: tuple[int, int] = (256, 144)) -> list[Any]:
     planner's two passes), carphone mirrored and zoomed, and bikes at another size; then (`fresh`) six more
     that were first measured after the live flow's scale and agreement were chosen (stop 40): the
     distorted carphone both ways, bigbuckbunny mirrored and reframed backwards, bikes reframed left, and
-    right mirrored backwards, and bikes at 320x180 backwards. JPEG frames decoded again."""
+    right mirrored backwards, and bikes at 320x180 backwards; and four measured only once the live settings
+    were chosen (carphone_distorted mirrored and reframed, bigbuckbunny and bikes reframed, bikes reframed
+    backwards). JPEG frames decoded again."""
     import cv2
     import numpy as np
 
@@ -228,6 +230,11 @@ def held_out(size: tuple[int, int] = (256, 144)) -> list[Any]:
         (footage.edit([s("bikes", 0, 250, zoom=1.3, fx=0.2)], between, "bikes.mp4 zoom 1.3 left"), False),
         (footage.edit([s("bikes", 0, 250, zoom=1.3, fx=0.8, mirror=True)], between, "bikes.mp4 zoom 1.3 right, mirrored"), True),
         (footage.bikes(size=wider), True),
+        # fresh, a second set (measured once, after the choice)
+        (footage.edit([s("carphone_distorted", 0, 120, mirror=True, zoom=1.3, fx=0.7)], wider, "carphone_distorted mirrored, zoom 1.3"), False),
+        (footage.edit([s("bigbuckbunny", 0, 132, zoom=1.5, fx=0.3)], size, "bigbuckbunny.mp4 zoom 1.5"), False),
+        (footage.edit([s("bikes", 0, 250, mirror=True, zoom=1.2)], size, "bikes.mp4 mirrored, zoom 1.2"), False),
+        (footage.edit([s("bikes", 0, 250, zoom=1.5)], wider, "bikes.mp4 zoom 1.5"), True),
     ]
     out = []
     for edit, backwards in edits:

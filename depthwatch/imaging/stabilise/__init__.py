@@ -15,8 +15,9 @@ How, for each frame after a shot's first (the same steps live and offline):
    forward and backward. A pixel whose flow comes back to where it started
    (`consistent`) is a scene point seen in both frames; the rest is occluded,
    coming into view, or moving too fast to follow. Down to half the thumbnail with
-   the medium preset (`motion.FLOW_SCALE`, `motion.FLOW_PRESET`), live and offline alike:
-   about 5 ms of one core a frame on a 2-core AVX2 EPYC, both ways and every check included.
+   the medium preset (`motion.FLOW_SCALE`, `motion.FLOW_PRESET`), live and offline alike;
+   live without its variational refinement (`motion.LIVE_REFINEMENT`), which costs about
+   what the quarter-scale fast flow it replaced did; offline with it, about 2 ms more a frame.
 2. Cut (`motion.Motion.score`): a bad alignment alone is not a cut. A cut is a frame
    that the flow cannot explain (most pixels inconsistent, and the previous
    frame warped by the flow leaves a large photometric residual) AND whose

@@ -24,7 +24,8 @@ MIN_CONSISTENT = 0.05
 #: off where they differ by more than AGREE x the shot's range (the daemon's; the planner
 #: passes its own). AGREE 0.4, not 0.3, since the flow follows subjects at half the
 #: thumbnail (motion.FLOW_SCALE): with the finer flow the moving pixels keep their own map
-#: at 0.3, and 0.4 lets the still scene hold more without giving that back (docs/stable.md).
+#: better, and 0.4 lets the still scene hold more with most of that kept; wider agreements
+#: (0.5-1.0) take it back on large moving subjects (docs/stable.md).
 CARRY = 0.92
 AGREE = 0.4
 

@@ -21,13 +21,17 @@ THUMB_WIDTH = 160
 #: DIS optical flow down to half the thumbnail (DIS's finest pyramid level 1, not the preset's 2),
 #: with the medium preset (larger patches, more iterations), live and offline alike. A subject's
 #: edges and the scene behind it are followed where the quarter-scale fast flow smeared them, so
-#: the carried map lands where the scene went and a moving subject takes its own frame's map: live,
-#: on sixteen real clips, the moving pixels' worst tenth rises on eleven (bikes 0.920 -> 0.940)
-#: and the warp error falls on all sixteen (with alignment.AGREE 0.4, which that pays for; see
-#: docs/stable.md). It costs about 1.4 ms a frame of wall time and 2.4 ms of CPU more than the fast
-#: quarter-scale flow did (`benchmarks.stable.per_frame`); the cuts found are the same.
+#: the carried map lands where the scene went and a moving subject takes its own frame's map.
 FLOW_SCALE = 1
 FLOW_PRESET = cv2.DISOPTICAL_FLOW_PRESET_MEDIUM
+#: Live, without the variational refinement at each level (the preset's 5 iterations): it is two
+#: thirds of the flow's cost at half the thumbnail, and live the maps are as good without it. Against
+#: the quarter-scale fast flow (with alignment.AGREE 0.4, not 0.3), on twenty real clips, the moving
+#: pixels' worst tenth rises on eighteen (bikes 0.920 -> 0.947; the worst of the twenty 0.862 -> 0.882) and
+#: the warp error falls on seventeen (bikes 0.309 -> 0.280x; the handheld clip's +0.016x at most), for
+#: about the cost of the flow it replaces (docs/stable.md, "The live flow at half the thumbnail"). Offline
+#: the planner keeps it: its narrower agreement and backward pass were tuned on the refined flow.
+LIVE_REFINEMENT = 0
 #: Forward-backward check: a pixel is consistent when |f + b| <= CONSISTENT_REL * (|f| + |b|)
 #: (squared) + CONSISTENT_PX^2, the usual test (Sundaram, Brox, Keutzer 2010).
 CONSISTENT_REL = 0.01
@@ -95,13 +99,16 @@ def thumbnail(image: np.ndarray) -> np.ndarray:
 _flow = threading.local()
 
 
-def _dis() -> Any:
-    """One DIS instance per thread (it keeps buffers; the worker threads measure at once)."""
-    dis = getattr(_flow, "dis", None)
+def _dis(live: bool) -> Any:
+    """One DIS instance of each kind per thread (it keeps buffers; the worker threads measure at once)."""
+    name = "live" if live else "offline"
+    dis = getattr(_flow, name, None)
     if dis is None:
         dis = cv2.DISOpticalFlow_create(FLOW_PRESET)
         dis.setFinestScale(FLOW_SCALE)
-        _flow.dis = dis
+        if live:
+            dis.setVariationalRefinementIterations(LIVE_REFINEMENT)
+        setattr(_flow, name, dis)
     return dis
 
 
@@ -163,7 +170,7 @@ def measure(before: np.ndarray, after: np.ndarray, *, live: bool = False) -> Mot
         return None
     g0 = cv2.cvtColor(before, cv2.COLOR_BGR2GRAY)
     g1 = cv2.cvtColor(after, cv2.COLOR_BGR2GRAY)
-    dis = _dis()
+    dis = _dis(live)
     forward = dis.calc(g0, g1, None)
     backward = dis.calc(g1, g0, None)
     h, w = g1.shape
