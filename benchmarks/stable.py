@@ -210,7 +210,7 @@ def held_out(size: tuple[int, int] = (256, 144)) -> list[Any]:
     distorted carphone both ways, bigbuckbunny mirrored and reframed backwards, bikes reframed left, and
     right mirrored backwards, and bikes at 320x180 backwards; and four measured only once the live settings
     were chosen (carphone_distorted mirrored and reframed, bigbuckbunny and bikes reframed, bikes reframed
-    backwards). JPEG frames decoded again."""
+    backwards), and the tests' 60-frame street shot reframed left and right. JPEG frames decoded again."""
     import cv2
     import numpy as np
 
@@ -235,6 +235,9 @@ def held_out(size: tuple[int, int] = (256, 144)) -> list[Any]:
         (footage.edit([s("bigbuckbunny", 0, 132, zoom=1.5, fx=0.3)], size, "bigbuckbunny.mp4 zoom 1.5"), False),
         (footage.edit([s("bikes", 0, 250, mirror=True, zoom=1.2)], size, "bikes.mp4 mirrored, zoom 1.2"), False),
         (footage.edit([s("bikes", 0, 250, zoom=1.5)], wider, "bikes.mp4 zoom 1.5"), True),
+        # the tests' street shot (60 frames), reframed: a miss found while adding a test (docs/stable.md)
+        (footage.edit([s("bikes", 76, 136, zoom=1.3, fx=0.2)], size, "bikes.mp4 76-135 zoom 1.3 left"), False),
+        (footage.edit([s("bikes", 76, 136, zoom=1.3, fx=0.8)], size, "bikes.mp4 76-135 zoom 1.3 right"), False),
     ]
     out = []
     for edit, backwards in edits:

@@ -31,6 +31,7 @@ FLOW_PRESET = cv2.DISOPTICAL_FLOW_PRESET_MEDIUM
 #: the warp error falls on seventeen (bikes 0.309 -> 0.280x; the handheld clip's +0.016x at most), for
 #: about the cost of the flow it replaces (docs/stable.md, "The live flow at half the thumbnail"). Offline
 #: the planner keeps it: its narrower agreement and backward pass were tuned on the refined flow.
+#: One clip is worse with any finer flow: a 1.3x crop of a street shot (docs/stable.md).
 LIVE_REFINEMENT = 0
 #: Forward-backward check: a pixel is consistent when |f + b| <= CONSISTENT_REL * (|f| + |b|)
 #: (squared) + CONSISTENT_PX^2, the usual test (Sundaram, Brox, Keutzer 2010).
