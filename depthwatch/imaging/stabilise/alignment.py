@@ -21,11 +21,12 @@ FIT_PIXELS = 4096
 #: At least this share of the map consistent to fit on it; below, the fit uses every pixel.
 MIN_CONSISTENT = 0.05
 #: Temporal filter: the weight of the warped previous map where the two agree, falling
-#: off where they differ by more than AGREE x the shot's range (the daemon's; the planner
-#: passes its own). AGREE 0.4, not 0.3, since the flow follows subjects at half the
-#: thumbnail (motion.FLOW_SCALE): with the finer flow the moving pixels keep their own map
-#: better, and 0.4 lets the still scene hold more with most of that kept; wider agreements
-#: (0.5-1.0) take it back on large moving subjects (docs/stable.md).
+#: off where they differ by more than AGREE x the shot's range (`span`: live, the previous
+#: filtered map's own range where narrower than the grey range's; the planner passes its own
+#: AGREE). AGREE 0.4, not 0.3, since the flow follows subjects at half the thumbnail
+#: (motion.FLOW_SCALE): with the finer flow the moving pixels keep their own map better, and 0.4
+#: lets the still scene hold more with most of that kept; wider agreements (0.5-1.0) take it
+#: back on large moving subjects (docs/stable.md).
 CARRY = 0.92
 AGREE = 0.4
 

@@ -41,6 +41,9 @@ class _Shot:
     previous: tuple[np.ndarray, np.ndarray]
     lo: float
     hi: float
+    #: The filtered map's own range (its bounds' width), which the next frame's agreement is
+    #: measured against where it is narrower than the grey range's span (see `map`).
+    extent: float
     used: float = field(default_factory=time.monotonic, compare=False)
 
 
@@ -141,13 +144,18 @@ class Stabiliser:
         if shot is None or shot.key != key or is_new_picture(shot.thumbnail, small, motion):
             number, why = (1, "new") if shot is None else (shot.number + 1, "cut" if shot.key == key else "model")
             lo, hi = normalise.bounds(n, clip)
-            state = _Shot(key, seq, number, small, (n, n), lo, hi)
+            state = _Shot(key, seq, number, small, (n, n), lo, hi, hi - lo)
             return ShotMap(normalise.frame(prediction, output_kind, clip_percent), number, why, state)
-        aligned, filtered = follow(n, shot.previous, motion, shot.hi - shot.lo, segment=True)
+        # Whether the carried map and this one agree is judged against the scene's depth range as
+        # the map has it, not the grey range's span: that span follows the map slowly, so where the
+        # map's range shrinks through a shot (a street reframed: to half) it lags wider, and an
+        # agreement measured against it would carry a crossing subject's last map along.
+        span = min(shot.hi - shot.lo, shot.extent) if shot.extent > 0 else shot.hi - shot.lo
+        aligned, filtered = follow(n, shot.previous, motion, span, segment=True)
         flo, fhi = normalise.bounds(filtered, clip)
         lo = shot.lo + RANGE_RATE * (flo - shot.lo)
         hi = shot.hi + RANGE_RATE * (fhi - shot.hi)
-        state = _Shot(key, seq, shot.number, small, (aligned, filtered), lo, hi)
+        state = _Shot(key, seq, shot.number, small, (aligned, filtered), lo, hi, fhi - flo)
         return ShotMap(stretch(filtered, lo, hi), shot.number, "", state)
 
     def landed(self, output: Path, shot_map: ShotMap) -> bool:

@@ -25,13 +25,13 @@ THUMB_WIDTH = 160
 FLOW_SCALE = 1
 FLOW_PRESET = cv2.DISOPTICAL_FLOW_PRESET_MEDIUM
 #: Live, without the variational refinement at each level (the preset's 5 iterations): it is two
-#: thirds of the flow's cost at half the thumbnail, and live the maps are as good without it. Against
-#: the quarter-scale fast flow (with alignment.AGREE 0.4, not 0.3), on twenty real clips, the moving
-#: pixels' worst tenth rises on eighteen (bikes 0.920 -> 0.947; the worst of the twenty 0.862 -> 0.882) and
-#: the warp error falls on seventeen (bikes 0.309 -> 0.280x; the handheld clip's +0.016x at most), for
-#: about the cost of the flow it replaces (docs/stable.md, "The live flow at half the thumbnail"). Offline
-#: the planner keeps it: its narrower agreement and backward pass were tuned on the refined flow.
-#: One clip is worse with any finer flow: a 1.3x crop of a street shot (docs/stable.md).
+#: thirds of the flow's cost at half the thumbnail, and live the maps are as good without it. With
+#: the live blend's agreement at 0.4 of the map's own range (alignment.AGREE, live.Stabiliser.map),
+#: against the quarter-scale fast flow, on twenty-two real clips: the moving pixels' worst tenth rises
+#: on twenty (bikes 0.920 -> 0.952; the lowest of them 0.862 -> 0.889), the median on all, the warp
+#: error falls on seventeen (bikes 0.309 -> 0.291x; five rise, by 0.018x at most), for about the
+#: cost of the flow it replaces (docs/stable.md, "The live flow at half the thumbnail"). Offline the
+#: planner keeps it: its narrower agreement and backward pass were tuned on the refined flow.
 LIVE_REFINEMENT = 0
 #: Forward-backward check: a pixel is consistent when |f + b| <= CONSISTENT_REL * (|f| + |b|)
 #: (squared) + CONSISTENT_PX^2, the usual test (Sundaram, Brox, Keutzer 2010).
