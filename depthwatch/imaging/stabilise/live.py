@@ -149,7 +149,8 @@ class Stabiliser:
         # Whether the carried map and this one agree is judged against the scene's depth range as
         # the map has it, not the grey range's span: that span follows the map slowly, so where the
         # map's range shrinks through a shot (a street reframed: to half) it lags wider, and an
-        # agreement measured against it would carry a crossing subject's last map along.
+        # agreement measured against it would carry a crossing subject's last map along. (The
+        # planner measures it against the previous filtered map's bounds too: its `span`.)
         span = min(shot.hi - shot.lo, shot.extent) if shot.extent > 0 else shot.hi - shot.lo
         aligned, filtered = follow(n, shot.previous, motion, span, segment=True)
         flo, fhi = normalise.bounds(filtered, clip)
