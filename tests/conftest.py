@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -41,8 +42,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture
-def tiny_model(tmp_path: Path) -> Path:
-    """A 32x32 float NCHW model whose depth output is the frame's brightness."""
+def tiny_model(tmp_path: Path, _user_folders_of_its_own: None, _tiny_models_engines: Path) -> Path:
+    """A 32x32 float NCHW model whose depth output is the frame's brightness.
+
+    Its engines are remembered as measured, as on a user's machine after the
+    model's first run (`_tiny_models_engines`). Tests of the measurement build
+    the same model under a name of their own (`brightness_model`), and measure.
+    """
+    remember(_tiny_models_engines)
     return brightness_model(tmp_path / "tiny.onnx")
 
 
@@ -109,36 +116,70 @@ def api_daemon(tmp_path: Path, tiny_model: Path) -> Iterator[Callable[..., Daemo
         d.close()
 
 
-@pytest.fixture(scope="session")
-def _real_models_engines(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
-    """`providers.json` with the real model's engines measured on this machine, once per test process.
+def _measured_once(home: Path, model: Path, profile: str) -> Path:
+    """The cache folder a first `depthwatch once` on `model` leaves in `home`: its engines measured, the choice remembered.
 
     A user's machine measures a model's engines on its first run and
-    remembers the choice; every later `once` and start reads it. Each test
-    has a cache folder of its own, so without this every `once --model
-    FASTDEPTH` (and every daemon on it) would measure again: about 3 s of CPU
-    each on an AVX2 machine (onnxruntime and OpenVINO, with their maps
-    checked), some 130 s of the suite's CPU. Tests of the measurement
-    itself use models of their own, or folders of their own
-    (`test_providers`, `test_ready_at_once`, `test_openvino`), and still
-    start from nothing.
+    remembers the choice (and keeps the int8 file it made); every later
+    `once` and start reads it. Each test has a cache folder of its own, so
+    without a remembered choice every `once` and every daemon on a model
+    measures again: 1.5 to 3 s of CPU each on an AVX2 machine (onnxruntime
+    and OpenVINO, int8 quantized, the maps checked), over a hundred times in
+    the suite.
     """
-    if not FASTDEPTH.is_file():
-        return None
-    home = tmp_path_factory.mktemp("measured")
     frame = home / "probe.jpg"
     frame.write_bytes(jpeg_bytes(quadrant_frame(224, 224)))
     env = {**os.environ, "XDG_CACHE_HOME": str(home / "cache"), "XDG_STATE_HOME": str(home / "state"),
            "XDG_CONFIG_HOME": str(home / "config"), "XDG_DATA_HOME": str(home / "data")}
     done = subprocess.run(
         [sys.executable, "-m", "depthwatch", "once", str(frame), "-o", str(home / "probe_depth.jpg"),
-         "--model", str(FASTDEPTH), "--profile", "fastdepth-nyu"],
+         "--model", str(model), "--profile", profile],
         capture_output=True, text=True, env=env, cwd=home, timeout=300, check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     remembered = list((home / "cache").rglob("providers.json"))
-    assert len(remembered) == 1, f"no engine choice remembered for {FASTDEPTH.name}: {done.stderr[-2000:]}"
-    return remembered[0]
+    assert len(remembered) == 1, f"no engine choice remembered for {model.name}: {done.stderr[-2000:]}"
+    return remembered[0].parent
+
+
+def remember(measured: Path) -> None:
+    """Give this test's cache folder what `measured` (a `_measured_once` folder) remembers, beside what it has.
+
+    The choices go into its `providers.json`; the files they name (an int8
+    model) are copied as they are: their folders are keyed by the model's
+    content, not its path.
+    """
+    from depthwatch import paths
+
+    cache = paths.cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    for item in measured.iterdir():
+        if item.is_dir():
+            shutil.copytree(item, cache / item.name, dirs_exist_ok=True)
+    mine = cache / "providers.json"
+    known = json.loads(mine.read_text()) if mine.is_file() else {}
+    known.update(json.loads((measured / "providers.json").read_text()))
+    mine.write_text(json.dumps(known))
+
+
+@pytest.fixture(scope="session")
+def _real_models_engines(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    """The real model's engines measured on this machine, once per test process (see `_measured_once`).
+
+    Tests of the measurement itself use models of their own, or folders of
+    their own (`test_providers`, `test_ready_at_once`, `test_openvino`), and
+    still start from nothing.
+    """
+    if not FASTDEPTH.is_file():
+        return None
+    return _measured_once(tmp_path_factory.mktemp("measured"), FASTDEPTH, "fastdepth-nyu")
+
+
+@pytest.fixture(scope="session")
+def _tiny_models_engines(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`tiny_model`'s engines measured on this machine, once per test process (see `_measured_once`)."""
+    home = tmp_path_factory.mktemp("measured-tiny")
+    return _measured_once(home, brightness_model(home / "tiny.onnx"), "midas-v21-small")
 
 
 @pytest.fixture(autouse=True)
@@ -156,9 +197,7 @@ def _user_folders_of_its_own(
     for name in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME"):
         monkeypatch.setenv(name, str(home / name.lower()))
     if _real_models_engines is not None:
-        cache = paths.cache_dir()
-        cache.mkdir(parents=True)
-        shutil.copyfile(_real_models_engines, cache / _real_models_engines.name)
+        remember(_real_models_engines)
 
 
 #: Processes a module-scoped fixture owns though a test started them (a farm's worker added for

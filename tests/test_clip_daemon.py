@@ -131,16 +131,17 @@ def test_clip_job_beside_live_frames(tmp_path: Path) -> None:
 def test_sigterm_mid_clip_leaves_nothing_and_the_next_start_maps_it(tmp_path: Path) -> None:
     d = _daemon(tmp_path)
     source = d.watch / "B002.mov"
-    # Larger frames, so the job lasts long enough to be caught in the middle.
-    count = write_clip(tmp_path / "B002.mov", pan_clip_frames((480, 270), 240, step=4, shot=80), codec="prores")
+    # Larger frames, so the job lasts long enough to be caught in the middle: caught at a fifth,
+    # it has some 96 frames of the real model (seconds, even on a loaded machine) left to run.
+    count = write_clip(tmp_path / "B002.mov", pan_clip_frames((480, 270), 120, step=4, shot=40), codec="prores")
     try:
         d.start()
         os.rename(tmp_path / "B002.mov", source)
-        wait_for(lambda: ((d.status().get("clip") or {}).get("done") or 0) >= 24, what="the clip half-way")
+        wait_for(lambda: ((d.status().get("clip") or {}).get("done") or 0) >= 24, what="the clip a fifth of the way")
         shown = subprocess.run(
             [sys.executable, "-m", "depthwatch", "status", "--status", str(d.status_path)], capture_output=True, text=True, timeout=60
         ).stdout
-        assert re.search(r"clip: +B002\.mov -> B002_depth\.mov: \d+/240 frames, [\d.]+ fps", shown), shown
+        assert re.search(r"clip: +B002\.mov -> B002_depth\.mov: \d+/120 frames, [\d.]+ fps", shown), shown
         assert d.stop() == 0
         assert not (d.watch / "B002_depth.mov").exists() and d.temp_files() == []
         assert "stopped by the daemon's shutdown" in d.log()
@@ -426,7 +427,8 @@ def test_a_clip_for_the_depth_clip_in_progress_is_refused_not_cancelling_it(tmp_
     d.config_path.write_text(yaml.safe_dump(config))
     for name in ("a", "b"):
         (d.watch / name).mkdir()
-    long = write_clip(tmp_path / "long.mov", pan_clip_frames((480, 270), 240, step=4, shot=80), codec="prores")
+    # Long enough to be in progress while b/A.mov is found and refused (about a second) on a loaded machine.
+    long = write_clip(tmp_path / "long.mov", pan_clip_frames((480, 270), 120, step=4, shot=40), codec="prores")
     write_clip(tmp_path / "short.mov", pan_clip_frames(SIZE, 12, step=5), codec="prores")
     try:
         d.start()
