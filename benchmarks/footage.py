@@ -70,7 +70,11 @@ def frames_of(name: str) -> list[np.ndarray]:
 
 @dataclass(frozen=True)
 class Segment:
-    """Frames start:stop:step of a clip, optionally mirrored, with a zoom towards (fx, fy)."""
+    """Frames start:stop:step of a clip, optionally mirrored, with a zoom towards (fx, fy).
+
+    `zoom_end`: the camera zooms through the segment, from `zoom` to this, by the
+    same factor every frame (a zoom, not a cut).
+    """
 
     clip: str
     start: int
@@ -80,14 +84,22 @@ class Segment:
     zoom: float = 1.0
     fx: float = 0.5
     fy: float = 0.5
+    zoom_end: float | None = None
+
+    def zoom_at(self, k: int, count: int) -> float:
+        """The zoom of the segment's k-th frame of `count`."""
+        if self.zoom_end is None or count < 2:
+            return self.zoom
+        return self.zoom * (self.zoom_end / self.zoom) ** (k / (count - 1))
 
 
-def _framed(frame: np.ndarray, segment: Segment, size: tuple[int, int]) -> np.ndarray:
-    """The frame cropped to the aspect of `size` (zoomed by segment.zoom), scaled to it."""
+def _framed(frame: np.ndarray, segment: Segment, size: tuple[int, int], zoom: float | None = None) -> np.ndarray:
+    """The frame cropped to the aspect of `size` (zoomed by `zoom`, else segment.zoom), scaled to it."""
     w, h = size
     fh, fw = frame.shape[:2]
+    zoom = segment.zoom if zoom is None else zoom
     crop_w, crop_h = (fw, fw * h / w) if fw / fh < w / h else (fh * w / h, fh)
-    crop_w, crop_h = crop_w / segment.zoom, crop_h / segment.zoom
+    crop_w, crop_h = crop_w / zoom, crop_h / zoom
     x0 = int(round((fw - crop_w) * segment.fx))
     y0 = int(round((fh - crop_h) * segment.fy))
     crop = frame[y0 : y0 + int(crop_h), x0 : x0 + int(crop_w)]
@@ -131,7 +143,7 @@ def edit(segments: list[Segment], size: tuple[int, int] = SIZE, name: str = "") 
             for i, n in enumerate(picked[1:], 1):
                 if any(picked[i - 1] < c <= n for c in BIKES_CUTS):
                     cuts.append(len(frames) + i)
-        frames.extend(_framed(source[n], segment, size) for n in picked)
+        frames.extend(_framed(source[n], segment, size, segment.zoom_at(k, len(picked))) for k, n in enumerate(picked))
     return Edit(frames, tuple(sorted(set(cuts))), name)
 
 

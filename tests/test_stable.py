@@ -542,6 +542,20 @@ def test_dark_cuts_and_cuts_to_and_from_black_are_found_and_a_fade_or_dissolve_i
         assert len(found) == len(transitions.cuts) + 1, found
 
 
+def test_a_punch_in_on_the_same_action_is_a_cut_and_a_camera_zoom_is_not():
+    """Reframes cut on continuing action (1.25-1.4x, in and out: the colours and the action go on, the
+    flow explains a zoom), and a slow and a crash zoom (2x in 40 frames, 3x in 12) that are one shot each.
+
+    Found on the frames alone, live and batch: every cut on its own frame, none in the zooms.
+    """
+    from benchmarks import cuts
+
+    edit = cuts.punch_ins()
+    live, batch = cuts.ours(edit)
+    assert live == list(edit.cuts)
+    assert batch == list(edit.cuts)
+
+
 def test_a_subject_that_changes_is_not_carried_while_the_grey_range_lags_wide():
     """The live filter's agreement is measured against the map's own range, not the lagging grey range.
 

@@ -24,6 +24,9 @@ How, for each frame after a shot's first (the same steps live and offline):
    content changed (the mean HSV change, as PySceneDetect's ContentDetector
    measures it). Fast motion, parallax and people walking through keep most
    pixels consistent, or leave a small residual; only a new picture fails all three.
+   A punch-in (a closer take of the same moment) passes them, since the flow explains
+   it as a zoom: the camera's fitted scale jumping by 1.2x in one frame is a cut too
+   (`motion.ZOOM_CUT`; a camera zooms far slower).
    Live (the daemon) decides on the frame itself; offline, where the frames
    after are known, a frame that nearly scores as a cut is one if it stands
    out from its neighbours (a burst of fast motion does not).

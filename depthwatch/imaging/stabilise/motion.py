@@ -53,6 +53,11 @@ FLAT = 1.5
 #: And the content must have changed: the mean HSV change of ContentDetector (0-255)
 #: at least this (its AdaptiveDetector's own `min_content_val`).
 CUT_CONTENT = 15.0
+#: A reframe between two frames, in one frame's time, of this much or more (the log of the
+#: camera's scale: 0.18 is 1.2x in or out) is a cut: a punch-in or -out on continuing action, which
+#: the flow explains as a zoom. A camera zooms far slower (a crash zoom of 3x in half a second is
+#: about 0.1 a frame; real footage here keeps under 0.09, docs/stable.md "Punch-ins").
+ZOOM_CUT = 0.18
 #: Offline: frames looked at on each side, and how far a cut's score must stand above theirs.
 LOOKAHEAD = 2
 STAND_OUT = 2.0
@@ -149,6 +154,9 @@ class Motion:
     #: Offline (the planner's backward pass): where the previous frame's pixels, carried along
     #: `forward`, are trusted on the previous frame; what `trust` is the other way.
     forward_trust: np.ndarray | None = None
+    #: How much the camera's motion scales the picture from the previous frame to this one (the
+    #: log of its scale; > 0 in, < 0 out): a punch-in or -out when ZOOM_CUT or more.
+    zoom: float = 0.0
 
     @property
     def score(self) -> float:
@@ -157,6 +165,8 @@ class Motion:
             return 0.0
         if self.from_flat:
             return 2.0  # nothing of a flat frame's map belongs to the picture after it
+        if abs(self.zoom) >= ZOOM_CUT:
+            return 2.0  # a reframe in one frame: the editor cut to a closer or wider take
         return float(np.sqrt(self.inconsistent / CUT_INCONSISTENT * self.residual / CUT_RESIDUAL))
 
 
@@ -192,9 +202,10 @@ def measure(before: np.ndarray, after: np.ndarray, *, live: bool = False) -> Mot
         texture = np.abs((warped - np.float32(warped.mean())) - (g1 - np.float32(g1.mean()))).mean()
         residual += (min(MAX_BOOST, CONTRAST / contrast) - 1.0) * float(texture)
     trust = _trust(backward, consistent, mismatch)
+    fit = _camera_fit(backward, consistent)
     still = forward_trust = None
     if live:
-        own = backward - camera(backward, consistent)
+        own = backward - _fitted(fit, h, w)
         own = np.square(own[..., 0]) + np.square(own[..., 1])
         own *= np.float32(1 / OWN_PX**2)
         np.square(own, out=own)
@@ -209,7 +220,9 @@ def measure(before: np.ndarray, after: np.ndarray, *, live: bool = False) -> Mot
     h0 = cv2.cvtColor(before, cv2.COLOR_BGR2HSV)
     h1 = cv2.cvtColor(after, cv2.COLOR_BGR2HSV)
     content = float(cv2.absdiff(h0, h1).mean())
-    return Motion(backward, consistent, forward, trust, inconsistent, residual, content, c0 < FLAT <= c1, still, forward_trust)
+    return Motion(
+        backward, consistent, forward, trust, inconsistent, residual, content, c0 < FLAT <= c1, still, forward_trust, _zoom(fit)
+    )
 
 
 def camera(flow: np.ndarray, consistent: np.ndarray) -> np.ndarray:
@@ -219,6 +232,11 @@ def camera(flow: np.ndarray, consistent: np.ndarray) -> np.ndarray:
     is left over is parallax and what moves on its own. Returns the fitted
     flow at every pixel (h, w, 2).
     """
+    return _fitted(_camera_fit(flow, consistent), *consistent.shape)
+
+
+def _camera_fit(flow: np.ndarray, consistent: np.ndarray) -> np.ndarray:
+    """The affine fit `camera` draws: flow = [x, y, 1] @ coef (3x2, float64), on about CAMERA_PIXELS."""
     h, w = consistent.shape
     gx, gy = grid(h, w)
     step = max(1, int(np.sqrt(h * w / CAMERA_PIXELS)))
@@ -235,11 +253,27 @@ def camera(flow: np.ndarray, consistent: np.ndarray) -> np.ndarray:
             off = np.square(a @ coef - f).sum(axis=1)
             best = np.argpartition(off, int(len(f) * KEEP))[: int(len(f) * KEEP)]
             a, f = a[best], f[best]
-    coef = coef.astype(np.float32)
+    return coef
+
+
+def _fitted(coef: np.ndarray, h: int, w: int) -> np.ndarray:
+    """The affine flow `coef` at every pixel of an h x w thumbnail (h, w, 2), float32."""
+    gx, gy = grid(h, w)
+    c = coef.astype(np.float32)
     fitted = np.empty((h, w, 2), np.float32)
-    fitted[..., 0] = gx * coef[0, 0] + gy * coef[1, 0] + coef[2, 0]
-    fitted[..., 1] = gx * coef[0, 1] + gy * coef[1, 1] + coef[2, 1]
+    fitted[..., 0] = gx * c[0, 0] + gy * c[1, 0] + c[2, 0]
+    fitted[..., 1] = gx * c[0, 1] + gy * c[1, 1] + c[2, 1]
     return fitted
+
+
+def _zoom(coef: np.ndarray) -> float:
+    """The log of the camera's scale from the previous frame to this one (see `Motion.zoom`).
+
+    The fit is of the backward flow: a pixel at x was at x + f(x), so the
+    previous frame's picture is (1 + df/dx) times this one's, per axis.
+    """
+    area = (1.0 + coef[0, 0]) * (1.0 + coef[1, 1])
+    return float(-0.5 * np.log(area)) if area > 1e-6 else 0.0
 
 
 def _trust(flow: np.ndarray, consistent: np.ndarray, mismatch: np.ndarray) -> np.ndarray:
