@@ -137,6 +137,20 @@ def test_an_accelerator_slower_than_cpu_is_not_chosen(tmp_path):
     assert info.providers == (CPU,)
 
 
+def test_an_engine_only_a_little_faster_than_the_reference_is_not_chosen(tmp_path, cache_home):
+    """A lead of 5% on one frame at a time is noise, and does not survive a burst: the reference serves.
+    One that takes 0.6 of the reference's time serves (the line is trials.SWITCH, 0.85)."""
+    for scale, accelerated, chosen in ((1.0, 0.95 * CPU_DELAY, (CPU,)), (2.0, 0.6 * CPU_DELAY, (CUDA, CPU))):
+        model = brightness_model(tmp_path / f"m{scale}.onnx", scale=scale)  # two models: two choices
+        engine, info = load(model, Machine({CUDA: accelerated, CPU: CPU_DELAY}), precision="fp32")
+        trials = {t.provider: t for t in info.trials}
+        assert trials[CUDA].eligible and trials[CPU].eligible, trials  # both measured in full (not lazy)
+        assert trials[CUDA].run_ms < trials[CPU].run_ms
+        assert engine.measurements == 1 and info.providers == chosen, (scale, trials)
+    decisions = json.loads((cache_home / "providers.json").read_text())
+    assert sorted(d["provider"] for d in decisions.values()) == [CPU, CUDA]  # remembered as measured
+
+
 def test_a_failing_accelerator_is_dropped_from_the_measurement(tmp_path):
     model = brightness_model(tmp_path / "m.onnx")
     engine, info = load(model, Machine({CUDA: FAST, COREML: SLOW, CPU: CPU_DELAY}, failing=(CUDA,)))

@@ -6,7 +6,8 @@ bf16 halves the time again where the CPU has it. CoreML takes only part of a tra
 (Depth Anything's DINOv2 encoder) in dozens of partitions and runs it several
 times slower than the CPU provider, with far more memory. So with `providers:
 auto` depthwatch times a few warm runs of each available accelerator and of
-CPU, keeps the fastest, and remembers the choice in `providers.json` in the
+CPU, keeps the fastest (the CPU provider at fp32 unless another is clearly faster:
+`trials.SWITCH`), and remembers the choice in `providers.json` in the
 cache folder, keyed by the model's sha256, the runtimes' versions and the
 machine's abilities (platform, architecture, CPU model, the ISA features that
 change the answer, core count, host name, and the providers on offer). Later

@@ -24,7 +24,7 @@ from depthwatch.model.loading import SessionMaking
 from depthwatch.model.measurement import MIN_RUNS, Measurement
 from depthwatch.model.sessions import Session
 from depthwatch.model.spec import ModelInfo
-from depthwatch.model.trials import Trial, reference
+from depthwatch.model.trials import Trial, fastest_trial, reference
 
 log = logging.getLogger("depthwatch.model.engine")
 
@@ -100,7 +100,7 @@ class IdleMeasuring(SessionMaking):
         return self._warm_s if self._warm_s is not None else max(info.load_seconds, 0.01)
 
     def _offered(self, trial: Trial, session: Session, trials: list[Trial]) -> bool:
-        """A faithful variant was measured: keep its session to serve from if it beats every measured one.
+        """A faithful variant was measured: keep its session to serve from if it is now the choice (`fastest`).
 
         The variant serving now must have been measured itself (with the
         reference, it has), so a switch is never to something slower.
@@ -110,8 +110,7 @@ class IdleMeasuring(SessionMaking):
         serving = (info.providers[0], info.precision)
         if trial.variant == serving or not any(t.variant == serving and t.eligible for t in trials):
             return False
-        best = min(t.run_ms for t in trials[:-1] if t.eligible and t.run_ms is not None)
-        if trial.run_ms >= best:
+        if fastest_trial(trials) is not trial:
             return False
         now = next(t.run_ms for t in trials if t.variant == serving and t.eligible)
         self._kept = (session, trial, now)

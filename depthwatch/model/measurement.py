@@ -18,7 +18,7 @@ import numpy as np
 
 from depthwatch.model import precision as precisions
 from depthwatch.model.gauges import BUSY_CORES, CpuLoad, PeakMemory, node_counts
-from depthwatch.model.trials import Trial, Variant, fastest_trial, in_order
+from depthwatch.model.trials import Trial, Variant, in_order, to_beat
 
 #: Seconds of work the whole measurement may take; each variant gets an equal share of what is left.
 BUDGET_S = 90.0
@@ -28,7 +28,7 @@ RUNS = 5
 MIN_RUNS = 2
 #: Seconds of timed runs a variant gets at most, once MIN_RUNS are done.
 TIMED_S = 1.0
-#: Lazy: a variant whose first timed run is this many times the fastest faithful one's median gets no more runs.
+#: Lazy: a variant whose first timed run is this many times the time it must beat gets no more runs.
 CLEARLY_SLOWER = 1.5
 
 Create = Callable[[Variant, bool], Any]
@@ -77,9 +77,10 @@ class Measurement:
     `lazy` (the daemon's idle-time measurement, where every run is work the
     machine does for nothing the user sees): only what can still win is
     measured. The likely fastest come first (`in_order`); a variant
-    whose first timed run is CLEARLY_SLOWER than the fastest faithful one so
-    far gets no more runs, and one not faster than it is not probed: it can
-    never be chosen, since the best faithful time only falls. It is dropped,
+    whose first timed run is CLEARLY_SLOWER than the time it must beat
+    (`trials.to_beat`: the choice so far, held to SWITCH of the reference's
+    while that is the choice) gets no more runs, and one that does not beat
+    it is not probed: it can never be chosen, since that time only falls. It is dropped,
     its time and the reason in its trial. `depthwatch check` and batch work
     measure everything (`lazy` False), so their tables are complete.
     """
@@ -145,8 +146,8 @@ class Measurement:
         for index, variant in enumerate(self.order):
             share = max(0.0, self._budget - self.spent) / (len(self.order) - index)
             adopted = self._reference if index == 0 else None
-            best = fastest_trial(trials) if self._lazy else None
-            trial, maps, session = yield from self._trial(variant, share, must_finish=index == 0, adopted=adopted, beat=best)
+            bar = to_beat(trials) if self._lazy else None
+            trial, maps, session = yield from self._trial(variant, share, must_finish=index == 0, adopted=adopted, beat=bar)
             if index == 0:
                 reference = maps
             elif trial.ok and reference is not None and maps is not None:
@@ -174,9 +175,9 @@ class Measurement:
         share: float,
         must_finish: bool,
         adopted: tuple[Any, float] | None,
-        beat: Trial | None = None,
+        beat: tuple[float, str] | None = None,
     ) -> Generator[None, None, tuple[Trial, list[np.ndarray] | None, Any]]:
-        """One variant's trial; `beat`: the trial it must be faster than to be worth its probe (lazy)."""
+        """One variant's trial; `beat`: the time it must reach to be worth its probe, and why (lazy, `to_beat`)."""
         provider, precision = variant
         session = None
         try:
@@ -205,14 +206,14 @@ class Measurement:
                         break
                     if times and self.spent - used > share and not must_finish:
                         break
-                    if beat is not None and times and times[0] > CLEARLY_SLOWER * beat.run_ms:  # type: ignore[operator]
+                    if beat is not None and times and times[0] > CLEARLY_SLOWER * beat[0]:
                         break
                     yield
                     ms = yield from self._timed(session)
                     times.append(ms)
                 median_ms = statistics.median(times) if times else None
-                if beat is not None and median_ms is not None and median_ms >= beat.run_ms:  # type: ignore[operator]
-                    error = f"{median_ms:.1f} ms a frame, not faster than {beat.name} ({beat.run_ms:.1f} ms): its maps were not checked"
+                if beat is not None and median_ms is not None and median_ms > beat[0]:
+                    error = f"{median_ms:.1f} ms a frame, not under {beat[0]:.1f} ms ({beat[1]}): its maps were not checked"
                     return Trial(provider, precision, load_s, median_ms, len(times), memory.mib, error=error), None, None
                 maps = None
                 if self._probe is not None and times:
