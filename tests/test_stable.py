@@ -525,15 +525,9 @@ def test_dark_cuts_and_cuts_to_and_from_black_are_found_and_a_fade_or_dissolve_i
     Found on the frames alone (the model takes no part), live and batch: every cut on its own frame,
     nothing else but the fade's one new shot (where the picture comes out of black), none in the dissolve.
     """
-    flat = np.ones((8, 8), np.float32)
-    s, out, live = stabilise.Stabiliser(), Path("depth.jpg"), []
-    for i, frame in enumerate(transitions.frames):
-        outcome = s.map(out, flat, DEPTH, frame, key=0, seq=i + 1)
-        s.landed(out, outcome)
-        if outcome.started == "cut":
-            live.append(i)
-    items = ((i, stabilise.summarise(flat, DEPTH, f), flat) for i, f in enumerate(transitions.frames))
-    batch = [i for i, _map, first in stabilise.stabilised(items, DEPTH) if first and i > 0]
+    from benchmarks import cuts
+
+    live, batch = cuts.ours(transitions)
     fade, dissolve = transitions.gradual
     for found in (live, batch):
         assert [c for c in found if c in transitions.cuts] == list(transitions.cuts), found
