@@ -93,7 +93,7 @@ from __future__ import annotations
 
 from depthwatch.imaging.stabilise.alignment import Fit, fit
 from depthwatch.imaging.stabilise.live import IDLE_S, MAX_OUTPUTS, Lookahead, ShotMap, Stabiliser
-from depthwatch.imaging.stabilise.motion import LOOKAHEAD, THUMB_WIDTH, Motion, camera, is_cut, measure, thumbnail
+from depthwatch.imaging.stabilise.motion import LOOKAHEAD, THUMB_WIDTH, Motion, is_cut, measure, thumbnail
 from depthwatch.imaging.stabilise.planner import RANGE_WINDOW, Summary, held_at_most, stabilised, summarise
 
 __all__ = [
@@ -108,7 +108,6 @@ __all__ = [
     "ShotMap",
     "Stabiliser",
     "Summary",
-    "camera",
     "fit",
     "held_at_most",
     "is_cut",

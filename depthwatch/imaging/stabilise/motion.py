@@ -56,7 +56,7 @@ CUT_CONTENT = 15.0
 #: A reframe between two frames, in one frame's time, of this much or more (the log of the
 #: camera's scale: 0.18 is 1.2x in or out) is a cut: a punch-in or -out on continuing action, which
 #: the flow explains as a zoom. A camera zooms far slower (a crash zoom of 3x in half a second is
-#: about 0.1 a frame; real footage here keeps under 0.09, docs/stable.md "Punch-ins").
+#: about 0.1 a frame; within a shot real footage here keeps under 0.12, docs/stable.md "Punch-ins").
 ZOOM_CUT = 0.18
 #: Offline: frames looked at on each side, and how far a cut's score must stand above theirs.
 LOOKAHEAD = 2
@@ -149,7 +149,7 @@ class Motion:
     #: coming out of black (a cut from black, the end of a fade through black).
     from_flat: bool = False
     #: Live: 1 where a pixel moves with the camera, down to OWN_FLOOR where it moves on its
-    #: own (its flow is not the camera's, see `camera`): the daemon's motion segmentation.
+    #: own (its flow is not the camera's, see `_camera_fit`): the daemon's motion segmentation.
     still: np.ndarray | None = None
     #: Offline (the planner's backward pass): where the previous frame's pixels, carried along
     #: `forward`, are trusted on the previous frame; what `trust` is the other way.
@@ -225,18 +225,14 @@ def measure(before: np.ndarray, after: np.ndarray, *, live: bool = False) -> Mot
     )
 
 
-def camera(flow: np.ndarray, consistent: np.ndarray) -> np.ndarray:
+def _camera_fit(flow: np.ndarray, consistent: np.ndarray) -> np.ndarray:
     """The camera's share of `flow`: an affine motion fitted to the consistent pixels, trimmed twice.
 
     A pan, a push-in or a handheld shake moves the whole picture as one; what
-    is left over is parallax and what moves on its own. Returns the fitted
-    flow at every pixel (h, w, 2).
+    is left over is parallax and what moves on its own (`Motion.still`), and
+    its scale is the zoom (`Motion.zoom`). Returns the fit, flow = [x, y, 1] @ coef
+    (3x2, float64), made on about CAMERA_PIXELS; `_fitted` draws it.
     """
-    return _fitted(_camera_fit(flow, consistent), *consistent.shape)
-
-
-def _camera_fit(flow: np.ndarray, consistent: np.ndarray) -> np.ndarray:
-    """The affine fit `camera` draws: flow = [x, y, 1] @ coef (3x2, float64), on about CAMERA_PIXELS."""
     h, w = consistent.shape
     gx, gy = grid(h, w)
     step = max(1, int(np.sqrt(h * w / CAMERA_PIXELS)))
