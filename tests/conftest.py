@@ -191,8 +191,6 @@ def _user_folders_of_its_own(
     The cache folder starts as a user's does after a first run of the real
     model: with its engine choice remembered (`_real_models_engines`).
     """
-    from depthwatch import paths
-
     home = tmp_path_factory.mktemp("user")
     for name in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME"):
         monkeypatch.setenv(name, str(home / name.lower()))
