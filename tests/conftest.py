@@ -17,6 +17,11 @@ import numpy as np
 import psutil
 import pytest
 
+# onnxruntime's telemetry off in the tests' own processes and everything they start (see
+# depthwatch/__init__.py): the tests import onnxruntime before depthwatch. A test that checks
+# depthwatch switches it off itself takes the variable out of its daemon's environment.
+os.environ["ORT_DISABLE_TELEMETRY"] = "1"
+
 # The test helpers beside this file, and the repository root for `benchmarks` (whose
 # daemon harness the tests share), however pytest was started.
 sys.path.insert(0, str(Path(__file__).parent))

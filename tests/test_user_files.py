@@ -9,14 +9,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import cv2
 import pytest
 from conftest import jpeg_bytes, quadrant_frame, write_by_rename
-from daemon_process import DaemonProcess, wait_for
+from daemon_process import DaemonProcess, strace_works, wait_for
 
 from depthwatch.frames import provenance
 
@@ -535,3 +538,43 @@ def test_a_new_map_takes_its_free_name_only_while_it_is_free(tmp_path, tiny_mode
     assert re.search(into, first), first[-2000:]
     assert not re.search(into, second) and re.search(r'rename(at2?)?\(.*"shot_depth\.jpg"', second), second[-2000:]
     assert provenance.read(tmp_path / "shot_depth.jpg")["source"] == "shot.jpg"
+
+
+#: Seconds after onnxruntime loads by which its telemetry had looked up its collector (9.3 s seen), and a margin.
+TELEMETRY_FIRST_UPLOAD_S = 15.0
+
+
+def test_the_daemon_looks_up_no_host_and_leaves_nothing_in_the_users_cache_or_temp(tmp_path, tiny_model, monkeypatch):
+    """onnxruntime's wheels start Microsoft's telemetry as they load (see depthwatch/__init__.py): DNS
+    lookups, a device id under the cache folder, a file in $TMPDIR. The daemon switches it off itself."""
+    if (why := strace_works()) is not None:
+        pytest.skip(why)
+    monkeypatch.delenv("ORT_DISABLE_TELEMETRY", raising=False)  # the suite's own switch, not the daemon's
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    trace = tmp_path / "strace.txt"
+    strace = shutil.which("strace")
+    assert strace is not None
+    d = DaemonProcess(tmp_path / "d", tiny_model, wrapper=(strace, "-f", "-e", "trace=socket,connect,sendto,sendmsg", "-o", str(trace)))
+    started = time.monotonic()
+    d.start()
+    try:
+        depth = d.watch / "depth.jpg"
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(depth.exists, what="the depth map")
+        # onnxruntime 1.32 looks its collector up about 10 s after it loads, then every 5 s: the
+        # daemon stays up past that (idle), so the trace would hold the lookups if there were any.
+        time.sleep(max(0.0, started + TELEMETRY_FIRST_UPLOAD_S - time.monotonic()))
+        os.kill(d.status()["pid"], signal.SIGTERM)
+        assert d.proc.wait(60) == 0
+    finally:
+        d.close()
+    calls = trace.read_text().splitlines()
+    assert any("exited with 0" in line for line in calls), "strace saw the daemon end: the trace is working"
+    internet = [line for line in calls if "AF_INET" in line or "htons(53)" in line]
+    assert internet == [], internet[:5]
+    assert list(temp.iterdir()) == []
+    cache = Path(os.environ["XDG_CACHE_HOME"])
+    assert not (cache / "Microsoft").exists(), sorted(str(p) for p in (cache / "Microsoft").rglob("*"))
+
