@@ -196,3 +196,22 @@ def _processes_mentioning(text: str) -> list[int]:
         except psutil.Error:
             continue
     return found
+
+
+def test_the_real_network_made_fp32_goes_through_autos_int8_gate(tmp_path: Path, fastdepth: Path) -> None:
+    out = tmp_path / "realint8.json"
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.realint8", "--model", str(fastdepth), "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    # The fp32 copy is the same network: its maps follow the quantized original's (r 0.989 here).
+    assert result["fp32 copy vs the quantized original"] > 0.95
+    trials = {(t["engine"], t["precision"]): t for t in result["trials"]}
+    int8 = trials[("CPUExecutionProvider", "int8")]
+    assert int8["error"] is None and 0.9 < int8["agreement"] <= 1.0 and _positive(int8["run_ms"])
+    assert set(result["int8 agreement with fp32"]) == {"8-bit weights (VNNI, AMX)", "7-bit weights (AVX2 alone)"}
+    assert "auto serves " in done.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["realint8.json"]  # its temporary folder is gone

@@ -1,0 +1,184 @@
+"""int8 on a trained depth network: the shared FastDepth, made fp32 again, through `precision: auto`.
+
+The benchmark's stand-in has random weights, and random weights do not survive
+int8 (its maps correlate 0.97-0.98 with fp32's, under the 0.995 the gate asks),
+so on a CPU without bf16 `auto` serves it in fp32 and the "int8 where
+faithful" row of #31 cannot show what a trained model would do. The one
+trained network here is the shared FastDepth, which comes quantized (ST's int8
+build), so `auto` never quantizes it. Its fp32 copy (`fp32_copy`: each
+quantized weight multiplied out, each quantize/dequantize pair of activations
+dropped) is that trained network in fp32, the way a user's model arrives; this
+runs it through the engine's own measurement, and prints each variant's time
+and its maps' agreement with fp32 on the probe images, with 8-bit weights
+(what a CPU with VNNI or AMX gets) and with 7-bit ones (AVX2 alone:
+`quantize.reduce_range`) both quantized here, since the integer arithmetic is
+exact on either CPU and only the weights' bits differ.
+
+    python -m benchmarks.realint8 [--model QDQ.onnx --profile NAME] [--json OUT]
+
+Nothing is written beside the model: the fp32 copy, the int8 files and the
+engine's cache live in a temporary folder removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: The shared material, as the tests find it: $DEPTHWATCH_SHARED, else ../shared beside the checkout.
+SHARED = Path(os.environ.get("DEPTHWATCH_SHARED") or Path(__file__).resolve().parents[2] / "shared").expanduser()
+SHARED_FASTDEPTH = SHARED / "models" / "fastdepth_224_nyu_int8.onnx"
+
+
+def fp32_copy(source: Path, target: Path) -> Path:
+    """`source` (a QDQ graph) as an fp32 graph: the same network without its quantization.
+
+    A DequantizeLinear of a constant becomes the constant it stands for; every
+    other QuantizeLinear and DequantizeLinear is dropped, its consumers reading
+    what it was given, so the activations stay float all the way (the ops
+    between such pairs, a Transpose or a Reshape, do not care). The graph is
+    left as a float export would be, with no Identity nodes in the way of the
+    quantizer's patterns. An input that was uint8 with scale
+    1/255 and zero point 0 becomes float in [0, 1], which is what a float
+    input gets from depthwatch with a profile's mean 0 and std 1.
+    """
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(str(source))
+    graph = model.graph
+    constants = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    nodes: list[Any] = []
+    folded: dict[str, Any] = {}
+    same: dict[str, str] = {}  # a dropped quantize or dequantize's output -> the tensor it passed on
+    outputs = {o.name for o in graph.output}
+    for node in graph.node:
+        if node.op_type == "DequantizeLinear" and node.input[0] in constants:
+            q = constants[node.input[0]].astype(np.float32)
+            scale = constants[node.input[1]].astype(np.float32)
+            zero = constants[node.input[2]].astype(np.float32) if len(node.input) > 2 and node.input[2] else np.zeros_like(scale)
+            if scale.ndim == 1 and q.ndim > 0:  # per channel, along `axis` (1 unless it says)
+                axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+                shape = [1] * q.ndim
+                shape[axis] = -1
+                scale, zero = scale.reshape(shape), zero.reshape(shape)
+            folded[node.output[0]] = numpy_helper.from_array(((q - zero) * scale).astype(np.float32), node.output[0])
+        elif node.op_type in ("QuantizeLinear", "DequantizeLinear") and node.output[0] not in outputs:
+            same[node.output[0]] = same.get(node.input[0], node.input[0])
+        elif node.op_type in ("QuantizeLinear", "DequantizeLinear"):  # the graph's output keeps its name
+            nodes.append(helper.make_node("Identity", [same.get(node.input[0], node.input[0])], [node.output[0]], name=node.name))
+        else:
+            node.input[:] = [same.get(name, name) for name in node.input]
+            nodes.append(node)
+    used = {name for node in nodes for name in node.input}
+    kept = [i for i in graph.initializer if i.name in used and i.name not in folded]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.initializer[:]
+    graph.initializer.extend(kept + [t for name, t in folded.items() if name in used])
+    del graph.value_info[:]  # the int8 types of what are now float tensors
+    for value in graph.input:
+        value.type.tensor_type.elem_type = TensorProto.FLOAT
+    onnx.checker.check_model(model)
+    onnx.save(model, str(target))
+    return target
+
+
+def _maps(model: Path, tensors: list[np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return [session.run(None, {name: t})[0] for t in tensors]
+
+
+def measure(source: Path, profile_name: str, work: Path) -> dict[str, Any]:
+    """The fp32 copy's agreement with its source, auto's trials on it, and int8's agreement at 8 and 7 bits."""
+    os.environ["XDG_CACHE_HOME"] = str(work / "cache")  # the engine's measurement and int8 files, here only
+    os.environ["XDG_STATE_HOME"] = str(work / "state")
+    from depthwatch.model import hardware, precision, quantize
+    from depthwatch.model.contract import read_contract
+    from depthwatch.model.engine import Engine
+    from depthwatch.model.profiles import PROFILES
+    from depthwatch.model.spec import ModelSpec
+
+    profile = PROFILES[profile_name]
+    fp32 = fp32_copy(source, work / (source.stem.replace("_int8", "") + "_fp32.onnx"))
+    import onnxruntime
+
+    contract = read_contract(onnxruntime.InferenceSession(str(fp32), providers=["CPUExecutionProvider"]))
+    tensors = precision.probe_tensors(contract, profile)  # the gate's probes
+    calibration = precision.probe_tensors(contract, profile, quantize.CALIBRATION_IMAGES)  # a fast model's
+    reference = _maps(fp32, tensors)
+    original = [t.astype(np.float32) * 255 for t in tensors] if contract.input_dtype == np.float32 else tensors
+    source_contract = read_contract(onnxruntime.InferenceSession(str(source), providers=["CPUExecutionProvider"]))
+    original = [np.clip(t + 0.5, 0, 255).astype(source_contract.input_dtype) for t in original]
+    copy_agreement = precision.agreement(_maps(source, original), reference)
+
+    with Engine(ModelSpec(path=fp32, profile=profile, providers="auto", precision="auto")) as engine:
+        engine.wait_ready(600)
+        info = engine.info
+        assert info is not None
+    trials = [
+        {
+            "engine": t.provider,
+            "precision": t.precision,
+            "run_ms": t.run_ms,
+            "agreement": t.agreement,
+            "eligible": t.eligible,
+            "error": t.error,
+        }
+        for t in info.trials
+    ]
+    bits = {}
+    for reduce in (False, True):
+        target = work / f"int8-{'7' if reduce else '8'}bit.onnx"
+        quantize._quantize(fp32, target, contract.input_name, calibration, reduce)
+        bits["7-bit weights (AVX2 alone)" if reduce else "8-bit weights (VNNI, AMX)"] = precision.agreement(reference, _maps(target, tensors))
+    return {
+        "model": source.name,
+        "cpu": " ".join(f for f in hardware.cpu_features() if f.startswith(("avx", "amx", "fma"))),
+        "fp32 copy vs the quantized original": copy_agreement,
+        "served": {"engine": info.providers[0], "precision": info.precision, "chosen_by": info.chosen_by},
+        "trials": trials,
+        "int8 agreement with fp32": bits,
+        "gate": precision.FAITHFUL,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.realint8", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=SHARED_FASTDEPTH, help="a QDQ (int8) ONNX model; the shared FastDepth by default")
+    parser.add_argument("--profile", default="fastdepth-nyu")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if not args.model.is_file():
+        print(f"benchmarks.realint8: {args.model} is not here (the shared FastDepth model, or --model)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="dw-realint8-") as work:
+        result = measure(args.model, args.profile, Path(work))
+    print(f"{result['model']} made fp32 again; CPU {result['cpu']}")
+    print(f"  the fp32 copy's maps against the quantized original's: r {result['fp32 copy vs the quantized original']:.4f}")
+    for t in result["trials"]:
+        agreement = "reference" if t["agreement"] is None else f"r {t['agreement']:.4f}"
+        state = t["error"] or ("faithful" if t["eligible"] else "refused")
+        run = "-" if t["run_ms"] is None else f"{t['run_ms']:.2f} ms"
+        print(f"  {t['engine']:<22} {t['precision']:<5} {run:>9}  {agreement:<10} {state}")
+    served = result["served"]
+    print(f"  auto serves {served['engine']} {served['precision']} ({served['chosen_by']})")
+    for label, r in result["int8 agreement with fp32"].items():
+        print(f"  int8 with {label}: r {r:.4f} ({'faithful' if r >= result['gate'] else 'refused'} at {result['gate']})")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
