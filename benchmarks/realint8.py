@@ -10,9 +10,11 @@ quantized weight multiplied out, each quantize/dequantize pair of activations
 dropped) is that trained network in fp32, the way a user's model arrives; this
 runs it through the engine's own measurement, and prints each variant's time
 and its maps' agreement with fp32 on the probe images, with 8-bit weights
-(what a CPU with VNNI or AMX gets) and with 7-bit ones (AVX2 alone:
-`quantize.reduce_range`) both quantized here, since the integer arithmetic is
-exact on either CPU and only the weights' bits differ.
+(what a CPU with VNNI or AMX is given) and with 7-bit ones (AVX2 alone:
+`quantize.reduce_range`), both run on this CPU's own kernels. With VNNI both
+are exact, so both agreements hold for any CPU; on AVX2 alone the 8-bit row
+also shows what the saturation of its u8s8 products does (the reason it is
+given 7 bits), which is the figure to take from such a machine.
 
     python -m benchmarks.realint8 [--model QDQ.onnx --profile NAME] [--json OUT]
 
@@ -45,9 +47,10 @@ def fp32_copy(source: Path, target: Path) -> Path:
     what it was given, so the activations stay float all the way (the ops
     between such pairs, a Transpose or a Reshape, do not care). The graph is
     left as a float export would be, with no Identity nodes in the way of the
-    quantizer's patterns. An input that was uint8 with scale
-    1/255 and zero point 0 becomes float in [0, 1], which is what a float
-    input gets from depthwatch with a profile's mean 0 and std 1.
+    quantizer's patterns. An input that was uint8 with scale 1/255 and zero
+    point 0 becomes float in [0, 1], which is what a float input gets from
+    depthwatch with a profile's mean 0 and std 1 (any other input scale is
+    refused: the copy would take other numbers than the original).
     """
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -59,7 +62,13 @@ def fp32_copy(source: Path, target: Path) -> Path:
     folded: dict[str, Any] = {}
     same: dict[str, str] = {}  # a dropped quantize or dequantize's output -> the tensor it passed on
     outputs = {o.name for o in graph.output}
+    inputs = {i.name for i in graph.input}
     for node in graph.node:
+        if node.op_type == "DequantizeLinear" and node.input[0] in inputs:
+            scale = float(constants[node.input[1]].ravel()[0])
+            zero = int(constants[node.input[2]].ravel()[0]) if len(node.input) > 2 and node.input[2] else 0
+            if abs(scale * 255 - 1) > 1e-3 or zero != 0:
+                raise ValueError(f"{source.name}: its input is scaled by {scale:g} from {zero}, not 1/255 from 0")
         if node.op_type == "DequantizeLinear" and node.input[0] in constants:
             q = constants[node.input[0]].astype(np.float32)
             scale = constants[node.input[1]].astype(np.float32)
@@ -117,9 +126,10 @@ def measure(source: Path, profile_name: str, work: Path) -> dict[str, Any]:
     tensors = precision.probe_tensors(contract, profile)  # the gate's probes
     calibration = precision.probe_tensors(contract, profile, quantize.CALIBRATION_IMAGES)  # a fast model's
     reference = _maps(fp32, tensors)
-    original = [t.astype(np.float32) * 255 for t in tensors] if contract.input_dtype == np.float32 else tensors
     source_contract = read_contract(onnxruntime.InferenceSession(str(source), providers=["CPUExecutionProvider"]))
-    original = [np.clip(t + 0.5, 0, 255).astype(source_contract.input_dtype) for t in original]
+    original = tensors  # the same images, as the quantized original takes them
+    if source_contract.input_dtype == np.uint8:
+        original = [np.clip(t * 255 + 0.5, 0, 255).astype(np.uint8) for t in tensors]
     copy_agreement = precision.agreement(_maps(source, original), reference)
 
     with Engine(ModelSpec(path=fp32, profile=profile, providers="auto", precision="auto")) as engine:
@@ -141,7 +151,7 @@ def measure(source: Path, profile_name: str, work: Path) -> dict[str, Any]:
     for reduce in (False, True):
         target = work / f"int8-{'7' if reduce else '8'}bit.onnx"
         quantize._quantize(fp32, target, contract.input_name, calibration, reduce)
-        bits["7-bit weights (AVX2 alone)" if reduce else "8-bit weights (VNNI, AMX)"] = precision.agreement(reference, _maps(target, tensors))
+        bits["7-bit weights (as given on AVX2 alone)" if reduce else "8-bit weights (as given with VNNI or AMX)"] = precision.agreement(reference, _maps(target, tensors))
     return {
         "model": source.name,
         "cpu": " ".join(f for f in hardware.cpu_features() if f.startswith(("avx", "amx", "fma"))),

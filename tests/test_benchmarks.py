@@ -212,6 +212,6 @@ def test_the_real_network_made_fp32_goes_through_autos_int8_gate(tmp_path: Path,
     trials = {(t["engine"], t["precision"]): t for t in result["trials"]}
     int8 = trials[("CPUExecutionProvider", "int8")]
     assert int8["error"] is None and 0.9 < int8["agreement"] <= 1.0 and _positive(int8["run_ms"])
-    assert set(result["int8 agreement with fp32"]) == {"8-bit weights (VNNI, AMX)", "7-bit weights (AVX2 alone)"}
+    assert set(result["int8 agreement with fp32"]) == {"8-bit weights (as given with VNNI or AMX)", "7-bit weights (as given on AVX2 alone)"}
     assert "auto serves " in done.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["realint8.json"]  # its temporary folder is gone
