@@ -156,7 +156,7 @@ def _quantize(model: Path, target: Path, input_name: str, tensors: list[np.ndarr
         # The tools' own preparation (graph fusions, ONNX shape inference), which the quantizer
         # advises; a graph it cannot prepare is quantized as it is. Without it a Pad before a
         # Conv, say, stays a node of its own between quantize and dequantize pairs: the real
-        # FastDepth network in fp32 ran 1.3-1.5x slower in int8 unprepared (benchmarks.realint8).
+        # FastDepth network in fp32 ran 1.2-1.35x slower in int8 unprepared (benchmarks.realint8).
         # The symbolic shape inference is left out: it needs sympy (tens of MB, not a dependency
         # here), which made the whole preparation fail; it serves graphs with dynamic shapes
         # that ONNX's own inference cannot follow, and the quantizer does without it.
