@@ -347,7 +347,12 @@ def test_unmounted_and_remounted_volume_is_watched_again(tmp_path, tiny_model):
         d.start()
         write_by_rename(volume / "frame.jpg", jpeg_bytes(quadrant_frame()))
         wait_for(lambda: (volume / "depth.jpg").exists(), what="a map on the volume")
-        assert subprocess.run(["umount", str(volume)], capture_output=True).returncode == 0
+        # The map is visible at its rename; the job still holds the folder (its fsync, the record)
+        # a moment longer, and umount says "target is busy" meanwhile, as it would to a user. Once
+        # the job is counted the daemon holds nothing there (inotify watches do not pin a mount):
+        # a daemon that kept the volume open would leave it busy and fail here.
+        wait_for(lambda: d.counts()["done"] >= 1, what="the job to be done")
+        wait_for(lambda: subprocess.run(["umount", str(volume)], capture_output=True).returncode == 0, what="the unmount")
         wait_for(lambda: "disappeared or was replaced" in d.log(), what="the unmount to be noticed")
         wait_for(lambda: d.log().count(f"watching {volume} for frame.jpg") >= 2, what="the folder to be watched again")
         assert subprocess.run(mount, capture_output=True).returncode == 0
