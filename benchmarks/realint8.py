@@ -100,10 +100,13 @@ def fp32_copy(source: Path, target: Path) -> Path:
     return target
 
 
-def _maps(model: Path, tensors: list[np.ndarray]) -> list[np.ndarray]:
+def _session(model: Path) -> Any:
     import onnxruntime
 
-    session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    return onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+
+
+def _maps(session: Any, tensors: list[np.ndarray]) -> list[np.ndarray]:
     name = session.get_inputs()[0].name
     return [session.run(None, {name: t})[0] for t in tensors]
 
@@ -120,17 +123,15 @@ def measure(source: Path, profile_name: str, work: Path) -> dict[str, Any]:
 
     profile = PROFILES[profile_name]
     fp32 = fp32_copy(source, work / (source.stem.replace("_int8", "") + "_fp32.onnx"))
-    import onnxruntime
-
-    contract = read_contract(onnxruntime.InferenceSession(str(fp32), providers=["CPUExecutionProvider"]))
+    fp32_session, source_session = _session(fp32), _session(source)
+    contract = read_contract(fp32_session)
     tensors = precision.probe_tensors(contract, profile)  # the gate's probes
     calibration = precision.probe_tensors(contract, profile, quantize.CALIBRATION_IMAGES)  # a fast model's
-    reference = _maps(fp32, tensors)
-    source_contract = read_contract(onnxruntime.InferenceSession(str(source), providers=["CPUExecutionProvider"]))
+    reference = _maps(fp32_session, tensors)
     original = tensors  # the same images, as the quantized original takes them
-    if source_contract.input_dtype == np.uint8:
+    if read_contract(source_session).input_dtype == np.uint8:
         original = [np.clip(t * 255 + 0.5, 0, 255).astype(np.uint8) for t in tensors]
-    copy_agreement = precision.agreement(_maps(source, original), reference)
+    copy_agreement = precision.agreement(_maps(source_session, original), reference)
 
     with Engine(ModelSpec(path=fp32, profile=profile, providers="auto", precision="auto")) as engine:
         engine.wait_ready(600)
@@ -151,10 +152,10 @@ def measure(source: Path, profile_name: str, work: Path) -> dict[str, Any]:
     for reduce in (False, True):
         target = work / f"int8-{'7' if reduce else '8'}bit.onnx"
         quantize._quantize(fp32, target, contract.input_name, calibration, reduce)
-        bits["7-bit weights (as given on AVX2 alone)" if reduce else "8-bit weights (as given with VNNI or AMX)"] = precision.agreement(reference, _maps(target, tensors))
+        bits["7-bit weights (as given on AVX2 alone)" if reduce else "8-bit weights (as given with VNNI or AMX)"] = precision.agreement(reference, _maps(_session(target), tensors))
     return {
         "model": source.name,
-        "cpu": " ".join(f for f in hardware.cpu_features() if f.startswith(("avx", "amx", "fma"))),
+        "cpu": " ".join(hardware.cpu_features()),
         "fp32 copy vs the quantized original": copy_agreement,
         "served": {"engine": info.providers[0], "precision": info.precision, "chosen_by": info.chosen_by},
         "trials": trials,
