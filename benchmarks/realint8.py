@@ -9,14 +9,19 @@ build), so `auto` never quantizes it. Its fp32 copy (`fp32_copy`: each
 quantized weight multiplied out, each quantize/dequantize pair of activations
 dropped) is that trained network in fp32, the way a user's model arrives; this
 runs it through the engine's own measurement, and prints each variant's time
-and its maps' agreement with fp32 on the probe images, with 8-bit weights
-(what a CPU with VNNI or AMX is given) and with 7-bit ones (AVX2 alone:
-`quantize.reduce_range`), both run on this CPU's own kernels. With VNNI both
-are exact, so both agreements hold for any CPU; on AVX2 alone the 8-bit row
-also shows what the saturation of its u8s8 products does (the reason it is
-given 7 bits), which is the figure to take from such a machine.
+and its maps' agreement with fp32 on the probe images, for three ways of
+quantizing it (`VARIANTS`): depthwatch's (8-bit weights, the first and last
+convolution in fp32), the whole graph with 8-bit weights, and the whole graph
+with 7-bit weights (onnxruntime's `reduce_range`, its advice for AVX2 alone).
 
-    python -m benchmarks.realint8 [--model QDQ.onnx --profile NAME] [--json OUT]
+A CPU's int8 kernels decide the agreement: with VNNI or AMX the products are
+exact, on AVX2 alone u8s8 products saturate. `--emulate-cpu Haswell` also runs
+the agreements under QEMU's user-mode emulation of that CPU (`qemu-x86_64`,
+Debian's `qemu-user`), whose CPUID onnxruntime's kernels are chosen by: an
+AVX2 machine's figures on any x86 machine, agreements only (an emulated run's
+time means nothing).
+
+    python -m benchmarks.realint8 [--model QDQ.onnx --profile NAME] [--emulate-cpu Haswell] [--json OUT]
 
 Nothing is written beside the model: the fp32 copy, the int8 files and the
 engine's cache live in a temporary folder removed at the end.
@@ -37,6 +42,12 @@ import numpy as np
 #: The shared material, as the tests find it: $DEPTHWATCH_SHARED, else ../shared beside the checkout.
 SHARED = Path(os.environ.get("DEPTHWATCH_SHARED") or Path(__file__).resolve().parents[2] / "shared").expanduser()
 SHARED_FASTDEPTH = SHARED / "models" / "fastdepth_224_nyu_int8.onnx"
+#: The ways of quantizing compared: a label, and `quantize._quantize`'s keywords.
+VARIANTS = {
+    "depthwatch's: 8-bit weights, first and last conv fp32": {},
+    "whole graph, 8-bit weights": {"ends_in_fp32": False},
+    "whole graph, 7-bit weights (reduce_range)": {"ends_in_fp32": False, "reduce_range": True},
+}
 
 
 def fp32_copy(source: Path, target: Path) -> Path:
@@ -111,8 +122,11 @@ def _maps(session: Any, tensors: list[np.ndarray]) -> list[np.ndarray]:
     return [session.run(None, {name: t})[0] for t in tensors]
 
 
-def measure(source: Path, profile_name: str, work: Path) -> dict[str, Any]:
-    """The fp32 copy's agreement with its source, auto's trials on it, and int8's agreement at 8 and 7 bits."""
+def measure(source: Path, profile_name: str, work: Path, emulate: str | None = None) -> dict[str, Any]:
+    """The fp32 copy's agreement with its source, auto's trials on it, and each int8 variant's agreement.
+
+    `emulate`: a QEMU CPU model to measure the agreements on as well (`_emulated`).
+    """
     os.environ["XDG_CACHE_HOME"] = str(work / "cache")  # the engine's measurement and int8 files, here only
     os.environ["XDG_STATE_HOME"] = str(work / "state")
     from depthwatch.model import hardware, precision, quantize
@@ -148,33 +162,69 @@ def measure(source: Path, profile_name: str, work: Path) -> dict[str, Any]:
         }
         for t in info.trials
     ]
-    bits = {}
-    for reduce in (False, True):
-        target = work / f"int8-{'7' if reduce else '8'}bit.onnx"
-        quantize._quantize(fp32, target, contract.input_name, calibration, reduce)
-        bits["7-bit weights (as given on AVX2 alone)" if reduce else "8-bit weights (as given with VNNI or AMX)"] = precision.agreement(reference, _maps(_session(target), tensors))
+    np.save(work / "probes.npy", np.stack(tensors))
+    np.save(work / "reference.npy", np.stack(reference))
+    for n, keywords in enumerate(VARIANTS.values()):
+        quantize._quantize(fp32, work / f"int8-{n}.onnx", contract.input_name, calibration, **keywords)
+    emulated = _emulated(work, emulate) if emulate else None
     return {
         "model": source.name,
         "cpu": " ".join(hardware.cpu_features()),
         "fp32 copy vs the quantized original": copy_agreement,
         "served": {"engine": info.providers[0], "precision": info.precision, "chosen_by": info.chosen_by},
         "trials": trials,
-        "int8 agreement with fp32": bits,
+        "int8 agreement with fp32": agreements(work),
+        "emulated": emulated,
         "gate": precision.FAITHFUL,
     }
+
+
+def agreements(work: Path) -> dict[str, float]:
+    """Each variant's agreement with fp32 on the probe images, on this CPU's kernels (files from `measure`)."""
+    from depthwatch.model import precision
+
+    tensors = list(np.load(work / "probes.npy"))
+    reference = list(np.load(work / "reference.npy"))
+    return {
+        label: precision.agreement(reference, _maps(_session(work / f"int8-{n}.onnx"), tensors))
+        for n, label in enumerate(VARIANTS)
+    }
+
+
+def _emulated(work: Path, cpu: str) -> dict[str, Any]:
+    """`agreements` again in a child under QEMU's emulation of `cpu`: that CPU's kernels, on this machine."""
+    import shutil
+    import subprocess
+
+    qemu = shutil.which("qemu-x86_64")
+    if qemu is None:
+        return {"cpu": cpu, "error": "qemu-x86_64 is not installed (Debian: apt-get install qemu-user)"}
+    done = subprocess.run(
+        [qemu, "-cpu", cpu, sys.executable, "-m", "benchmarks.realint8", "--agreements-in", str(work)],
+        capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[1],
+    )
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if "warning: TCG" not in line]
+        return {"cpu": cpu, "error": (lines or ["exit status %d" % done.returncode])[-1]}
+    return {"cpu": cpu, "agreements": json.loads(done.stdout)}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.realint8", description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=SHARED_FASTDEPTH, help="a QDQ (int8) ONNX model; the shared FastDepth by default")
     parser.add_argument("--profile", default="fastdepth-nyu")
+    parser.add_argument("--emulate-cpu", metavar="CPU", help="also the agreements under qemu-x86_64 -cpu CPU (Haswell: AVX2 alone)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--agreements-in", type=Path, help=argparse.SUPPRESS)  # the emulated child's work
     args = parser.parse_args(argv)
+    if args.agreements_in:
+        print(json.dumps(agreements(args.agreements_in)))
+        return 0
     if not args.model.is_file():
         print(f"benchmarks.realint8: {args.model} is not here (the shared FastDepth model, or --model)", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="dw-realint8-") as work:
-        result = measure(args.model, args.profile, Path(work))
+        result = measure(args.model, args.profile, Path(work), args.emulate_cpu)
     print(f"{result['model']} made fp32 again; CPU {result['cpu']}")
     print(f"  the fp32 copy's maps against the quantized original's: r {result['fp32 copy vs the quantized original']:.4f}")
     for t in result["trials"]:
@@ -184,8 +234,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {t['engine']:<22} {t['precision']:<5} {run:>9}  {agreement:<10} {state}")
     served = result["served"]
     print(f"  auto serves {served['engine']} {served['precision']} ({served['chosen_by']})")
-    for label, r in result["int8 agreement with fp32"].items():
-        print(f"  int8 with {label}: r {r:.4f} ({'faithful' if r >= result['gate'] else 'refused'} at {result['gate']})")
+    gate = result["gate"]
+    rows = {f"this CPU ({result['cpu']})": result["int8 agreement with fp32"]}
+    emulated = result["emulated"]
+    if emulated and "error" in emulated:
+        print(f"  emulated {emulated['cpu']}: {emulated['error']}")
+    elif emulated:
+        rows[f"emulated {emulated['cpu']} (qemu-x86_64: its kernels, agreement only)"] = emulated["agreements"]
+    for where, found in rows.items():
+        print(f"  int8 agreement with fp32 on {where}:")
+        for label, r in found.items():
+            print(f"    {label:<56} r {r:.4f} ({'faithful' if r >= gate else 'refused'} at {gate})")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0

@@ -12,6 +12,8 @@ import importlib.util
 import json
 import math
 import os
+import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +26,7 @@ for _module in ("flask", "gunicorn", "psutil", "skimage", "onnx"):
 
 import psutil  # noqa: E402
 
+from benchmarks import realint8  # noqa: E402
 from depthwatch.frames.frameline import STAGES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -199,10 +202,14 @@ def _processes_mentioning(text: str) -> list[int]:
 
 
 def test_the_real_network_made_fp32_goes_through_autos_int8_gate(tmp_path: Path, fastdepth: Path) -> None:
+    # On AVX2 alone (no VNNI) int8's u8s8 products saturate: QEMU's Haswell gives this machine's
+    # onnxruntime that CPU's kernels, whatever CPU runs the suite (agreements only, not times).
+    emulate = shutil.which("qemu-x86_64") is not None and platform.machine() == "x86_64"
     out = tmp_path / "realint8.json"
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.realint8", "--model", str(fastdepth), "--json", str(out)],
+        [sys.executable, "-m", "benchmarks.realint8", "--model", str(fastdepth), "--json", str(out)]
+        + (["--emulate-cpu", "Haswell"] if emulate else []),
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -212,6 +219,18 @@ def test_the_real_network_made_fp32_goes_through_autos_int8_gate(tmp_path: Path,
     trials = {(t["engine"], t["precision"]): t for t in result["trials"]}
     int8 = trials[("CPUExecutionProvider", "int8")]
     assert int8["error"] is None and 0.9 < int8["agreement"] <= 1.0 and _positive(int8["run_ms"])
-    assert set(result["int8 agreement with fp32"]) == {"8-bit weights (as given with VNNI or AMX)", "7-bit weights (as given on AVX2 alone)"}
     assert "auto serves " in done.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["realint8.json"]  # its temporary folder is gone
+    # What auto quantizes (8-bit weights, the first and last convolution in fp32) is faithful on
+    # this CPU's kernels and on AVX2's: 0.9976 and 0.9975 here, where the whole graph in int8 gave
+    # 0.9954 and 0.9904 (saturated), and 7-bit weights, which depthwatch gave AVX2 before, 0.9693.
+    found = [result["int8 agreement with fp32"]]
+    if emulate:
+        assert "error" not in result["emulated"], result["emulated"]
+        found.append(result["emulated"]["agreements"])
+    for agreements in found:
+        assert list(agreements) == list(realint8.VARIANTS)
+        assert all(0.9 < r <= 1.0 for r in agreements.values()), agreements
+        assert agreements["depthwatch's: 8-bit weights, first and last conv fp32"] >= result["gate"], agreements
+    if not emulate:
+        pytest.skip("int8 on AVX2's kernels not checked: qemu-x86_64 is not installed (apt-get install qemu-user)")

@@ -9,11 +9,19 @@ if its maps pass the same check as bf16 (see `precision`).
 
 The quantization is onnxruntime's own post-training static quantization
 (`onnxruntime.quantization.quantize_static`): the QDQ format, activations
-uint8 and weights int8 per channel, MinMax ranges calibrated on the built-in
-probe images. Without VNNI (AVX2 alone) the weights use 7 bits
-(`reduce_range`), since u8s8 products saturate there. It runs in this process
-on the inference thread, like every other session; it needs the `onnx`
-package, which it imports only here.
+uint8 and weights int8 per channel with all 8 bits, MinMax ranges calibrated
+on the built-in probe images; in a graph of ENDS_FROM convolutions or more the
+first (it reads the frame's pixels) and the last (it writes the map) stay in
+fp32. Measured on the one trained network here, the shared FastDepth made fp32
+again (`python -m benchmarks.realint8`; the AVX2 rows under QEMU's Haswell
+CPU, whose kernels are AVX2's): whole int8 kept r 0.9954 with VNNI and 0.9904
+on AVX2 alone, where u8s8 products saturate; with 7-bit weights (onnxruntime's
+`reduce_range`, its advice there and depthwatch's choice until now) 0.9693,
+refused; with both ends in fp32, 8-bit weights: 0.9976 with VNNI, 0.9975 on
+AVX2, and no slower (the ends, 3 channels in and 1 out, gain nothing in
+int8). So one file for every x86 CPU, faithful on both. It runs in this
+process on the inference thread, like every other session; it needs the
+`onnx` package, which it imports only here.
 
 The quantized file lives under the cache folder's `int8/`, one folder per
 (model contents, onnxruntime version, quantization settings), pruned as
@@ -33,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from depthwatch.errors import ModelError
-from depthwatch.model import caches, hardware, providers
+from depthwatch.model import caches, providers
 
 log = logging.getLogger("depthwatch.model.engine")
 
@@ -43,6 +51,9 @@ FILE = "model.int8.onnx"
 CALIBRATION_IMAGES = 8
 #: Seconds of calibration runs aimed at: a model slower than this per run gets fewer images.
 CALIBRATION_S = 2.0
+#: A graph with at least this many convolutions keeps its first and last in fp32 (see above); a
+#: shallower one is quantized whole, or little of it would be int8.
+ENDS_FROM = 4
 #: Operators that mean the graph is quantized already (FastDepth int8, say).
 _QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger"}
 
@@ -50,14 +61,6 @@ _QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearM
 def offered() -> bool:
     """Whether this install can quantize (onnxruntime's tools need the `onnx` package)."""
     return importlib.util.find_spec("onnx") is not None
-
-
-def reduce_range(features: tuple[str, ...] | None = None) -> bool:
-    """7-bit weights on x86 without an int8 dot product (VNNI, AMX): u8s8 saturates there."""
-    features = hardware.cpu_features() if features is None else features
-    if not {"avx2", "avx512f"} & set(features):
-        return False  # not an x86 CPU (Arm's dot product has no such saturation)
-    return not {"avx512_vnni", "avx_vnni", "amx_int8"} & set(features)
 
 
 def calibration_count(run_seconds: float | None) -> int:
@@ -72,11 +75,12 @@ def _settings() -> dict[str, Any]:
     return {
         "format": "QDQ",
         "activations": "uint8",
-        "weights": "int8 per channel",
-        "reduce_range": reduce_range(),
+        "weights": "int8 per channel, 8 bits",
+        "fp32": f"the first and last convolution, from {ENDS_FROM}",
         "calibration": "probe images",
         # 2: the tools' preparation runs (it never had before: it asked for sympy).
-        "scheme": 2,
+        # 3: 8-bit weights on every CPU, the ends in fp32 (`ENDS_FROM`).
+        "scheme": 3,
     }
 
 
@@ -110,7 +114,7 @@ def int8_model(model: Path, cache_root: Path, state_dir: Path, input_name: str, 
     if already_quantized(model):
         raise ModelError("the model is quantized already")
     log.info("quantizing %s to int8 on %d probe images (once; kept in %s)", model.name, len(tensors), target.parent)
-    _quantize(model, target, input_name, tensors, reduce_range())
+    _quantize(model, target, input_name, tensors)
     return target
 
 
@@ -131,7 +135,10 @@ class _QuantizerChatter(logging.Filter):
         return "/onnxruntime/quantization/" not in record.pathname.replace("\\", "/")
 
 
-def _quantize(model: Path, target: Path, input_name: str, tensors: list[np.ndarray], reduce: bool) -> None:
+def _quantize(
+    model: Path, target: Path, input_name: str, tensors: list[np.ndarray], *, reduce_range: bool = False, ends_in_fp32: bool = True
+) -> None:
+    """`model` quantized into `target`; the keywords are depthwatch's choice, other values for benchmarks.realint8."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -166,6 +173,7 @@ def _quantize(model: Path, target: Path, input_name: str, tensors: list[np.ndarr
             source = prepared
         except Exception as exc:  # the preparation is advice, not a need
             log.debug("int8: %s quantized without the preparation step (%s)", model.name, exc)
+        source, kept = _ends(source, prepared) if ends_in_fp32 else (source, [])
         # Its calibration model goes to a temporary folder of its own, removed when it returns.
         quantize_static(
             source,
@@ -173,7 +181,8 @@ def _quantize(model: Path, target: Path, input_name: str, tensors: list[np.ndarr
             Probes(),
             quant_format=QuantFormat.QDQ,
             per_channel=True,
-            reduce_range=reduce,
+            reduce_range=reduce_range,
+            nodes_to_exclude=kept,
             activation_type=QuantType.QUInt8,
             weight_type=QuantType.QInt8,
         )
@@ -188,3 +197,30 @@ def _quantize(model: Path, target: Path, input_name: str, tensors: list[np.ndarr
         for name in temporaries:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(name)
+
+
+def _ends(source: str, scratch: str) -> tuple[str, list[str]]:
+    """The first and last convolution of `source` by name (none under ENDS_FROM), and the model that names them.
+
+    The quantizer excludes nodes by name; a node without one is named here and
+    the model saved to `scratch` (the preparation's temporary file) to quantize.
+    """
+    import onnx
+
+    loaded = onnx.load(source)
+    convs = [n for n in loaded.graph.node if n.op_type in ("Conv", "ConvTranspose")]
+    if len(convs) < ENDS_FROM:
+        return source, []
+    ends = [convs[0], convs[-1]]  # an ONNX graph lists its nodes in topological order
+    if not all(n.name for n in ends):
+        taken = {n.name for n in loaded.graph.node}
+        for i, node in enumerate(ends):
+            if not node.name:
+                name = f"depthwatch_fp32_end_{i}"
+                while name in taken:
+                    name += "_"
+                node.name = name
+                taken.add(name)
+        onnx.save(loaded, scratch)
+        source = scratch
+    return source, [n.name for n in ends]
