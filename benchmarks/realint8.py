@@ -32,8 +32,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -174,21 +177,56 @@ def measure(source: Path, profile_name: str, work: Path, emulate: str | None = N
         "served": {"engine": info.providers[0], "precision": info.precision, "chosen_by": info.chosen_by},
         "trials": trials,
         "int8 agreement with fp32": agreements(work),
+        "int8 ms a run": timings(work, fp32),
         "emulated": emulated,
         "gate": precision.FAITHFUL,
     }
 
 
-def agreements(work: Path) -> dict[str, float]:
-    """Each variant's agreement with fp32 on the probe images, on this CPU's kernels (files from `measure`)."""
+def _engines() -> dict[str, Callable[[Path], Any]]:
+    """The runtimes that run an int8 (QDQ) file here: onnxruntime's CPU provider, and OpenVINO where installed."""
+    from depthwatch.model.sessions import openvino
+
+    made: dict[str, Callable[[Path], Any]] = {"onnxruntime CPU": _session}
+    if openvino.installed():
+        made["OpenVINO"] = lambda path: openvino.OpenVINOSession(path, "fp32")  # f32 outside the int8 nodes
+    return made
+
+
+def agreements(work: Path) -> dict[str, dict[str, float]]:
+    """Per runtime, each variant's agreement with fp32 on the probe images, on this CPU's kernels (files from `measure`)."""
     from depthwatch.model import precision
 
     tensors = list(np.load(work / "probes.npy"))
     reference = list(np.load(work / "reference.npy"))
     return {
-        label: precision.agreement(reference, _maps(_session(work / f"int8-{n}.onnx"), tensors))
-        for n, label in enumerate(VARIANTS)
+        engine: {label: precision.agreement(reference, _maps(make(work / f"int8-{n}.onnx"), tensors)) for n, label in enumerate(VARIANTS)}
+        for engine, make in _engines().items()
     }
+
+
+def timings(work: Path, fp32: Path, rounds: int = 15, runs: int = 10) -> dict[str, dict[str, float]]:
+    """Per runtime, ms a run of fp32 and of each variant on one probe image (its own threads: every core),
+    medians of `rounds` rounds of `runs`, the files taking turns within each round so that a change in the
+    machine's speed falls on all of them alike."""
+    tensor = np.load(work / "probes.npy")[0]
+    files = {"fp32": fp32, **{label: work / f"int8-{n}.onnx" for n, label in enumerate(VARIANTS)}}
+    out: dict[str, dict[str, float]] = {}
+    for engine, make in _engines().items():
+        sessions = {label: make(path) for label, path in files.items()}
+        feeds = {label: {s.get_inputs()[0].name: tensor} for label, s in sessions.items()}
+        times: dict[str, list[float]] = {label: [] for label in files}
+        for label, s in sessions.items():
+            for _ in range(3):
+                s.run(None, feeds[label])
+        for _ in range(rounds):
+            for label, s in sessions.items():
+                start = time.perf_counter()
+                for _ in range(runs):
+                    s.run(None, feeds[label])
+                times[label].append((time.perf_counter() - start) / runs * 1000)
+        out[engine] = {label: statistics.median(v) for label, v in times.items()}
+    return out
 
 
 def _emulated(work: Path, cpu: str) -> dict[str, Any]:
@@ -240,11 +278,16 @@ def main(argv: list[str] | None = None) -> int:
     if emulated and "error" in emulated:
         print(f"  emulated {emulated['cpu']}: {emulated['error']}")
     elif emulated:
-        rows[f"emulated {emulated['cpu']} (qemu-x86_64: its kernels, agreement only)"] = emulated["agreements"]
-    for where, found in rows.items():
-        print(f"  int8 agreement with fp32 on {where}:")
-        for label, r in found.items():
-            print(f"    {label:<56} r {r:.4f} ({'faithful' if r >= gate else 'refused'} at {gate})")
+        rows[f"emulated {emulated['cpu']} (qemu-x86_64: its kernels; agreement only)"] = emulated["agreements"]
+    times = result["int8 ms a run"]
+    for where, engines in rows.items():
+        print(f"  int8 against fp32 on {where}:")
+        for engine, found in engines.items():
+            fp32_ms = times[engine]["fp32"]
+            print(f"    {engine}: fp32 {fp32_ms:.2f} ms a run" + (" (this CPU)" if where.startswith("emulated") else ""))
+            for label, r in found.items():
+                timed = "" if where.startswith("emulated") else f"{times[engine][label]:6.2f} ms ({times[engine][label] / fp32_ms:.2f} x fp32's)  "
+                print(f"      {label:<56} {timed}r {r:.4f} ({'faithful' if r >= gate else 'refused'} at {gate})")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0

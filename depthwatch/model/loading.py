@@ -44,11 +44,14 @@ def _with_cpu(provider: str) -> list[str]:
     return [provider] if provider == providers.CPU else [provider, providers.CPU]
 
 
-def _openvino_session(spec: ModelSpec, precision: str) -> Session:
-    """A session on OpenVINO's own runtime, imported only when a variant asks for it (an optional extra)."""
+def _openvino_session(spec: ModelSpec, precision: str, path: Path) -> Session:
+    """A session on OpenVINO's own runtime, imported only when a variant asks for it (an optional extra).
+
+    `path`: the model's file, or its int8 file (`SessionMaking._int8_file`).
+    """
     from depthwatch.model.sessions.openvino import OpenVINOSession
 
-    return OpenVINOSession(spec.path, precision, threads=max(0, spec.intra_op_threads))
+    return OpenVINOSession(path, precision, threads=max(0, spec.intra_op_threads))
 
 
 class SessionMaking:
@@ -159,11 +162,11 @@ class SessionMaking:
     def _measured_session(self, spec: ModelSpec, trace_prefix: str | None) -> Callable[[Variant, bool], Session]:
         def create(variant: Variant, traced: bool) -> Session:
             provider, precision = variant
+            model_file = self._int8_file(spec) if precision == precisions.INT8 else spec.path
             if provider == providers.OPENVINO:
-                return _openvino_session(spec, precision)
+                return _openvino_session(spec, precision, model_file)
             chain, _, pins = ort.provider_chain(_with_cpu(provider), spec, precision)
             options = ort.session_options(spec, trace_prefix if traced else None, pins)
-            model_file = self._int8_file(spec) if precision == precisions.INT8 else spec.path
             return self._factory(str(model_file), sess_options=options, providers=chain)
 
         return create
@@ -235,7 +238,7 @@ class SessionMaking:
         wanted = [name for name, _ in chain]
         try:
             if wanted[0] == providers.OPENVINO:
-                return _openvino_session(spec, precision)
+                return _openvino_session(spec, precision, path)
             return self._factory(str(path), sess_options=options, providers=chain)
         except Exception as exc:
             if wanted == [providers.CPU]:
@@ -243,10 +246,11 @@ class SessionMaking:
             log.warning(
                 "could not start %s (%s); falling back to CPU", ", ".join(wanted[:-1]), first_line(exc)
             )
+        # The model as it came (not OpenVINO's int8 file): the fallback serves fp32, and says so.
         try:
-            return self._factory(str(path), sess_options=options, providers=[providers.CPU])
+            return self._factory(str(spec.path), sess_options=options, providers=[providers.CPU])
         except Exception as exc:
-            raise ModelError(f"cannot load model {path}: {first_line(exc)}{FIX_MODEL}") from None
+            raise ModelError(f"cannot load model {spec.path}: {first_line(exc)}{FIX_MODEL}") from None
 
     def _warm_up(self, session: Session, contract: Contract, profile: Profile, preemptible: bool = False) -> None:
         side = profile.input_size or 256

@@ -30,8 +30,9 @@ import numpy as np
 #: The engine's name for this runtime in provider lists (config: `openvino`).
 NAME = "OpenVINO"
 
-#: depthwatch's precision names and OpenVINO's INFERENCE_PRECISION_HINT values.
-HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
+#: depthwatch's precision names and OpenVINO's INFERENCE_PRECISION_HINT values. int8 is a quantized
+#: file (`quantize`): its quantized nodes run on the plugin's int8 kernels, the rest in f32.
+HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16", "int8": "f32"}
 #: The CPU plugin's OPTIMIZATION_CAPABILITIES that mean a precision runs natively.
 CAPABILITY = {"bf16": "BF16", "fp16": "FP16"}
 #: How long the inference thread waits on the request before looking at `terminate` again.
