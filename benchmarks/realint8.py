@@ -21,7 +21,8 @@ Debian's `qemu-user`), whose CPUID onnxruntime's kernels are chosen by: an
 AVX2 machine's figures on any x86 machine, agreements only (an emulated run's
 time means nothing).
 
-    python -m benchmarks.realint8 [--model QDQ.onnx --profile NAME] [--emulate-cpu Haswell] [--json OUT]
+    python -m benchmarks.realint8 [--model QDQ.onnx --profile NAME] [--emulate-cpu Haswell] [--runtime onnxruntime openvino]
+                                   [--rounds 15] [--json OUT]
 
 Nothing is written beside the model: the fp32 copy, the int8 files and the
 engine's cache live in a temporary folder removed at the end.
@@ -51,6 +52,8 @@ VARIANTS = {
     "whole graph, 8-bit weights": {"ends_in_fp32": False},
     "whole graph, 7-bit weights (reduce_range)": {"ends_in_fp32": False, "reduce_range": True},
 }
+#: The runtimes that run an int8 (QDQ) file here, by the name `--runtime` takes.
+RUNTIMES = ("onnxruntime", "openvino")
 
 
 def fp32_copy(source: Path, target: Path) -> Path:
@@ -125,10 +128,13 @@ def _maps(session: Any, tensors: list[np.ndarray]) -> list[np.ndarray]:
     return [session.run(None, {name: t})[0] for t in tensors]
 
 
-def measure(source: Path, profile_name: str, work: Path, emulate: str | None = None) -> dict[str, Any]:
+def measure(
+    source: Path, profile_name: str, work: Path, emulate: str | None = None, rounds: int = 15, runtimes: tuple[str, ...] = RUNTIMES
+) -> dict[str, Any]:
     """The fp32 copy's agreement with its source, auto's trials on it, and each int8 variant's agreement.
 
-    `emulate`: a QEMU CPU model to measure the agreements on as well (`_emulated`).
+    `emulate`: a QEMU CPU model to measure the agreements on as well (`_emulated`); `rounds`: of `timings`;
+    `runtimes`: those the int8 files run on (auto's own trials take every runtime installed).
     """
     os.environ["XDG_CACHE_HOME"] = str(work / "cache")  # the engine's measurement and int8 files, here only
     os.environ["XDG_STATE_HOME"] = str(work / "state")
@@ -169,31 +175,33 @@ def measure(source: Path, profile_name: str, work: Path, emulate: str | None = N
     np.save(work / "reference.npy", np.stack(reference))
     for n, keywords in enumerate(VARIANTS.values()):
         quantize._quantize(fp32, work / f"int8-{n}.onnx", contract.input_name, calibration, **keywords)
-    emulated = _emulated(work, emulate) if emulate else None
+    emulated = _emulated(work, emulate, runtimes) if emulate else None
     return {
         "model": source.name,
         "cpu": " ".join(hardware.cpu_features()),
         "fp32 copy vs the quantized original": copy_agreement,
         "served": {"engine": info.providers[0], "precision": info.precision, "chosen_by": info.chosen_by},
         "trials": trials,
-        "int8 agreement with fp32": agreements(work),
-        "int8 ms a run": timings(work, fp32),
+        "int8 agreement with fp32": agreements(work, runtimes),
+        "int8 ms a run": timings(work, fp32, rounds, runtimes=runtimes),
         "emulated": emulated,
         "gate": precision.FAITHFUL,
     }
 
 
-def _engines() -> dict[str, Callable[[Path], Any]]:
-    """The runtimes that run an int8 (QDQ) file here: onnxruntime's CPU provider, and OpenVINO where installed."""
+def _engines(runtimes: tuple[str, ...] = RUNTIMES) -> dict[str, Callable[[Path], Any]]:
+    """Those of `runtimes` installed: onnxruntime's CPU provider, and OpenVINO (f32 outside the int8 nodes)."""
     from depthwatch.model.sessions import openvino
 
-    made: dict[str, Callable[[Path], Any]] = {"onnxruntime CPU": _session}
-    if openvino.installed():
-        made["OpenVINO"] = lambda path: openvino.OpenVINOSession(path, "fp32")  # f32 outside the int8 nodes
+    made: dict[str, Callable[[Path], Any]] = {}
+    if "onnxruntime" in runtimes:
+        made["onnxruntime CPU"] = _session
+    if "openvino" in runtimes and openvino.installed():
+        made["OpenVINO"] = lambda path: openvino.OpenVINOSession(path, "fp32")
     return made
 
 
-def agreements(work: Path) -> dict[str, dict[str, float]]:
+def agreements(work: Path, runtimes: tuple[str, ...] = RUNTIMES) -> dict[str, dict[str, float]]:
     """Per runtime, each variant's agreement with fp32 on the probe images, on this CPU's kernels (files from `measure`)."""
     from depthwatch.model import precision
 
@@ -201,18 +209,18 @@ def agreements(work: Path) -> dict[str, dict[str, float]]:
     reference = list(np.load(work / "reference.npy"))
     return {
         engine: {label: precision.agreement(reference, _maps(make(work / f"int8-{n}.onnx"), tensors)) for n, label in enumerate(VARIANTS)}
-        for engine, make in _engines().items()
+        for engine, make in _engines(runtimes).items()
     }
 
 
-def timings(work: Path, fp32: Path, rounds: int = 15, runs: int = 10) -> dict[str, dict[str, float]]:
+def timings(work: Path, fp32: Path, rounds: int = 15, runs: int = 10, runtimes: tuple[str, ...] = RUNTIMES) -> dict[str, dict[str, float]]:
     """Per runtime, ms a run of fp32 and of each variant on one probe image (its own threads: every core),
     medians of `rounds` rounds of `runs`, the files taking turns within each round so that a change in the
     machine's speed falls on all of them alike."""
     tensor = np.load(work / "probes.npy")[0]
     files = {"fp32": fp32, **{label: work / f"int8-{n}.onnx" for n, label in enumerate(VARIANTS)}}
     out: dict[str, dict[str, float]] = {}
-    for engine, make in _engines().items():
+    for engine, make in _engines(runtimes).items():
         sessions = {label: make(path) for label, path in files.items()}
         feeds = {label: {s.get_inputs()[0].name: tensor} for label, s in sessions.items()}
         times: dict[str, list[float]] = {label: [] for label in files}
@@ -229,7 +237,7 @@ def timings(work: Path, fp32: Path, rounds: int = 15, runs: int = 10) -> dict[st
     return out
 
 
-def _emulated(work: Path, cpu: str) -> dict[str, Any]:
+def _emulated(work: Path, cpu: str, runtimes: tuple[str, ...]) -> dict[str, Any]:
     """`agreements` again in a child under QEMU's emulation of `cpu`: that CPU's kernels, on this machine."""
     import shutil
     import subprocess
@@ -238,7 +246,7 @@ def _emulated(work: Path, cpu: str) -> dict[str, Any]:
     if qemu is None:
         return {"cpu": cpu, "error": "qemu-x86_64 is not installed (Debian: apt-get install qemu-user)"}
     done = subprocess.run(
-        [qemu, "-cpu", cpu, sys.executable, "-m", "benchmarks.realint8", "--agreements-in", str(work)],
+        [qemu, "-cpu", cpu, sys.executable, "-m", "benchmarks.realint8", "--agreements-in", str(work), "--runtime", *runtimes],
         capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[1],
     )
     if done.returncode != 0:
@@ -252,17 +260,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=SHARED_FASTDEPTH, help="a QDQ (int8) ONNX model; the shared FastDepth by default")
     parser.add_argument("--profile", default="fastdepth-nyu")
     parser.add_argument("--emulate-cpu", metavar="CPU", help="also the agreements under qemu-x86_64 -cpu CPU (Haswell: AVX2 alone)")
+    parser.add_argument("--runtime", nargs="+", choices=RUNTIMES, default=list(RUNTIMES), help="what runs the int8 files (default both)")
+    parser.add_argument("--rounds", type=int, default=15, help="rounds of 10 runs each int8 file is timed in (default 15)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--agreements-in", type=Path, help=argparse.SUPPRESS)  # the emulated child's work
     args = parser.parse_args(argv)
     if args.agreements_in:
-        print(json.dumps(agreements(args.agreements_in)))
+        print(json.dumps(agreements(args.agreements_in, tuple(args.runtime))))
         return 0
     if not args.model.is_file():
         print(f"benchmarks.realint8: {args.model} is not here (the shared FastDepth model, or --model)", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="dw-realint8-") as work:
-        result = measure(args.model, args.profile, Path(work), args.emulate_cpu)
+        result = measure(args.model, args.profile, Path(work), args.emulate_cpu, args.rounds, tuple(args.runtime))
     print(f"{result['model']} made fp32 again; CPU {result['cpu']}")
     print(f"  the fp32 copy's maps against the quantized original's: r {result['fp32 copy vs the quantized original']:.4f}")
     for t in result["trials"]:
@@ -282,11 +292,12 @@ def main(argv: list[str] | None = None) -> int:
     times = result["int8 ms a run"]
     for where, engines in rows.items():
         print(f"  int8 against fp32 on {where}:")
+        emulated_row = where.startswith("emulated")
         for engine, found in engines.items():
             fp32_ms = times[engine]["fp32"]
-            print(f"    {engine}: fp32 {fp32_ms:.2f} ms a run" + (" (this CPU)" if where.startswith("emulated") else ""))
+            print(f"    {engine}" + ("" if emulated_row else f": fp32 {fp32_ms:.2f} ms a run"))
             for label, r in found.items():
-                timed = "" if where.startswith("emulated") else f"{times[engine][label]:6.2f} ms ({times[engine][label] / fp32_ms:.2f} x fp32's)  "
+                timed = "" if emulated_row else f"{times[engine][label]:6.2f} ms ({times[engine][label] / fp32_ms:.2f} x fp32's)  "
                 print(f"      {label:<56} {timed}r {r:.4f} ({'faithful' if r >= gate else 'refused'} at {gate})")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
