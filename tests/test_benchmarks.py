@@ -106,7 +106,7 @@ def test_quick_benchmark_runs_every_scenario(tmp_path: Path) -> None:
 
     # The engine auto picked, named in every row; ONNX Runtime fp32 beside it when that is another engine.
     engine = results["engine"]
-    assert engine["seed"] == "CPU fp32" and engine["chosen"].split()[1] in ("fp32", "bf16", "fp16")
+    assert engine["seed"] == "CPU fp32" and engine["chosen"].split()[1] in ("fp32", "bf16", "fp16", "int8")
     if importlib.util.find_spec("openvino") is not None:
         assert engine["chosen"].startswith("OpenVINO ")
     if engine["chosen"] != "CPU fp32":
