@@ -130,7 +130,11 @@ class OpenVINOSession:
         self._request = self._compiled.create_infer_request()
         self._inputs = [_port(p) for p in self._compiled.inputs]
         self._outputs = [_port(p) for p in self._compiled.outputs]
-        self._index = {p.name: i for i, p in enumerate(self._outputs)}
+        # Every name of each output: OpenVINO keeps a tensor's aliases (an ONNX export's and the
+        # graph's own) and names a port by any one of them, so two compilations of one graph (the
+        # model and its int8 file) may each report another.
+        self._index = {name: i for i, port in enumerate(self._compiled.outputs) for name in port.get_names()}
+        self._index.update({p.name: i for i, p in enumerate(self._outputs)})
         self.precision = precision
         #: What the plugin actually runs at (it may keep f32 where a precision is not supported).
         self.applied_precision = str(self._compiled.get_property("INFERENCE_PRECISION_HINT"))
