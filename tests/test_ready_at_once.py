@@ -33,6 +33,7 @@ from depthwatch.config import parse
 from depthwatch.daemon.lifecycle import Daemon
 from depthwatch.errors import EX_SOFTWARE, BadPrediction, ModelChanged
 from depthwatch.model import caches, choice, gauges, hardware, providers, quantize
+from depthwatch.model import precision as precisions
 from depthwatch.model.engine import Engine
 from depthwatch.model.profiles import PROFILES
 from depthwatch.model.spec import ModelSpec
@@ -410,6 +411,23 @@ def test_the_decision_key_changes_with_the_cpus_features(tmp_path, cache_home):
     assert foreign != choice.decision_key(digest, versions, machine.available(), "auto")
     cache_home.mkdir(parents=True, exist_ok=True)
     (cache_home / "providers.json").write_text(json.dumps({foreign: {"provider": CPU, "precision": "fp32", "at": time.time()}}))
+    with Engine(spec(model), session_factory=machine, available_providers=machine.available) as engine:
+        info = engine.wait_ready(120)
+    assert engine.measurements == 1 and info.chosen_by == "measured" and info.providers[0] == CUDA
+
+
+def test_a_choice_remembered_before_auto_tried_what_it_tries_now_is_measured_again(tmp_path, cache_home):
+    # A new variant (OpenVINO's int8), or one made another way (int8's ends in fp32), may be the
+    # faster one: a choice made without it is not served as if it had been measured against it.
+    model = brightness_model(tmp_path / "m.onnx")
+    machine = Machine({CUDA: FAST, CPU: CPU_DELAY})
+    digest = caches.model_digest(model, cache_home)
+    versions = providers.runtimes_version(machine.available())
+    key = choice.decision_key(digest, versions, machine.available(), "auto")
+    assert key.endswith(f" | tried {precisions.TRIED}")
+    older = key.replace(f" | tried {precisions.TRIED}", f" | tried {precisions.TRIED - 1}")
+    cache_home.mkdir(parents=True, exist_ok=True)
+    (cache_home / "providers.json").write_text(json.dumps({older: {"provider": CPU, "precision": "fp32", "at": time.time()}}))
     with Engine(spec(model), session_factory=machine, available_providers=machine.available) as engine:
         info = engine.wait_ready(120)
     assert engine.measurements == 1 and info.chosen_by == "measured" and info.providers[0] == CUDA

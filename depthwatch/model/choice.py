@@ -68,8 +68,8 @@ def decision_key(digest: str, runtime_version: str, available: Sequence[str], pr
     """`runtime_version`: every runtime's version, e.g. "onnxruntime 1.32.0, openvino 2026.4.1"."""
     if not runtime_version.startswith("onnxruntime"):
         runtime_version = f"onnxruntime {runtime_version}"
-    parts = [digest, runtime_version, machine(), ",".join(sorted(available)), f"precision {precision}"]
-    return " | ".join([*parts, f"tried {precisions.TRIED}"])
+    offered = ",".join(sorted(available))
+    return " | ".join([digest, runtime_version, machine(), offered, f"precision {precision}", f"tried {precisions.TRIED}"])
 
 
 class Decisions:
