@@ -723,7 +723,7 @@ def bare(plan: Plan, captured: sessions.Captured) -> dict[str, Any]:
     peaks, startups = [], []
     for r in range(plan.repeats):
         log = plan.work / f"bare{r}.log"
-        child = Child("bare session", [python(), "-m", "benchmarks.bare", str(captured.file), json.dumps(captured.settings)], log)
+        child = Child("bare session", [python(), "-m", "benchmarks.bare", str(captured.info.file), json.dumps(captured.settings)], log)
         try:
             deadline = time.perf_counter() + 120
             line = None

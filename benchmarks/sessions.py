@@ -19,7 +19,6 @@ precision and the threads, which `open_plain` reads back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 #: Session config entries depthwatch may set (onnxruntime cannot list them).
@@ -41,8 +40,6 @@ class Captured:
     session: Any
     info: Any  # depthwatch.model.engine.ModelInfo
     settings: dict[str, Any]
-    #: The file the session runs: the model's, or its int8 file.
-    file: Path
 
 
 def capture(spec: Any, timeout: float = 300.0) -> Captured:
@@ -55,7 +52,7 @@ def capture(spec: Any, timeout: float = 300.0) -> Captured:
 
     def factory(path: str, sess_options: Any = None, providers: Any = None) -> Any:
         session = onnxruntime.InferenceSession(path, sess_options=sess_options, providers=providers)
-        made.update(session=session, options=sess_options, providers=providers, file=Path(path))
+        made.update(session=session, options=sess_options, providers=providers)
         return session
 
     engine = Engine(spec, session_factory=factory).start()
@@ -65,22 +62,8 @@ def capture(spec: Any, timeout: float = 300.0) -> Captured:
         engine.stop(timeout)
     if info.providers[0] == OPENVINO:
         settings = {"engine": "openvino", "precision": info.precision, "threads": max(0, spec.intra_op_threads)}
-        file = served_file(spec, info.precision)
-        return Captured(open_plain(str(file), settings), info, settings, file)
-    return Captured(made["session"], info, describe(made["options"], made["providers"]), made["file"])
-
-
-def served_file(spec: Any, precision: str) -> Path:
-    """The file a session of `spec` at `precision` runs: the model's, or for int8 its quantized one
-    (made by the engine that served it, so cached by now; see depthwatch.model.quantize)."""
-    if precision != "int8":
-        return Path(spec.path)
-    from depthwatch.model import quantize
-
-    cached = quantize.cached(spec.path, spec.state_dir() / "int8", spec.state_dir())
-    if cached is None:
-        raise RuntimeError(f"no int8 file of {spec.path} in the cache, though the engine served one")
-    return cached
+        return Captured(open_plain(str(info.file), settings), info, settings)  # the model's file, or its int8 one
+    return Captured(made["session"], info, describe(made["options"], made["providers"]))
 
 
 def describe(options: Any, providers: Any) -> dict[str, Any]:

@@ -101,7 +101,7 @@ class SessionMaking:
         session = self._create(model_file, ort.session_options(spec, pins=pins), chain, spec, precision)
         applied = tuple(session.get_providers())
         if applied[0] != provider:
-            precision = precisions.FP32  # a fallback to the CPU provider
+            precision, model_file = precisions.FP32, path  # a fallback to the CPU provider, with the model itself
         for name in wanted:
             if name != providers.CPU and name not in applied:
                 log.warning("%s did not take the model; running on %s", name, ", ".join(applied))
@@ -120,6 +120,7 @@ class SessionMaking:
         info = self._described(
             spec, contract, applied, generation, time.perf_counter() - start,
             compiled=compiled, chosen_by=chosen_by, trials=tuple(trials), precision=precision, refused=tuple(refused),
+            file=model_file,
         )
         log.info(
             "loaded %s in %.2f s; applied providers: %s; precision %s",

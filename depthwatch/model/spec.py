@@ -67,8 +67,10 @@ class ModelInfo:
     chosen_by: str = ""
     #: The figures of the measurement this load made (empty when it made none).
     trials: tuple[Trial, ...] = ()
-    #: The arithmetic the session runs at: fp32, bf16 or fp16.
+    #: The arithmetic the session runs at: fp32, bf16, fp16 or int8.
     precision: str = "fp32"
+    #: The file the session runs: the model's own, or its int8 file (`quantize`).
+    file: Path | None = None
     #: Why `precision: auto` kept fp32 although the hardware has a reduced precision
     #: (its maps were not faithful), one line each; empty when nothing was refused.
     refused: tuple[str, ...] = ()
