@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from depthwatch.imaging import normalise
-from depthwatch.imaging.stabilise.alignment import follow, nearness_clip, stretch
+from depthwatch.imaging.stabilise.alignment import follow, keep_shape, nearness_clip, stretch
 from depthwatch.imaging.stabilise.motion import Motion, is_new_picture, measure, thumbnail
 
 #: Daemon: how fast the grey range follows the shot (share of the new frame's range per frame).
@@ -153,6 +153,7 @@ class Stabiliser:
         # planner measures it against the previous filtered map's bounds too: its `span`.)
         span = min(shot.hi - shot.lo, shot.extent) if shot.extent > 0 else shot.hi - shot.lo
         aligned, filtered = follow(n, shot.previous, motion, span, segment=True)
+        filtered = keep_shape(filtered, aligned, motion)  # and what the next frame carries
         flo, fhi = normalise.bounds(filtered, clip)
         lo = shot.lo + RANGE_RATE * (flo - shot.lo)
         hi = shot.hi + RANGE_RATE * (fhi - shot.hi)

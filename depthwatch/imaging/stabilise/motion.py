@@ -26,7 +26,7 @@ FLOW_SCALE = 1
 FLOW_PRESET = cv2.DISOPTICAL_FLOW_PRESET_MEDIUM
 #: Live, without the variational refinement at each level (the preset's 5 iterations): it is about
 #: half the flow's cost at half the thumbnail, and live the maps are as good without it. With
-#: the live blend's agreement at 0.4 of the map's own range (alignment.AGREE, live.Stabiliser.map),
+#: the live blend's agreement at 0.4 of the map's own range (then alignment.AGREE; live.Stabiliser.map),
 #: against the quarter-scale fast flow, on twenty-two real clips: the moving pixels' worst tenth rises
 #: on twenty (bikes 0.920 -> 0.952; the lowest of them 0.862 -> 0.889), the median on all, the warp
 #: error falls on seventeen (bikes 0.309 -> 0.291x; five rise, by 0.018x at most), for about the
