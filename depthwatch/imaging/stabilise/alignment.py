@@ -25,11 +25,18 @@ MIN_CONSISTENT = 0.05
 #: (`span`: live, the previous filtered map's own range where narrower than the grey range's).
 #: 0.97 and 2.0, not 0.92 and 0.4, since `keep_shape` bounds the lag on moving subjects frame by
 #: frame: the gates no longer have to hold it back on every frame for the sake of the worst ones,
-#: so the still scene holds more (bikes played backwards 0.387x -> 0.305x of the bare model's
-#: flicker, worst tenth on moving pixels 0.953 -> 0.944; docs/stable.md, "A floor under the
-#: moving subjects").
+#: so the still scene holds more (on twenty-two real clips, with SCALE_PULL: the worst warp error
+#: 0.408x -> 0.343x of the bare model's, the lowest worst tenth on moving pixels 0.889 -> 0.896;
+#: docs/stable.md, "A floor under the moving subjects").
 CARRY = 0.97
 AGREE = 2.0
+#: Each frame the shot's scale (what the fit multiplies the model's own map by) is pulled this share
+#: of the way, in log, back towards the model's own (1). Why: chained frame to frame, the fit's scale
+#: drifts (on a street shot the filtered map's own range halved through the shot), and a shot's grey
+#: range, which stays put, then clips the first frames and washes out the last. 0.02 (a half-life of
+#: about 35 frames) keeps the still scene's greys steady from frame to frame and brings the street
+#: crops' contrast from 0.53-0.60 to 0.65-0.74 live (docs/stable.md, "A floor under the moving subjects").
+SCALE_PULL = 0.02
 #: A moving subject keeps its own shape (`keep_shape`): on the pixels that move, a map correlates at
 #: least FIDELITY with the frame's own (aligned) map. Moving: MOVING_PX thumbnail pixels a frame or
 #: more (the shared measure's 1.5 px at 320 wide, at the thumbnail's 160); below MIN_MOVING such
@@ -54,8 +61,12 @@ class Fit:
     shift: float
 
 
-def fit(x: np.ndarray, r: np.ndarray) -> Fit:
-    """Scale and shift taking values `x` onto `r` (1-D, paired), trimming the worst-fitting ones."""
+def fit(x: np.ndarray, r: np.ndarray, pull: float = 0.0) -> Fit:
+    """Scale and shift taking values `x` onto `r` (1-D, paired), trimming the worst-fitting ones.
+
+    `pull`: the share, in log, by which the scale is brought back towards 1 (SCALE_PULL), about
+    the kept pixels' centre, so the level stays where it fits.
+    """
     x = x.astype(np.float64)
     r = r.astype(np.float64)
     scale, shift = 1.0, 0.0
@@ -71,6 +82,8 @@ def fit(x: np.ndarray, r: np.ndarray) -> Fit:
         # The spreads' ratio (reduced major axis), not cov / var(x): noise biases the
         # least-squares slope towards 0, and chained over a shot that fades the map.
         scale = float(np.sqrt(vr / vx)) if cov > 0 else 1.0
+        if round_ == REFITS and pull:
+            scale = float(scale ** (1.0 - pull))
         shift = float(rm - scale * xm)
         if round_ < REFITS:
             residual = np.abs(scale * x + shift - r)
@@ -125,7 +138,7 @@ def follow(
     else:
         before = cv2.remap(last_aligned, mx[::step, ::step], my[::step, ::step], cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
     x = n[::step, ::step]
-    f = fit(x[c], before[c]) if c.mean() >= MIN_CONSISTENT else fit(x.ravel(), before.ravel())
+    f = fit(x[c], before[c], SCALE_PULL) if c.mean() >= MIN_CONSISTENT else fit(x.ravel(), before.ravel(), SCALE_PULL)
     aligned = n * np.float32(f.scale)
     aligned += np.float32(f.shift)
     if not span > 0:

@@ -28,8 +28,9 @@ BACK_CARRY = 0.95
 #: Offline: the share of BACK_CARRY a shot's first frame gets (it must stay that frame's own map).
 FIRST_BACK = 0.5
 #: Offline: the forward filter's carry and agreement (see `alignment.CARRY`). The agreement 0.8, not
-#: 0.36, for the same reason: on twenty-two real clips the worst warp error 0.262x -> 0.233x and the
-#: lowest worst tenth on moving pixels 0.820 -> 0.853 (docs/stable.md, "A floor under the moving subjects").
+#: 0.36, for the same reason: on twenty-two real clips (with alignment.SCALE_PULL) the worst warp error
+#: 0.262x -> 0.236x and the lowest worst tenth on moving pixels 0.820 -> 0.868 (docs/stable.md,
+#: "A floor under the moving subjects").
 BATCH_CARRY = 0.92
 BATCH_AGREE = 0.8
 #: Offline: the range of a frame is the mean of the filtered ranges of the frames up to
