@@ -523,7 +523,7 @@ def test_moving_subjects_follow_their_own_frame_while_the_scene_holds(fastdepth,
 def test_a_shot_whose_scale_drifts_keeps_its_contrast(fastdepth):
     """The tests' street shot reframed (zoom 1.3, left): the fit's scale, chained frame to frame, halves
     through the shot, and the shot's grey range, which stays put, washed the maps out (0.61 of the bare
-    map's contrast live, 0.77 batch, with the filter of today). The scale pulled back towards the model's
+    map's contrast live, 0.77 batch, with SCALE_PULL at 0). The scale pulled back towards the model's
     own (`alignment.SCALE_PULL`) keeps 0.72 and 0.88; the moving pixels still follow their own frame.
     """
     clip = footage.edit([footage.Segment("bikes", 76, 136, zoom=1.3, fx=0.2)], SIZE)
@@ -610,7 +610,7 @@ def test_a_subject_that_changes_is_not_carried_while_the_grey_range_lags_wide():
     filtered = state.previous[1]
     before = float(np.median(ramp[patch]))
     # Nearly all of it is taken here (the carried map's weight falls to e^-4 of CARRY); measured
-    # against the lagging span (over 5x wider), about a fifth of it was.
+    # against the lagging span (over 5x wider), about a tenth of it was.
     assert float(np.median(filtered[patch])) > before + 0.8 * change, float(np.median(filtered[patch]))
 
 def test_a_lagging_subject_is_pulled_to_its_own_shape_and_nothing_else_moves():
