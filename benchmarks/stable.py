@@ -249,6 +249,37 @@ def held_out(size: tuple[int, int] = (256, 144)) -> list[Any]:
     return out
 
 
+def fresh(size: tuple[int, int] = (256, 144)) -> list[Any]:
+    """Seven clips made after stop 44's choice of the floor and the filter's settings, which used every clip of
+    `clips` and `held_out`: other frame steps, crops, sizes and directions of the same sample clips, two of them
+    graded dark (docs/stable.md, "A floor under the moving subjects"). JPEG frames decoded again, as there."""
+    import cv2
+    import numpy as np
+
+    s = footage.Segment
+
+    def dark(edit: Any) -> Any:
+        return footage.Edit([cv2.convertScaleAbs(f, alpha=0.45, beta=0) for f in edit.frames], edit.cuts, f"{edit.name}, dark")
+
+    def backwards(edit: Any) -> Any:
+        n = len(edit.frames)
+        return footage.Edit(edit.frames[::-1], tuple(sorted(n - c for c in edit.cuts)), f"{edit.name} backwards")
+
+    edits = [
+        footage.edit([s("bikes", 0, 250, step=2)], size, "bikes every 2nd frame"),
+        dark(footage.edit([s("carphone_pristine", 0, 120, zoom=1.15, fx=0.5)], size, "carphone zoom 1.15")),
+        backwards(footage.edit([s("bigbuckbunny", 0, 132, step=2)], size, "bigbuckbunny every 2nd")),
+        footage.edit([s("bikes", 137, 250, mirror=True, zoom=1.4, fx=0.4)], size, "bikes 137-249 mirrored zoom 1.4"),
+        footage.edit([s("carphone_distorted", 0, 120, step=2, mirror=True)], size, "carphone_distorted every 2nd mirrored"),
+        dark(footage.edit([s("bikes", 0, 250)], (size[0] * 7 // 8, size[1] * 7 // 8), "bikes 224x126")),
+        backwards(footage.edit([s("bikes", 0, 250, zoom=1.2, fx=0.65)], (size[0] * 9 // 8, size[1] * 9 // 8), "bikes zoom 1.2 fx 0.65")),
+    ]
+    return [
+        footage.Edit([cv2.imdecode(np.frombuffer(j, np.uint8), cv2.IMREAD_COLOR) for j in edit.jpegs()], edit.cuts, edit.name)
+        for edit in edits
+    ]
+
+
 def figures(model: Any, which: list[Any] | None = None) -> dict[str, dict[str, tuple[float, float, float, float]]]:
     """Per clip, live and batch: the warp error as a multiple of the bare maps', the median and 10th
     percentile of the correlation with the bare map on moving pixels, and the maps' contrast (the median
@@ -291,11 +322,13 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Per-clip figures of the stabiliser (docs/stable.md), and its cost a frame.")
     parser.add_argument("--model", default="../shared/models/fastdepth_224_nyu_int8.onnx")
     parser.add_argument("--held-out", action="store_true", help="the clips no setting was tuned on (`held_out`), not the usual ones")
+    parser.add_argument("--fresh", action="store_true", help="the clips made after stop 44's choice (`fresh`), not the usual ones")
     args = parser.parse_args()
     from depthwatch.model.hardware import machine
 
     print(f"machine: {machine()}")  # the costs below are this CPU's (its features named), the figures any CPU's
-    for name, modes in figures(args.model, held_out() if args.held_out else None).items():
+    which = held_out() if args.held_out else fresh() if args.fresh else None
+    for name, modes in figures(args.model, which).items():
         for mode, (ratio, median, p10, contrast) in modes.items():
             print(f"{name:40s} {mode:5s} warp error {ratio:.3f}x, moving pixels median {median:.3f}, p10 {p10:.3f}, contrast {contrast:.2f}")
     for path in ("live", "batch"):
