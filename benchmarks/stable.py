@@ -184,9 +184,6 @@ def planned(predictions: list[Any], frames: list[Any], module: Any = None) -> li
 def clips(size: tuple[int, int] = (256, 144)) -> list[Any]:
     """The real footage the figures in docs/stable.md are measured on, each as JPEG frames (quality 90) decoded
     again: what `once` reads from disk and the shared tool's flow is measured on."""
-    import cv2
-    import numpy as np
-
     s = footage.Segment
     edits = [
         footage.edit([s("bikes", 0, 100), s("carphone_pristine", 0, 20), s("carphone_pristine", 20, 40, mirror=True, zoom=1.3, fx=0.3)],
@@ -196,11 +193,7 @@ def clips(size: tuple[int, int] = (256, 144)) -> list[Any]:
         footage.edit([s("bigbuckbunny", 0, 132)], size, "bigbuckbunny.mp4 (animated)"),
         footage.trailer(size),
     ]
-    decoded = []
-    for edit in edits:
-        frames = [cv2.imdecode(np.frombuffer(j, np.uint8), cv2.IMREAD_COLOR) for j in edit.jpegs()]
-        decoded.append(footage.Edit(frames, edit.cuts, edit.name))
-    return decoded
+    return [_as_read(edit) for edit in edits]
 
 
 def held_out(size: tuple[int, int] = (256, 144)) -> list[Any]:
@@ -209,9 +202,6 @@ def held_out(size: tuple[int, int] = (256, 144)) -> list[Any]:
     at another size; six first measured during stop 40's sweep of the live flow (and used in its choice);
     four measured only after that choice; and the tests' 60-frame street shot reframed left and right,
     where live and batch both miss (docs/stable.md, "The live flow at half the thumbnail")."""
-    import cv2
-    import numpy as np
-
     s = footage.Segment
     wider = (size[0] * 5 // 4, size[1] * 5 // 4)
     between = (size[0] * 9 // 8, size[1] * 9 // 8)
@@ -239,13 +229,10 @@ def held_out(size: tuple[int, int] = (256, 144)) -> list[Any]:
     ]
     out = []
     for edit, backwards in edits:
-        frames = [cv2.imdecode(np.frombuffer(j, np.uint8), cv2.IMREAD_COLOR) for j in edit.jpegs()]
-        shown = f"{edit.name}, {frames[0].shape[1]}x{frames[0].shape[0]}" if frames[0].shape[1] != size[0] else edit.name
-        if backwards:
-            n = len(frames)
-            out.append(footage.Edit(frames[::-1], tuple(sorted(n - c for c in edit.cuts)), f"{shown} backwards"))
-        else:
-            out.append(footage.Edit(frames, edit.cuts, shown))
+        read = _as_read(edit)
+        width, height = read.frames[0].shape[1], read.frames[0].shape[0]
+        read = footage.Edit(read.frames, read.cuts, f"{edit.name}, {width}x{height}" if width != size[0] else edit.name)
+        out.append(_backwards(read) if backwards else read)
     return out
 
 
@@ -254,30 +241,36 @@ def fresh(size: tuple[int, int] = (256, 144)) -> list[Any]:
     `clips` and `held_out`: other frame steps, crops, sizes and directions of the same sample clips, two of them
     graded dark (docs/stable.md, "A floor under the moving subjects"). JPEG frames decoded again, as there."""
     import cv2
-    import numpy as np
 
     s = footage.Segment
 
     def dark(edit: Any) -> Any:
         return footage.Edit([cv2.convertScaleAbs(f, alpha=0.45, beta=0) for f in edit.frames], edit.cuts, f"{edit.name}, dark")
 
-    def backwards(edit: Any) -> Any:
-        n = len(edit.frames)
-        return footage.Edit(edit.frames[::-1], tuple(sorted(n - c for c in edit.cuts)), f"{edit.name} backwards")
-
     edits = [
         footage.edit([s("bikes", 0, 250, step=2)], size, "bikes every 2nd frame"),
         dark(footage.edit([s("carphone_pristine", 0, 120, zoom=1.15, fx=0.5)], size, "carphone zoom 1.15")),
-        backwards(footage.edit([s("bigbuckbunny", 0, 132, step=2)], size, "bigbuckbunny every 2nd")),
+        _backwards(footage.edit([s("bigbuckbunny", 0, 132, step=2)], size, "bigbuckbunny every 2nd")),
         footage.edit([s("bikes", 137, 250, mirror=True, zoom=1.4, fx=0.4)], size, "bikes 137-249 mirrored zoom 1.4"),
         footage.edit([s("carphone_distorted", 0, 120, step=2, mirror=True)], size, "carphone_distorted every 2nd mirrored"),
         dark(footage.edit([s("bikes", 0, 250)], (size[0] * 7 // 8, size[1] * 7 // 8), "bikes 224x126")),
-        backwards(footage.edit([s("bikes", 0, 250, zoom=1.2, fx=0.65)], (size[0] * 9 // 8, size[1] * 9 // 8), "bikes zoom 1.2 fx 0.65")),
+        _backwards(footage.edit([s("bikes", 0, 250, zoom=1.2, fx=0.65)], (size[0] * 9 // 8, size[1] * 9 // 8), "bikes zoom 1.2 fx 0.65")),
     ]
-    return [
-        footage.Edit([cv2.imdecode(np.frombuffer(j, np.uint8), cv2.IMREAD_COLOR) for j in edit.jpegs()], edit.cuts, edit.name)
-        for edit in edits
-    ]
+    return [_as_read(edit) for edit in edits]
+
+
+def _as_read(edit: Any) -> Any:
+    """The edit as `once` reads it from disk: each frame a JPEG (quality 90) decoded again."""
+    import cv2
+    import numpy as np
+
+    return footage.Edit([cv2.imdecode(np.frombuffer(j, np.uint8), cv2.IMREAD_COLOR) for j in edit.jpegs()], edit.cuts, edit.name)
+
+
+def _backwards(edit: Any) -> Any:
+    """The edit played backwards: every motion the other way round; each cut now starts the shot it ended."""
+    n = len(edit.frames)
+    return footage.Edit(edit.frames[::-1], tuple(sorted(n - c for c in edit.cuts)), f"{edit.name} backwards")
 
 
 def figures(model: Any, which: list[Any] | None = None) -> dict[str, dict[str, tuple[float, float, float, float]]]:
