@@ -475,6 +475,20 @@ def live_and_batch(predictions: list[np.ndarray], frames: list[np.ndarray]) -> t
     return live, [m for _i, m, _first in stabilise.stabilised(items, DEPTH)]
 
 
+def on_footage(model: Path, segment: footage.Segment) -> dict[str, tuple[float, list[float], float]]:
+    """Live and batch maps of a real clip at SIZE, measured: the warp error as a multiple of the bare
+    maps', the correlations on moving pixels, and the contrast against the bare maps'."""
+    clip = footage.edit([segment], SIZE)
+    predictions = predict(model, clip.frames)
+    bare = [normalise.frame(p, DEPTH) for p in predictions]
+    flow = footage.flows(clip.frames)
+    out = {}
+    for mode, maps in zip(("live", "batch"), live_and_batch(predictions, clip.frames)):
+        ratio, moving = figures(maps, bare, flow, clip.cuts)
+        out[mode] = (ratio, moving, footage.contrast(maps, bare))
+    return out
+
+
 #: Clips of the kinds editors cut most, 60 frames each at SIZE: (segment, the warp error's ceiling
 #: live and batch, the moving pixels' median and 10th percentile floor): the targets, 0.32x / 0.23x
 #: and 0.95 / 0.88, met on each (the animation's batch p10 was 0.880 before the planner's finer flow, 0.883
@@ -501,13 +515,7 @@ CONTRAST_FLOOR_LIVE, CONTRAST_FLOOR_BATCH = 0.65, 0.85
 def test_moving_subjects_follow_their_own_frame_while_the_scene_holds(fastdepth, kind):
     """Lag and ghosts on what moves, flicker on the rest: the shared tool's two figures, live and batch."""
     segment, (live_ceiling, batch_ceiling), (median_floor, p10_floor) = KINDS[kind]
-    clip = footage.edit([segment], SIZE)
-    predictions = predict(fastdepth, clip.frames)
-    bare = [normalise.frame(p, DEPTH) for p in predictions]
-    flow = footage.flows(clip.frames)
-    for mode, maps, ceiling in zip(("live", "batch"), live_and_batch(predictions, clip.frames), (live_ceiling, batch_ceiling)):
-        ratio, moving = figures(maps, bare, flow, clip.cuts)
-        contrast = footage.contrast(maps, bare)
+    for (mode, (ratio, moving, contrast)), ceiling in zip(on_footage(fastdepth, segment).items(), (live_ceiling, batch_ceiling)):
         print(f"{kind}, {mode}: warp error {ratio:.3f}x, moving pixels median {np.median(moving):.3f}, "
               f"p10 {np.percentile(moving, 10):.3f}, contrast {contrast:.2f}")
         assert ratio <= ceiling, mode
@@ -526,13 +534,8 @@ def test_a_shot_whose_scale_drifts_keeps_its_contrast(fastdepth):
     map's contrast live, 0.77 batch, with SCALE_PULL at 0). The scale pulled back towards the model's
     own (`alignment.SCALE_PULL`) keeps 0.72 and 0.88; the moving pixels still follow their own frame.
     """
-    clip = footage.edit([footage.Segment("bikes", 76, 136, zoom=1.3, fx=0.2)], SIZE)
-    predictions = predict(fastdepth, clip.frames)
-    bare = [normalise.frame(p, DEPTH) for p in predictions]
-    flow = footage.flows(clip.frames)
-    for mode, maps, least in zip(("live", "batch"), live_and_batch(predictions, clip.frames), (0.67, 0.83)):
-        ratio, moving = figures(maps, bare, flow, clip.cuts)
-        contrast = footage.contrast(maps, bare)
+    crop = footage.Segment("bikes", 76, 136, zoom=1.3, fx=0.2)
+    for (mode, (ratio, moving, contrast)), least in zip(on_footage(fastdepth, crop).items(), (0.67, 0.83)):
         print(f"{mode}: contrast {contrast:.2f}, warp error {ratio:.3f}x, moving pixels p10 {np.percentile(moving, 10):.3f}")
         assert contrast >= least, (mode, contrast)
         assert ratio <= (0.32 if mode == "live" else 0.23) and np.percentile(moving, 10) >= 0.85, mode
