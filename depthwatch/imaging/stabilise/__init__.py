@@ -29,7 +29,10 @@ How, for each frame after a shot's first (the same steps live and offline):
    (`motion.ZOOM_CUT`; a camera zooms far slower).
    Live (the daemon) decides on the frame itself; offline, where the frames
    after are known, a frame that nearly scores as a cut is one if it stands
-   out from its neighbours (a burst of fast motion does not).
+   out from its neighbours (a burst of fast motion does not), and so is a jump
+   cut (the same set-up a moment later, its colours kept), where the flow fails
+   on that one frame far more than on the frames around it (`motion.JUMP_STAND_OUT`).
+   The daemon has no such test: it cannot tell a jump from an editor scrubbing.
 3. Alignment (`alignment.follow`): the previous map, in the shot's units, is warped by
    the flow onto this frame; this prediction's scale and shift are fitted to it
    on the consistent pixels only, trimmed of the worst-fitting quarter twice

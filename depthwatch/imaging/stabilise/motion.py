@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,17 @@ LOOKAHEAD = 2
 STAND_OUT = 2.0
 #: Offline: a frame just under the live threshold that stands out this well is a cut too.
 BATCH_SCORE = 0.8
+#: Offline: a jump cut (the same set-up a moment later: an interview trimmed, a take shortened)
+#: keeps the colours and much of the picture, so it scores under a cut; but the flow fails on
+#: that one frame far more than on the frames around it, where motion fails it on a run of
+#: frames. A frame whose `Motion.failure` is JUMP_FAILURE or more and JUMP_STAND_OUT times the
+#: mean of its LOOKAHEAD neighbours' on each side is a cut. Chosen on real footage (the edits of
+#: benchmarks.cuts and the clips of benchmarks.stable, about 6,000 frames): the jumps fail 0.13 or
+#: more and stand out 2.6-13x; nothing else failing 0.12 or more stands out over 2.2x (under the
+#: floor, frames that hardly fail stand out up to 3.0x). `python -m benchmarks.cuts --jumps`;
+#: docs/stable.md, "Jump cuts". Live there is no such test (see `is_new_picture`).
+JUMP_FAILURE = 0.12
+JUMP_STAND_OUT = 2.4
 #: The trimmed fits (the alignment's and the camera's): the share of pixels kept each round, and how many refits.
 KEEP = 0.75
 REFITS = 2
@@ -159,6 +171,11 @@ class Motion:
     zoom: float = 0.0
 
     @property
+    def failure(self) -> float:
+        """How badly the flow explains this frame, whatever changed: the geometric mean of the two units."""
+        return float(np.sqrt(self.inconsistent / CUT_INCONSISTENT * self.residual / CUT_RESIDUAL))
+
+    @property
     def score(self) -> float:
         """The cut score: 1 or more, the flow cannot explain this frame (see the module's notes)."""
         if self.content < CUT_CONTENT:
@@ -167,7 +184,7 @@ class Motion:
             return 2.0  # nothing of a flat frame's map belongs to the picture after it
         if abs(self.zoom) >= ZOOM_CUT:
             return 2.0  # a reframe in one frame: the editor cut to a closer or wider take
-        return float(np.sqrt(self.inconsistent / CUT_INCONSISTENT * self.residual / CUT_RESIDUAL))
+        return self.failure
 
 
 def measure(before: np.ndarray, after: np.ndarray, *, live: bool = False) -> Motion | None:
@@ -307,27 +324,34 @@ def _checked(flow: np.ndarray, other: np.ndarray, mx: np.ndarray, my: np.ndarray
 def is_new_picture(before: np.ndarray, after: np.ndarray, motion: Motion | None) -> bool:
     """The daemon's cut test: the flow cannot explain the frame, or it is another size (another clip).
 
-    With no image to compare (either thumbnail empty), the shot goes on.
+    Decided on the frame itself: no jump cut test here (see JUMP_STAND_OUT), since the daemon
+    cannot tell an edit's jump from an editor scrubbing to another moment of the shot, where the
+    shot's tone curve must hold. With no image to compare (either thumbnail empty), the shot goes on.
     """
     if motion is None:
         return before.size > 0 and after.size > 0
     return motion.score >= 1.0
 
 
-def is_cut(scores: dict[int, float], t: int) -> bool:
-    """Offline: frame t starts a shot, given the cut scores of the frames around it (by index).
+def is_cut(motions: Mapping[int, Motion | None], t: int) -> bool:
+    """Offline: frame t starts a shot, given the motions of the frames around it (by index; None: no flow).
 
     A frame the daemon would call a cut (1 or more) is one here too, so a run
     of unrelated stills is a run of cuts. One that nearly is (BATCH_SCORE or
     more) is a cut if it stands out STAND_OUT times above the mean of the
     LOOKAHEAD frames on each side: a cut is one frame the flow cannot explain,
-    where fast motion makes several in a row.
+    where fast motion makes several in a row. And a jump cut, whose content
+    hardly changes, is one whose flow fails JUMP_STAND_OUT times more than
+    its neighbours' (JUMP_FAILURE or more).
     """
-    s = scores.get(t, 0.0)
+    motion = motions.get(t)
+    if motion is None:
+        return False
+    s = motion.score
     if s >= 1.0:
         return True
-    if s < BATCH_SCORE:
-        return False
-    around = [scores[i] for i in range(t - LOOKAHEAD, t + LOOKAHEAD + 1) if i != t and i in scores]
-    return s >= STAND_OUT * (float(np.mean(around)) if around else 0.0)
-
+    around = [m for i in range(t - LOOKAHEAD, t + LOOKAHEAD + 1) if i != t and (m := motions.get(i)) is not None]
+    if s >= BATCH_SCORE and s >= STAND_OUT * (float(np.mean([m.score for m in around])) if around else 0.0):
+        return True
+    failure = motion.failure
+    return failure >= JUMP_FAILURE and failure >= JUMP_STAND_OUT * (float(np.mean([m.failure for m in around])) if around else 0.0)

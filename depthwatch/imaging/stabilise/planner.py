@@ -109,7 +109,7 @@ class _Planner:
         self.clip = clip
         self.window = window
         self.pending: deque[_HeldFrame] = deque()  # received, not yet out (the decided ones first)
-        self.scores: dict[int, float] = {}  # cut scores of the frames around the ones to decide
+        self.motions: dict[int, Motion | None] = {}  # the motions of the frames around the ones to decide (cuts)
         self.decided = 0  # how many of `pending` are decided
         self.previous: _HeldFrame | None = None  # the last frame decided
         self.before: deque[tuple[float, float]] = deque(maxlen=window)  # ranges of the shot's frames out
@@ -120,7 +120,7 @@ class _Planner:
         motion = measure(last.thumbnail, summary.thumbnail) if last is not None else None
         index = self.received
         self.received += 1
-        self.scores[index] = motion.score if motion is not None else 0.0
+        self.motions[index] = motion
         self.pending.append(_HeldFrame(index, key, normalise.nearness(prediction, self.kind), summary.thumbnail, motion))
         while self.decided < len(self.pending) - LOOKAHEAD:
             self._decide()
@@ -137,7 +137,7 @@ class _Planner:
         previous = self.previous
         # A frame of another size is a new shot, as in the daemon; with no thumbnail the shot goes on.
         resized = frame.motion is None and previous is not None and is_new_picture(previous.thumbnail, frame.thumbnail, None)
-        if previous is None or resized or is_cut(self.scores, frame.index):
+        if previous is None or resized or is_cut(self.motions, frame.index):
             frame.first = True
             frame.aligned = frame.filtered = frame.n
         else:
@@ -149,8 +149,8 @@ class _Planner:
         frame.bounds = normalise.bounds(frame.filtered, self.clip)
         frame.n = None  # type: ignore[assignment]  # aligned and filtered are all that is needed from here
         self.previous = frame
-        for old in [i for i in self.scores if i < frame.index - LOOKAHEAD]:
-            del self.scores[old]
+        for old in [i for i in self.motions if i < frame.index - LOOKAHEAD]:
+            del self.motions[old]
 
     def _ready(self, final: bool) -> Iterator[tuple[Any, np.ndarray, bool]]:
         """Frames whose range is known: every frame of its shot within `window` after it is decided."""
