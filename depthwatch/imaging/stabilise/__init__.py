@@ -32,7 +32,9 @@ How, for each frame after a shot's first (the same steps live and offline):
    out from its neighbours (a burst of fast motion does not), and so is a jump
    cut (the same set-up a moment later, its colours kept), where the flow fails
    on that one frame far more than on the frames around it (`motion.JUMP_STAND_OUT`).
-   The daemon has no such test: it cannot tell a jump from an editor scrubbing.
+   The daemon cannot tell a jump from an editor scrubbing, so there a frame the
+   flow jumped to (`motion.is_jump`: failing far more than the shot's last frames)
+   keeps the shot and its tone curve and carries nothing of the last map.
 3. Alignment (`alignment.follow`): the previous map, in the shot's units, is warped by
    the flow onto this frame; this prediction's scale and shift are fitted to it
    on the consistent pixels only, trimmed of the worst-fitting quarter twice

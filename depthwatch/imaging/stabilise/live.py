@@ -20,7 +20,7 @@ import numpy as np
 
 from depthwatch.imaging import normalise
 from depthwatch.imaging.stabilise.alignment import follow, keep_shape, nearness_clip, stretch
-from depthwatch.imaging.stabilise.motion import Motion, is_new_picture, measure, thumbnail
+from depthwatch.imaging.stabilise.motion import JUMP_HISTORY, Motion, is_jump, is_new_picture, measure, thumbnail
 
 #: Daemon: how fast the grey range follows the shot (share of the new frame's range per frame).
 RANGE_RATE = 0.05
@@ -44,6 +44,8 @@ class _Shot:
     #: The filtered map's own range (its bounds' width), which the next frame's agreement is
     #: measured against where it is narrower than the grey range's span (see `map`).
     extent: float
+    #: (residual, failure) of the motions of the shot's last frames, oldest first (`motion.is_jump`).
+    recent: tuple[tuple[float, float], ...] = ()
     used: float = field(default_factory=time.monotonic, compare=False)
 
 
@@ -152,12 +154,20 @@ class Stabiliser:
         # agreement measured against it would carry a crossing subject's last map along. (The
         # planner measures it against the previous filtered map's bounds too: its `span`.)
         span = min(shot.hi - shot.lo, shot.extent) if shot.extent > 0 else shot.hi - shot.lo
-        aligned, filtered = follow(n, shot.previous, motion, span, segment=True)
-        filtered = keep_shape(filtered, aligned, motion)  # and what the next frame carries
+        recent = shot.recent
+        if motion is not None and is_jump(motion, recent):
+            # A jump (an edit's, or the editor scrubbing): the same shot and tone curve, but nothing
+            # of the last map carried, whose flow here is mostly wrong matches.
+            aligned, filtered = follow(n, shot.previous, motion, span, carry=0.0)
+        else:
+            aligned, filtered = follow(n, shot.previous, motion, span, segment=True)
+            filtered = keep_shape(filtered, aligned, motion)  # and what the next frame carries
+        if motion is not None:
+            recent = (*recent[1 - JUMP_HISTORY :], (motion.residual, motion.failure))
         flo, fhi = normalise.bounds(filtered, clip)
         lo = shot.lo + RANGE_RATE * (flo - shot.lo)
         hi = shot.hi + RANGE_RATE * (fhi - shot.hi)
-        state = _Shot(key, seq, shot.number, small, (aligned, filtered), lo, hi, fhi - flo)
+        state = _Shot(key, seq, shot.number, small, (aligned, filtered), lo, hi, fhi - flo, recent)
         return ShotMap(stretch(filtered, lo, hi), shot.number, "", state)
 
     def landed(self, output: Path, shot_map: ShotMap) -> bool:

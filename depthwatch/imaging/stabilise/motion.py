@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +75,14 @@ BATCH_SCORE = 0.8
 #: docs/stable.md, "Jump cuts". Live there is no such test (see `is_new_picture`).
 JUMP_FAILURE = 0.12
 JUMP_STAND_OUT = 2.4
+#: Live, with no frame after to compare: a frame (JUMP_FAILURE or more) whose residual and whose
+#: failure are both JUMP_LIVE times the median of the shot's last JUMP_HISTORY frames' (at least
+#: JUMP_KNOWN of them) jumped (`is_jump`): an edit's jump cut, or an editor scrubbing to another
+#: moment. The daemon cannot tell which, so it keeps the shot and its tone curve and only carries
+#: nothing of the last map into that frame's (live.Stabiliser.map).
+JUMP_LIVE = 4.0
+JUMP_HISTORY = 8
+JUMP_KNOWN = 4
 #: The trimmed fits (the alignment's and the camera's): the share of pixels kept each round, and how many refits.
 KEEP = 0.75
 REFITS = 2
@@ -324,13 +332,27 @@ def _checked(flow: np.ndarray, other: np.ndarray, mx: np.ndarray, my: np.ndarray
 def is_new_picture(before: np.ndarray, after: np.ndarray, motion: Motion | None) -> bool:
     """The daemon's cut test: the flow cannot explain the frame, or it is another size (another clip).
 
-    Decided on the frame itself: no jump cut test here (see JUMP_STAND_OUT), since the daemon
-    cannot tell an edit's jump from an editor scrubbing to another moment of the shot, where the
-    shot's tone curve must hold. With no image to compare (either thumbnail empty), the shot goes on.
+    Decided on the frame itself. A jump cut is not one here: the daemon cannot tell an edit's jump
+    from an editor scrubbing to another moment of the shot, where the shot's tone curve must hold;
+    `is_jump` lets the frame keep the shot and carry nothing instead. With no image to compare
+    (either thumbnail empty), the shot goes on.
     """
     if motion is None:
         return before.size > 0 and after.size > 0
     return motion.score >= 1.0
+
+
+def is_jump(motion: Motion, recent: Sequence[tuple[float, float]]) -> bool:
+    """Live: the flow fails on this frame far more than it did on the shot's last frames (see JUMP_LIVE).
+
+    `recent`: (residual, failure) of the shot's frames before this one, oldest first.
+    """
+    recent = recent[-JUMP_HISTORY:]
+    if len(recent) < JUMP_KNOWN or motion.failure < JUMP_FAILURE:
+        return False
+    residual = float(np.median([r for r, _f in recent]))
+    failure = float(np.median([f for _r, f in recent]))
+    return motion.residual >= JUMP_LIVE * residual and motion.failure >= JUMP_LIVE * failure
 
 
 def is_cut(motions: Mapping[int, Motion | None], t: int) -> bool:
