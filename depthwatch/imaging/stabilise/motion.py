@@ -72,7 +72,7 @@ BATCH_SCORE = 0.8
 #: benchmarks.cuts and the clips of benchmarks.stable, about 6,000 frames): the jumps fail 0.13 or
 #: more and stand out 2.6-13x; nothing else failing 0.12 or more stands out over 2.2x (under the
 #: floor, frames that hardly fail stand out up to 3.0x). `python -m benchmarks.cuts --jumps`;
-#: docs/stable.md, "Jump cuts". Live there is no such test (see `is_new_picture`).
+#: docs/stable.md, "Jump cuts". Live a jump is no cut (see `is_new_picture` and JUMP_LIVE).
 JUMP_FAILURE = 0.12
 JUMP_STAND_OUT = 2.4
 #: Live, with no frame after to compare: a frame (JUMP_FAILURE or more) whose residual and whose
