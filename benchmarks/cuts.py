@@ -77,7 +77,7 @@ def punch_ins(size: tuple[int, int] = footage.SIZE) -> footage.Edit:
 
 
 def jump_cuts(size: tuple[int, int] = footage.SIZE) -> footage.Edit:
-    """Jump cuts: each clip's set-up cut to a moment 5 to 40 frames later, framing kept; 264 frames, 17 cuts.
+    """Jump cuts: each clip's set-up cut to a moment 6 to 41 frames later, framing kept; 264 frames, 17 cuts.
 
     Ten are jumps inside one shot (the rest are the cuts between clips): what
     an interview trimmed or a take shortened looks like. Colours and much of
@@ -99,7 +99,7 @@ def jump_cuts(size: tuple[int, int] = footage.SIZE) -> footage.Edit:
             s("carphone_pristine", 20, 35, zoom=1.3, fx=0.3),
             s("carphone_pristine", 60, 75, zoom=1.3, fx=0.3),
             s("carphone_pristine", 90, 105, mirror=True),
-            s("carphone_pristine", 110, 120, mirror=True),  # 5 frames on: hardly a jump
+            s("carphone_pristine", 110, 120, mirror=True),  # 6 frames on: hardly a jump
             s("bikes", 30, 44),
             s("bikes", 60, 75),
             s("bikes", 190, 205),
