@@ -112,7 +112,7 @@ def thumbnail(image: np.ndarray) -> np.ndarray:
     th = max(8, int(round(h * tw / w)))
     step = min(w // (2 * tw), h // (2 * th))
     if step >= 2:
-        image = np.ascontiguousarray(image[::step, ::step])
+        image = _every(image, step)
     small = cv2.resize(image, (tw, th), interpolation=cv2.INTER_AREA)
     if small.dtype != np.uint8:  # 16-bit or float frames (EXR, 16-bit TIFF): the flow and HSV want 8 bits
         top = 65535.0 if small.dtype == np.uint16 else 1.0
@@ -122,6 +122,30 @@ def thumbnail(image: np.ndarray) -> np.ndarray:
     return small if small.shape[2] == 3 else np.ascontiguousarray(small[:, :, :3])
 
 
+def _every(image: np.ndarray, step: int) -> np.ndarray:
+    """image[::step, ::step], contiguous: by OpenCV's nearest-neighbour resize where it can.
+
+    Why: numpy's strided copy of a 1080p frame takes 0.3-0.6 ms, OpenCV's
+    0.08-0.13 ms, on every frame live and offline. OpenCV picks the same pixels
+    only where the size divides by `step`, so the last column and row of a size
+    that does not are taken by numpy, and the result is the same to the bit.
+    """
+    h, w = image.shape[:2]
+    fh, fw = h // step, w // step
+    rows_whole = image.ndim == 2 or (image.ndim == 3 and image.shape[2] <= 4 and image.strides[1] == image.strides[2] * image.shape[2])
+    if not rows_whole or image.strides[image.ndim - 1] != image.itemsize or image.dtype not in _DECIMATED:
+        return np.ascontiguousarray(image[::step, ::step])
+    out = cv2.resize(image[: fh * step, : fw * step], (fw, fh), interpolation=cv2.INTER_NEAREST)
+    if out.ndim < image.ndim:  # one channel comes back without its axis
+        out = out[..., None]
+    if fw * step < w:
+        out = np.concatenate([out, image[: fh * step : step, fw * step : fw * step + 1]], axis=1)
+    if fh * step < h:
+        out = np.concatenate([out, image[fh * step :: step, ::step]], axis=0)
+    return out
+
+
+_DECIMATED = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.float32))
 _flow = threading.local()
 
 
