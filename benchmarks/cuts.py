@@ -251,13 +251,10 @@ def stand_outs(edit: footage.Edit) -> tuple[list[tuple[int, float, float]], tupl
     thumbs = [motion.thumbnail(frame) for frame in edit.frames]
     measured = {i: motion.measure(thumbs[i - 1], thumbs[i]) for i in range(1, len(thumbs))}
     failure = {i: m.failure for i, m in measured.items() if m is not None}
+    stand_out = {i: motion.failure_stand_out(measured, i) for i in failure}
 
-    def stand_out(t: int) -> float:
-        around = [failure[i] for i in range(t - motion.LOOKAHEAD, t + motion.LOOKAHEAD + 1) if i != t and i in failure]
-        return failure[t] / max(float(np.mean(around)), 1e-6) if around else 0.0
-
-    jumps = [(t, round(failure[t], 3), round(stand_out(t), 2)) for t in edit.cuts if t in failure and measured[t].score < 1]  # type: ignore[union-attr]
-    others = [(failure[t], stand_out(t)) for t in failure if t not in edit.cuts]
+    jumps = [(t, round(failure[t], 3), round(stand_out[t], 2)) for t in edit.cuts if t in failure and measured[t].score < 1]  # type: ignore[union-attr]
+    others = [(failure[t], stand_out[t]) for t in failure if t not in edit.cuts]
     over = max((so for f, so in others if f >= motion.JUMP_FAILURE), default=0.0)
     return jumps, (round(over, 2), round(max((so for _f, so in others), default=0.0), 2))
 

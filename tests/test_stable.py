@@ -672,7 +672,6 @@ def test_a_subject_that_changes_is_not_carried_while_the_grey_range_lags_wide():
         prediction = first if seq == 1 else ramp.copy()
         if seq == 8:
             prediction[patch] += change
-        if seq == 8:
             before_patch = shot.state
             assert before_patch is not None and before_patch.hi - before_patch.lo > 5 * before_patch.extent  # still lags wide
         shot = s.map(out, prediction, INVERSE_DEPTH, with_object if seq == 1 else image, key=0, seq=seq)
@@ -684,6 +683,7 @@ def test_a_subject_that_changes_is_not_carried_while_the_grey_range_lags_wide():
     # Nearly all of it is taken here (the carried map's weight falls to e^-4 of CARRY); measured
     # against the lagging span (over 5x wider), about a tenth of it was.
     assert float(np.median(filtered[patch])) > before + 0.8 * change, float(np.median(filtered[patch]))
+
 
 def test_a_lagging_subject_is_pulled_to_its_own_shape_and_nothing_else_moves():
     """`keep_shape` on a real flow: a textured square moves 4 px over a still textured background.

@@ -396,8 +396,23 @@ def is_cut(motions: Mapping[int, Motion | None], t: int) -> bool:
     s = motion.score
     if s >= 1.0:
         return True
-    around = [m for i in range(t - LOOKAHEAD, t + LOOKAHEAD + 1) if i != t and (m := motions.get(i)) is not None]
-    if s >= BATCH_SCORE and s >= STAND_OUT * (float(np.mean([m.score for m in around])) if around else 0.0):
+    if s >= BATCH_SCORE and s >= STAND_OUT * _mean_around(motions, t, "score"):
         return True
     failure = motion.failure
-    return failure >= JUMP_FAILURE and failure >= JUMP_STAND_OUT * (float(np.mean([m.failure for m in around])) if around else 0.0)
+    return failure >= JUMP_FAILURE and failure >= JUMP_STAND_OUT * _mean_around(motions, t, "failure")
+
+
+def failure_stand_out(motions: Mapping[int, Motion | None], t: int) -> float:
+    """How many times more the flow fails on frame t than on its LOOKAHEAD neighbours each side (what
+    JUMP_STAND_OUT is a line on; inf where they do not fail at all, 0 where t has no motion)."""
+    motion = motions.get(t)
+    if motion is None:
+        return 0.0
+    mean = _mean_around(motions, t, "failure")
+    return motion.failure / mean if mean > 0 else float("inf")
+
+
+def _mean_around(motions: Mapping[int, Motion | None], t: int, measure_: str) -> float:
+    """The mean `score` or `failure` of the LOOKAHEAD frames on each side of t that have a motion (0 if none)."""
+    around = [getattr(m, measure_) for i in range(t - LOOKAHEAD, t + LOOKAHEAD + 1) if i != t and (m := motions.get(i)) is not None]
+    return float(np.mean(around)) if around else 0.0
