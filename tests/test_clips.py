@@ -498,6 +498,25 @@ def test_a_depth_clip_is_known_by_its_mark_not_its_name(tmp_path: Path) -> None:
     assert "1 depth clip written (6 frames), 0 failed" in done.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.mov", "shot.mov", "shot_depth.mov", "shot_matte.mov"]
 
+    # A matte an editor graded from the depth clip with FFmpeg carries its comment (FFmpeg copies a
+    # file's metadata into what it makes of it), but its first frame is its own: it is the editor's,
+    # neither replaced at an output's name nor refused as a clip.
+    ffmpeg = shutil.which("ffmpeg")
+    if ffmpeg is None:
+        pytest.skip("ffmpeg is missing (Debian's ffmpeg package; .ci/run installs it)")
+    graded = tmp_path / "graded.mov"
+    subprocess.run([ffmpeg, "-v", "error", "-i", str(tmp_path / "shot_depth.mov"), "-vf", "boxblur=2", "-c:v", "prores_ks", str(graded)], check=True)
+    with av.open(str(graded)) as container:
+        assert container.metadata["comment"].startswith("depthwatch depth clip")
+    before = graded.read_bytes()
+    done = _once_run(str(tmp_path / "shot.mov"), "-o", str(graded))
+    assert done.returncode == 78, done.stderr
+    assert "graded.mov is not a depth clip depthwatch made; not replacing it" in done.stderr
+    assert graded.read_bytes() == before
+    done = once(str(graded))
+    assert "1 depth clip written (6 frames), 0 failed" in done.stdout
+    assert (tmp_path / "graded_depth.mov").is_file()
+
 
 def test_a_users_clip_at_the_output_is_refused_before_the_model_loads(sources: dict[str, Path], engine: Engine, tmp_path: Path) -> None:
     """An editor's own shot_depth.mov: exit 78 and one line at once, not after the whole clip was mapped."""

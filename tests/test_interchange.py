@@ -160,13 +160,21 @@ def _phone_clip(path: Path, *, durations: list[int], time_base: Fraction, rotati
         stream.time_base = stream.codec_context.time_base = time_base
         if rotation:
             stream.set_display_rotation(rotation)
-        pts = 0
+        pts, lasting = 0, {}
         for image, duration in zip(pan_clip_frames(SIZE, len(durations), step=6), durations):
             frame = av.VideoFrame.from_ndarray(image, format="bgr24")
             frame.pts, frame.duration, frame.time_base = pts, duration, time_base
-            container.mux(stream.encode(frame))
+            lasting[pts] = duration
+            container.mux(_timed(stream.encode(frame), lasting))
             pts += duration
-        container.mux(stream.encode(None))
+        container.mux(_timed(stream.encode(None), lasting))
+
+
+def _timed(packets: list[av.Packet], lasting: dict[int, int]) -> list[av.Packet]:
+    """Each packet lasts as long as its frame (the encoder says 1/rate), as a phone's last frame does."""
+    for packet in packets:
+        packet.duration = lasting.get(packet.pts, packet.duration)
+    return packets
 
 
 def _frame_times(path: Path) -> list[float]:
@@ -180,13 +188,21 @@ def test_a_variable_rate_clip_gets_a_depth_clip_with_its_frame_times_and_the_log
     # 30 fps, then the phone slows to 15: the later frames last twice as long.
     _phone_clip(source, durations=[512] * 12 + [1024] * 12, time_base=Fraction(1, 15360))
     out = tmp_path / f"IMG_0042_depth{ext}"
-    done = once(str(source), "-o", str(out))
+    done = once(str(source), "-o", str(out), "--timeline")
     assert "IMG_0042.mp4 is variable-rate (frames last 33.3 to 66.7 ms)" in done.stderr
     want, got = _frame_times(source), _frame_times(out)
     assert len(got) == len(want) == 24
     start = want[0]
     assert max(abs((w - start) - g) for w, g in zip(want, got)) <= 0.001, (want, got)
     assert got[-1] - got[0] == pytest.approx(12 / 30 + 11 / 15, abs=0.001)  # at a constant 30 fps: 23 / 30
+    # The last frame lasts as long as the source's (an encoder says 1/rate), so both end together,
+    # and the timeline is as long as the clip: 36 frames of its 30 fps, not its 24 frames.
+    lengths = [float(ffprobe(p, "format=duration")["format"]["duration"]) for p in (source, out)]
+    assert lengths[1] == pytest.approx(lengths[0], abs=0.002) and lengths[0] == pytest.approx(1.2, abs=0.002), lengths
+    otio = pytest.importorskip("opentimelineio", reason="timelines need the timeline extra: pip install -e '.[timeline]'")
+    timeline = otio.adapters.read_from_file(str(out.with_suffix(".otio")))
+    assert [t[0].source_range.duration.to_frames() for t in timeline.video_tracks()] == [36, 36]
+    assert 'duration="6/5s"' in out.with_suffix(".fcpxml").read_text()
 
 
 def test_a_constant_rate_clip_says_nothing_of_its_rate(tmp_path: Path) -> None:
@@ -212,6 +228,21 @@ def test_a_turned_phone_clip_gives_a_depth_clip_with_its_display_matrix(tmp_path
     rotation, matrix = side(source)
     assert rotation in (90, -90)  # what the phone said, as ffprobe reads it
     assert side(out) == (rotation, matrix)
+    if ext != ".mov":
+        return
+    # An image sequence has no matrix to carry: its frames are turned as players turn the clip (FFmpeg's
+    # own autorotate of the depth clip shows the same picture), not left lying on their side.
+    once(str(source), "-o", str(tmp_path / "turned_seq/{frame:04d}.png"))
+    frame = cv2.imread(str(tmp_path / "turned_seq" / "0003.png"), cv2.IMREAD_UNCHANGED)
+    assert frame.shape == (SIZE[0], SIZE[1])  # 90 wide, 160 high, as the clip is seen
+    shown = tmp_path / "shown.png"
+    subprocess.run(
+        [_tool("ffmpeg", "ffmpeg"), "-v", "error", "-i", str(out), "-vf", "select=eq(n\\,3)", "-frames:v", "1", "-pix_fmt", "gray16le", str(shown)],
+        check=True,
+    )
+    seen = cv2.imread(str(shown), cv2.IMREAD_UNCHANGED)
+    assert seen.shape == frame.shape
+    assert np.corrcoef(seen.ravel().astype(np.float64), frame.ravel().astype(np.float64))[0, 1] > 0.99
 
 
 # -- image sequences: the clip's metadata in every EXR, frame numbers --------------------------
@@ -244,10 +275,18 @@ def test_an_exr_sequence_carries_each_frames_timecode_rate_and_pixel_aspect_and_
 
 
 def test_a_clips_sequence_is_numbered_from_0_by_default(tmp_path: Path) -> None:
+    """And a sequence folder a killed `once` left half written goes at the next run beside it."""
+    from depthwatch.imaging import clipwrite
+
     source = tmp_path / "short.mov"
     write_clip(source, pan_clip_frames(SIZE, 3, step=8), codec="prores")
+    dead = tmp_path / ".short_depth.999999999-0123abcd.dwtmp"  # pid 999999999: no such process
+    dead.mkdir()
+    (dead / clipwrite.SEQUENCE_MARKER).write_text(clipwrite.marker_text("{frame:04d}.png"))
+    (dead / "0000.png").write_bytes(b"cut off")
     once(str(source), "-o", str(tmp_path / "{stem}_depth/{frame:04d}.png"))
     assert sorted(p.name for p in (tmp_path / "short_depth").iterdir() if not p.name.startswith(".")) == ["0000.png", "0001.png", "0002.png"]
+    assert not dead.exists()
 
 
 # -- a timeline to open ----------------------------------------------------------------------
@@ -290,14 +329,21 @@ def test_once_timeline_writes_an_otio_and_an_fcpxml_with_the_clip_on_v1_and_its_
     (a,), (b,) = placed
     assert a.range_in_parent() == b.range_in_parent() and a.source_range == b.source_range
 
-    # A second run replaces its own timeline; a file of that name someone else made stays.
+    # A second run replaces its own timeline; a file of that name someone else made stays, and the run
+    # is refused before any work (exit 78, the depth clip untouched), not failed after writing the clip.
     once(str(source), "--timeline")
     fcpxml.write_text("<fcpxml version='1.10'><!-- the editor's own --></fcpxml>")
+    made = depth.stat()
     done = subprocess.run(
         [sys.executable, "-m", "depthwatch", "once", str(source), "--timeline", "--model", str(FASTDEPTH), "--profile", "fastdepth-nyu"],
         capture_output=True, text=True, timeout=180,
     )
-    assert done.returncode != 0
-    assert "B002_C007_depth.fcpxml" in done.stderr and "is not a timeline depthwatch made; not replacing it" in done.stderr
+    assert done.returncode == 78, done.stderr
+    assert done.stderr == (
+        f"depthwatch: {source}: its timeline B002_C007_depth.fcpxml in {tmp_path} is not a timeline depthwatch made; "
+        "not replacing it; give another -o or leave out --timeline (nothing was written)\n"
+    )
+    assert done.stdout == ""
     assert "the editor's own" in fcpxml.read_text()
+    assert (depth.stat().st_mtime_ns, depth.stat().st_ino) == (made.st_mtime_ns, made.st_ino)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

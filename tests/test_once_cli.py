@@ -79,6 +79,43 @@ def test_the_summary_counts_failures_too(tmp_path, tiny_model):
     assert "b.jpg" in done.stderr
 
 
+def test_a_still_under_an_output_that_names_a_depth_clip_is_refused_not_written_elsewhere(tmp_path):
+    """`once frame.png -o out.mov`: -o names a depth clip (or an image sequence), which a still cannot
+    give; before, its map went unasked to depth.jpg beside the frame and the run said it was written."""
+    frames(tmp_path / "in", "frame.png", "b.png")
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not a model")  # refused before the model loads: loading it would fail with exit 78 first
+    for args in (["in/frame.png", "-o", "out.mov"], ["in", "-o", "seq/{frame:04d}.png"]):
+        done = once(tmp_path, *args, "--model", str(broken))
+        assert done.returncode == 78, done.stderr
+        assert done.stderr.startswith(f"depthwatch: -o {args[2]} names a depth clip or an image sequence, and "), done.stderr
+        assert "is a still image" in done.stderr and len(done.stderr.splitlines()) == 1
+        assert done.stdout == ""
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["b.png", "broken.onnx", "frame.png", "in"]
+
+
+def test_a_killed_runs_temporary_files_go_at_the_next_run_beside_them(tmp_path, tiny_model):
+    """The daemon sweeps its folders at every start; a `once` killed mid-write has no next start, so the
+    next `once` writing there sweeps: a dead writer's temporary files go, a live one's and a user's stay."""
+    from depthwatch.frames.writer import temp_name_for
+
+    shots = tmp_path / "shots"
+    frames(shots, "a.jpg")
+    dead = shots / ".a_depth.jpg.999999999-0123abcd.dwtmp"  # pid 999999999: no such process
+    dead.write_bytes(b"half a map")
+    live = temp_name_for(shots / "b_depth.jpg")  # this test's own pid: a writer still at work
+    live.write_bytes(b"being written")
+    mine = shots / ".notes.dwtmp"  # not depthwatch's naming
+    mine.write_text("the editor's")
+
+    done = once(tmp_path, "shots", "--model", str(tiny_model))
+
+    assert done.returncode == 0, done.stderr
+    assert not dead.exists() and live.exists() and mine.exists()
+    assert "removed 1 temporary file(s) a stopped depthwatch left in" in done.stderr
+    assert (shots / "a_depth.jpg").is_file()
+
+
 def test_two_frames_that_map_to_one_output_are_refused_before_anything_is_written(tmp_path, tiny_model):
     """`A.0001.jpg` and `A.0001.tif` under `{stem}_depth.jpg`: one map would replace the other.
 

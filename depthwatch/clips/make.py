@@ -109,9 +109,9 @@ def _make(
     stable = settings.normalise == normalise.STABLE
     with video.Clip(job.source) as clip:
         meta = clip.info
-    if meta.comment.startswith(clipwrite.MARK):  # a depth clip, or a copy of one, whatever its name
+    if clipwrite.made_here(job.source, meta.comment):  # a depth clip, or a copy of one, whatever its name
         raise OwnOutput("is a depth clip depthwatch made; not taken as a clip")
-    refuse_replacing(job.final)  # before the work, not after it
+    refuse_replacing(job.final, settings.timeline)  # before the work, not after it
     if meta.width * meta.height > settings.max_pixels:
         raise FrameError(
             f"{meta.width}x{meta.height} is over the limit of {settings.max_pixels / 1e6:.0f} megapixels; raise daemon.max_megapixels"
@@ -122,6 +122,9 @@ def _make(
     folder = job.final.parent
     ensure_folder(folder, job.output_roots)
     temp = temp_name_for(job.final)
+    # Frame times and display matrix: a depth clip carries both, an image sequence is turned upright.
+    timing = sourcemeta.read(job.source, meta.rate, keeps_times=not job.sequence)
+    meta = replace(meta, display_matrix=timing.display_matrix)
     writer: clipwrite.ClipWriter | None = None
     written = 0
     try:
@@ -132,7 +135,7 @@ def _make(
             sink = WriteBehind(lambda k, depth: sequence.write_frame(temp, job.output, k, depth, settings, record, meta), gate)
         else:
             assert kind is not None
-            writer = clipwrite.ClipWriter(temp, kind, meta, sourcemeta.read(job.source, meta.rate))
+            writer = clipwrite.ClipWriter(temp, kind, meta, timing)
             sink = WriteBehind(lambda k, depth: writer.write(depth), gate)  # type: ignore[union-attr]
         bits = 16 if kind is not None else sequence.bits(job.output, settings)
         options = replace(settings.render, bits=bits)
@@ -158,7 +161,7 @@ def _make(
         check(0)  # a last look for a rewrite before the rename
         rename_into_place(temp, job.final, job.output_roots, job.output.name if job.sequence else None, settings.swap_folders)
         if settings.timeline:
-            timeline.write(job.source, job.final, meta, written, job.output_roots)
+            timeline.write(job.source, job.final, meta, timing.length(written, meta.rate), job.output_roots)
     except BaseException:
         if writer is not None:
             writer.abort()

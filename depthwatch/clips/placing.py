@@ -18,7 +18,7 @@ from pathlib import Path
 
 from depthwatch.errors import OutputError
 from depthwatch.files import exchange, rename_noreplace, sync_folder, write_new
-from depthwatch.frames import provenance
+from depthwatch.frames import provenance, timeline
 from depthwatch.frames.folders import inside
 from depthwatch.frames.writer import is_temp_name, remove_own_folder, temp_name_for
 from depthwatch.imaging import clipwrite
@@ -166,13 +166,17 @@ def _unlink_all(folder: Path, names: dict[str, int]) -> None:
             pass
 
 
-def refuse_replacing(final: Path) -> None:
-    """OutputError if what is at `final` is not a depth clip (or sequence folder) depthwatch made."""
+def refuse_replacing(final: Path, timelines: bool = False) -> None:
+    """OutputError if what is at `final` is not a depth clip (or sequence folder) depthwatch made,
+    or (`timelines`) a file at a timeline's name beside it is not a timeline depthwatch made."""
     if os.path.lexists(final) and not clipwrite.is_ours(final):
         raise OutputError(
             f"{shown(final)} is not a depth clip depthwatch made; not replacing it: move it away or change output.clip_template",
             retryable=False,
         )
+    why = timeline.refusal(final) if timelines else None
+    if why:
+        raise OutputError(f"{why}: move it away, change output.clip_template or leave out the timeline", retryable=False)
 
 
 def remove(path: Path) -> None:

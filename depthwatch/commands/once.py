@@ -20,6 +20,7 @@ template, and its extension picks the codec.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -48,6 +49,8 @@ DEFAULT_TEMPLATE = "{stem}_depth.jpg"
 
 #: A clip's depth clip, beside it unless -o says otherwise.
 DEFAULT_CLIP_TEMPLATE = "{stem}_depth.mov"
+
+log = logging.getLogger("depthwatch.once")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -201,6 +204,13 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("no frames found in " + ", ".join(args.inputs) + "; give image files, clips or folders of them")
     clips = [s for s in sources if is_clip_name(s)]
     sources = [s for s in sources if not is_clip_name(s)]
+    if for_clips and sources:
+        # -o named a depth clip or an image sequence: a still's map would otherwise go, unasked, to
+        # the frame template's default name, and the run would say it was written.
+        raise ConfigError(
+            f"-o {shown(args.output)} names a depth clip or an image sequence, and {shown(sources[0])} is a still image; "
+            "map stills with an image name or a folder for -o (.jpg, .png, .tif, .exr), clips in a run of their own"
+        )
     if (args.join or (clips and args.frames)) and (args.farm or sources or not clips or (args.join and args.frames)):
         raise ConfigError("--frames on clips and --join are a farm manager's tasks: clips only, without --farm, one of the two at a time")
     if clips:
@@ -230,6 +240,8 @@ def main(args: argparse.Namespace) -> int:
     jobs, refused = rules.jobs_for(sources)  # ConfigError if two frames share an output
     failures = [f"{shown(source)}: {why}" for source, why in refused]
     _refuse_replacing(jobs)
+    if not args.farm:  # the farm client sweeps what its workers left, once its job is over
+        _sweep_left_behind(job.output for job in jobs)
     began = time.monotonic()
     progress = _progress(len(sources))
     for line in failures:
@@ -314,6 +326,7 @@ def _clip_jobs(clips: list[Path], config: Any) -> tuple[list[Any], list[str]]:
     would have cost its whole length.
     """
     from depthwatch.clips.job import ClipJob
+    from depthwatch.frames import timeline
     from depthwatch.imaging import clipwrite
 
     rules = rules_for((c.parent for c in clips), config.output.template, config.output.clip_template)
@@ -341,6 +354,9 @@ def _clip_jobs(clips: list[Path], config: Any) -> tuple[list[Any], list[str]]:
                 f"{shown(clip)}: its output {shown(job.final)} is not a depth clip depthwatch made; "
                 "not replacing it: give another -o (nothing was written)"
             )
+        why = timeline.refusal(job.final) if config.output.timeline else None
+        if why:
+            raise ConfigError(f"{shown(clip)}: {why}; give another -o or leave out --timeline (nothing was written)")
         jobs.append(job)
     return jobs, refused
 
@@ -357,6 +373,7 @@ def _clips(jobs: list[Any], refused: list[str], config: Any, engine: Any = None)
         print(f"depthwatch: {line}", file=sys.stderr)
     failed, frames = len(refused), 0
     settings = Settings.from_config(config)
+    _sweep_left_behind(job.final for job in jobs)
     own = engine is None and bool(jobs)
     if own:
         engine = Engine(catalogue.resolve(config.model, config.base)).start()
@@ -411,6 +428,24 @@ class _ClipBar:
 
     def __exit__(self, *exc_info: object) -> None:
         self._bar.close()
+
+
+def _sweep_left_behind(outputs: Iterable[Path]) -> None:
+    """Remove what a killed depthwatch left beside these outputs: its temporary files and sequence folders.
+
+    The daemon sweeps its folders at every start; a `once` killed mid-run has
+    no next start of its own, so the next `once` writing beside it sweeps
+    instead (only dead writers' files, and a whole sequence a kill left aside
+    mid-swap goes back to its name first: `writer.sweep_temp_files`).
+    """
+    from depthwatch.frames.writer import sweep_temp_files
+
+    for folder in dict.fromkeys(output.parent for output in outputs):
+        swept, left = sweep_temp_files(folder)
+        if swept:
+            log.info("removed %d temporary file(s) a stopped depthwatch left in %s", swept, shown(folder))
+        if left:
+            log.warning("cannot remove %d temporary file(s) left in %s (is the folder writable?)", left, shown(folder))
 
 
 def _refuse_replacing(jobs: list[Any]) -> None:

@@ -37,7 +37,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -116,18 +116,19 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
     """One clip through both passes and the join; its frame count, or None when a range failed."""
     with video.Clip(job.source) as clip:
         meta = clip.info
-    if meta.comment.startswith(clipwrite.MARK):
+    if clipwrite.made_here(job.source, meta.comment):
         raise DepthwatchError("is a depth clip depthwatch made; not taken as a clip")
     if meta.width * meta.height > settings.max_pixels:
         raise DepthwatchError(f"{meta.width}x{meta.height} is over the limit of {settings.max_pixels / 1e6:.0f} megapixels; raise daemon.max_megapixels")
     out_kind = segments.segment_kind(job.output)  # a kind the farm joins, before any work
-    refuse_replacing(job.final)  # before the work, not after it
+    refuse_replacing(job.final, settings.timeline)  # before the work, not after it
     if settings.timeline:
         timeline.check(job.sequence)
     index = read_index(job.source)
     st = os.stat(job.source)
     version = (st.st_size, st.st_mtime_ns)
-    source_meta = sourcemeta.read(job.source, meta.rate)
+    source_meta = sourcemeta.read(job.source, meta.rate, keeps_times=not job.sequence)
+    meta = replace(meta, display_matrix=source_meta.display_matrix)  # the workers turn an image sequence by it
     size = config.farm.frames_per_task * RANGE_FACTOR
     state = _Clip(job, meta, index, version, ranges(len(index), size), segments.folder_for(job.final))
     try:
@@ -265,7 +266,7 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
         sweep_temp_files_for([job.final])  # a killed earlier run's join
     segments.remove_folder(state.folder)
     if settings.timeline:
-        timeline.write(job.source, job.final, meta, written, job.output_roots)
+        timeline.write(job.source, job.final, meta, source_meta.length(written, meta.rate), job.output_roots)
     return written
 
 

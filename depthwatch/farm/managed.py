@@ -71,7 +71,7 @@ def make_range(job: ClipJob, spec: set[int], engine: Engine, settings: Settings,
     a, b = frames_of(spec, settings.first_frame, len(index))
     with video.Clip(job.source) as clip:
         meta = clip.info
-    if meta.comment.startswith(clipwrite.MARK):
+    if clipwrite.made_here(job.source, meta.comment):
         raise FrameError("is a depth clip depthwatch made; not taken as a clip")
     st = os.stat(job.source)
     version = (st.st_size, st.st_mtime_ns)

@@ -19,6 +19,7 @@ never a file of the same name someone else made.
 from __future__ import annotations
 
 import functools
+import os
 import xml.etree.ElementTree as ET
 from fractions import Fraction
 from pathlib import Path
@@ -28,6 +29,7 @@ from depthwatch.errors import FrameError
 from depthwatch.frames.writer import atomic_write
 from depthwatch.imaging.clipwrite import timecode_frames
 from depthwatch.imaging.video import ClipInfo
+from depthwatch.logtext import shown
 
 #: In every timeline depthwatch writes (OTIO metadata, an FCPXML comment): its own to replace.
 MARK = "depthwatch depth clip timeline"
@@ -55,8 +57,33 @@ def paths_for(depth: Path) -> tuple[Path, Path]:
     return depth.with_suffix(".otio"), depth.with_suffix(".fcpxml")
 
 
+def refusal(depth: Path) -> str | None:
+    """Why the timelines beside `depth` could not be written (a file at a name that is not depthwatch's), or None.
+
+    Asked before a clip is mapped, not found after: a refused timeline would
+    otherwise fail a job whose depth clip is already in place (the run saying
+    no depth clip was written while one was).
+    """
+    for path in paths_for(depth):
+        try:
+            folder = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except OSError:
+            return None  # no folder yet: nothing in it to replace
+        try:
+            why = _may_replace(folder, path.name)
+        finally:
+            os.close(folder)
+        if why:
+            return f"its timeline {shown(path.name)} in {shown(path.parent)} {why}"
+    return None
+
+
 def write(source: Path, depth: Path, info: ClipInfo, frames: int, roots: tuple[Path, ...] = ()) -> tuple[Path, Path]:
-    """Write the `.otio` and `.fcpxml` beside `depth`; OutputError if a file at either name is not depthwatch's."""
+    """Write the `.otio` and `.fcpxml` beside `depth`; OutputError if a file at either name is not depthwatch's.
+
+    `frames`: the clip's length in frames of `info.rate` (a variable-rate clip's
+    own duration at its nominal rate, not its count of frames: see `clips.make`).
+    """
     start = 0
     if info.timecode:
         counted = timecode_frames(info.timecode, info.rate)
@@ -68,8 +95,6 @@ def write(source: Path, depth: Path, info: ClipInfo, frames: int, roots: tuple[P
 
 
 def _may_replace(folder: int, name: str) -> str | None:
-    import os
-
     try:
         fd = os.open(name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0), dir_fd=folder)
     except FileNotFoundError:

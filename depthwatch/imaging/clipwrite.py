@@ -17,6 +17,7 @@ The file is written under the name it is given (a temporary one: see
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -100,13 +101,64 @@ def is_ours(path: Path) -> bool:
         return (path / SEQUENCE_MARKER).is_file()
     if not path.is_file() or path.is_symlink():
         return False
+    return made_here(path)
+
+
+def made_here(path: Path, comment: str | None = None) -> bool:
+    """Whether the clip at `path` (links followed) is a depth clip depthwatch wrote, whatever its name.
+
+    The container's comment carries the mark and a digest of the clip's first
+    video packet (`_first_frame_mark`). FFmpeg copies a comment into whatever it
+    makes of a file, so a matte graded from a depth clip, or a composite over
+    one, carries the mark too; its first packet is its own, so the digest
+    tells it from depthwatch's (and it is neither replaced nor refused as
+    input). A comment with the mark alone is a depth clip from before the
+    digest. `comment`: the container's, where the caller has read it already.
+    """
+    if comment is not None and not comment.startswith(MARK):
+        return False
     av = require_av()
     try:
-        with av.open(str(path)) as container:
-            tags = {str(k).lower(): str(v) for k, v in container.metadata.items()}  # Matroska says COMMENT
-            return tags.get("comment", "").startswith(MARK)
-    except (av.FFmpegError, OSError):
+        with av.open(str(path), metadata_errors="ignore") as container:
+            if comment is None:
+                tags = {str(k).lower(): str(v) for k, v in container.metadata.items()}  # Matroska says COMMENT
+                comment = tags.get("comment", "")
+            if not comment.startswith(MARK):
+                return False
+            digest = comment[len(MARK):].strip()
+            return not digest or digest == _first_frame_mark(_first_packet(container))
+    except (av.FFmpegError, OSError, IndexError):
         return False
+
+
+def _first_packet(container: Any) -> bytes:
+    stream = container.streams.video[0]
+    for packet in container.demux(stream):
+        if packet.size:
+            return _picture_of(bytes(packet), stream.codec_context.name)
+    return b""
+
+
+def _first_frame_mark(data: bytes) -> str:
+    """What follows MARK in a depth clip's comment: a digest of its first video packet's picture."""
+    return f"(first frame {hashlib.blake2b(data, digest_size=8).hexdigest()})"
+
+
+def _picture_of(data: bytes, codec: str) -> bytes:
+    """The part of a packet every container keeps as it is: ProRes and FFV1 packets whole; of an
+    H.264 packet, its slices (the MP4 muxer turns the encoder's start codes into lengths and moves
+    the parameter sets into the header)."""
+    if codec != "h264":
+        return data
+    if data.startswith((b"\0\0\1", b"\0\0\0\1")):
+        units = [u.lstrip(b"\0") for u in re.split(b"\0\0\1", data)]
+    else:  # four-byte lengths, as MP4 stores them
+        units, at = [], 0
+        while at + 4 <= len(data):
+            size = int.from_bytes(data[at : at + 4], "big")
+            units.append(data[at + 4 : at + 4 + size])
+            at += 4 + size
+    return b"".join(u for u in units if u and 1 <= (u[0] & 0x1F) <= 5)
 
 
 def kind_for(ext: str) -> Kind | None:
@@ -127,6 +179,8 @@ class ClipWriter:
         self._info = info
         self._source = source if source is not None and source.variable else None
         self._count = 0
+        #: A variable-rate frame's own duration by its time, for its packet (see `_mux`).
+        self._lasting: dict[int, int] = {}
         w, h = info.width, info.height
         if kind.pix_fmt in ("yuv422p10le", "yuv420p") and w % 2:
             raise FrameError(f"{kind.label} needs an even width, and the clip is {w}x{h}; write .mkv (FFV1) instead")
@@ -160,8 +214,11 @@ class ClipWriter:
                 stream.metadata["timecode"] = info.timecode
             if source is not None and source.display_matrix:
                 stream.set_display_matrix(source.display_matrix)
-            # What tells a depth clip depthwatch made from any other file at its name (see `is_ours`).
+            # What tells a depth clip depthwatch made from any other file at its name (see `made_here`):
+            # the mark, and the first packet's digest, added as that packet is muxed (the header, with
+            # the comment, is written then).
             self._container.metadata["comment"] = MARK
+            self._marked = False
             self._stream = stream
             self._time_base = stream.time_base
         except BaseException:
@@ -178,6 +235,7 @@ class ClipWriter:
         _tag_colour(frame, self.kind)  # prores_aw writes each frame's own tags into its frame header
         if self._source is not None:
             frame.pts, frame.duration = self._source.time_of(self._count)
+            self._lasting[frame.pts] = frame.duration
         else:
             frame.pts = self._count
         frame.time_base = self._time_base
@@ -240,6 +298,16 @@ class ClipWriter:
         return frame
 
     def _mux(self, packets: Any) -> None:
+        for packet in packets:
+            # An encoder gives its packets 1/rate whatever the frame's duration was; the container
+            # takes each sample's from the next one's time, but the last one's from its packet.
+            lasts = self._lasting.pop(packet.pts, None) if self._lasting and packet.pts is not None else None
+            if lasts is not None:
+                packet.duration = lasts
+            if not self._marked and packet.size:
+                picture = _picture_of(bytes(packet), self.kind.codec.replace("libx264", "h264"))
+                self._container.metadata["comment"] = f"{MARK} {_first_frame_mark(picture)}"
+                self._marked = True
         try:
             self._container.mux(packets)
         except OSError as exc:

@@ -82,6 +82,8 @@ class ClipInfo:
     #: file is whole (AVI, MXF: no end structure to check). 0: no such promise (QuickTime, MP4 and
     #: Matroska are checked by their structure, and an edit list may show fewer frames than listed).
     expected: int = 0
+    #: The display matrix (`sourcemeta`), where the job has read it: an image sequence is turned by it.
+    display_matrix: tuple[int, ...] | None = None
 
     def describe(self) -> str:
         rate = f"{float(self.rate):.3f}".rstrip("0").rstrip(".")
