@@ -100,8 +100,12 @@ def clips(farm: Farm) -> dict[str, Path]:
     variable = folder / "variable.mp4"  # from frame 20 on, each frame lasts twice as long
     subprocess.run([ffmpeg, "-v", "error", "-i", str(coded), "-vf", "setpts='if(gt(N,20),2*PTS-20/TB/24,PTS)'",
                     "-fps_mode", "passthrough", "-frames:v", "40", "-c:v", "libx264", "-bf", "2", str(variable)], check=True, timeout=60)
-    coded.unlink()
-    return {"prores": prores, "bframes": trimmed, "variable": variable}
+    turned = folder / "IMG_0007.mov"  # a phone's: stored on its side, a display matrix to show it upright
+    subprocess.run([ffmpeg, "-v", "error", "-i", str(coded), "-frames:v", "20", "-c:v", "libx264", str(folder / "short.mp4")], check=True, timeout=60)
+    subprocess.run([ffmpeg, "-v", "error", "-i", str(folder / "short.mp4"), "-c", "copy", "-metadata:s:v", "rotate=90", str(turned)], check=True, timeout=60)
+    for made in (coded, folder / "short.mp4"):
+        made.unlink()
+    return {"prores": prores, "bframes": trimmed, "variable": variable, "turned": turned}
 
 
 _made_here: dict[tuple[Path, str], Path] = {}
@@ -205,6 +209,25 @@ def test_an_image_sequence_on_the_farm_is_local_onces_sequence(farm: Farm, clips
         else:
             assert (out / name).read_bytes() == (here / name).read_bytes(), name
     assert list(farm.root.glob(".farm-seq*")) == []  # segments and the temporary folder gone
+
+
+def test_a_turned_phone_clip_on_the_farm_is_local_onces_as_a_clip_and_as_a_sequence(farm: Farm, clips: dict[str, Path]) -> None:
+    """The workers turn the frames upright for the model as local once does: the depth clip stores
+    the maps turned back under the source's matrix, the sequence keeps them upright."""
+    source = clips["turned"]
+    out = farm.root / "farm-turned.mov"
+    done = farm.once(str(source), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert_same_clip(source, out, local(farm, source, farm.root / "local-turned.mov"))
+    here = farm.root / "local-turned-seq"
+    done = run_once(str(source), "-o", str(here / "{frame:04d}.png"), "-c", str(farm.config), cwd=farm.root)
+    assert done.returncode == 0, done.stderr
+    there = farm.root / "farm-turned-seq"
+    done = farm.once(str(source), "-o", str(there / "{frame:04d}.png"))
+    assert done.returncode == 0, done.stderr
+    for name in sorted(p.name for p in here.glob("*.png")):
+        mine, theirs = (cv2.imread(str(f / name), cv2.IMREAD_UNCHANGED) for f in (there, here))
+        assert mine.shape == (SIZE[0], SIZE[1]) and np.array_equal(mine, theirs), name  # upright: as tall as the clip is wide
 
 
 def test_a_farm_managers_own_range_tasks_joined_are_local_onces_depth_clip(farm: Farm, clips: dict[str, Path]) -> None:

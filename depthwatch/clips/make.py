@@ -122,7 +122,8 @@ def _make(
     folder = job.final.parent
     ensure_folder(folder, job.output_roots)
     temp = temp_name_for(job.final)
-    # Frame times and display matrix: a depth clip carries both, an image sequence is turned upright.
+    # Frame times and display matrix: the maps are made upright; a depth clip stores them turned back,
+    # as its source's pixels are, under the same matrix; an image sequence keeps them upright.
     timing = sourcemeta.read(job.source, meta.rate, keeps_times=not job.sequence)
     meta = replace(meta, display_matrix=timing.display_matrix)
     writer: clipwrite.ClipWriter | None = None
@@ -136,11 +137,11 @@ def _make(
         else:
             assert kind is not None
             writer = clipwrite.ClipWriter(temp, kind, meta, timing)
-            sink = WriteBehind(lambda k, depth: writer.write(depth), gate)  # type: ignore[union-attr]
+            sink = WriteBehind(lambda k, depth: writer.write(meta.stored(depth)), gate)  # type: ignore[union-attr]
         bits = 16 if kind is not None else sequence.bits(job.output, settings)
         options = replace(settings.render, bits=bits)
         clip_percent = settings.render.clip_percent
-        size = (meta.width, meta.height)
+        size = meta.shown_size
         try:
             for k, image, nearness in Pass(job.source, meta, engine, info, check, gate).maps(stable, clip_percent):
                 sink.put(k, render.render(nearness, size, options, guide=image))
@@ -168,4 +169,3 @@ def _make(
         remove(temp)
         raise
     return written, meta
-

@@ -18,7 +18,7 @@ from depthwatch.errors import OutputError
 from depthwatch.files import write_new
 from depthwatch.frames import provenance
 from depthwatch.frames.settings import Settings
-from depthwatch.imaging import clipwrite, codec, sourcemeta, video
+from depthwatch.imaging import clipwrite, codec, video
 from depthwatch.logtext import shown
 
 
@@ -50,10 +50,7 @@ def write_frame(
     folder: Path, output: Path, k: int, depth: np.ndarray, settings: Settings, record: dict[str, Any], meta: video.ClipInfo
 ) -> None:
     """Frame k of an image sequence (numbered from output.first_frame), into the sequence's temporary folder,
-    on disk before the folder is swapped in; turned as players turn the clip (a frame has no display matrix)."""
-    turn = sourcemeta.upright(meta.display_matrix)
-    if turn is not None:
-        depth = turn(depth)
+    on disk before the folder is swapped in."""
     data = codec.encode(
         depth, output.suffix, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression, exr_options=settings.exr,
         exr_frame=clipwrite.sequence_frame(meta, k),

@@ -57,11 +57,11 @@ class Pass:
     def inferred(self) -> Iterator[tuple[np.ndarray, Inference]]:
         """Each frame at reduced scale with its inference, in order; WINDOW frames ahead at the model."""
         info = self.info
-        size = (self.meta.width, self.meta.height)
+        size = self.meta.shown_size  # frames turned upright, as the model was trained (`orientation`)
         scale = codec.reduction(size, info.min_frame_size)
         window: deque[tuple[np.ndarray, Future[Inference]]] = deque()
         with video.Clip(self.source) as clip:
-            for k, image in enumerate(clip.frames(scale)):
+            for k, image in enumerate(clip.frames(scale, self.meta.turn)):
                 self.check(k)
                 self.gate()
                 model_input = tensor.prepare(codec.Decoded(image, size, "clip"), info.contract, info.profile)

@@ -141,7 +141,7 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
     path_map = config.farm.path_map
     worker_source = path_map.to_worker(job.source)
     tasks = [
-        ClipRange(str(worker_source), a, index.times[a:b], index.seek_for(a), version, (meta.width, meta.height))
+        ClipRange(str(worker_source), a, index.times[a:b], index.seek_for(a), version, meta.shown_size, meta.display_matrix)
         for a, b in state.cuts
     ]
     run_id = uuid.uuid4().hex[:8]

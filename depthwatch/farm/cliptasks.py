@@ -40,7 +40,7 @@ from depthwatch.farm import segments
 from depthwatch.farm.tasks import runner
 from depthwatch.files import sync_folder
 from depthwatch.frames.settings import Settings
-from depthwatch.imaging import clipwrite, codec, render, stabilise, tensor
+from depthwatch.imaging import clipwrite, codec, orientation, render, stabilise, tensor
 from depthwatch.imaging.video import ClipInfo, require_av
 from depthwatch.model.engine import BACKGROUND, Inference
 
@@ -63,8 +63,10 @@ class ClipRange:
     seek: int | None
     #: The source's (size, mtime_ns) as the client saw it: another version fails the task.
     version: tuple[int, int]
-    #: The frame's (width, height) as the container says it.
+    #: The frame's (width, height) as shown (turned by the display matrix, as the maps are made).
     size: tuple[int, int]
+    #: The clip's display matrix: its frames are turned upright by it (`orientation`).
+    display_matrix: tuple[int, ...] | None = None
 
     def describe(self) -> str:
         return f"{Path(self.source).name} frames {self.first}-{self.first + len(self.times) - 1}"
@@ -131,7 +133,7 @@ def render_clip_range(
         return RangeReport(task.first, f"the range has {len(task.times)} frames but {len(maps)} maps", worker=_address(here))
     target = Path(segment)
     temp = segments.part_for(target)
-    size = (meta.width, meta.height)
+    size = meta.shown_size
     info = here.engine.wait_ready()
     writer: clipwrite.ClipWriter | None = None
     try:
@@ -149,7 +151,7 @@ def render_clip_range(
             options = replace(settings.render, bits=16)
             writer = clipwrite.ClipWriter(temp, kind, replace(meta, timecode=None))
             for k, image in enumerate(_decoded(task, info.min_frame_size)):
-                writer.write(render.render(maps[k], size, options, guide=image))
+                writer.write(meta.stored(render.render(maps[k], size, options, guide=image)))
             writer.close()
             writer = None
         os.replace(temp, target)
@@ -201,7 +203,8 @@ def decode_range(task: ClipRange, scale: Callable[[int, int], int]) -> Iterator[
             stream = container.streams.video[0]
             stream.thread_type = "AUTO"  # as local clips decode
             ctx = stream.codec_context
-            factor = scale(ctx.width, ctx.height)
+            turn = orientation.turn_for(task.display_matrix)
+            factor = scale(*(turn.size(ctx.width, ctx.height) if turn is not None else (ctx.width, ctx.height)))
             resize = {}
             if factor > 1:
                 resize = {"width": max(1, ctx.width // factor), "height": max(1, ctx.height // factor), "interpolation": "AREA"}
@@ -220,7 +223,8 @@ def decode_range(task: ClipRange, scale: Callable[[int, int], int]) -> Iterator[
                     break
                 if got == len(wanted) or pts != wanted[got]:
                     raise FrameError(_mismatch(task, got, pts))
-                yield frame.to_ndarray(format="bgr24", **resize)
+                image = frame.to_ndarray(format="bgr24", **resize)
+                yield turn.shown(image) if turn is not None else image
                 got += 1
                 if pts == last:
                     break

@@ -73,6 +73,8 @@ def make_range(job: ClipJob, spec: set[int], engine: Engine, settings: Settings,
         meta = clip.info
     if clipwrite.made_here(job.source, meta.comment):
         raise FrameError("is a depth clip depthwatch made; not taken as a clip")
+    # Turned upright for the model by its display matrix; the segment stores its maps turned back.
+    meta = replace(meta, display_matrix=sourcemeta.read(job.source, meta.rate).display_matrix)
     st = os.stat(job.source)
     version = (st.st_size, st.st_mtime_ns)
     info = engine.wait_ready()
@@ -89,7 +91,7 @@ def make_range(job: ClipJob, spec: set[int], engine: Engine, settings: Settings,
     stable = settings.normalise == normalise.STABLE
     margin = MARGIN if stable else 0
     lo, hi = max(0, a - margin), min(len(index), b + margin)
-    seen = ClipRange(str(job.source), lo, index.times[lo:hi], index.seek_for(lo), version, (meta.width, meta.height))
+    seen = ClipRange(str(job.source), lo, index.times[lo:hi], index.seek_for(lo), version, meta.shown_size, meta.display_matrix)
     kind_out = info.profile.predicts
     clip_percent = settings.render.clip_percent
     frames = ((k, image, inference.prediction) for k, (image, inference) in enumerate(inferred(seen, engine), lo))
@@ -108,7 +110,7 @@ def make_range(job: ClipJob, spec: set[int], engine: Engine, settings: Settings,
     try:
         for k, image, nearness in planned:
             if a <= k < b:
-                writer.write(render.render(nearness, (meta.width, meta.height), options, guide=image))
+                writer.write(meta.stored(render.render(nearness, meta.shown_size, options, guide=image)))
             if k == b - 1:
                 break  # the margin after the range has done its part: no more decoding
         writer.close()

@@ -18,17 +18,11 @@ or the matte would lie on its side over the shot.
 
 from __future__ import annotations
 
-import functools
 import logging
-import math
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-
-import cv2
-import numpy as np
 
 from depthwatch.imaging.video import require_av
 from depthwatch.logtext import shown
@@ -116,38 +110,6 @@ def read(path: Path, rate: Fraction, keeps_times: bool = True) -> SourceMeta:
                 else "an image sequence cannot keep its frames' times; they are numbered one by one",
             )
     return SourceMeta(time_base, times, last, matrix)
-
-
-def upright(matrix: tuple[int, ...] | None) -> Callable[[np.ndarray], np.ndarray] | None:
-    """What turns a frame's stored pixels into the picture as players show it (None: nothing to turn).
-
-    For an image sequence, which has no display matrix to carry: a phone clip
-    filmed on its side must give frames the way the clip is seen, or they lie
-    sideways over it in a compositor. FFmpeg's own choice (its `autorotate`),
-    for quarter turns and flips; another angle is left as stored.
-    """
-    if matrix is None or len(matrix) != 9:
-        return None
-    a, b, c, d, e = (float(v) / 65536 for v in matrix[:5])
-    scale_x, scale_y = math.hypot(a, d), math.hypot(b, e)
-    if not scale_x or not scale_y:
-        return None
-    theta = round(math.degrees(math.atan2(b / scale_y, a / scale_x)))
-    theta -= 360 * math.floor(theta / 360 + 0.9 / 360)
-    if abs(theta - 90) < 1:
-        return cv2.transpose if matrix[3] > 0 else functools.partial(cv2.rotate, rotateCode=cv2.ROTATE_90_CLOCKWISE)
-    if abs(theta - 270) < 1:
-        if matrix[3] < 0:
-            return lambda image: cv2.rotate(cv2.transpose(image), cv2.ROTATE_180)
-        return functools.partial(cv2.rotate, rotateCode=cv2.ROTATE_90_COUNTERCLOCKWISE)
-    flips = (matrix[0] < 0, matrix[4] < 0) if abs(theta - 180) < 1 else (False, matrix[4] < 0) if abs(theta) < 1 else (False, False)
-    if flips == (True, True):
-        return functools.partial(cv2.rotate, rotateCode=cv2.ROTATE_180)
-    if flips[0]:
-        return functools.partial(cv2.flip, flipCode=1)
-    if flips[1]:
-        return functools.partial(cv2.flip, flipCode=0)
-    return None
 
 
 def _display_matrix(container: object, stream: object) -> tuple[int, ...] | None:

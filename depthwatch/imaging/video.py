@@ -24,6 +24,7 @@ from types import ModuleType
 import numpy as np
 
 from depthwatch.errors import FrameError
+from depthwatch.imaging import orientation
 
 #: File extensions taken as clips (the containers editors hand around).
 CLIP_EXTENSIONS = frozenset({".mov", ".mp4", ".m4v", ".mkv", ".mxf", ".avi", ".webm", ".mts", ".m2ts"})
@@ -82,8 +83,24 @@ class ClipInfo:
     #: file is whole (AVI, MXF: no end structure to check). 0: no such promise (QuickTime, MP4 and
     #: Matroska are checked by their structure, and an edit list may show fewer frames than listed).
     expected: int = 0
-    #: The display matrix (`sourcemeta`), where the job has read it: an image sequence is turned by it.
+    #: The display matrix (`sourcemeta`), where the job has read it: frames are turned upright by it.
     display_matrix: tuple[int, ...] | None = None
+
+    @property
+    def turn(self) -> orientation.Turn | None:
+        """How the stored pixels become the picture as shown (`orientation`), None: as stored."""
+        return orientation.turn_for(self.display_matrix)
+
+    @property
+    def shown_size(self) -> tuple[int, int]:
+        """(width, height) of the picture as shown: the maps' size."""
+        turn = self.turn
+        return turn.size(self.width, self.height) if turn is not None else (self.width, self.height)
+
+    def stored(self, depth: np.ndarray) -> np.ndarray:
+        """A map made upright, turned back as the stored pixels lie (what a depth clip holds)."""
+        turn = self.turn
+        return turn.stored(depth) if turn is not None else depth
 
     def describe(self) -> str:
         rate = f"{float(self.rate):.3f}".rstrip("0").rstrip(".")
@@ -154,11 +171,12 @@ class Clip:
             self._container.close()
             raise
 
-    def frames(self, scale: int = 1) -> Iterator[np.ndarray]:
+    def frames(self, scale: int = 1, turn: orientation.Turn | None = None) -> Iterator[np.ndarray]:
         """Each frame as BGR uint8 [H, W, 3], in presentation order; FrameError if the clip is damaged.
 
         `scale` > 1: each frame shrunk by that factor (area average) as it is converted,
-        cheaper than converting the whole frame and shrinking it after.
+        cheaper than converting the whole frame and shrinking it after. `turn`: each
+        frame turned from its stored pixels to the picture as shown.
 
         (A copy that stopped half-way is refused when the clip is opened, by its structure:
         the container's frame count is no guide, since an edit list may drop frames it lists.
@@ -171,7 +189,8 @@ class Clip:
             size = {"width": -(-self.info.width // scale), "height": -(-self.info.height // scale), "interpolation": "AREA"}
         try:
             for frame in self._container.decode(self._stream):
-                yield frame.to_ndarray(format="bgr24", **size)
+                image = frame.to_ndarray(format="bgr24", **size)
+                yield turn.shown(image) if turn is not None else image
                 count += 1
         except av.FFmpegError as exc:
             raise FrameError(f"the clip is damaged after frame {count}: {_reason(exc)}") from None
