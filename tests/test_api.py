@@ -259,6 +259,45 @@ def test_bad_requests_get_their_codes_and_one_log_line_each(api_daemon, tmp_path
     assert d.stop() == 0
 
 
+def test_a_request_waitress_cannot_parse_gets_its_400_and_its_connection_closed(api_daemon):
+    """A garbage request line, a lowercase method, a header without a colon, a NUL in a header: each
+    one 400, one log line, the connection closed. (Before, the refusal's own log line raised on the
+    command and path such a request never had: no answer, a traceback, the connection held open, and
+    a hundred of them locked every plugin out.) Also: HEAD /health is its headers alone, so a client's
+    next answer on the connection is not read from a body it never asked for, and a name with a newline
+    in it comes back on one line, as the log has it."""
+    import socket
+
+    d = api_daemon()
+    host, port = d.url.removeprefix("http://").rsplit(":", 1)
+
+    def exchange(request: bytes) -> bytes:
+        with socket.create_connection((host, int(port)), timeout=HTTP_TIMEOUT) as s:
+            s.sendall(request)
+            data = b""
+            while chunk := s.recv(65536):  # until the server closes: a hang fails on the timeout
+                data += chunk
+        return data
+
+    for request in (b"GARBAGE\r\n\r\n", b"post /predict HTTP/1.1\r\nHost: x\r\n\r\n",
+                    b"GET /health HTTP/1.1\r\nno colon here\r\n\r\n", b"GET /health HTTP/1.1\r\nX-A: a\x00b\r\n\r\n"):
+        head, _, body = exchange(request).partition(b"\r\n\r\n")
+        assert head.split(b" ")[1] == b"400" and body.count(b"\n") == 1, (request, head, body)
+    wait_for(lambda: len(api_lines(d)) == 4, what="a log line for each")
+    assert all(": 400 " in line for line in api_lines(d)) and "Traceback" not in d.log()
+
+    both = exchange(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\nGET /nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    head, _, rest = both.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and b"Content-Length: " in head
+    assert rest.startswith(b"HTTP/1.1 404 "), rest[:80]
+
+    answer = requests.post(f"{d.url}/predict", params={"frame": "a\n\x1b[31mb.jpg"}, timeout=HTTP_TIMEOUT)
+    assert answer.status_code == 403  # no frame of watch.patterns
+    assert answer.text.count("\n") == 1 and "\x1b" not in answer.text and "a\\n\\x1b[31mb.jpg" in answer.text, answer.text
+    assert requests.get(f"{d.url}/health", timeout=HTTP_TIMEOUT).status_code == 200
+    assert d.stop() == 0
+
+
 def test_token_is_required_when_set(api_daemon):
     d = api_daemon(api={"token": "s3cret-token"})
     write_by_rename(d.watch / "frame.jpg", jpeg_bytes(block_frame(9)))

@@ -93,7 +93,8 @@ class Refused(Exception):
         self.status = status
 
 
-_REASONS = {
+#: Each status code's reason phrase (RFC 9110's words), for the app's answers and waitress's own refusals alike.
+REASONS = {
     200: "OK",
     400: "Bad Request",
     401: "Unauthorized",
@@ -153,15 +154,15 @@ class PredictApp:
             answer = self._route(method, path, query, environ)
         except Refused as exc:
             log.warning("api: %s: %d %s", what, exc.status, shown(str(exc)))
-            answer = _Answer(exc.status, f"{exc}\n".encode())
+            answer = _Answer(exc.status, f"{shown(str(exc))}\n".encode())  # one line, as logged: a name's newline escaped
             if exc.status == 401:
                 answer = _Answer(401, answer.body, headers=(("WWW-Authenticate", 'Bearer realm="depthwatch"'),))
         except Exception as exc:  # a bug must cost one request, not the listener
             log.exception("api: %s: internal error", what)
             answer = _Answer(500, f"internal error: {type(exc).__name__}: {exc}\n".encode())
         headers = [("Content-Type", answer.content_type), ("Content-Length", str(len(answer.body))), *answer.headers]
-        start_response(f"{answer.status} {_REASONS.get(answer.status, '')}", headers)
-        return [answer.body]
+        start_response(f"{answer.status} {REASONS.get(answer.status, '')}", headers)
+        return [b""] if method == "HEAD" else [answer.body]  # HEAD: the headers alone (waitress sends what it is given)
 
     def _route(self, method: str, path: str, query: str, environ: dict[str, Any]) -> _Answer:
         self._authorise(environ)

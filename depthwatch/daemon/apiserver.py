@@ -35,7 +35,7 @@ from waitress.server import create_server
 from waitress.task import ErrorTask
 
 from depthwatch.config import ApiConfig
-from depthwatch.daemon.api import THREADS, Backend, PredictApp
+from depthwatch.daemon.api import REASONS, THREADS, Backend, PredictApp
 from depthwatch.logtext import shown
 from depthwatch.threadnames import name_this_thread
 
@@ -50,15 +50,27 @@ _POLICE_S = 1.0
 
 
 class _LoggedErrorTask(ErrorTask):
-    """Requests waitress refuses itself (body over the limit, malformed): one log line too."""
+    """Requests waitress refuses itself (body over the limit, malformed): one log line, and the same
+    sentence as the answer's one-line body, as the app's own refusals (not waitress's three lines)."""
 
     def execute(self) -> None:
         error = self.request.error
         limit = self.channel.server.adj.max_request_body_size
         if error.code == 413:
             error.body = f"the body is over api.max_body_mb ({limit / 1024 / 1024:.3g} MB); send a smaller image or raise api.max_body_mb"
-        log.warning("api: %s %s: %d %s", shown(self.request.command or "?"), shown(self.request.path or "?"), error.code, error.body)
-        super().execute()
+        # A request line or header waitress could not parse leaves no command or path: reading them
+        # raised here, no answer went out, and the connection stayed open for good (100 such locked
+        # every plugin out).
+        command = getattr(self.request, "command", None) or "?"
+        path = getattr(self.request, "path", None) or "?"
+        sentence = shown(" ".join(str(error.body).split()))
+        log.warning("api: %s %s: %d %s", shown(command), shown(path), error.code, sentence)
+        body = f"{sentence}\n".encode()
+        self.status = f"{error.code} {REASONS.get(error.code, error.reason)}"
+        self.response_headers.append(("Content-Type", "text/plain; charset=utf-8"))
+        self.set_close_on_finish()
+        self.content_length = len(body)
+        self.write(body)
 
 
 #: waitress's own notes ("connection limit reached", "canceling pending tasks") would reach
