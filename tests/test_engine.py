@@ -434,6 +434,44 @@ def test_a_running_inference_is_stopped_when_its_frame_is_superseded(tmp_path):
         assert engine.run_count == 1
 
 
+def test_a_reload_withdrawn_while_it_loads_never_swaps_in(tmp_path):
+    """The config named model B, then went back to A (or on to C) while B loaded: B must not serve.
+
+    Withdrawn while it loads, B's load ends (a load is never cut short, and never two at a time)
+    and its session is let go, A staying in service; withdrawn while queued, it never loads;
+    withdrawn after its swap, the caller is told so (False) and must ask for its model again.
+    """
+    model_a, model_b, model_c = (brightness_model(tmp_path / f"{n}.onnx") for n in "abc")
+    loading_b, release_b = threading.Event(), threading.Event()
+    loads: list[str] = []
+
+    def gated(path, sess_options=None, providers=None):
+        loads.append(Path(path).name)
+        if Path(path) == model_b:
+            loading_b.set()
+            assert release_b.wait(30)
+        return onnxruntime.InferenceSession(path, sess_options=sess_options, providers=providers)
+
+    tensor = np.zeros((1, 3, 32, 32), np.float32)
+    with Engine(spec_for(model_a), session_factory=gated) as engine:
+        engine.wait_ready()
+        b = engine.reload(spec_for(model_b))
+        assert loading_b.wait(30)
+        c = engine.reload(spec_for(model_c))  # queued behind B's load
+        assert engine.withdraw(c) and c.cancelled()  # queued: dropped, never loaded
+        assert engine.withdraw(b)  # loading: let go once loaded
+        release_b.set()
+        with pytest.raises(Superseded, match="the config no longer names this model"):
+            b.result(30)
+        assert engine.info.spec.path == model_a
+        assert engine.infer(tensor, engine.info.generation).result(30).model.spec.path == model_a
+        swapped = engine.reload(spec_for(model_c))
+        assert swapped.result(30).spec.path == model_c
+        assert not engine.withdraw(swapped)  # too late: C is in service
+        assert engine.info.spec.path == model_c
+    assert loads.count("c.onnx") >= 1 and "b.onnx" in loads
+
+
 def test_a_frame_that_straddles_a_model_swap_is_rendered_with_the_model_that_ran_it(tmp_path):
     """Inferred by model A (inverse depth), rendered after B (depth: larger = farther) took over.
 

@@ -60,6 +60,41 @@ def test_new_template_pattern_folder_and_model_take_effect(tmp_path, tiny_model)
         assert d.stop() == 0
 
 
+def test_a_model_edit_undone_while_it_loads_leaves_the_model_in_service(tmp_path, tiny_model):
+    """The config names a slow-loading model, then goes back while it loads: the load is withdrawn.
+
+    Before, the load swapped in anyway and served every frame from a model the config no longer
+    named, with no error anywhere, until the next edit. Whichever way the timing falls (the edit
+    back seen before the load ends, or after it), the model in service at the end is the one the
+    config names, the status says so, and a frame's map is made by it.
+    """
+    from onnx_models import slow_model
+
+    from depthwatch.frames import provenance
+
+    slow = slow_model(tmp_path / "slow.onnx", seconds=2.0)  # its load's warm-up run: two seconds
+    d = DaemonProcess(tmp_path, tiny_model).start()
+    try:
+        edit(d, lambda c: c["model"].update(path=str(slow)))
+        loads(d, 2)
+        edit(d, lambda c: c["model"].update(path=str(tiny_model)))
+        loads(d, 3)
+        # Withdrawn while it loaded (the usual case), or swapped in just before the edit was read and
+        # then swapped out again: either way, the model the config names ends up in service.
+        wait_for(lambda: "not using slow.onnx: the config no longer names it; keeping tiny.onnx" in d.log() or "now using tiny.onnx" in d.log(),
+                 what="the model the config names, in service")
+        status = d.status()
+        assert status["model"] == str(tiny_model) and status.get("model_error") is None and status.get("config_error") is None
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: (d.watch / "depth.jpg").exists(), what="the map")
+        record = provenance.read(d.watch / "depth.jpg")
+        assert record is not None and record["model"] == "tiny.onnx", record
+        lines = [line for line in d.log().splitlines() if "now using" in line]
+        assert not lines or "tiny.onnx" in lines[-1], lines
+    finally:
+        assert d.stop() == 0
+
+
 def test_broken_edit_keeps_the_last_good_config_until_fixed(tmp_path, tiny_model):
     d = DaemonProcess(tmp_path, tiny_model).start()
     try:

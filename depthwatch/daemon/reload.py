@@ -153,8 +153,9 @@ class ConfigReload:
                 make_watch_folders(rules.roots)
                 daemon.locks.hold(rules.roots, recursive=new.watch.recursive)
             except DepthwatchError as exc:
-                log.error("%s; keeping the watch folders of the last good config", exc)
-                status.config_error = str(exc)
+                kept = "the watch section and output." + ", output.".join(_RULES_OUTPUT)
+                log.error("%s; keeping %s of the last good config (the rest of the edit applies)", exc, kept)
+                status.config_error = f"{exc}; keeping {kept} of the last good config"
                 new = replace(new, watch=old.watch, output=replace(new.output, **{name: getattr(old.output, name) for name in _RULES_OUTPUT}))
         if _rules_of(new) != _rules_of(old):
             if daemon.watcher is not None:
@@ -183,8 +184,17 @@ class ConfigReload:
         load succeeds or the config goes back to the model in service.
         """
         status = self._daemon.report.status
-        serving, serving_key = self._serving
+        engine = self._daemon.engine
+        assert engine is not None
         key = _model_file_key(new.model, new.base)
+        if self._swap is not None and self._swap_for != (new.model, key):
+            # A load under way that this config no longer asks for (an edit undone, or another model
+            # named meanwhile): it must not swap in and serve a model no config names.
+            if engine.withdraw(self._swap):
+                self._swap, self._swap_for = None, self._serving
+            else:
+                self.report_swap()  # it swapped in (or failed) just now: below, the model asked for loads after it
+        serving, serving_key = self._serving
         if (new.model, key) == (serving, serving_key):
             status.model_error = None  # the model in service is the one asked for
             return
@@ -198,8 +208,6 @@ class ConfigReload:
             log.error("%s; keeping model %s", exc, serving.path)
             status.config_error = status.model_error = str(exc)
             return
-        engine = self._daemon.engine
-        assert engine is not None
         self._swap = engine.reload(spec)  # the main loop reports it when done
         self._swap_for = (new.model, key)
 

@@ -126,6 +126,8 @@ class Engine(IdleMeasuring, SessionMaking):
         self._thread = threading.Thread(target=self._serve, name="depthwatch-inference", daemon=True)
         self._ready = threading.Event()
         self._lock = threading.Lock()
+        #: Reloads no longer asked for (`withdraw`), while they load: they never swap in.
+        self._withdrawn: set[Future[Any]] = set()
         self._closed = False
         self._info: ModelInfo | None = None
         self._error: DepthwatchError | None = None
@@ -233,6 +235,22 @@ class Engine(IdleMeasuring, SessionMaking):
         On failure the old model stays in service and the future carries the error.
         """
         return self._put(("load", spec))
+
+    def withdraw(self, load: Future[ModelInfo]) -> bool:
+        """A reload nobody asks for any more (the config went back, or on to another model): never swap it in.
+
+        Queued, it is dropped; loading, it finishes (a load is not cut short: it
+        is never two at a time anyway) and its session is let go, the model in
+        service staying. False if it came too late: the swap has happened (or the
+        load failed), and the caller must ask for the model it wants again.
+        """
+        if load.cancel():
+            return True
+        with self._lock:
+            if load.done():
+                return False
+            self._withdrawn.add(load)
+            return True
 
     def stop(self, timeout: float | None = None, interrupt: bool = False) -> bool:
         """Finish the queued work, release the session, join the thread; True if it ended.
@@ -377,17 +395,32 @@ class Engine(IdleMeasuring, SessionMaking):
             new_session, info = self._load(spec, generation=self._info.generation + 1)
         except DepthwatchError as exc:
             log.error("keeping %s: %s", self._info.spec.path.name, exc)
-            future.set_exception(exc)
+            self._settle(future, exc)
             return session
         except Exception as exc:
             error = ModelError(internal(f"loading {spec.path.name}", exc))
             log.error("keeping %s: %s", self._info.spec.path.name, error)
-            future.set_exception(error)
+            self._settle(future, error)
             return session
-        self._info = info
-        self._cpu_rebuilt = False
-        future.set_result(info)
+        with self._lock:  # with `withdraw`: a reload withdrawn is never swapped in, one swapped in is not withdrawn
+            if future in self._withdrawn:
+                self._withdrawn.discard(future)
+                withdrawn = True
+            else:
+                withdrawn = False
+                self._info = info
+                self._cpu_rebuilt = False
+                future.set_result(info)
+        if withdrawn:
+            log.info("not using %s: the config no longer names it; keeping %s", spec.path.name, self._info.spec.path.name)
+            future.set_exception(Superseded("the config no longer names this model"))
+            return session  # the new session is let go here, before the next job
         return new_session  # the old session is released as its last reference goes
+
+    def _settle(self, future: Future[Any], error: BaseException) -> None:
+        with self._lock:
+            self._withdrawn.discard(future)
+        future.set_exception(error)
 
     def _run(self, session: Session, future: Future[Any], tensor: np.ndarray, generation: int, priority: int = LIVE) -> Session:
         info = self._info
