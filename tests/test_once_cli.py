@@ -66,6 +66,9 @@ def test_a_script_gets_one_summary_line(tmp_path, tiny_model):
     lines = done.stdout.splitlines()
     assert len(lines) == 1 and lines[0].startswith("3 depth maps written, 0 failed, in "), done.stdout
     assert lines[0].endswith(" s")
+    # A frame named twice is one frame: one map, counted once (it said 3).
+    again = once(tmp_path, "shots/a.jpg", "shots/a.jpg", "./shots/a.jpg", "--model", str(tiny_model))
+    assert again.returncode == 0 and again.stdout.startswith("1 depth map written, 0 failed, in "), again.stdout
 
 
 def test_the_summary_counts_failures_too(tmp_path, tiny_model):

@@ -67,6 +67,7 @@ def test_what_is_a_frame(tmp_path: Path) -> None:
     assert r.is_frame(tmp_path / "SHOT.JPG")  # patterns are case-insensitive
     assert r.is_frame(tmp_path / "shot_depth_of_field.jpg")  # a real frame, not an output
     assert not r.is_frame(tmp_path / "shot_depth.jpg")  # the template's own output
+    assert r.is_frame(tmp_path / "x\ny.jpg") and not r.is_frame(tmp_path / "x\ny_depth.jpg")  # a newline in a name too
     assert not r.is_frame(tmp_path / ".shot.jpg")  # hidden: an editor's temporary
     assert not r.is_frame(tmp_path / ".depth.jpg.0a1b2c3d.dwtmp")
     assert not r.is_frame(tmp_path / "shot.png")

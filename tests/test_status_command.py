@@ -103,6 +103,44 @@ def test_status_shows_a_hand_started_daemon_and_exits_3_once_it_stopped(tmp_path
     assert rows(stopped.stdout)["depthwatch"].startswith("not running (stopped at ")
 
 
+def test_status_tells_the_truth_about_a_daemon_whose_config_file_now_holds_a_bad_edit(tmp_path, tiny_model):
+    """The daemon runs on in its last good config; `status -c config.yaml` (and `status` beside it) still
+    shows it, with the edit's error, where it exited 78 (or said "not running"). And a frame named with
+    a newline cannot add lines of its own to what status prints (a forged "last error: none")."""
+    import yaml
+
+    watch = tmp_path / "shots"
+    watch.mkdir()
+    config = tmp_path / "config.yaml"
+    settings = {
+        "model": {"path": str(tiny_model), "profile": "midas-v21-small"},
+        "watch": {"folders": [str(watch)], "patterns": ["*.jpg"]},
+        "output": {"template": "{stem}_depth.jpg"},
+    }
+    config.write_text(yaml.safe_dump(settings))
+    daemon = HandStarted(tmp_path, "-c", str(config))
+    try:
+        daemon.wait_ready()
+        forged = "x\nlast error:   none\nhealth:       ok.jpg"
+        write_by_rename(watch / forged, jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: (watch / "x\nlast error:   none\nhealth:       ok_depth.jpg").exists(), what="the map")
+        wait_for(lambda: "1 done" in depthwatch(tmp_path, "status", "-c", str(config)).stdout, what="status to count it")
+        config.write_text(config.read_text() + "watch: [unclosed\n")
+        wait_for(lambda: "not valid YAML" in daemon.log(), what="the daemon to refuse the edit")
+        for args in (("status", "-c", str(config)), ("status",)):
+            done = depthwatch(tmp_path, *args)
+            assert done.returncode == 0, (args, done.stdout, done.stderr)
+            shown = rows(done.stdout)
+            assert shown["depthwatch"].startswith(f"running, pid {daemon.proc.pid}"), done.stdout
+            assert "not valid YAML" in shown["config error"]
+            assert shown["last frame"].startswith(f"{watch}/x\\nlast error:   none\\nhealth:"), shown["last frame"]  # escaped, as the log has it
+            assert [line for line in done.stdout.splitlines() if line.startswith(("last error", "health"))] == ["last error:   none"]
+        assert "not valid YAML" in depthwatch(tmp_path, "status", "-c", str(config)).stderr
+    finally:
+        assert daemon.stop() == 0
+        daemon.close()
+
+
 def test_a_daemon_that_died_is_shown_as_not_running(tmp_path, tiny_model):
     daemon = HandStarted(tmp_path, "--model", str(tiny_model), "--profile", "midas-v21-small", "--status", "s.json")
     try:

@@ -171,7 +171,7 @@ def collect_inputs(inputs: list[str], template: str, clip_template: str = DEFAUL
             )
         else:
             files.append(path)
-    return files
+    return list(dict.fromkeys(files))  # a frame named twice (`a.jpg ./a.jpg`) is one frame, one map, counted once
 
 
 def main(args: argparse.Namespace) -> int:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from depthwatch.logtext import shown
 
 HELP = "show whether depthwatch is running, with its pid, model, counts and last error (from its status file)"
 
@@ -24,20 +27,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from depthwatch import config as configuration
     from depthwatch.daemon import status
-    from depthwatch.errors import DepthwatchError
+    from depthwatch.errors import ConfigError, DepthwatchError
     from depthwatch.paths import expand_path
 
     if args.status:
         files = [expand_path(args.status, Path.cwd())]
     elif args.config:
-        files = [status.path_for(configuration.load(configuration.find(args.config, here=True)))]
+        source = configuration.find(args.config, here=True)
+        try:
+            files = [status.path_for(configuration.load(source))]
+        except ConfigError as exc:
+            # An edit that does not load: a daemon run with this file keeps its last good config, and
+            # is still the one to ask (its status says so too, as config_error).
+            files = status.files_for_source(source) if source is not None else []
+            if not files:
+                raise
+            print(f"depthwatch: {exc} (a daemon running with it keeps its last good config)", file=sys.stderr)
     else:
         folder = status.status_dir()
         files = sorted(folder.glob("*.json"), key=_mtime, reverse=True) if folder.is_dir() else []
+        own: Path | None = None
+        source: Path | None = None
         try:  # the config `run` here would use may name a status file of its own
-            own = status.path_for(configuration.load(configuration.find(here=True)))
+            source = configuration.find(here=True)
+            own = status.path_for(configuration.load(source))
         except DepthwatchError:
-            own = None
+            if source is not None:  # the file does not load now: its daemon's status files first, found without it
+                theirs = status.files_for_source(source)
+                files = [*theirs, *(f for f in files if f not in theirs)]
         if own is not None and own.parent != folder and own.is_file():
             files.insert(0, own)
         if not files:
@@ -123,6 +140,9 @@ def _show(path: Path) -> bool:
         rows.append(("model error", data["model_error"]))
     if data.get("health_error"):
         rows.append(("health", data["health_error"]))
+    width = max(len(name) for name, _ in rows) + 2
     for name, value in rows:
-        print(f"{name + ':':<13}{value}")
+        # Escaped as the log escapes names: a frame named with a newline cannot add lines of its own
+        # (a forged "last error: none" under a real one).
+        print(f"{name + ':':<{width}}{shown(str(value))}")
     return running

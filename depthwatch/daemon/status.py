@@ -148,11 +148,33 @@ def default_path(config: Config) -> Path:
     one warns at start.
     """
     if config.source is not None:
-        key, label = str(config.source.resolve()), config.source.stem
-    else:
-        key, label = "\n".join(sorted(str(f) for f in config.watch.folders)), "defaults"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
-    return status_dir() / f"{label}-{digest}.json"
+        return path_for_source(config.source)
+    key = "\n".join(sorted(str(f) for f in config.watch.folders))
+    return status_dir() / f"defaults-{hashlib.sha256(key.encode()).hexdigest()[:10]}.json"
+
+
+def path_for_source(source: Path) -> Path:
+    """The default status file of a daemon run with the config file `source`, whatever that file holds now."""
+    digest = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:10]
+    return status_dir() / f"{source.stem}-{digest}.json"
+
+
+def files_for_source(source: Path) -> list[Path]:
+    """The status files of daemons run with the config file `source`, found without reading it.
+
+    For `depthwatch status` while that file holds an edit that does not load:
+    the daemon runs on in its last good config, and is the one to ask. Its
+    default status file, and any in the status folder that names this config.
+    """
+    found = [path_for_source(source)] if path_for_source(source).is_file() else []
+    folder = status_dir()
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            if path not in found and read_status(path).get("config") == str(source):
+                found.append(path)
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def path_for(config: Config) -> Path:

@@ -48,7 +48,7 @@ def _template_regex(template: str) -> re.Pattern[str]:
         parts.append(re.escape(literal))
         if field is not None:
             parts.append("[^.]+" if field == "ext" else ".+")
-    return re.compile("".join(parts), re.IGNORECASE)
+    return re.compile("".join(parts), re.IGNORECASE | re.DOTALL)  # a name may hold a newline: `.` must take it
 
 
 class Rules:
