@@ -55,6 +55,16 @@ class Superseded(FrameError):
     """
 
 
+class Vanished(Superseded):
+    """The frame (or its folder) was deleted or moved away before it could be read: there is no newer
+    version, so it is said as such (one line naming it), not summed up with the frames replaced."""
+
+
+class Stopped(Superseded):
+    """The daemon's stop, out of time, dropped the frame before its map was made: the next start maps it.
+    No newer version either: not counted with the frames replaced."""
+
+
 class OutputError(DepthwatchError):
     """A depth map could not be written; `retryable` when the cause may clear (full disk, permissions)."""
 

@@ -472,6 +472,50 @@ def test_a_reload_withdrawn_while_it_loads_never_swaps_in(tmp_path):
     assert loads.count("c.onnx") >= 1 and "b.onnx" in loads
 
 
+def test_a_frame_gone_or_dropped_by_a_stop_is_not_said_to_have_a_newer_version(tmp_path, tiny_model):
+    """Superseded means a newer version replaced it; a frame deleted before it was read, or dropped by a
+    stop out of time, had none: each says what did happen (the daemon logs the first by name, and counts
+    neither with the frames replaced)."""
+    release = threading.Event()
+
+    def gated(path, sess_options=None, providers=None):
+        session = onnxruntime.InferenceSession(path, sess_options=sess_options, providers=providers)
+
+        class Gated:
+            def __getattr__(self, name):
+                return getattr(session, name)
+
+            def run(self, names, feed, options=None):
+                if feed[session.get_inputs()[0].name].any():  # a frame, not the warm-up
+                    assert release.wait(30)
+                return session.run(names, feed, options)
+
+        return Gated()
+
+    frames = []
+    for n in range(3):
+        frames.append(tmp_path / f"f{n}.png")
+        cv2.imwrite(str(frames[-1]), quadrant_frame())
+    engine = Engine(spec_for(tiny_model), session_factory=gated).start()
+    try:
+        pipeline = Pipeline(engine, workers=1)
+        gone = pipeline.submit(Job(tmp_path / "deleted.png", tmp_path / "deleted_depth.png"), Settings()).result(30)
+        assert gone.superseded and gone.gone == "vanished" and gone.error == "the file vanished before it could be read"
+        held = [pipeline.submit(Job(f, f.with_name(f.stem + "_depth.png")), Settings()) for f in frames]
+        wait_for(lambda: engine.busy, what="the first frame in the model")
+        engine.stop(timeout=0.5, interrupt=True)  # the stop, out of time: the queued frame dropped, the run stopped
+        release.set()
+        results = [f.result(30) for f in held]
+        pipeline.close(30)
+    finally:
+        release.set()
+        engine.stop()
+    dropped = [r for r in results if not r.ok]
+    assert dropped and all(r.superseded and r.gone == "stopped" and "the daemon stopped" in r.error for r in dropped), [
+        (r.error, r.gone) for r in results
+    ]
+
+
 def test_a_frame_that_straddles_a_model_swap_is_rendered_with_the_model_that_ran_it(tmp_path):
     """Inferred by model A (inverse depth), rendered after B (depth: larger = farther) took over.
 

@@ -83,6 +83,10 @@ class Accounts:
                     counts.cuts += 1
                     counts.last_cut = f"{job.source} -> {job.output}:{result.shot_note()}"
             frames_log.info("%s total %.1f queue %d%s", result.describe(), latency_ms, len(daemon.queue), result.shot_note())
+        elif result.gone == "vanished":  # no newer version: said as it is, naming the frame
+            frames_log.info("%s; nothing to map", result.describe())
+        elif result.gone == "stopped":  # the stop's own line says the next start maps them
+            frames_log.debug("%s", result.describe())
         elif result.superseded:
             with self._lock:
                 self.superseded_in_flight += 1

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from depthwatch.errors import FrameError, OutputError, Superseded
+from depthwatch.errors import FrameError, OutputError, Vanished
 from depthwatch.logtext import shown
 
 _OPEN_FOLDER = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -92,7 +92,7 @@ def open_frame_folder(source: Path, roots: tuple[Path, ...] = ()) -> int:
     except Unchecked as exc:
         raise FrameError(f"cannot check its folder {shown(folder)}: {exc.cause.strerror or exc.cause}") from None
     except FileNotFoundError:
-        raise Superseded("its folder vanished before the frame could be read") from None
+        raise Vanished("its folder vanished before the frame could be read") from None
     except OSError as exc:
         raise FrameError(f"cannot open its folder {shown(folder)}: {exc.strerror or exc}") from None
 

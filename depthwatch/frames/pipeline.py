@@ -38,6 +38,7 @@ from depthwatch.errors import (
     FrameError,
     ModelChanged,
     OutputError,
+    Stopped,
     Superseded,
 )
 from depthwatch.frames import provenance
@@ -370,6 +371,8 @@ class Pipeline:
         """normalise, render, encode, write (worker thread)."""
         try:
             if done.cancelled():
+                if self.engine.interrupted:
+                    raise Stopped("the daemon stopped before inference")
                 raise Superseded("a newer version arrived before inference")
             try:
                 inference = done.result()

@@ -16,7 +16,7 @@ import os
 import stat
 from pathlib import Path
 
-from depthwatch.errors import FrameError, Superseded
+from depthwatch.errors import FrameError, Superseded, Vanished
 from depthwatch.files import kind_of, link_problem
 from depthwatch.frames.folders import inside
 from depthwatch.frames.job import Signature, signature_from
@@ -55,7 +55,7 @@ def open_checked(
                 pass  # not a link: it just vanished
             else:
                 raise FrameError(f"a symlink to {target!r}, which does not exist") from None
-        raise Superseded("the file vanished before it could be read") from None
+        raise Vanished("the file vanished before it could be read") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise FrameError("a symlink loop; not followed") from None
@@ -68,7 +68,7 @@ def open_checked(
     try:
         fd = os.open(path, flags, dir_fd=dir_fd)
     except FileNotFoundError:
-        raise Superseded("the file vanished before it could be read") from None
+        raise Vanished("the file vanished before it could be read") from None
     except PermissionError:
         raise FrameError("permission denied reading the file; check its permissions") from None
     except OSError as exc:

@@ -13,7 +13,7 @@ from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
-from depthwatch.errors import BadPrediction, DepthwatchError, FrameError, OutputError, Superseded
+from depthwatch.errors import BadPrediction, DepthwatchError, FrameError, OutputError, Stopped, Superseded, Vanished
 from depthwatch.frames.frameline import frame_line
 from depthwatch.frames.job import Job, Signature
 from depthwatch.imaging import stabilise
@@ -41,6 +41,9 @@ class Outcome(Generic[J]):
     error: str | None = None
     retryable: bool = False
     superseded: bool = False
+    #: Of a superseded job, why there was nothing to do when no newer version came: "vanished" (the
+    #: file deleted or moved away), "stopped" (dropped by the daemon's stop); "" for a newer version.
+    gone: str = ""
 
     @property
     def ok(self) -> bool:
@@ -51,6 +54,7 @@ class Outcome(Generic[J]):
         self.error = str(exc)
         self.retryable = isinstance(exc, OutputError) and exc.retryable
         self.superseded = isinstance(exc, Superseded)
+        self.gone = "vanished" if isinstance(exc, Vanished) else "stopped" if isinstance(exc, Stopped) else ""
 
     def error_line(self) -> str:
         """The one log line of a job that failed: its source, then why."""

@@ -46,6 +46,7 @@ from depthwatch.errors import (
     FrameError,
     ModelChanged,
     ModelError,
+    Stopped,
     Superseded,
 )
 from depthwatch.model import choice, providers
@@ -228,6 +229,11 @@ class Engine(IdleMeasuring, SessionMaking):
             running = self._running
             if running is not None and running[0] is future:
                 running[1].terminate = True
+
+    @property
+    def interrupted(self) -> bool:
+        """A stop out of time dropped the queued work and stopped the run (`stop(interrupt=True)`)."""
+        return self._interrupted
 
     def reload(self, spec: ModelSpec) -> Future[ModelInfo]:
         """Load `spec` on the inference thread after the work already queued, then swap.
@@ -445,7 +451,8 @@ class Engine(IdleMeasuring, SessionMaking):
                     self._requeue(future, tensor, generation, priority)
                     return session
                 if options.terminate:
-                    future.set_exception(Superseded("a newer version arrived during inference"))
+                    stop = Stopped("the daemon stopped during inference") if self._interrupted else None
+                    future.set_exception(stop or Superseded("a newer version arrived during inference"))
                     return session
                 on_accelerator = any(p != providers.CPU for p in info.providers)
                 if attempt == 1 and on_accelerator and not self._cpu_rebuilt:
