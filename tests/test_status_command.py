@@ -141,6 +141,25 @@ def test_status_tells_the_truth_about_a_daemon_whose_config_file_now_holds_a_bad
         daemon.close()
 
 
+def test_a_start_whose_model_does_not_load_leaves_a_status_saying_so(tmp_path):
+    """The status file is written as the start begins (`starting`: a large model's load takes a while,
+    and status said "not running" all along), and a start that ends there says why."""
+    watch = tmp_path / "shots"
+    watch.mkdir()
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not a model")
+    daemon = HandStarted(tmp_path, "--model", str(broken), "--profile", "midas-v21-small", "--watch", str(watch))
+    try:
+        assert daemon.proc.wait(120) == 78
+    finally:
+        daemon.close()
+    done = depthwatch(tmp_path, "status")
+    assert done.returncode == NOT_RUNNING
+    shown = rows(done.stdout)
+    assert shown["depthwatch"].startswith("not running (stopped at "), done.stdout
+    assert shown["model error"].startswith(f"cannot load model {broken}"), done.stdout
+
+
 def test_a_daemon_that_died_is_shown_as_not_running(tmp_path, tiny_model):
     daemon = HandStarted(tmp_path, "--model", str(tiny_model), "--profile", "midas-v21-small", "--status", "s.json")
     try:

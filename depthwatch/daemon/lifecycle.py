@@ -44,7 +44,7 @@ from depthwatch.daemon.reporting import StatusReport
 from depthwatch.daemon.status import Status, is_running, path_for, read_status
 from depthwatch.daemon.waiters import MapWaiters
 from depthwatch.daemon.watcher import Watcher
-from depthwatch.errors import EX_SOFTWARE, ConfigError
+from depthwatch.errors import EX_SOFTWARE, ConfigError, DepthwatchError
 from depthwatch.frames.jobqueue import LatestWinsQueue
 from depthwatch.frames.pipeline import Pipeline
 from depthwatch.frames.rules import Rules, template_clashes
@@ -189,13 +189,18 @@ class Daemon(ApiBackend):
         self.locks.hold(self.rules.roots, recursive=config.watch.recursive)  # AlreadyRunning: another daemon has one of them
         spec = catalogue.resolve(config.model, config.base)
         self._announce(config)
+        # `starting`, in the status file from now: a large model's first load takes a while, and
+        # `depthwatch status` meanwhile said "not running" (or showed the last run's pid, stopped).
+        self.report.touch()
+        self.report.write()
         # The engine measurement never holds the start: it runs in idle time once frames are served.
         self.engine = Engine(spec, session_factory=self._session_factory, measure_providers="background").start()
         try:
             info = self._wait_for_model()  # loaded exactly once, before the first job
-        except BaseException:
+        except BaseException as exc:
             self.engine.stop(self.config.daemon.shutdown_timeout_s, interrupt=True)
             self.locks.release()
+            self._stopped_before_ready(str(exc) if isinstance(exc, DepthwatchError) else None)
             raise
         if info is None:
             log.info("stopped before the model was ready")
@@ -203,6 +208,7 @@ class Daemon(ApiBackend):
             # let the interpreter's exit tear the runtime down under it.
             self.stuck = not self.engine.stop(self.config.daemon.shutdown_timeout_s, interrupt=True)
             self.locks.release()
+            self._stopped_before_ready(None)
             return False
         log.info("%s", info.describe())
         self.pipeline = Pipeline(self.engine, workers=config.daemon.workers, niceness=config.daemon.worker_niceness)
@@ -229,6 +235,14 @@ class Daemon(ApiBackend):
         # listens and the folders are watched, so a bad model fails the start itself.
         notify("READY=1", f"STATUS=watching {len(self.rules.roots)} folder(s)")
         return True
+
+    def _stopped_before_ready(self, error: str | None) -> None:
+        """The status file says the start ended (and why, where the model failed), not `starting` for good."""
+        self.status.state = "stopped"
+        if error is not None:
+            self.status.model_error = error
+        self.report.touch()
+        self.report.write()
 
     def _wait_for_model(self) -> ModelInfo | None:
         """The first load's result, or None if SIGTERM/SIGINT came while it loaded (main thread)."""
