@@ -250,10 +250,14 @@ def test_full_disk_leaves_nothing_half_written_and_retries(tmp_path, tiny_model,
 def test_watch_folder_deleted_and_recreated_is_watched_again(tmp_path, tiny_model):
     d = DaemonProcess(tmp_path, tiny_model).start()
     try:
+        assert d.status()["waiting_for"] == []
         shutil.rmtree(d.watch)
         wait_for(lambda: "disappeared or was replaced" in d.log(), what="the loss to be noticed")
+        # Not only the log: the status says no frame can come from it (it said all was well).
+        wait_for(lambda: d.status().get("waiting_for") == [str(d.watch)], what="the status to say the folder is gone")
         d.watch.mkdir()
         wait_for(lambda: d.log().count(f"watching {d.watch} for frame.jpg") == 2, what="the watch to come back")
+        wait_for(lambda: d.status().get("waiting_for") == [], what="the status to say it is back")
         write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
         wait_for(lambda: (d.watch / "depth.jpg").exists(), what="a map in the recreated folder")
     finally:

@@ -118,6 +118,8 @@ def _show(path: Path) -> bool:
         rows.append(("model", f"{data['model']} (profile {data.get('profile')}; providers {providers})"))
     if data.get("watching"):
         rows.append(("watching", ", ".join(data["watching"])))
+    if data.get("waiting_for"):
+        rows.append(("waiting for", ", ".join(data["waiting_for"]) + " (gone: no frame comes from it until it is back)"))
     rows.append((
         "frames",
         f"{counts.get('done', 0)} done, {counts.get('failed', 0)} failed, {counts.get('superseded', 0)} superseded, "

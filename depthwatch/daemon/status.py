@@ -85,6 +85,8 @@ class Status:
     queue_depth: int = 0
     in_progress: int = 0
     watching: list[str] = field(default_factory=list)
+    #: Of `watching`, the folders that are gone (or not there yet): no frame can come from them until they are back.
+    waiting_for: list[str] = field(default_factory=list)
     config: str | None = None
     #: Configs applied (1 at start, +1 per successful reload) and the last reload's error.
     config_loads: int = 0

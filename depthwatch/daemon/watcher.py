@@ -137,6 +137,11 @@ class Watcher:
         #: Frames reported as never completed.
         self.incomplete = 0
 
+    @property
+    def waiting_for(self) -> list[Path]:
+        """Watch folders that are gone (or not there yet): watched again once they are back."""
+        return self._folders.waiting_for
+
     # -- lifecycle -----------------------------------------------------------------
 
     def start(self) -> None:

@@ -91,6 +91,11 @@ class WatchFolders:
         )
         return True
 
+    @property
+    def waiting_for(self) -> list[Path]:
+        """The watch folders not watched now (missing, gone, replaced and not back yet): no frame comes from them."""
+        return [root for root in self.rules.roots if root not in self._watches]
+
     def as_watched(self, raw: str | bytes) -> Path:
         """An event's path, under the watch folder it was seen through (a link's folder is watched as itself)."""
         path = Path(os.fsdecode(raw))
