@@ -711,8 +711,18 @@ def test_a_map_deleted_since_is_made_again_not_answered_done(api_daemon, referen
     answer = requests.post(f"{d.url}/predict", timeout=HTTP_TIMEOUT)
     assert (answer.status_code, answer.text) == (200, "DONE")
     assert_same_map(decode_map((d.watch / "depth.jpg").read_bytes()), reference.depth(data))
+    # A file of the user's in the map's place: 409 (the frame is fine; the map cannot be written), and
+    # once it is gone the next request makes the map, not the last answer from memory (it said 422 for good).
+    (d.watch / "depth.jpg").write_bytes(b"the editor's own depth.jpg")
+    answer = requests.post(f"{d.url}/predict", timeout=HTTP_TIMEOUT)
+    assert answer.status_code == 409 and "is not a depth map depthwatch made" in answer.text, answer.text
+    assert (d.watch / "depth.jpg").read_bytes() == b"the editor's own depth.jpg"
+    (d.watch / "depth.jpg").unlink()
+    answer = requests.post(f"{d.url}/predict", timeout=HTTP_TIMEOUT)
+    assert (answer.status_code, answer.text) == (200, "DONE")
+    assert_same_map(decode_map((d.watch / "depth.jpg").read_bytes()), reference.depth(data))
     assert d.stop() == 0
-    assert d.counts()["done"] == 2
+    assert d.counts()["done"] == 3
 
 
 def test_a_map_deleted_while_its_job_is_still_being_reported_is_made_again(tmp_path, tiny_model, reference):

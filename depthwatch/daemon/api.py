@@ -101,6 +101,7 @@ REASONS = {
     403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
+    409: "Conflict",
     413: "Content Too Large",
     415: "Unsupported Media Type",
     422: "Unprocessable Content",
@@ -249,7 +250,9 @@ class PredictApp:
         if outcome.kind == DONE:
             return _Answer(200, b"DONE")
         if outcome.kind == FAILED:
-            raise Refused(422 if outcome.frame_error else 500, f"{source.name}: {outcome.error}")
+            # The frame cannot be used: 422. Its map cannot be written (a file of the user's in its way,
+            # a folder depthwatch may not write): 409, a conflict with what is on disk, not a bad image.
+            raise Refused(422 if outcome.frame_error else 409, f"{source.name}: {outcome.error}")
         if self.backend.stopping:
             raise Refused(503, _STOPPING)
         raise Refused(503, outcome.error or "the daemon is stopping")

@@ -50,7 +50,9 @@ class Release:
 
     kind: str
     error: str | None = None
-    #: For FAILED: whether the frame itself was unusable (decode) rather than the output.
+    #: For FAILED: whether the frame itself was unusable (decode) rather than its map unwritable (a file
+    #: at the map's name that is not depthwatch's, a folder it may not write): only the frame's own fault
+    #: stays until the frame changes; the map's side is tried again at the next request.
     frame_error: bool = True
 
 
@@ -109,10 +111,17 @@ class MapWaiters:
                 return ticket
             last = self._last.get(job.output)
             if last is not None and last[:2] == (job.source, job.signature):
-                if last[2].kind != DONE or _map_on_disk(job.output, job.signature):
-                    ticket._release(last[2])
+                outcome = last[2]
+                if outcome.kind == FAILED:
+                    still = outcome.frame_error  # the frame's own fault stays until the frame changes
+                else:
+                    still = outcome.kind != DONE or _map_on_disk(job.output, job.signature)
+                if still:
+                    ticket._release(outcome)
                     return ticket
-                del self._last[job.output]  # deleted or replaced since: make it again
+                # A map deleted or replaced since, or one that could not be written (the file in its way
+                # may be gone now): make it again, rather than answer from memory what may be so no more.
+                del self._last[job.output]
             self._waiting.setdefault(job.output, []).append(ticket)
             if enqueue(job):
                 self._taken[job.source] = job.signature
@@ -147,7 +156,7 @@ class MapWaiters:
             if result.ok:
                 outcome = Release(DONE)
             else:
-                outcome = Release(FAILED, result.error, frame_error=not result.retryable)
+                outcome = Release(FAILED, result.error, frame_error=bool(getattr(result, "unusable", False)))
             self._last[job.output] = (job.source, job.signature, outcome)
             tickets = self._waiting.get(job.output, [])
             for ticket in list(tickets):
