@@ -72,7 +72,7 @@ def test_a_model_edit_undone_while_it_loads_leaves_the_model_in_service(tmp_path
 
     from depthwatch.frames import provenance
 
-    slow = slow_model(tmp_path / "slow.onnx", seconds=2.0)  # its load's warm-up run: two seconds
+    slow = slow_model(tmp_path / "slow.onnx", seconds=1.5)  # its load's warm-up run: a second and a half
     d = DaemonProcess(tmp_path, tiny_model).start()
     try:
         edit(d, lambda c: c["model"].update(path=str(slow)))
