@@ -151,13 +151,16 @@ def _picture_of(data: bytes, codec: str) -> bytes:
     if codec != "h264":
         return data
     if data.startswith((b"\0\0\1", b"\0\0\0\1")):
-        units = [u.lstrip(b"\0") for u in re.split(b"\0\0\1", data)]
+        units = data.split(b"\0\0\1")
     else:  # four-byte lengths, as MP4 stores them
         units, at = [], 0
         while at + 4 <= len(data):
             size = int.from_bytes(data[at : at + 4], "big")
             units.append(data[at + 4 : at + 4 + size])
             at += 4 + size
+    # A unit's own bytes never start or end with a zero byte: the zeros about it belong to a four-byte
+    # start code or to trailing padding, which the MP4 muxer drops.
+    units = [u.strip(b"\0") for u in units]
     return b"".join(u for u in units if u and 1 <= (u[0] & 0x1F) <= 5)
 
 
