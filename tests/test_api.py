@@ -232,6 +232,8 @@ def test_bad_requests_get_their_codes_and_one_log_line_each(api_daemon, tmp_path
         ("an output, not a frame", lambda: post(params={"frame": "depth.jpg"}), 403),
         ("no such endpoint", lambda: post("/nothing"), 404),
         ("unknown format", lambda: post(params={"format": "gif"}, data=b"x", headers={"Content-Type": "image/png"}), 400),
+        ("an image body sent empty", lambda: post(data=b"", headers={"Content-Type": "image/jpeg"}), 422),
+        ("the watch folder itself", lambda: post(params={"frame": "."}), 403),
     ]
     for n, (what, send, code) in enumerate(cases, 1):
         answer = send()
@@ -241,6 +243,7 @@ def test_bad_requests_get_their_codes_and_one_log_line_each(api_daemon, tmp_path
         assert f": {code} " in api_lines(d)[-1], f"{what}: {api_lines(d)[-1]}"
         assert len(lines) <= n
     assert "secret" not in "".join(p.name for p in d.watch.iterdir() if p.name != "link.jpg")
+    assert "the image/jpeg body is empty" in api_lines(d)[-2] and "frame=. is a watch folder, not a frame in one" in api_lines(d)[-1]
 
     # An undecodable frame on disk: 422 (once the watcher has failed it too, still one attempt).
     write_by_rename(d.watch / "frame.jpg", b"\xff\xd8\xff" + b"\x00" * 64 + b"\xff\xd9")

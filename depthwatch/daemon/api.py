@@ -187,6 +187,8 @@ class PredictApp:
         try:
             if length > 0:
                 return self._predict_body(environ, length, params)
+            if _content_type(environ) in IMAGE_TYPES:  # an image sent empty, by mistake: not "the frame on disk"
+                raise Refused(422, f"the {_content_type(environ)} body is empty; send the image, or no body to map the frame on disk")
             return self._predict_frame(params, environ)
         finally:
             self._waiting.release()
@@ -274,6 +276,8 @@ class PredictApp:
             candidates = [Path(os.path.abspath(name))]
         else:
             candidates = [Path(os.path.abspath(root / name)) for root in rules.roots]
+        if any(path in rules.roots for path in candidates):
+            raise Refused(403, f"frame={shown(name)} is a watch folder, not a frame in one")
         inside = [path for path in candidates if _contained(path, rules)]
         if not inside:
             raise Refused(403, f"frame={shown(name)} is outside the watch folders")
@@ -289,7 +293,7 @@ class PredictApp:
     # -- an image in the body ---------------------------------------------------------
 
     def _predict_body(self, environ: dict[str, Any], length: int, params: dict[str, list[str]]) -> _Answer:
-        content_type = environ.get("CONTENT_TYPE", "").split(";", 1)[0].strip().lower()
+        content_type = _content_type(environ)
         if content_type not in IMAGE_TYPES:
             raise Refused(415, f"the body is {content_type or 'untyped'}, not an image; send Content-Type image/jpeg or image/png")
         ext, bits, label = self._answer_format(params, environ.get("HTTP_ACCEPT", ""))
@@ -372,6 +376,10 @@ def _contained(path: Path, rules: Rules) -> bool:
     if root is None:
         return False
     return inside(path.parent, (root,))
+
+
+def _content_type(environ: dict[str, Any]) -> str:
+    return str(environ.get("CONTENT_TYPE", "")).split(";", 1)[0].strip().lower()
 
 
 def _content_length(environ: dict[str, Any]) -> int:

@@ -63,6 +63,8 @@ class _LoggedErrorTask(ErrorTask):
         # every plugin out).
         command = getattr(self.request, "command", None) or "?"
         path = getattr(self.request, "path", None) or "?"
+        if error.code == 431:  # headers too large: waitress parsed a stand-in request line, not the client's
+            command = path = "?"
         sentence = shown(" ".join(str(error.body).split()))
         log.warning("api: %s %s: %d %s", shown(command), shown(path), error.code, sentence)
         body = f"{sentence}\n".encode()
