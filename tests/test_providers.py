@@ -180,6 +180,20 @@ def test_an_explicit_list_is_honoured_without_measuring(tmp_path, cache_home):
     assert not (cache_home / "providers.json").exists()
 
 
+def test_an_explicit_lists_precision_choice_is_not_remembered_as_autos(tmp_path, cache_home):
+    """An explicit list measures only its own provider's precisions; that is no answer for `auto`.
+
+    Stored under auto's key, a `check` with `providers: [cuda]` on a machine without CUDA (falling back
+    to the CPU) made every later `auto` daemon and worker serve from the CPU, saying "measured before".
+    """
+    model = brightness_model(tmp_path / "m.onnx")
+    machine = Machine({COREML: FAST, CPU: CPU_DELAY})
+    _, listed = load(model, machine, ("cpu",))
+    assert listed.providers[0] == CPU
+    engine, auto = load(model, machine)
+    assert auto.providers[0] == COREML and auto.chosen_by == "measured", (auto.providers, auto.chosen_by)
+
+
 def test_cpu_alone_at_fp32_is_not_measured_and_nothing_is_written(tmp_path, cache_home):
     model = brightness_model(tmp_path / "m.onnx")
     engine, info = load(model, Machine({CPU: 0.0}), precision="fp32")

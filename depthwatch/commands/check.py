@@ -51,7 +51,9 @@ def main(args: argparse.Namespace) -> int:
     with Engine(spec, measure_providers="always" if measuring else "remembered") as engine:
         info = engine.wait_ready()
         print(f"model:     {spec.path} (profile {info.profile.name}, loaded in {info.load_seconds:.2f} s)")
-        how = {"measured": " (auto: measured now)", "remembered": " (auto: measured before)"}.get(info.chosen_by, "")
+        how = {"measured": "measured now", "remembered": "measured before"}.get(info.chosen_by, "")
+        if how:  # an explicit list measures only its first provider's precisions: not auto's choice
+            how = f" (auto: {how})" if spec.providers == "auto" else f" (as listed; its precision {how})"
         print(f"providers: {', '.join(info.providers)}{how}")
         print(f"precision: {precision_line(spec.precision, info)}")
         compiled = _compiled(info)

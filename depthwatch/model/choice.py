@@ -64,12 +64,20 @@ MeasureNow = Callable[[ModelSpec, list[Variant]], list[Trial]]
 MAX_DECISIONS = 64
 
 
-def decision_key(digest: str, runtime_version: str, available: Sequence[str], precision: str = precisions.AUTO) -> str:
-    """`runtime_version`: every runtime's version, e.g. "onnxruntime 1.32.0, openvino 2026.4.1"."""
+def decision_key(
+    digest: str, runtime_version: str, available: Sequence[str], precision: str = precisions.AUTO, only: str | None = None
+) -> str:
+    """`runtime_version`: every runtime's version, e.g. "onnxruntime 1.32.0, openvino 2026.4.1".
+
+    `only`: the provider an explicit list serves from, whose precisions alone were measured: a choice of
+    its own, never the one `providers: auto` remembers (a list naming CUDA where there is none, falling
+    back to the CPU, once stored "CPU" as auto's choice for every later daemon and worker).
+    """
     if not runtime_version.startswith("onnxruntime"):
         runtime_version = f"onnxruntime {runtime_version}"
     offered = ",".join(sorted(available))
-    return " | ".join([digest, runtime_version, machine(), offered, f"precision {precision}", f"tried {precisions.TRIED}"])
+    parts = [digest, runtime_version, machine(), offered, f"precision {precision}", f"tried {precisions.TRIED}"]
+    return " | ".join(parts + ([f"providers {only}"] if only is not None else []))
 
 
 class Decisions:
@@ -146,7 +154,8 @@ def decide(
         digest = caches.model_digest(spec.path, spec.state_dir())
     except OSError as exc:
         raise ModelError(f"cannot read model {spec.path}: {exc.strerror or exc}; check the file and its permissions") from None
-    key = decision_key(digest, providers.runtimes_version(available), available, spec.precision)
+    only = None if spec.providers == "auto" else first
+    key = decision_key(digest, providers.runtimes_version(available), available, spec.precision, only)
     decisions = Decisions(spec.state_dir() / "providers.json")
     known = decisions.get(key) if mode != "always" else None
     remembered: tuple[Variant, str, list[Trial], list[str]] | None = None
