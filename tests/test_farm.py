@@ -310,6 +310,16 @@ def test_an_interrupted_job_resumes_with_only_the_missing_maps(farm: Farm, frame
     assert sum(c["done"] for c in computed) == missing, (computed, [w.log() for w in fresh])
     assert sum(len(w.frame_lines()) for w in fresh) == missing
 
+    # Run again under other settings: no map made under the old ones is "up to date" (every one was,
+    # by its frame's version alone, and the run said all were written under the new ones).
+    from depthwatch.frames import provenance
+
+    records = {name: provenance.read(p)["made_with"] for name, p in maps_in(out).items()}
+    again = farm.once(str(frames[0].parent), "-o", str(out), "--gamma", "2.2")
+    assert again.returncode == 0, again.stderr
+    assert f"{FRAMES} frame(s): 0 up to date, {FRAMES} to map" in again.stderr
+    assert all(provenance.read(p)["made_with"] != records[name] for name, p in maps_in(out).items())
+
 
 def test_the_daemon_and_local_once_never_import_dask(tmp_path: Path, tiny_model: Path) -> None:
     frame = make_frames(tmp_path / "f", count=1)[0]

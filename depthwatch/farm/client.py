@@ -47,9 +47,9 @@ CONNECT_TIMEOUT = "10s"
 CHANGED_AGAIN = "changed again while its shot was being mapped again; no map written (map it once it is settled)"
 
 
-def plan(jobs: Sequence[Job], force: bool) -> list[int]:
-    """Indexes of the jobs whose map is missing or older than its frame (all, with `force`)."""
-    return [i for i, job in enumerate(jobs) if force or not map_is_current(job.source, job.output)]
+def plan(jobs: Sequence[Job], force: bool, made_with: str | None = None) -> list[int]:
+    """Indexes of the jobs whose map is missing, older than its frame or made under other settings (all, with `force`)."""
+    return [i for i, job in enumerate(jobs) if force or not map_is_current(job.source, job.output, made_with)]
 
 
 def tasks_for(jobs: Sequence[Job], todo: Sequence[int], config: Config) -> list[list[FrameTask]]:
@@ -87,13 +87,13 @@ def run(
     require_distributed()
     import distributed
 
-    todo = plan(jobs, force)
+    settings = Settings.from_config(config)
+    todo = plan(jobs, force, settings.made_with)
     report(f"depthwatch: {len(jobs)} frame(s): {len(jobs) - len(todo)} up to date, {len(todo)} to map on {scheduler}")
     if progress is not None:
         progress.update(len(jobs) - len(todo))
     if not todo:
         return 0
-    settings = Settings.from_config(config)
     plain, shots = _split(jobs, todo, settings)
     client = connect(scheduler)
     run_id = uuid.uuid4().hex[:8]

@@ -70,7 +70,7 @@ class FrameRunner:
             counts.tasks += 1
         for frame in frames:
             source, output = Path(frame.source), Path(frame.output)
-            if not force and map_is_current(source, output):
+            if not force and map_is_current(source, output, settings.made_with):
                 frames_log.info("%s -> %s up to date", source.name, output.name)
                 outcomes.append(FrameReport(frame.index, up_to_date=True, line=f"{source.name}: up to date", worker=address))
                 with self._lock:

@@ -161,6 +161,7 @@ class FrameInFlight:
             model=info.spec.path.name,
             normalise=self.settings.normalise,
             invert=self.settings.render.levels.invert,
+            made_with=self.settings.made_with,
         )
 
     def sidecar(self) -> bytes:

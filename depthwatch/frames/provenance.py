@@ -37,9 +37,14 @@ _MAX_RECORD = 16384
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def record_for(source: str, st: os.stat_result, *, model: str, normalise: str, invert: bool) -> dict[str, Any]:
-    """The record for a map made from the frame named `source` whose fstat was `st`."""
-    return {
+def record_for(
+    source: str, st: os.stat_result, *, model: str, normalise: str, invert: bool, made_with: str | None = None
+) -> dict[str, Any]:
+    """The record for a map made from the frame named `source` whose fstat was `st`.
+
+    `made_with`: the digest of the settings that shaped its pixels (`Settings.made_with`).
+    """
+    record: dict[str, Any] = {
         "source": source,
         "size": st.st_size,
         "mtime_ns": st.st_mtime_ns,
@@ -49,6 +54,9 @@ def record_for(source: str, st: os.stat_result, *, model: str, normalise: str, i
         "invert": invert,
         "version": __version__,
     }
+    if made_with is not None:
+        record["made_with"] = made_with
+    return record
 
 
 def same_version(record: dict[str, Any], st: os.stat_result) -> bool:

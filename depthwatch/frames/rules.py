@@ -361,14 +361,16 @@ def template_clashes(patterns: tuple[str, ...], template: str) -> list[str]:
     return clashing
 
 
-def map_is_current(source: Path, output: Path) -> bool:
+def map_is_current(source: Path, output: Path, made_with: str | None = None) -> bool:
     """Whether `output` is a map of the version of `source` now on disk: no new map is needed.
 
     The map's own record says which version it was made from (see `provenance`),
     so a map that landed after a newer frame (a kill between the two) is still
     stale; a map without a record (older depthwatch, EXR) counts when it is no
     older than the frame. The daemon's start-up scan and `once --farm`'s resume
-    use this same rule.
+    use this same rule. `made_with` (`Settings.made_with`): a map is current only
+    if its record says it was made with these very settings too (`once --farm`,
+    where the command line may have changed them since).
     """
     if "{frame" in output.name:  # an image sequence: its folder, renamed into place when whole
         output = output.parent
@@ -378,7 +380,7 @@ def map_is_current(source: Path, output: Path) -> bool:
             return output.stat().st_mtime_ns >= frame.st_mtime_ns
         record = provenance.read(output)
         if record is not None:
-            return provenance.same_version(record, frame)
-        return output.stat().st_mtime_ns >= frame.st_mtime_ns
+            return provenance.same_version(record, frame) and made_with in (None, record.get("made_with"))
+        return made_with is None and output.stat().st_mtime_ns >= frame.st_mtime_ns
     except OSError:
         return False

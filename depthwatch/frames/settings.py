@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from depthwatch.config import Config
@@ -40,6 +41,17 @@ class Settings:
     @property
     def encoding(self) -> Encoding:
         return Encoding(self.jpeg_quality, self.png_bits, self.png_compression, self.exr)
+
+    @property
+    def made_with(self) -> str:
+        """A digest of what shapes a map's pixels (normalise, render, encoding), for its record.
+
+        So a map made under other settings is known as such (`rules.map_is_current`):
+        `once --farm` run again with `--gamma 2.2` found every map "up to date" by its
+        frame's version alone, kept them all and said they were written.
+        """
+        shape = repr((self.normalise, self.render, self.encoding))
+        return hashlib.sha256(shape.encode()).hexdigest()[:12]
 
     @classmethod
     def from_config(cls, config: Config, watching: bool = False) -> Settings:
