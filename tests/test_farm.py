@@ -304,6 +304,8 @@ def test_an_interrupted_job_resumes_with_only_the_missing_maps(farm: Farm, frame
     assert done.returncode == 0, done.stderr
     missing = FRAMES - len(kept)
     assert f"{FRAMES} frame(s): {len(kept)} up to date, {missing} to map" in done.stderr
+    # The summary tells the maps written now from the ones already made (it counted both as written).
+    assert f"{missing} depth map{'s' if missing != 1 else ''} written, {len(kept)} up to date, 0 failed" in done.stdout, done.stdout
     assert_whole(out, FRAMES)
     assert {name: (p.stat().st_ino, p.stat().st_mtime_ns) for name, p in maps_in(out).items() if name in kept} == kept
     computed = [wait_for(lambda w=w: w.status().get("counts"), what="counts") for w in fresh]
@@ -318,6 +320,7 @@ def test_an_interrupted_job_resumes_with_only_the_missing_maps(farm: Farm, frame
     again = farm.once(str(frames[0].parent), "-o", str(out), "--gamma", "2.2")
     assert again.returncode == 0, again.stderr
     assert f"{FRAMES} frame(s): 0 up to date, {FRAMES} to map" in again.stderr
+    assert f"{FRAMES} depth maps written, 0 failed" in again.stdout
     assert all(provenance.read(p)["made_with"] != records[name] for name, p in maps_in(out).items())
 
 

@@ -250,11 +250,12 @@ def main(args: argparse.Namespace) -> int:
     if args.farm:
         from depthwatch.farm import client
 
+        counts = {"up_to_date": 0}
         try:
-            farm_failures = client.run(args.farm, jobs, config, force=args.force, progress=progress) if jobs else 0
+            farm_failures = client.run(args.farm, jobs, config, force=args.force, progress=progress, counts=counts) if jobs else 0
         finally:
             progress.close()
-        _summary(len(sources), len(failures) + farm_failures, began)  # maps up to date count as written
+        _summary(len(sources), len(failures) + farm_failures, began, counts["up_to_date"])
         clip_failures = _farm_clips(args.farm, clip_jobs, clip_refused, config, args.force) if clips else 0
         return 1 if failures or farm_failures or clip_failures else 0
     spec = catalogue.resolve(config.model, config.base)
@@ -548,10 +549,14 @@ def _one(job: Any, future: Future[Any], report: Any) -> Iterator[tuple[Any, Any,
     yield replace(job, signature=result.signature), summary, prediction
 
 
-def _summary(frames: int, failed: int, began: float) -> None:
-    """One line a script (or a person, once the bar is gone) can read: what was done, how long."""
-    done = frames - failed
-    print(f"{done} depth map{'s' if done != 1 else ''} written, {failed} failed, in {time.monotonic() - began:.1f} s")
+def _summary(frames: int, failed: int, began: float, up_to_date: int = 0) -> None:
+    """One line a script (or a person, once the bar is gone) can read: what was done, how long.
+
+    `up_to_date`: maps already made (`once --farm` resuming), not counted as written now.
+    """
+    done = frames - failed - up_to_date
+    already = f", {up_to_date} up to date" if up_to_date else ""
+    print(f"{done} depth map{'s' if done != 1 else ''} written{already}, {failed} failed, in {time.monotonic() - began:.1f} s")
 
 
 def _progress(total: int):  # noqa: ANN202 - tqdm or its stand-in

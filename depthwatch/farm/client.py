@@ -82,13 +82,20 @@ def run(
     force: bool = False,
     progress: Any = None,
     report: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
+    counts: dict[str, int] | None = None,
 ) -> int:
-    """Map `jobs` on the farm; the number of frames that failed."""
+    """Map `jobs` on the farm; the number of frames that failed.
+
+    `counts` gets `up_to_date`: the frames whose maps were already made (not written now), so a
+    summary can tell them from the maps written.
+    """
     require_distributed()
     import distributed
 
     settings = Settings.from_config(config)
     todo = plan(jobs, force, settings.made_with)
+    if counts is not None:
+        counts["up_to_date"] = len(jobs) - len(todo)
     report(f"depthwatch: {len(jobs)} frame(s): {len(jobs) - len(todo)} up to date, {len(todo)} to map on {scheduler}")
     if progress is not None:
         progress.update(len(jobs) - len(todo))
