@@ -216,6 +216,16 @@ def test_a_failed_install_puts_the_folder_back(config: Path, home: Path, tools, 
     assert tools.calls()[-1] == systemctl("daemon-reload")
 
 
+def test_a_first_install_whose_start_fails_is_disabled_again_before_its_unit_goes(config: Path, home: Path, tools, capsys):
+    """`enable` made the wants link; the unit's start failing must not leave it behind, dangling."""
+    tools.reply("systemctl restart", {"rc": 1, "err": "Job for depthwatch.service failed because the control process exited.\n"})
+    assert service("install", "-c", str(config)) == 1
+    calls = tools.calls()
+    assert calls.index(systemctl("disable", "--now", "depthwatch.service")) > calls.index(systemctl("restart", "depthwatch.service"))
+    assert calls[-1] == systemctl("daemon-reload")
+    assert tree(home) == {}
+
+
 def test_install_without_a_config_writes_the_documented_one_and_the_service_runs_with_it(
     home: Path, tiny_model: Path, tools, capsys, monkeypatch, tmp_path: Path
 ):

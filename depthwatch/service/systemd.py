@@ -303,9 +303,12 @@ class Systemd(Manager):
         validate(data.decode("utf-8"))
         undo.folder(self.definition.parent)
         undo.on_failure(lambda: run(daemon_reload(), check=False))  # after the unit is put back
+        fresh = not self.definition.exists()
         undo.write(self.definition, data)
         self.systemctl(daemon_reload())
         self.systemctl(enable())
+        if fresh:  # a first install that fails further on is not left enabled (a dangling wants link)
+            undo.on_failure(lambda: run(disable(), check=False))  # before the unit is removed: newest first
         self.systemctl(restart_unit())  # restart, not start: a reinstall must pick up the new unit
         print(f"installed {self.definition} and started {UNIT}; it starts at every login")
         print("to start it at boot, before anyone logs in: `loginctl enable-linger $USER`")
