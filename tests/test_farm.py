@@ -171,7 +171,9 @@ def test_farm_maps_every_frame_like_local_once_across_both_workers(farm: Farm, f
     assert all(share > 0 for share in shares) and sum(shares) == FRAMES, shares
     assert sum(len(w.frame_lines()) for w in (a, b)) == FRAMES
     for worker in (a, b):
-        assert worker.status()["model_loads"] == 1
+        status = worker.status()
+        assert status["model_loads"] == 1
+        assert status["precision"] == "fp32" and status["counts"]["last_frame"].startswith(str(frames[0].parent)), status
         assert worker.log().count("loaded busy.onnx") == 1, worker.log()
     # ... and reported it to the scheduler, whose view the client prints per worker.
     reported = [line for line in done.stderr.splitlines() if line.startswith("depthwatch: worker ")]

@@ -91,6 +91,7 @@ class FrameRunner:
                     counts.last_error = line
                 elif not collect and not changed:
                     counts.done += 1
+                    counts.last_frame = str(frame.source)  # as the daemon's status says it
             if changed:
                 frames_log.info("%s, since its first pass: not mapped from that pass", line)
             elif not result.ok:
@@ -155,6 +156,7 @@ def serve(config: Config, scheduler: str, *, threads: int | None = None, name: s
         model=str(info.spec.path),
         profile=info.profile.name,
         providers=list(info.providers),
+        precision=info.precision,
         contract=info.contract.describe(),
         model_loads=engine.load_count,
         loaded_at=loaded_at,
