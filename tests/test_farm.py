@@ -326,6 +326,46 @@ def test_an_interrupted_job_resumes_with_only_the_missing_maps(farm: Farm, frame
     assert all(provenance.read(p)["made_with"] != records[name] for name, p in maps_in(out).items())
 
 
+def test_stills_made_on_the_farm_are_up_to_date_the_next_time(farm: Farm, frames: list[Path]) -> None:
+    """A still (in no numbered sequence) is mapped on its own (`normalise: frame`); its map's settings
+    digest is that one's, and the next run finds it up to date rather than mapping it again."""
+    stills = farm.root / "stills"
+    stills.mkdir()
+    for name, frame in zip(("a.jpg", "b.jpg", "c.jpg"), frames):
+        shutil.copy(frame, stills / name)
+    out = farm.root / "stills-maps"
+    for expected in ("0 up to date, 3 to map", "3 up to date, 0 to map"):
+        done = farm.once(str(stills), "-o", str(out))
+        assert done.returncode == 0, done.stderr
+        assert f"3 frame(s): {expected}" in done.stderr
+
+
+def test_a_frame_whose_answer_was_lost_with_the_scheduler_but_whose_map_is_on_disk_is_written(tmp_path: Path) -> None:
+    """A task that fails as a whole (the scheduler gone, its connection cut) fails each frame, except
+    those whose map a worker had written: on disk, of the frame's version, under these settings.
+    The client said "0 depth maps written, 60 failed" with 56 maps on disk."""
+    from depthwatch.farm.client import _outcomes
+    from depthwatch.farm.tasks import FrameTask
+    from depthwatch.frames import provenance
+    from depthwatch.frames.job import Job
+
+    class Lost:
+        def result(self) -> None:
+            raise RuntimeError("cancelled for reason: scheduler-connection-lost.")
+
+    jobs = []
+    for name in ("a", "b"):
+        source = tmp_path / f"{name}.jpg"
+        cv2.imwrite(str(source), np.full((8, 8, 3), 100, np.uint8))
+        jobs.append(Job(source, tmp_path / f"{name}_depth.jpg"))
+    record = provenance.record_for("a.jpg", os.stat(jobs[0].source), model="m.onnx", normalise="frame", invert=False, made_with="abc")
+    jobs[0].output.write_bytes(provenance.embed(cv2.imencode(".jpg", np.zeros((8, 8), np.uint8))[1].tobytes(), record))
+    batch = [FrameTask(i, str(job.source), str(job.output)) for i, job in enumerate(jobs)]
+    written, lost = _outcomes(Lost(), batch, jobs, ["abc", "abc"])
+    assert written.ok and not lost.ok and "the farm could not map it" in lost.error
+    assert not _outcomes(Lost(), batch, jobs, ["other settings", "abc"])[0].ok  # made under other settings: not this run's
+
+
 def test_the_daemon_and_local_once_never_import_dask(tmp_path: Path, tiny_model: Path) -> None:
     frame = make_frames(tmp_path / "f", count=1)[0]
     script = f"""

@@ -47,9 +47,25 @@ CONNECT_TIMEOUT = "10s"
 CHANGED_AGAIN = "changed again while its shot was being mapped again; no map written (map it once it is settled)"
 
 
-def plan(jobs: Sequence[Job], force: bool, made_with: str | None = None) -> list[int]:
-    """Indexes of the jobs whose map is missing, older than its frame or made under other settings (all, with `force`)."""
-    return [i for i, job in enumerate(jobs) if force or not map_is_current(job.source, job.output, made_with)]
+def plan(jobs: Sequence[Job], force: bool, made_with: Sequence[str] | None = None) -> list[int]:
+    """Indexes of the jobs whose map is missing, older than its frame or made under other settings (all, with `force`).
+
+    `made_with`: per job, the settings digest its map is made with (`made_with_each`).
+    """
+    return [
+        i for i, job in enumerate(jobs)
+        if force or not map_is_current(job.source, job.output, made_with[i] if made_with is not None else None)
+    ]
+
+
+def made_with_each(jobs: Sequence[Job], settings: Settings) -> list[str]:
+    """Each job's settings digest as its map is made: a still (in no numbered sequence) each on its own
+    (`normalise: frame`, as local `once` maps it), a sequence's frames with the settings as they are."""
+    if settings.normalise == normalise.FRAME:
+        return [settings.made_with] * len(jobs)
+    _, stills = sequences.sequences(job.source for job in jobs)
+    alone, plain = set(stills), replace(settings, normalise=normalise.FRAME).made_with
+    return [plain if job.source in alone else settings.made_with for job in jobs]
 
 
 def tasks_for(jobs: Sequence[Job], todo: Sequence[int], config: Config) -> list[list[FrameTask]]:
@@ -93,7 +109,8 @@ def run(
     import distributed
 
     settings = Settings.from_config(config)
-    todo = plan(jobs, force, settings.made_with)
+    made_with = made_with_each(jobs, settings)
+    todo = plan(jobs, force, made_with)
     if counts is not None:
         counts["up_to_date"] = len(jobs) - len(todo)
     report(f"depthwatch: {len(jobs)} frame(s): {len(jobs) - len(todo)} up to date, {len(todo)} to map on {scheduler}")
@@ -154,7 +171,7 @@ def run(
                     completed.add(second)
             changed: set[int] = set()
             for future in completed:
-                outcomes = _outcomes(future, batch_of.pop(future.key))
+                outcomes = _outcomes(future, batch_of.pop(future.key), jobs, made_with)
                 future.release()
                 for outcome in outcomes:
                     if outcome.changed and planned is not None:  # not the version its first pass saw
@@ -255,15 +272,28 @@ def _second_pass(
         yield frames
 
 
-def _outcomes(future: Any, batch: list[FrameTask]) -> list[FrameReport]:
-    """The task's outcomes; a task that failed as a whole fails each of its frames with the reason."""
+def _outcomes(
+    future: Any, batch: list[FrameTask], jobs: Sequence[Job] = (), made_with: Sequence[str] = ()
+) -> list[FrameReport]:
+    """The task's outcomes; a task that failed as a whole fails each of its frames with the reason.
+
+    `jobs` (a pass that writes maps): a frame whose map is on disk, made from its version now and
+    with these settings (`made_with`), was written by a worker whose answer was lost (the scheduler
+    gone, its connection cut): it is counted written, not failed ("0 written, 60 failed" with 56 on disk).
+    `made_with`: per job (`made_with_each`).
+    """
     try:
         return future.result()
     except Exception as exc:
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
         # KilledWorker: every worker that took the task died (distributed.scheduler.allowed-failures).
         reason = f"the farm could not map it ({type(exc).__name__}{': ' + first if first else ''}); run the command again to retry"
-        return [FrameReport(frame.index, reason) for frame in batch]
+        return [
+            FrameReport(frame.index, line="its map is on disk; the farm's answer was lost")
+            if jobs and map_is_current(jobs[frame.index].source, jobs[frame.index].output, made_with[frame.index])
+            else FrameReport(frame.index, reason)
+            for frame in batch
+        ]
 
 
 def say_if_no_workers(client: Any, scheduler: str, report: Callable[[str], None]) -> None:
@@ -282,6 +312,9 @@ def _report_workers(client: Any, done_by: dict[str, int], report: Callable[[str]
         if not address:
             continue
         mine = (workers.get(address, {}).get("metrics") or {}).get("depthwatch") or {}
+        if not mine:  # the scheduler is gone, or the worker with it: its share is known, its model not
+            report(f"depthwatch: worker {address}: {count} frame(s)")
+            continue
         model = mine.get("model") or "?"
         providers = ", ".join(mine.get("providers") or []) or "?"
         report(f"depthwatch: worker {address}: {count} frame(s), model {model.rsplit('/', 1)[-1]} on {providers}, {mine.get('model_loads', '?')} load(s)")
