@@ -3,7 +3,7 @@
 Why its own module: a phone films on its side and stores the pixels turned,
 with a display matrix saying how to show them. A depth model sees a picture
 the way it was trained, upright: FastDepth's map of a photograph on its side,
-turned back, correlates 0.08-0.26 with its map of the photograph upright (five
+turned back, correlates -0.20 to 0.26 with its map of the photograph upright (five
 of scikit-image's). So a clip's frames are turned upright before the model and
 the maps are made upright; a depth clip stores its maps turned back, as its
 source's pixels are, under the same matrix; an image sequence, with no matrix
