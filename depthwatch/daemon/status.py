@@ -168,7 +168,8 @@ def files_for_source(source: Path) -> list[Path]:
     the daemon runs on in its last good config, and is the one to ask. Its
     default status file, and any in the status folder that names this config.
     """
-    found = [path_for_source(source)] if path_for_source(source).is_file() else []
+    default = path_for_source(source)
+    found = [default] if default.is_file() else []
     folder = status_dir()
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 
@@ -42,7 +43,7 @@ class Settings:
     def encoding(self) -> Encoding:
         return Encoding(self.jpeg_quality, self.png_bits, self.png_compression, self.exr)
 
-    @property
+    @functools.cached_property  # once per settings, not once per frame's record
     def made_with(self) -> str:
         """A digest of what shapes a map's pixels (normalise, render, encoding), for its record.
 

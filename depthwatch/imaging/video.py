@@ -13,6 +13,7 @@ frames `ffprobe -count_frames` counts and an editor's timeline shows.
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from collections.abc import Callable, Iterator
@@ -86,7 +87,7 @@ class ClipInfo:
     #: The display matrix (`sourcemeta`), where the job has read it: frames are turned upright by it.
     display_matrix: tuple[int, ...] | None = None
 
-    @property
+    @functools.cached_property  # read for every frame a depth clip stores
     def turn(self) -> orientation.Turn | None:
         """How the stored pixels become the picture as shown (`orientation`), None: as stored."""
         return orientation.turn_for(self.display_matrix)

@@ -451,8 +451,10 @@ class Engine(IdleMeasuring, SessionMaking):
                     self._requeue(future, tensor, generation, priority)
                     return session
                 if options.terminate:
-                    stop = Stopped("the daemon stopped during inference") if self._interrupted else None
-                    future.set_exception(stop or Superseded("a newer version arrived during inference"))
+                    if self._interrupted:
+                        future.set_exception(Stopped("the daemon stopped during inference"))
+                    else:
+                        future.set_exception(Superseded("a newer version arrived during inference"))
                     return session
                 on_accelerator = any(p != providers.CPU for p in info.providers)
                 if attempt == 1 and on_accelerator and not self._cpu_rebuilt:
