@@ -213,6 +213,32 @@ def test_a_constant_rate_clip_says_nothing_of_its_rate(tmp_path: Path) -> None:
     assert ffprobe(tmp_path / "steady_depth.mov", "stream=r_frame_rate")["streams"][0]["r_frame_rate"] == "30/1"
 
 
+@pytest.mark.parametrize("ext", [".mov", ".mkv"])
+def test_a_clip_whose_picture_starts_after_its_sound_gets_a_depth_clip_that_starts_there_too(tmp_path: Path, ext: str) -> None:
+    """A camera's sound from 0 and its picture from 0.5 s (an edit list's empty edit, as FFmpeg and
+    cameras write it): the depth clip's first map is shown with the first frame, not 0.5 s early,
+    so a tool that honours timestamps (FFmpeg, a QuickTime-based editor) pairs each map with its frame."""
+    ffmpeg = _tool("ffmpeg", "ffmpeg")
+    picture, sound, source = tmp_path / "v.mp4", tmp_path / "a.m4a", tmp_path / "A003_late.mp4"
+    _phone_clip(picture, durations=[512] * 10, time_base=Fraction(1, 15360))
+    run = [ffmpeg, "-v", "error", "-y"]
+    subprocess.run([*run, "-f", "lavfi", "-i", "sine=duration=1", "-c:a", "aac", str(sound)], check=True)
+    subprocess.run([*run, "-itsoffset", "0.5", "-i", str(picture), "-i", str(sound), "-map", "0", "-map", "1", "-c", "copy", str(source)], check=True)
+    want = _frame_times(source)
+    assert want[0] == pytest.approx(0.5, abs=0.001)  # as the tools see the source
+    out = tmp_path / f"A003_late_depth{ext}"
+    done = once(str(source), "-o", str(out))
+    assert "its picture starts 0.500 s into the file, after its sound; its depth clip starts there too" in done.stderr
+    got = _frame_times(out)
+    assert len(got) == len(want) == 10
+    assert max(abs(w - g) for w, g in zip(want, got)) <= 0.001, (want, got)
+    # A clip whose picture and sound start together says nothing and starts at 0.
+    subprocess.run([*run, "-i", str(picture), "-i", str(sound), "-map", "0", "-map", "1", "-c", "copy", str(tmp_path / "together.mp4")], check=True)
+    done = once(str(tmp_path / "together.mp4"), "-o", str(tmp_path / f"together_depth{ext}"))
+    assert "after its sound" not in done.stderr
+    assert _frame_times(tmp_path / f"together_depth{ext}")[0] == pytest.approx(0, abs=0.001)
+
+
 @pytest.mark.parametrize("ext", [".mov", ".mp4"])
 def test_a_turned_phone_clip_gives_a_depth_clip_with_its_display_matrix(tmp_path: Path, ext: str) -> None:
     source = tmp_path / f"turned{ext}"

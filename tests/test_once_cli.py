@@ -92,7 +92,7 @@ def test_a_still_under_an_output_that_names_a_depth_clip_is_refused_not_written_
         done = once(tmp_path, *args, "--model", str(broken))
         assert done.returncode == 78, done.stderr
         assert done.stderr.startswith(f"depthwatch: -o {args[2]} names a depth clip or an image sequence, and "), done.stderr
-        assert "is a still image" in done.stderr and len(done.stderr.splitlines()) == 1
+        assert "is not a clip (.avi .m2ts" in done.stderr and len(done.stderr.splitlines()) == 1
         assert done.stdout == ""
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["b.png", "broken.onnx", "frame.png", "in"]
 

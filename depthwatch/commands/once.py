@@ -208,8 +208,9 @@ def main(args: argparse.Namespace) -> int:
         # -o named a depth clip or an image sequence: a still's map would otherwise go, unasked, to
         # the frame template's default name, and the run would say it was written.
         raise ConfigError(
-            f"-o {shown(args.output)} names a depth clip or an image sequence, and {shown(sources[0])} is a still image; "
-            "map stills with an image name or a folder for -o (.jpg, .png, .tif, .exr), clips in a run of their own"
+            f"-o {shown(args.output)} names a depth clip or an image sequence, and {shown(sources[0])} is not a clip "
+            f"({' '.join(sorted(CLIP_EXTENSIONS))}); map stills with an image name or a folder for -o "
+            "(.jpg, .png, .tif, .exr), clips in a run of their own"
         )
     if (args.join or (clips and args.frames)) and (args.farm or sources or not clips or (args.join and args.frames)):
         raise ConfigError("--frames on clips and --join are a farm manager's tasks: clips only, without --farm, one of the two at a time")

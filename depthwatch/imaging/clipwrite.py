@@ -9,7 +9,8 @@ Every one gets the source's frame rate as a fraction (24000/1001 stays exactly
 that), its size, its pixel aspect, its start timecode (a tmcd track in .mov
 and .mp4, a tag in .mkv) and its display matrix (`sourcemeta`). Frame k
 written is frame k shown: pts k at 1/rate, or, from a variable-rate source,
-the source frame's own time in the source's time base.
+the source frame's own time in the source's time base (and from a source whose
+picture starts after its sound, from that start: `sourcemeta`).
 
 The file is written under the name it is given (a temporary one: see
 `clips`), so the container is named by `kind`, not by the extension.
@@ -180,7 +181,7 @@ class ClipWriter:
         self._av = av
         self.kind = kind
         self._info = info
-        self._source = source if source is not None and source.variable else None
+        self._source = source if source is not None and source.timed else None
         self._count = 0
         #: A variable-rate frame's own duration by its time, for its packet (see `_mux`).
         self._lasting: dict[int, int] = {}

@@ -14,6 +14,12 @@ A phone also films on its side and says so in a display matrix (90 degrees,
 say): the pixels are stored turned, and players turn them back. The depth
 clip's pixels are stored as its source's are, so it carries the same matrix,
 or the matte would lie on its side over the shot.
+
+And a clip's picture may start after its sound (an edit list's empty edit:
+the camera's audio from 0, its video from 0.5 s). The depth clip has no sound,
+but it is laid over its source, so its first frame is shown where the
+source's is, measured from the source's earliest stream: a tool that honours
+timestamps (FFmpeg, a QuickTime-based editor) pairs each map with its frame.
 """
 
 from __future__ import annotations
@@ -42,18 +48,31 @@ class SourceMeta:
     last_duration: int = 0
     #: The 3x3 display matrix (FFmpeg's layout: 16.16 and 2.30 fixed point), or None.
     display_matrix: tuple[int, ...] | None = None
+    #: Where the first frame is shown, in `time_base`, after the file's earliest sound or picture
+    #: (0 unless the video starts late).
+    start: int = 0
+    #: One frame at the nominal rate, in `time_base` (a constant-rate source that starts late is timed by it).
+    tick: Fraction = Fraction(0)
 
     @property
     def variable(self) -> bool:
         return bool(self.times)
 
+    @property
+    def timed(self) -> bool:
+        """Whether a depth clip must keep its source's clock (its own frame times, or a late start)."""
+        return self.variable or (self.start > 0 and self.tick > 0)
+
     def time_of(self, k: int) -> tuple[int, int]:
         """Frame k's (presentation time, duration) in `time_base`; frames past the list go on at the last one's pace."""
         times = self.times
+        if not times:
+            at = round(k * self.tick)
+            return self.start + at, round((k + 1) * self.tick) - at
         last = self.last_duration or (times[-1] - times[-2] if len(times) > 1 else 1)
         if k + 1 < len(times):
-            return times[k], times[k + 1] - times[k]
-        return times[-1] + (k - len(times) + 1) * last, last
+            return self.start + times[k], times[k + 1] - times[k]
+        return self.start + times[-1] + (k - len(times) + 1) * last, last
 
 
     def length(self, frames: int, rate: Fraction) -> int:
@@ -79,6 +98,7 @@ def read(path: Path, rate: Fraction, keeps_times: bool = True) -> SourceMeta:
         with av.open(str(path), "r", metadata_errors="ignore") as container:
             stream = container.streams.video[0]
             time_base = Fraction(stream.time_base)
+            earliest = _earliest_start(container)
             matrix = _display_matrix(container, stream)
         with av.open(str(path), "r", metadata_errors="ignore") as container:
             stream = container.streams.video[0]
@@ -109,7 +129,29 @@ def read(path: Path, rate: Fraction, keeps_times: bool = True) -> SourceMeta:
                 "its depth clip keeps each frame's own time" if keeps_times
                 else "an image sequence cannot keep its frames' times; they are numbered one by one",
             )
-    return SourceMeta(time_base, times, last, matrix)
+    start = 0
+    if pts and earliest is not None and rate:
+        start = max(0, round((pts[0] * time_base - earliest) / time_base))
+        if start and keeps_times:
+            log.info(
+                "clip %s: its picture starts %.3f s into the file, after its sound; its depth clip starts there too",
+                shown(path.name), float(start * time_base),
+            )
+    return SourceMeta(time_base, times, last, matrix, start, 1 / (rate * time_base) if rate else Fraction(0))
+
+
+def _earliest_start(container: object) -> Fraction | None:
+    """When the file's first sound or picture is shown (its streams' own start times), in seconds.
+
+    Never before 0: a negative start is an encoder's priming (AAC's 1024
+    samples), cut off by the edit list, not a moment the file shows.
+    """
+    starts = [
+        s.start_time * Fraction(s.time_base)
+        for s in container.streams  # type: ignore[attr-defined]
+        if s.type in ("video", "audio") and s.start_time is not None and s.time_base
+    ]
+    return max(Fraction(0), min(starts)) if starts else None
 
 
 def _display_matrix(container: object, stream: object) -> tuple[int, ...] | None:
