@@ -239,6 +239,33 @@ def test_a_clip_whose_picture_starts_after_its_sound_gets_a_depth_clip_that_star
     assert _frame_times(tmp_path / f"together_depth{ext}")[0] == pytest.approx(0, abs=0.001)
 
 
+def test_a_cover_image_stored_as_a_video_stream_is_not_taken_for_the_clips_picture(tmp_path: Path) -> None:
+    """A still beside the picture (Matroska lists a cover PNG first; MP4 marks it an attached picture):
+    before, the Matroska clip's "depth clip" was one frame of the cover, said written."""
+    ffmpeg = _tool("ffmpeg", "ffmpeg")
+    picture, cover = tmp_path / "v.mp4", tmp_path / "cover.png"
+    _phone_clip(picture, durations=[512] * 10, time_base=Fraction(1, 15360))
+    cv2.imwrite(str(cover), np.full((320, 320, 3), 200, np.uint8))  # larger than the picture
+    run = [ffmpeg, "-v", "error", "-y"]
+    once(str(picture), "-o", str(tmp_path / "alone_depth.mkv"))
+    alone = _frame_digests(tmp_path / "alone_depth.mkv")
+    assert len(alone) == 10
+    for ext in (".mkv", ".mp4"):
+        source = tmp_path / f"covered{ext}"
+        subprocess.run([*run, "-i", str(cover), "-i", str(picture), "-map", "0", "-map", "1", "-c", "copy",
+                        "-disposition:v:0", "attached_pic", str(source)], check=True)
+        out = tmp_path / f"covered{ext}_depth.mkv"
+        done = once(str(source), "-o", str(out))
+        assert done.stdout.startswith("1 depth clip written (10 frames)"), done.stdout
+        assert _frame_digests(out) == alone  # the picture's maps, frame for frame
+
+
+def _frame_digests(path: Path) -> list[str]:
+    lines = subprocess.run([_tool("ffmpeg", "ffmpeg"), "-v", "error", "-i", str(path), "-map", "0:v", "-f", "framemd5", "-"],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    return [line.rsplit(",", 1)[1].strip() for line in lines if line and not line.startswith("#")]
+
+
 @pytest.mark.parametrize("ext", [".mov", ".mp4"])
 def test_a_turned_phone_clip_gives_a_depth_clip_with_its_display_matrix(tmp_path: Path, ext: str) -> None:
     source = tmp_path / f"turned{ext}"

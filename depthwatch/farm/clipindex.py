@@ -23,7 +23,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from depthwatch.errors import FrameError
-from depthwatch.imaging.video import require_av
+from depthwatch.imaging.video import picture_stream, require_av
 
 
 @dataclass(frozen=True)
@@ -56,9 +56,9 @@ def read(path: Path) -> ClipIndex:
     position: list[int] = []  # for each shown packet, the keyframes seen so far
     try:
         with av.open(str(path), "r", metadata_errors="ignore") as container:
-            if not container.streams.video:
+            stream = picture_stream(container)
+            if stream is None:
                 raise FrameError("has no video stream (audio or data only); nothing to map")
-            stream = container.streams.video[0]
             time_base = Fraction(stream.time_base)
             for packet in container.demux(stream):
                 if packet.size == 0:

@@ -41,7 +41,7 @@ from depthwatch.farm.tasks import runner
 from depthwatch.files import sync_folder
 from depthwatch.frames.settings import Settings
 from depthwatch.imaging import clipwrite, codec, orientation, render, stabilise, tensor
-from depthwatch.imaging.video import ClipInfo, require_av
+from depthwatch.imaging.video import ClipInfo, picture_stream, require_av
 from depthwatch.model.engine import BACKGROUND, Inference
 
 log = logging.getLogger("depthwatch")
@@ -200,7 +200,9 @@ def decode_range(task: ClipRange, scale: Callable[[int, int], int]) -> Iterator[
         except (av.FFmpegError, OSError) as exc:
             raise FrameError(f"cannot open the clip on this worker: {exc}") from None
         try:
-            stream = container.streams.video[0]
+            stream = picture_stream(container)
+            if stream is None:
+                raise FrameError("the clip on this worker has no video stream")
             stream.thread_type = "AUTO"  # as local clips decode
             ctx = stream.codec_context
             turn = orientation.turn_for(task.display_matrix)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from depthwatch.imaging.video import require_av
+from depthwatch.imaging.video import picture_stream, require_av
 from depthwatch.logtext import shown
 
 log = logging.getLogger("depthwatch.clips")
@@ -96,12 +96,12 @@ def read(path: Path, rate: Fraction, keeps_times: bool = True) -> SourceMeta:
     av = require_av()
     try:
         with av.open(str(path), "r", metadata_errors="ignore") as container:
-            stream = container.streams.video[0]
+            stream = picture_stream(container)
             time_base = Fraction(stream.time_base)
             earliest = _earliest_start(container)
             matrix = _display_matrix(container, stream)
         with av.open(str(path), "r", metadata_errors="ignore") as container:
-            stream = container.streams.video[0]
+            stream = picture_stream(container)
             found: dict[int, int] = {}
             untimed = False
             for packet in container.demux(stream):
@@ -111,7 +111,7 @@ def read(path: Path, rate: Fraction, keeps_times: bool = True) -> SourceMeta:
                     untimed = True  # AVI's B-frames, raw streams: no frame times to keep
                     continue
                 found[packet.pts] = int(packet.duration or 0)
-    except (av.FFmpegError, OSError, IndexError):
+    except (av.FFmpegError, OSError, AttributeError):  # no video stream: the mapping pass says so
         # A clip that cannot be read through: the mapping pass says where it is damaged.
         return SourceMeta(Fraction(1) / rate if rate else Fraction(1, 1000))
     pts = sorted(found)

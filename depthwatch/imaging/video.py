@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -52,6 +53,43 @@ _SEGMENT = b"\x18\x53\x80\x67"
 
 def is_clip_name(path: Path) -> bool:
     return path.suffix.lower() in CLIP_EXTENSIONS
+
+
+def picture_stream(container: Any) -> Any:
+    """The clip's picture among its video streams; None when it has none.
+
+    Why not the first: a cover image or a thumbnail is a video stream too,
+    and Matroska may list it first (a one-frame PNG: its "depth clip" was one
+    frame, said written). So: never an attached picture, a still or a
+    thumbnail track (unless that is all there is), then the stream marked
+    default, then the longest, then the largest, then the first. Every reader
+    of a clip (local, the farm's index and workers, its timing) asks here, so
+    all read the same frames.
+    """
+    streams = list(container.streams.video)
+    if not streams:
+        return None
+    av = require_av()
+    flags = av.stream.Disposition
+    aside = flags.attached_pic | flags.still_image | flags.timed_thumbnails
+    moving = [s for s in streams if not s.disposition & aside] or streams
+
+    def rank(s: Any) -> tuple[bool, float, int, int]:
+        return (bool(s.disposition & flags.default), _seconds(s), s.codec_context.width * s.codec_context.height, -s.index)
+
+    return max(moving, key=rank)
+
+
+def _seconds(stream: Any) -> float:
+    """How long a stream lasts by its container (Matroska keeps it in a DURATION tag); 0 if unknown."""
+    if stream.duration and stream.time_base:
+        return float(stream.duration * stream.time_base)
+    tag = str(stream.metadata.get("DURATION", ""))
+    parts = tag.split(":")
+    try:
+        return float(parts[0]) * 3600 + float(parts[1]) * 60 + float(parts[2]) if len(parts) == 3 else 0.0
+    except ValueError:
+        return 0.0
 
 
 def require_av() -> ModuleType:
@@ -143,9 +181,9 @@ class Clip:
         except OSError as exc:
             raise FrameError(f"cannot open the clip: {exc.strerror or exc}") from None
         try:
-            if not self._container.streams.video:
+            stream = picture_stream(self._container)
+            if stream is None:
                 raise FrameError("has no video stream (audio or data only); nothing to map")
-            stream = self._container.streams.video[0]
             stream.thread_type = "AUTO"  # FFmpeg's own decoding threads
             self._stream = stream
             ctx = stream.codec_context
