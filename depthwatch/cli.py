@@ -58,6 +58,14 @@ def setup_logging(level: str = "info") -> bool:
     return bool(path)
 
 
+def _interrupted(args: argparse.Namespace) -> str:
+    if args.command != "once":
+        return "interrupted (Ctrl-C)"
+    if getattr(args, "farm", None):
+        return "interrupted (Ctrl-C): the maps written so far stay; the same command again maps only the frames still missing"
+    return "interrupted (Ctrl-C): the maps already written stay; the rest were not made"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     to_file = setup_logging(getattr(args, "log_level", None) or "info")
@@ -68,7 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if to_file:  # the reason is the log's last line there too
             logging.getLogger("depthwatch").error("depthwatch: %s", exc)
         return exc.exit_code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C: said, not a silent 130, and what it leaves
+        print(f"depthwatch: {_interrupted(args)}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `depthwatch models list | head`: the reader left, nothing to say
         sys.stderr.close()

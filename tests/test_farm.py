@@ -286,8 +286,15 @@ def test_an_interrupted_job_resumes_with_only_the_missing_maps(farm: Farm, frame
     client = start_once("--farm", farm.address, "-c", str(farm.config), str(frames[0].parent), "-o", str(out),
                         cwd=farm.root, log=log)
     wait_for(lambda: len(maps_in(out)) >= 20 if out.is_dir() else False, what="some maps")
-    client.send_signal(signal.SIGKILL)
-    client.wait()
+    client.send_signal(signal.SIGINT)  # Ctrl-C: said, with what it leaves (before, a silent exit 130)
+    try:
+        assert client.wait(60) == 130
+    finally:
+        client.kill()
+        client.wait()
+    assert log.read_text().strip().splitlines()[-1] == (
+        "depthwatch: interrupted (Ctrl-C): the maps written so far stay; the same command again maps only the frames still missing"
+    )
     # SIGTERM: each worker finishes the frames it holds and exits 0.
     for worker in farm.live():
         assert worker.stop(signal.SIGTERM) == 0, worker.log()
@@ -391,7 +398,7 @@ def test_an_unreachable_scheduler_or_a_missing_model_is_one_line(tmp_path: Path,
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         nowhere = f"tcp://127.0.0.1:{s.getsockname()[1]}"
-    done = run_once("--farm", nowhere, str(frame), "--model", str(tiny_model), "--profile", "midas-v21-small", cwd=tmp_path)
+    done = run_once("--farm", nowhere, str(frame), cwd=tmp_path)
     assert done.returncode == 69
     assert f"depthwatch: cannot reach the Dask scheduler at {nowhere}" in done.stderr and "Traceback" not in done.stderr
     assert not (frame.parent / "shot_1001_depth.jpg").exists()
@@ -402,6 +409,20 @@ def test_an_unreachable_scheduler_or_a_missing_model_is_one_line(tmp_path: Path,
     )
     assert worker.returncode == 78  # before it ever looks for the scheduler
     assert worker.stderr.strip().splitlines()[-1].startswith("depthwatch: model file") and "joining" not in worker.stderr
+
+
+def test_a_model_named_for_a_farm_run_is_refused_since_the_workers_run_their_own(tmp_path: Path, tiny_model: Path) -> None:
+    """`once --farm ... --model X`: the workers map with the model each was started with, so X was
+    silently not used (and the run said its maps were written)."""
+    frame = make_frames(tmp_path / "f", count=1)[0]
+    for extra in (("--model", str(tiny_model)), ("--profile", "midas-v21-small")):
+        done = run_once("--farm", "tcp://127.0.0.1:9", str(frame), *extra, cwd=tmp_path)
+        assert done.returncode == 78, done.stderr
+        assert done.stderr.strip() == (
+            f"depthwatch: {extra[0]} chooses the model for local once; a farm's workers run their own "
+            "(depthwatch worker --model PATH): drop it, or start the workers with that model"
+        )
+        assert sorted(p.name for p in frame.parent.iterdir()) == [frame.name]
 
 
 def test_a_frame_rewritten_between_the_two_passes_is_mapped_from_its_new_version(tmp_path: Path) -> None:

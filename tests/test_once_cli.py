@@ -247,3 +247,34 @@ def test_a_frame_rewritten_again_while_its_shot_is_mapped_again_fails_with_no_ma
     ]
     assert not (out / "shot_1004_depth.jpg").exists()
     assert sorted(p.name for p in out.iterdir()) == [f"shot_{n}_depth.jpg" for n in range(1001, 1009) if n != 1004]
+
+
+def test_ctrl_c_says_what_it_leaves(tmp_path):
+    """Ctrl-C in the middle of a run: one line, exit 130 (before, nothing at all)."""
+    import signal
+    import time
+
+    from onnx_models import slow_model
+
+    model = slow_model(tmp_path / "slow.onnx", seconds=0.5)
+    names = [f"f{i}.png" for i in range(12)]
+    frames(tmp_path / "in", *names)
+    job = subprocess.Popen(
+        [sys.executable, "-m", "depthwatch", "once", "in", "--model", str(model), "--profile", "midas-v21-small"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / "in").glob("*_depth.jpg")):
+            assert job.poll() is None and time.monotonic() < deadline, "no map came"
+            time.sleep(0.05)
+        job.send_signal(signal.SIGINT)
+        out, err = job.communicate(timeout=60)
+    finally:
+        job.kill()
+        job.wait()
+    assert job.returncode == 130
+    assert err.strip().splitlines()[-1] == "depthwatch: interrupted (Ctrl-C): the maps already written stay; the rest were not made"
+    made = list((tmp_path / "in").glob("*_depth.jpg"))
+    assert 1 <= len(made) < len(names) and out == ""
+    assert sorted(p.name for p in (tmp_path / "in").iterdir() if p.name.startswith(".")) == []  # no temporary file

@@ -185,6 +185,12 @@ def main(args: argparse.Namespace) -> int:
 
     if args.force and not args.farm:
         raise ConfigError("--force goes with --farm (local once always maps every frame); drop it or add --farm ADDRESS")
+    if args.farm and (args.model or args.profile):
+        # The workers run the model each was started with; taking these silently would say a model ran that did not.
+        raise ConfigError(
+            f"{'--model' if args.model else '--profile'} chooses the model for local once; a farm's workers run their own "
+            "(depthwatch worker --model PATH): drop it, or start the workers with that model"
+        )
     config = config_from_args(args)
     single = len(args.inputs) == 1 and not Path(args.inputs[0]).expanduser().is_dir()
     # -o names a clip's output when it ends like one (or when the only input is a clip), else a frame's.
