@@ -9,6 +9,7 @@ Linux: $XDG_CONFIG_HOME, $XDG_DATA_HOME, $XDG_CACHE_HOME and $XDG_STATE_HOME
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -64,3 +65,14 @@ def expand_path(value: str, base: Path) -> Path:
     """
     path = Path(os.path.expandvars(os.path.expanduser(value)))
     return Path(os.path.abspath(path if path.is_absolute() else base / path))
+
+
+def unset_variables(value: str) -> list[str]:
+    """The `$NAME` and `${NAME}` in `value` that are not set (`os.path.expandvars` leaves them as written).
+
+    Why: a folder under `$SHOTS` works from a terminal, while a service (launchd,
+    systemd) starts without the shell's variables: the daemon then watched a new,
+    empty folder named `$SHOTS`, and said all was well.
+    """
+    names = (m.group(1) or m.group(2) for m in re.finditer(r"\$(?:(\w+)|\{([^}]*)\})", value))
+    return list(dict.fromkeys(name for name in names if name not in os.environ))

@@ -8,6 +8,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -383,6 +384,22 @@ def test_listens_on_loopback_only_by_default(api_daemon, tmp_path, tiny_model):
     assert exposed.proc.wait(HTTP_TIMEOUT) == 78
     assert "api.token is not set" in exposed.log()
     exposed.close()
+
+    # A host that does not resolve (waitress raised a bare ValueError: a traceback and exit 1, restarted
+    # in a loop), or an address that is not this machine's (its advice was to change the port): one
+    # line naming api.host, exit 78, from `run` and from `check` alike; the status does not stay `starting`.
+    for host, said in (("nosuchhost.invalid", "is neither an address nor a name this machine can resolve"),
+                       ("192.0.2.1", "is not an address of this machine")):
+        wrong = DaemonProcess(tmp_path / host, tiny_model, api={"enabled": True, "host": host, "token": "t", "port": 0})
+        wrong.start(wait=False)
+        assert wrong.proc.wait(HTTP_TIMEOUT) == 78
+        wrong.close()
+        assert f"depthwatch: api.host '{host}' {said}" in wrong.log() and "Traceback" not in wrong.log()
+        assert wrong.state() == "stopped"
+        check = subprocess.run([sys.executable, "-m", "depthwatch", "check", "-c", str(wrong.config_path)],
+                               capture_output=True, text=True, timeout=HTTP_TIMEOUT * 4)
+        lines = check.stderr.strip().splitlines()
+        assert check.returncode == 78 and len(lines) == 1 and lines[0].startswith(f"depthwatch: api.host '{host}' {said}"), check.stderr
 
 
 def test_run_api_flag(tmp_path, tiny_model):

@@ -57,6 +57,18 @@ BAD_CONFIGS = {
         ":1:1: output.png_bits 32 (float) needs .tif or .exr maps, and output.template '{stem}_depth.{ext}' makes a *.PNG frame's map a PNG",
     ),
     "output is input": ("watch:\n  patterns: [frame.jpg]\noutput:\n  template: frame.jpg\n", "output.template 'frame.jpg' is also a watch pattern"),
+    # A save cut short leaves NULs: before, a traceback, and a running daemon died at its reload.
+    "control character": ("watch:\n  patterns: ['*.jpg']\n\x00\n", ":3:1: a control character (#x0000) YAML does not allow; remove it"),
+    "not utf-8": ("output:\n  template: 'd\xe9.jpg'\n".encode("latin-1"), ":2:15: not UTF-8 text (byte 0xe9); save the file as UTF-8"),
+    "two documents": ("watch: {}\n---\noutput: {}\n", ":2:1: not valid YAML: expected a single document in the stream but found another document"),
+    # YAML 1.1 reads these as other numbers than the ones written: before, taken without a word.
+    "padded frame number": ("output:\n  first_frame: 01001\n", ":2:16: output.first_frame is written 01001, which YAML reads as 513 (octal)"),
+    "base 60": ("watch:\n  settle_ms: 2:30\n", ":2:14: watch.settle_ms is written 2:30, which YAML reads as 150 (base 60)"),
+    "word read as false": ("output:\n  refine: no\n", ':2:11: output.refine must be one of edges, none, not bool False (YAML reads no as false: write "no" in quotes'),
+    # A service starts without the shell's variables: before, a folder named `$SHOTS` was made and watched.
+    "unset variable": ("watch:\n  folders: [$DEPTHWATCH_UNSET_IN_TESTS/frames]\n", ":2:12: watch.folders uses $DEPTHWATCH_UNSET_IN_TESTS, which is not set here"),
+    "unset variable in model": ("model:\n  path: ${DEPTHWATCH_UNSET_IN_TESTS}/m.onnx\n", ":2:9: model.path uses $DEPTHWATCH_UNSET_IN_TESTS, which is not set"),
+    "status file folder": ("daemon:\n  status_file: nowhere/status.json\n", "/nowhere does not exist; create it or fix the path"),
 }
 
 
@@ -64,7 +76,7 @@ BAD_CONFIGS = {
 def test_bad_config_is_one_line_with_its_place_and_exit_78(tmp_path, case):
     text, expected = BAD_CONFIGS[case]
     path = tmp_path / "config.yaml"
-    path.write_text(text)
+    path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
     done = subprocess.run(
         [sys.executable, "-m", "depthwatch", "run", "-c", str(path)], capture_output=True, text=True, timeout=60
     )
@@ -140,6 +152,16 @@ def test_check_command_validates_loads_and_runs_a_frame(tmp_path, tiny_model):
     assert "providers: CPUExecutionProvider" in done.stdout
     assert "contract:  input 'image' float32 NCHW 32x32 -> output 'depth' [1x32x32]" in done.stdout
     assert done.stdout.strip().endswith("ok")
+    # What `run` does with the same config, check says too: a pattern/template clash is warned about,
+    # and daemon.max_megapixels is for editors' frames, not check's own 1080p one (before: "1920x1080
+    # is 2 megapixels, over the limit of 2", exit 1, for a config that runs).
+    path.write_text(
+        f"model:\n  path: {tiny_model}\n  profile: midas-v21-small\ndaemon:\n  max_megapixels: 2\n"
+        "watch:\n  patterns: ['*_depth.jpg', '*.jpg']\noutput:\n  template: '{stem}_depth.jpg'\n"
+    )
+    done = subprocess.run([sys.executable, "-m", "depthwatch", "check", "-c", str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "warning:   watch.patterns *_depth.jpg and output.template {stem}_depth.jpg clash" in done.stdout
     (tmp_path / "broken.onnx").write_bytes(b"not a model")
     path.write_text(f"model:\n  path: {tmp_path / 'broken.onnx'}\n")
     done = subprocess.run([sys.executable, "-m", "depthwatch", "check", "-c", str(path)], capture_output=True, text=True, timeout=60)

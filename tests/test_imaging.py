@@ -82,6 +82,15 @@ def test_reduced_jpeg_decode_gives_the_same_model_input():
     assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.995
 
 
+def test_a_frame_just_over_the_limit_is_told_from_it():
+    """Before: "1920x1080 is 2 megapixels, over the limit of 2" and "0 megapixels, over the limit of 0"."""
+    frame = jpeg_bytes(np.zeros((1080, 1920, 3), np.uint8))
+    with pytest.raises(FrameError, match=r"1920x1080 is 2\.07 megapixels, over the limit of 2;"):
+        codec.decode(frame, max_pixels=2_000_000)
+    with pytest.raises(FrameError, match=r"640x360 is 0\.23 megapixels, over the limit of 0\.1;"):
+        codec.decode(jpeg_bytes(np.zeros((360, 640, 3), np.uint8)), max_pixels=100_000)
+
+
 def test_decode_refuses_a_decompression_bomb_before_decoding():
     # A valid PNG header declaring 60000 x 60000 pixels: refused from the header alone.
     header = b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\rIHDR" + (60000).to_bytes(4, "big") * 2 + b"\x08\x02\x00\x00\x00"

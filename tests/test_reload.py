@@ -107,6 +107,11 @@ def test_broken_edit_keeps_the_last_good_config_until_fixed(tmp_path, tiny_model
         write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
         wait_for(lambda: (d.watch / "depth.jpg").exists(), what="a frame served on the old config")
 
+        # A save cut short leaves NUL bytes: before, the reload's traceback ended the daemon (exit 1).
+        write_by_rename(d.config_path, good.encode() + b"\x00\x00\n")
+        wait_for(lambda: "a control character (#x0000)" in (d.status().get("config_error") or ""), what="the NUL to be reported")
+        assert d.proc.poll() is None
+
         write_by_rename(d.config_path, good.replace("depth.jpg", "fixed.jpg").encode())
         loads(d, 2)
         assert d.status()["config_error"] is None
@@ -233,3 +238,26 @@ def test_queue_size_takes_effect_on_reload(tmp_path):
         assert "take effect at the next start" not in d.log()
     finally:
         assert d.stop() == 0
+
+
+def test_settings_kept_for_the_next_start_are_said_once_and_the_status_stays_where_it_is(tmp_path, tiny_model):
+    """daemon.workers changed and changed back says so once (before: "take effect at the next start" for
+    going back to the value running too); daemon.status_file moved live left the old file saying
+    "running" with its counts frozen, and "gone without stopping cleanly" after a clean stop."""
+    d = DaemonProcess(tmp_path, tiny_model).start()
+    moved = tmp_path / "moved.json"
+    try:
+        edit(d, lambda c: c["daemon"].update(workers=3))
+        loads(d, 2)
+        edit(d, lambda c: c["daemon"].update(workers=2))
+        loads(d, 3)
+        assert d.log().count("daemon.workers and daemon.worker_niceness take effect at the next start") == 1
+        edit(d, lambda c: c["daemon"].update(status_file=str(moved)))
+        loads(d, 4)
+        assert f"daemon.status_file takes effect at the next start; the status stays in {d.status_path}" in d.log()
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: d.counts().get("done") == 1, what="the status where it was to count the frame")
+        assert not moved.exists()
+    finally:
+        assert d.stop() == 0
+    assert d.state() == "stopped"

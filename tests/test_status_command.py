@@ -101,6 +101,8 @@ def test_status_shows_a_hand_started_daemon_and_exits_3_once_it_stopped(tmp_path
     stopped = depthwatch(tmp_path, "status")
     assert stopped.returncode == NOT_RUNNING
     assert rows(stopped.stdout)["depthwatch"].startswith("not running (stopped at ")
+    assert "waiting for" not in stopped.stdout  # its folder is there: a stopped daemon waits for nothing
+    assert watch.is_dir()
 
 
 def test_status_tells_the_truth_about_a_daemon_whose_config_file_now_holds_a_bad_edit(tmp_path, tiny_model):
@@ -191,6 +193,25 @@ def test_run_from_a_checkout_uses_its_config_yaml_and_says_so(tmp_path, tiny_mod
         shown = depthwatch(checkout, "status")
         assert shown.returncode == 0
         assert rows(shown.stdout)["config"] == str(checkout / "config.yaml")
+
+        # A reload reads the file it started with. Before, it searched again: a user config that
+        # appeared (`service install` writes one) took over at the next edit, and a config moved
+        # away switched the daemon to the built-in defaults, watching ./tmp, without a word.
+        user = Path(os.environ["XDG_CONFIG_HOME"]) / "depthwatch" / "config.yaml"
+        user.parent.mkdir(parents=True)
+        user.write_text(f"model:\n  path: {tiny_model}\n  profile: midas-v21-small\nwatch:\n  folders: [other]\n")
+        text = (checkout / "config.yaml").read_text()
+        write_by_rename(checkout / "config.yaml", text.replace("watch:", "output:\n  template: d2.jpg\nwatch:").encode())
+        wait_for(lambda: daemon.log().count("reloading the config") == 1, what="the edit to be read")
+        write_by_rename(checkout / "frames" / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: (checkout / "frames" / "d2.jpg").exists(), what="the edited config's map")
+        assert not (user.parent / "other").exists()
+        (checkout / "config.yaml").rename(checkout / "config.yaml.bak")
+        wait_for(lambda: "keeping the last good config" in daemon.log(), what="the missing file to be said")
+        assert f"{checkout / 'config.yaml'}: cannot read the config" in daemon.log()
+        write_by_rename(checkout / "frames" / "frame.jpg", jpeg_bytes(quadrant_frame(bright="bottom-left")))
+        wait_for(lambda: "2 done" in depthwatch(checkout, "status").stdout, what="the next frame, on the same config")
+        assert not (checkout / "tmp").exists() and "watching /" not in daemon.log().split("keeping the last good config")[1]
     finally:
         assert daemon.stop() == 0
         daemon.close()

@@ -67,6 +67,7 @@ ExecMainCode=1
 ExecMainStatus=78
 UnitFileState=enabled
 """
+STOPPED = ACTIVE.replace("ActiveState=active", "ActiveState=inactive").replace("SubState=running", "SubState=dead").format(pid=0)
 NOT_FOUND = "LoadState=not-found\nActiveState=inactive\nSubState=dead\nMainPID=0\nExecMainCode=0\nExecMainStatus=0\n"
 
 
@@ -196,10 +197,34 @@ def test_install_then_uninstall_run_systemctl_and_leave_the_folder_as_found(conf
     assert "loginctl enable-linger" in capsys.readouterr().out
 
     tools.clear()
-    tools.reply("systemctl show", {"out": ACTIVE.format(pid=99)})
+    tools.reply("systemctl show", {"out": ACTIVE.format(pid=99)}, {"out": STOPPED})
     assert service("uninstall") == 0
-    assert tools.calls() == [systemctl(*SHOW), systemctl("disable", "--now", "depthwatch.service"), systemctl("daemon-reload")]
+    assert tools.calls() == [
+        systemctl(*SHOW), systemctl("disable", "--now", "depthwatch.service"), systemctl(*SHOW), systemctl("daemon-reload"),
+    ]
     assert folder_snapshot(units) == before
+
+
+def test_uninstall_says_stopped_only_once_systemd_says_so(config: Path, home: Path, tools, capsys):
+    """A `disable --now` whose stop failed (a cancelled job): before, "stopped and removed", exit 0,
+    with the daemon running on under a unit file that was gone."""
+    assert service("install", "-c", str(config)) == 0
+    unit_file = home / ".config/systemd/user/depthwatch.service"
+    tools.clear()
+    capsys.readouterr()
+    tools.reply("systemctl show", {"out": ACTIVE.format(pid=99)})
+    tools.reply("systemctl disable", {"rc": 1, "err": "Job for depthwatch.service canceled.\n"})
+    tools.reply("systemctl stop", {"rc": 1, "err": "Job for depthwatch.service canceled.\n"})
+    assert service("uninstall") != 0
+    said = capsys.readouterr()
+    assert "stopped" not in said.out and said.err.count("\n") == 1 and "depthwatch.service canceled" in said.err, said
+    assert unit_file.is_file()  # nothing removed under a daemon that runs
+    # The stop works the second time: stopped, then removed.
+    tools.clear()
+    tools.reply("systemctl show", {"out": ACTIVE.format(pid=99)}, {"out": ACTIVE.format(pid=99)}, {"out": STOPPED})
+    tools.reply("systemctl stop", {})
+    assert service("uninstall") == 0
+    assert systemctl("stop", "depthwatch.service") in tools.calls() and not unit_file.exists()
 
 
 def test_install_goes_where_xdg_config_home_says(config: Path, home: Path, tools, monkeypatch, tmp_path: Path):

@@ -31,6 +31,9 @@ def main(args: argparse.Namespace) -> int:
     import cv2
 
     from depthwatch.config import check_combinations
+    from depthwatch.daemon.listening import address_problem
+    from depthwatch.errors import ConfigError
+    from depthwatch.frames.rules import template_clashes
     from depthwatch.frames.settings import Settings
     from depthwatch.imaging import codec, render, tensor
     from depthwatch.model import catalogue
@@ -42,6 +45,16 @@ def main(args: argparse.Namespace) -> int:
     for folder in config.watch.folders:
         state = "ok" if folder.is_dir() else "missing (created at start if its parent exists)"
         print(f"watch:     {folder} [{state}]")
+    for pattern in template_clashes(config.watch.patterns, config.output.template):  # as `run` warns at start
+        print(
+            f"warning:   watch.patterns {pattern} and output.template {config.output.template} clash: "
+            f"every {pattern} file looks like a depth map, so none is mapped; change output.template or the patterns"
+        )
+    if config.api.enabled:
+        problem = address_problem(config.api.host)
+        if problem:
+            raise ConfigError(problem)
+        print(f"api:       {config.api.host}:{config.api.port} (enabled; the address is this machine's)")
     spec = catalogue.resolve(config.model, config.base)
     measuring = bool(getattr(args, "providers", False))
     if measuring:
@@ -68,7 +81,8 @@ def main(args: argparse.Namespace) -> int:
         frame[:, :, :] = np.linspace(0, 255, 1920, dtype=np.uint8)[None, :, None]
         data = cv2.imencode(".jpg", frame)[1].tobytes()
         settings = Settings.from_config(config)
-        decoded = codec.decode(data, max_pixels=settings.max_pixels, min_size=info.min_frame_size)
+        # check's own frame: daemon.max_megapixels is for the frames editors send, not for this one.
+        decoded = codec.decode(data, max_pixels=1920 * 1080, min_size=info.min_frame_size)
         inference = engine.infer(tensor.prepare(decoded, info.contract, info.profile), info.generation).result()
         ext = _output_ext(config.output.template)
         made = render.depth_map(

@@ -68,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
 
     def read_config_again() -> Config:
         """The same file with the same command-line overrides, read again (the daemon's live reload)."""
-        fresh = apply_overrides(config_from_args(args), args)
+        fresh = apply_overrides(config_from_args(args, config.source, again=True), args)
         configuration.check_combinations(fresh)
         return fresh
 

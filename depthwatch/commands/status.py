@@ -118,7 +118,7 @@ def _show(path: Path) -> bool:
         rows.append(("model", f"{data['model']} (profile {data.get('profile')}; providers {providers})"))
     if data.get("watching"):
         rows.append(("watching", ", ".join(data["watching"])))
-    if data.get("waiting_for"):
+    if data.get("waiting_for") and running:  # a stopped daemon waits for nothing (an old file may say so)
         rows.append(("waiting for", ", ".join(data["waiting_for"]) + " (gone: no frame comes from it until it is back)"))
     rows.append((
         "frames",

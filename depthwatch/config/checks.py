@@ -94,7 +94,23 @@ def optional(check: Check) -> Check:
 
 def path(value: Any, base: Path) -> Path:
     """A path with ~ and $VARS expanded, relative to `base` (the config file's folder)."""
-    return paths.expand_path(text(value, base), base)
+    return paths.expand_path(with_variables_set(text(value, base)), base)
+
+
+def with_variables_set(value: str) -> str:
+    """`value`, if every variable it names is set; else ValueError naming the first that is not."""
+    unset = paths.unset_variables(value)
+    if unset:
+        raise ValueError(
+            f"uses ${unset[0]}, which is not set here (a service starts without your shell's variables); "
+            "set it, or write the path itself"
+        )
+    return value
+
+
+def model_path(value: Any, base: Path) -> str:
+    """A catalogue name or a path to an .onnx file (checked for unset variables; found when the model loads)."""
+    return with_variables_set(text(value, base))
 
 
 def list_of(check: Check) -> Callable[[Any, Path], tuple[Any, ...]]:
@@ -116,6 +132,16 @@ def folder(value: Any, base: Path) -> Path:
         raise ValueError(f"{where} is a file, not a folder")
     if not where.exists() and not where.parent.is_dir():
         raise ValueError(f"{where} does not exist, nor does its parent; create the folder or fix the path")
+    return where
+
+
+def file_in_folder(value: Any, base: Path) -> Path:
+    """A file whose folder exists (a status file: written from the first moment, never made a folder for)."""
+    where = path(value, base)
+    if where.is_dir():
+        raise ValueError(f"{where} is a folder; name a file in it")
+    if not where.parent.is_dir():
+        raise ValueError(f"{where}: its folder {where.parent} does not exist; create it or fix the path")
     return where
 
 
@@ -186,7 +212,7 @@ def _contained(template: str, rendered: str) -> str:
         raise ValueError(f"{template!r} climbs out of the watch folder with '..'; use an absolute folder instead")
     head, name = os.path.split(template)
     if head:
-        template = os.path.join(os.path.expandvars(os.path.expanduser(head)), name)
+        template = os.path.join(os.path.expandvars(os.path.expanduser(with_variables_set(head))), name)
     return template
 
 

@@ -34,27 +34,55 @@ def load(path: Path | None) -> Config:
     if path is None:
         return defaults()
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        data = path.read_bytes()
+    except OSError as exc:
         raise ConfigError(f"{path}: cannot read the config: {exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line, column = _line_and_column(data, exc.start)
+        raise ConfigError(
+            f"{path}:{line}:{column}: not UTF-8 text (byte 0x{data[exc.start]:02x}); save the file as UTF-8"
+        ) from None
     return parse(text, path)
+
+
+def _line_and_column(text: str | bytes, position: int) -> tuple[int, int]:
+    """1-based line and column of `position` in `text`."""
+    newline = b"\n" if isinstance(text, bytes) else "\n"
+    before = text[:position]
+    return before.count(newline) + 1, position - (before.rfind(newline) + 1) + 1  # type: ignore[arg-type]
 
 
 def parse(text: str, path: Path) -> Config:
     """Check YAML text as a config from `path`; every error names file, line and column."""
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        # The reader checks the characters as it is made: a NUL left by a save cut short, or a
+        # pasted control character, fails here, and must be the one line every mistake is.
+        loader = yaml.SafeLoader(text)
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = " ".join((exc.problem or exc.context or "invalid YAML").split())
+        problem = exc.problem or exc.context or "invalid YAML"
+        if exc.context and exc.problem and exc.problem.startswith("but "):  # "expected a single document ... but found another"
+            problem = f"{exc.context} {exc.problem}"
+        problem = " ".join(problem.split())
         raise ConfigError(f"{where}: not valid YAML: {problem}; fix the indentation, quoting or tags there") from None
+    except yaml.reader.ReaderError as exc:
+        line, column = _line_and_column(text, exc.position)
+        what = f"#x{exc.character:04x}" if isinstance(exc.character, int) else repr(exc.character)
+        raise ConfigError(
+            f"{path}:{line}:{column}: a control character ({what}) YAML does not allow; remove it "
+            "(a save cut short leaves NUL bytes)"
+        ) from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: YAML error: {exc}") from None
+        raise ConfigError(f"{path}: YAML error: {' '.join(str(exc).split())}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if data is None:
         data, node = {}, None
     base = Path(os.path.realpath(path)).parent
@@ -130,16 +158,42 @@ def _section(cls: type, name: str, data: Any, node: yaml.Node, path: Path, base:
                 f"{_where(path, key_node)}: {name}.{key} is now called {name}.{setting}; "
                 f"write {setting} instead (the old name still works, for now)"
             )
-        values[setting] = _checked(fields[setting], value, base, f"{_where(path, value_node)}: {name}.{key}")
+        what = f"{_where(path, value_node)}: {name}.{key}"
+        written = value_node.value if isinstance(value_node, yaml.ScalarNode) and value_node.style is None else None
+        _refuse_surprising_number(value, written, what)
+        values[setting] = _checked(fields[setting], value, base, what, written)
     return cls(**values)
 
 
-def _checked(setting: dataclasses.Field[Any], value: Any, base: Path, what: str) -> Any:
-    """`value` through the setting's check; ConfigError "`what` <why>" if it fails."""
+def _refuse_surprising_number(value: Any, written: str | None, what: str) -> None:
+    """A plain number YAML 1.1 reads as another: 01001 in octal (513), 2:30 in base 60 (150).
+
+    A frame number padded as VFX writes it (`first_frame: 01001`) became 513 without a word.
+    """
+    if written is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    digits = written.lstrip("+-")
+    if ":" in digits:
+        raise ConfigError(f"{what} is written {written}, which YAML reads as {value} (base 60); write the number itself")
+    if len(digits) > 1 and digits[0] == "0" and digits[1] in "0123456789_":
+        raise ConfigError(
+            f"{what} is written {written}, which YAML reads as {value} (octal); write it without the leading zeros"
+        )
+
+
+def _checked(setting: dataclasses.Field[Any], value: Any, base: Path, what: str, written: str | None = None) -> Any:
+    """`value` through the setting's check; ConfigError "`what` <why>" if it fails.
+
+    `written`: the plain text in the file; a word YAML took for true or false (no, off, yes)
+    is said as such, with the quotes that keep it a word.
+    """
     try:
         return setting.metadata["check"](value, base)
     except ValueError as exc:
-        raise ConfigError(f"{what} {exc}") from None
+        hint = ""
+        if isinstance(value, bool) and written is not None and written.lower() not in ("true", "false"):
+            hint = f' (YAML reads {written} as {str(value).lower()}: write "{written}" in quotes for the word)'
+        raise ConfigError(f"{what} {exc}{hint}") from None
 
 
 def override(config: Config, flag: str, section: str, base: Path | None = None, **raw: Any) -> Config:

@@ -25,7 +25,7 @@ from depthwatch.pathmap import PathMap
 
 @dataclass(frozen=True)
 class ModelConfig:
-    path: str = field(default="midas-v21-small", metadata=setting(checks.text, "catalogue name or path to an .onnx file"))
+    path: str = field(default="midas-v21-small", metadata=setting(checks.model_path, "catalogue name or path to an .onnx file"))
     profile: str = field(default="auto", metadata=setting(checks.one_of("auto", *PROFILES)))
     providers: str | tuple[str, ...] = field(default="auto", metadata=setting(checks.providers))
     intra_op_threads: int = field(default=0, metadata=setting(checks.whole(0, 256)))
@@ -102,7 +102,7 @@ class DaemonConfig:
     max_file_mb: float = field(default=512.0, metadata=setting(checks.number(0.001, 65_536)))
     retries: int = field(default=3, metadata=setting(checks.whole(0, 100)))
     shutdown_timeout_s: float = field(default=10.0, metadata=setting(checks.number(0.5, 19)))
-    status_file: Path | None = field(default=None, metadata=setting(checks.optional(checks.path)))
+    status_file: Path | None = field(default=None, metadata=setting(checks.optional(checks.file_in_folder)))
     log_level: str = field(default="info", metadata=setting(checks.one_of("debug", "info", "warning", "error")))
 
 

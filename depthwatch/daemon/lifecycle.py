@@ -23,6 +23,7 @@ the daemon itself).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -37,6 +38,7 @@ from depthwatch.daemon.accounting import Accounts
 from depthwatch.daemon.backend import ApiBackend
 from depthwatch.daemon.clips import ClipRunner
 from depthwatch.daemon.intake import Intake
+from depthwatch.daemon.listening import address_problem
 from depthwatch.daemon.locks import FolderLocks
 from depthwatch.daemon.notify import notify
 from depthwatch.daemon.reload import ConfigReload, make_watch_folders
@@ -220,10 +222,14 @@ class Daemon(ApiBackend):
         if config.api.enabled:
             try:
                 self._start_api()  # before the watch, so a taken port stops nothing but the engine
-            except BaseException:
+            except BaseException as exc:
                 self.clips.stop(1.0)
                 self.pipeline.close(0.1)
                 self.engine.stop()
+                self.locks.release()
+                if isinstance(exc, DepthwatchError):
+                    self.status.config_error = str(exc)
+                self._stopped_before_ready(None)  # not `starting` for good
                 raise
         self.start_watching(self.rules, config)
         self.status.state = "running"
@@ -263,14 +269,20 @@ class Daemon(ApiBackend):
             raise ConfigError(
                 f"api.enabled needs the api extra ({exc.name} is missing); run: pip install 'depthwatch[api]'"
             ) from None
+        problem = address_problem(self.config.api.host)
+        if problem:
+            raise ConfigError(problem)
         api = ApiServer(self, self.config.api)
         try:
             api.start()
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot listen on {self.config.api.host}:{self.config.api.port}: {exc.strerror or exc}; "
-                "stop whatever uses that port (the old server?) or change api.port"
-            ) from None
+        except (OSError, ValueError) as exc:
+            where = f"{self.config.api.host}:{self.config.api.port}"
+            if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"cannot listen on {where}: {exc.strerror}; stop whatever uses that port (the old server?) or change api.port"
+                ) from None
+            reason = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+            raise ConfigError(f"cannot listen on {where}: {reason}; check api.host and api.port") from None
         self.api = api
         self.status.api = api.url
         log.info("HTTP API on %s", api.url)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from depthwatch.config import Config, ModelConfig
+from depthwatch.daemon.status import path_for
 from depthwatch.errors import ConfigError, DepthwatchError
 from depthwatch.frames.rules import Rules
 from depthwatch.frames.settings import Settings
@@ -161,8 +162,15 @@ class ConfigReload:
             if daemon.watcher is not None:
                 daemon.watcher.stop()
             daemon.start_watching(Rules(new.watch, new.output), new)
+        # `old` is what runs: settings kept for the next start stay there, so an edit back to
+        # the running value says nothing, and the status tells the running value.
         if (new.daemon.workers, new.daemon.worker_niceness) != (old.daemon.workers, old.daemon.worker_niceness):
             log.warning("daemon.workers and daemon.worker_niceness take effect at the next start")
+            new = replace(new, daemon=replace(new.daemon, workers=old.daemon.workers, worker_niceness=old.daemon.worker_niceness))
+        if new.daemon.status_file != old.daemon.status_file:
+            # Moved live, the old file would stay behind saying "running" with its counts frozen.
+            log.warning("daemon.status_file takes effect at the next start; the status stays in %s", shown(path_for(old)))
+            new = replace(new, daemon=replace(new.daemon, status_file=old.daemon.status_file))
         if new.daemon.queue_size != old.daemon.queue_size:
             daemon.queue.maxsize = new.daemon.queue_size  # read under the queue's lock by each put
             log.info("daemon.queue_size is now %d", new.daemon.queue_size)

@@ -81,7 +81,9 @@ class StatusReport:
         status.in_progress = daemon.queue.in_progress
         status.counts.superseded = daemon.queue.superseded + daemon.accounts.superseded_in_flight
         status.counts.incomplete = daemon.watcher.incomplete if daemon.watcher else 0
-        waiting = [str(folder) for folder in daemon.watcher.waiting_for] if daemon.watcher else []
+        # Only while running: a stopped watcher watches nothing, and its folders are not gone.
+        watching = daemon.watcher is not None and status.state == "running"
+        waiting = [str(folder) for folder in daemon.watcher.waiting_for] if watching else []
         if waiting != status.waiting_for:  # a folder gone, or back: worth a write of its own
             status.waiting_for = waiting
             self.touch()

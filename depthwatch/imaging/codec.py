@@ -218,9 +218,15 @@ def _png_pixels_only(data: bytes) -> bytes:
 def _check_pixels(width: int, height: int, max_pixels: int) -> None:
     if width * height > max_pixels:
         raise FrameError(
-            f"{width}x{height} is {width * height / 1e6:.0f} megapixels, over the "
-            f"limit of {max_pixels / 1e6:.0f}; raise daemon.max_megapixels to accept it"
+            f"{width}x{height} is {_megapixels(width * height)} megapixels, over the "
+            f"limit of {_megapixels(max_pixels)}; raise daemon.max_megapixels to accept it"
         )
+
+
+def _megapixels(pixels: int) -> str:
+    """Enough figures to tell a frame from its limit: 2.07 over 2, 0.23 over 0.1 (never "2 over 2")."""
+    mp = pixels / 1e6
+    return f"{mp:.0f}" if mp >= 100 else f"{mp:.3g}"
 
 
 def _decode_exr(data: bytes, max_pixels: int, colour: str) -> Decoded:

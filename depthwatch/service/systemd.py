@@ -321,6 +321,12 @@ class Systemd(Manager):
             print(f"{UNIT} is not installed; nothing to do")
             return 0
         self.systemctl(disable(), check=False)  # fails harmlessly when it was never enabled
+        if self.state().running:
+            # `disable --now` did not stop it (never enabled, or its stop failed): stop it now, or say why
+            # not, before its unit goes from under a daemon that still runs.
+            self.systemctl(stop_unit())
+            if self.state().running:
+                raise DepthwatchError(f"{UNIT} still runs after `systemctl --user stop`; nothing was removed: stop it, then uninstall again")
         if existed:
             self.definition.unlink()
         self.systemctl(daemon_reload())
