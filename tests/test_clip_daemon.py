@@ -447,6 +447,30 @@ def test_a_clip_for_the_depth_clip_in_progress_is_refused_not_cancelling_it(tmp_
     ), line
     assert "a newer version of the clip arrived" not in log
     assert probe(out / "A_depth.mov")["frames"] == long
+def test_a_finished_depth_sequence_folder_is_no_failed_frame_under_pattern_star(tmp_path: Path, tiny_model: Path) -> None:
+    """watch.patterns ["*"]: before, every clip mapped to a sequence added a failure ("shot_depth: is a
+    folder, not an image file"), set the last error, and wrote shot_depth.error.json into the user's folder."""
+    d = DaemonProcess(
+        tmp_path, tiny_model, watch={"patterns": ["*"]},
+        output={"template": "{stem}_depth.png", "clip_template": "{stem}_depth/{frame:04d}.png", "error_sidecar": True},
+    )
+    source = tmp_path / "shot.mp4"
+    write_clip(source, pan_clip_frames(SIZE, 8, step=4), codec="h264")
+    try:
+        d.start()
+        os.rename(source, d.watch / "shot.mp4")
+        wait_for(lambda: d.counts().get("clips") == 1, timeout=120, what="the depth sequence")
+        # A frame dropped after it gets its map: by then the sequence's folder has been looked at.
+        write_by_rename(d.watch / "z.png", cv2.imencode(".png", quadrant_frame())[1].tobytes())
+        wait_for(lambda: d.counts().get("done") == 1, what="the last frame's map")
+        counts, log = d.counts(), d.log()
+    finally:
+        d.stop()
+    assert not counts.get("failed") and counts.get("last_error") is None, counts
+    assert "is a folder" not in log, log[-2000:]
+    assert sorted(p.name for p in d.watch.iterdir()) == ["shot.mp4", "shot_depth", "z.png", "z_depth.png"]
+
+
 def test_a_recursive_watch_never_takes_its_own_sequences_or_depth_clips_for_input(tmp_path: Path) -> None:
     """watch.recursive with *.png and *.mp4 and a sequence clip template: the sequence's frames, while written
     (in the hidden folder) and once in place, are never mapped; nor is a depth clip depthwatch made, under any name.

@@ -114,6 +114,8 @@ class Rules:
             return True
         if os.path.isfile(path.parent / clipwrite.SEQUENCE_MARKER):
             return True
+        if os.path.isfile(path / clipwrite.SEQUENCE_MARKER):  # a finished sequence's folder itself (pattern `*`)
+            return True
         if self._is_clip_output(path):
             return True
         if not self._output_name.fullmatch(name):
