@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 import os
 import shutil
 import subprocess
@@ -79,6 +80,29 @@ def test_bad_inputs_are_reported_once_and_the_last_good_map_stays(tmp_path, tiny
         wait_for(lambda: d.counts().get("done") == 2, what="a good frame after all that")
         assert depth.read_bytes() != good_map
         assert not record.exists()
+    finally:
+        assert d.stop() == 0
+
+
+def test_a_plate_written_as_imagemagick_writes_it_is_mapped_without_a_false_empty_error(tmp_path, tiny_model):
+    """ImageMagick opens its output, closes it empty, and opens it again to write it once it is encoded
+    (seconds for a 4K plate): before, "the file is empty (0 bytes)" was logged as a failure in between.
+    A file written empty in place and left so is still reported, at the incomplete timeout."""
+    d = DaemonProcess(tmp_path, tiny_model, watch={"incomplete_timeout_s": 3}).start()
+    frame, depth = d.watch / "frame.jpg", d.watch / "depth.jpg"
+    try:
+        with open(frame, "wb"):
+            pass  # opened, closed empty
+        time.sleep(1.0)  # encoding (well past watch.settle_ms)
+        with open(frame, "wb") as f:
+            f.write(jpeg_bytes(quadrant_frame(320, 180)))
+        wait_for(lambda: d.counts().get("done") == 1, what="the plate's map")
+        assert depth.exists() and not d.counts().get("failed") and error_lines(d) == []
+        with open(frame, "wb"):
+            pass  # a writer that left it empty
+        wait_for(lambda: d.counts().get("failed") == 1, what="the empty file to be reported")
+        lines = error_lines(d)
+        assert len(lines) == 1 and f"{frame}: the file is empty (0 bytes) 3 s after it was written" in lines[0], lines
     finally:
         assert d.stop() == 0
 

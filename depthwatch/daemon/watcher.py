@@ -90,6 +90,8 @@ class _Settling:
     #: When it was first seen (never reset), and whether "still growing" was said (clips).
     first: float = field(default_factory=time.monotonic)
     told: bool = False
+    #: Its latest event was a move (renamed into place whole), not a close.
+    moved: bool = False
 
 
 class Watcher:
@@ -185,7 +187,7 @@ class Watcher:
             return
         if self._folders.trust_close:
             if kind in ("closed", "moved"):
-                self.poke(path, Mode.NOW)
+                self.poke(path, Mode.NOW, moved=kind == "moved")
             elif kind == "created":
                 self.poke(path, Mode.CREATED)
             return  # modified: the close event will follow
@@ -193,14 +195,15 @@ class Watcher:
 
     # -- the settler -----------------------------------------------------------------
 
-    def poke(self, path: Path, mode: Mode = Mode.SETTLE, delay: float = 0.0, scanned: bool = False) -> None:
+    def poke(self, path: Path, mode: Mode = Mode.SETTLE, delay: float = 0.0, scanned: bool = False, moved: bool = False) -> None:
         """Check `path` soon; repeated pokes for one path collapse into one check."""
         now = time.monotonic()
         with self._cond:
             state = self._pending.get(path)
             if state is None:
-                state = self._pending[path] = _Settling(mode, now + delay, now, scanned=scanned)
+                state = self._pending[path] = _Settling(mode, now + delay, now, scanned=scanned, moved=moved)
             else:
+                state.moved = moved
                 state.mode = max(mode, state.mode)
                 state.due = min(state.due, now + delay)
                 state.scanned = state.scanned and scanned
@@ -304,6 +307,21 @@ class Watcher:
             # event was for the version before). Only one that stays empty is a frame (a bad one).
             state.mode, state.signature = Mode.SETTLE, signature
             self._again(path, state, max(settle, 0.05))
+            return
+        if st.st_size == 0 and not state.moved and not video.is_clip_name(path):
+            # Still empty, and not renamed into place whole: its writer may have truncated it,
+            # closed it and opened it again to write it later (ImageMagick does, and encodes a 4K
+            # plate for seconds in between: "the file is empty" was a false failure). Its next
+            # close decides; one that stays empty is reported at the incomplete timeout.
+            waited = now - state.since
+            if waited < self.config.incomplete_timeout_s:
+                self._again(path, state, min(self.config.incomplete_timeout_s - waited, 1.0))
+                return
+            self.incomplete += 1
+            self._report(
+                path, f"the file is empty (0 bytes) {self.config.incomplete_timeout_s:g} s after it was written; "
+                "not processed until it is written again",
+            )
             return
         if state.mode in (Mode.SETTLE, Mode.WAIT) and signature != state.signature:
             if state.signature is not None and not state.told and now - state.first >= self.config.incomplete_timeout_s and video.is_clip_name(path):
