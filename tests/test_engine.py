@@ -236,7 +236,7 @@ def test_frame_errors_name_the_reason(tmp_path):
         missing = pipeline.process(Job(tmp_path / "nowhere.jpg", tmp_path / "x.jpg"), Settings())
         pipeline.close()
     assert "empty" in results["empty.jpg"].error
-    assert "not a JPEG, PNG, TIFF, WebP or EXR" in results["text.jpg"].error
+    assert "not a JPEG, PNG, TIFF, WebP, EXR or DPX" in results["text.jpg"].error
     assert results["wrong.jpg"].error == "is a PNG image but its name says .jpg; rename it"
     assert "cut short" in results["cut.jpg"].error
     assert "vanished" in missing.error
@@ -299,7 +299,7 @@ def test_once_reports_each_failed_file_on_one_line_and_exits_non_zero(tmp_path, 
         capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 1
-    assert done.stderr.strip().splitlines()[-1] == f"depthwatch: {frames / 'broken.jpg'}: not a JPEG, PNG, TIFF, WebP or EXR image"
+    assert done.stderr.strip().splitlines()[-1] == f"depthwatch: {frames / 'broken.jpg'}: not a JPEG, PNG, TIFF, WebP, EXR or DPX image"
     assert sorted(p.name for p in frames.glob("*_depth.jpg")) == ["a_depth.jpg", "b_depth.jpg"]
 
 

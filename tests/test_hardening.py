@@ -290,7 +290,7 @@ def test_files_moved_in_are_complete_at_once_whatever_their_format(tmp_path, tin
         os.rename(elsewhere / "shot.tif", d.watch / "shot.tif")
         os.rename(elsewhere / "notes.jpg", d.watch / "notes.jpg")
         wait_for(lambda: (d.watch / "shot_depth.png").exists(), what="the TIFF's map long before the timeout")
-        wait_for(lambda: any("notes.jpg: not a JPEG, PNG, TIFF, WebP or EXR image" in line for line in error_lines(d)),
+        wait_for(lambda: any("notes.jpg: not a JPEG, PNG, TIFF, WebP, EXR or DPX image" in line for line in error_lines(d)),
                  what="the unknown file's error long before the timeout")
         assert d.counts().get("incomplete") == 0
     finally:

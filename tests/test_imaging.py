@@ -102,7 +102,7 @@ def test_decode_refuses_a_decompression_bomb_before_decoding():
     ("data", "reason"),
     [
         (b"", "empty"),
-        (b"hello, this is a text file\n", "not a JPEG, PNG, TIFF, WebP or EXR"),
+        (b"hello, this is a text file\n", "not a JPEG, PNG, TIFF, WebP, EXR or DPX"),
         (jpeg_bytes(quadrant_frame())[:-200], "cut short"),
         (cv2.imencode(".png", quadrant_frame())[1].tobytes()[:-30], "cut short"),
     ],

@@ -125,6 +125,37 @@ def test_ten_and_twelve_bit_plates_from_imagemagick_and_ffmpeg_map_as_the_8_bit_
         assert np.corrcoef(depth.ravel(), reference.ravel())[0, 1] >= 0.98, name
 
 
+def test_plates_and_stills_turned_by_their_orientation_tag_decode_upright_at_every_depth(tmp_path: Path) -> None:
+    """A camera's or scanner's picture stored on its side with a tag saying so (TIFF Orientation, PNG eXIf)
+    is decoded as viewers show it, as JPEG and 8/16-bit TIFF were: 10- and 12-bit TIFF (read by
+    OpenImageIO) and PNG (its chunks stripped) came out on their side. A 16-bit CMYK TIFF, which
+    OpenCV does not read, is decoded by OpenImageIO, not called "corrupt"."""
+    pytest.importorskip("OpenImageIO", reason="plates need the plates extra: pip install -e '.[plates]'")
+    from PIL import Image
+
+    from depthwatch.imaging import codec
+
+    convert = _imagemagick()
+    upright = _photograph()  # 320x213, as shown
+    cv2.imwrite(str(tmp_path / "upright.png"), upright)
+    cv2.imwrite(str(tmp_path / "stored.png"), cv2.rotate(upright, cv2.ROTATE_90_COUNTERCLOCKWISE))  # 6: turn it clockwise to show it
+    for bits in (8, 12, 16):
+        subprocess.run([convert, str(tmp_path / "stored.png"), "-orient", "RightTop", "-depth", str(bits), str(tmp_path / f"o6_{bits}.tif")], check=True)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.open(tmp_path / "stored.png").save(tmp_path / "o6.png", exif=exif.tobytes())
+    subprocess.run([convert, str(tmp_path / "upright.png"), "-colorspace", "CMYK", "-depth", "16", str(tmp_path / "cmyk16.tif")], check=True)
+
+    def decoded(name: str) -> np.ndarray:
+        return codec.decode((tmp_path / name).read_bytes(), max_pixels=10**8).image.astype(np.float64)
+
+    for name in ("o6_8.tif", "o6_12.tif", "o6_16.tif", "o6.png", "cmyk16.tif"):
+        image = decoded(name)
+        assert image.shape == upright.shape, name
+        grey = (image.mean(axis=2).ravel(), upright.astype(np.float64).mean(axis=2).ravel())
+        assert np.corrcoef(*grey)[0, 1] > 0.98, name
+
+
 def test_dpx_layouts_not_read_get_one_line_and_a_plate_without_openimageio_says_what_to_install(tmp_path: Path) -> None:
     ffmpeg = _tool("ffmpeg", "ffmpeg")
     cv2.imwrite(str(tmp_path / "plate.png"), _photograph())

@@ -52,8 +52,8 @@ def test_bad_inputs_are_reported_once_and_the_last_good_map_stays(tmp_path, tiny
     rng = np.random.default_rng(7)
     cases = [
         ("zero bytes", b"", "the file is empty (0 bytes)"),
-        ("random bytes", b"\x00" + rng.bytes(5000), "not a JPEG, PNG, TIFF, WebP or EXR image"),
-        ("text", b"this is a shot list, not a frame\n", "not a JPEG, PNG, TIFF, WebP or EXR image"),
+        ("random bytes", b"\x00" + rng.bytes(5000), "not a JPEG, PNG, TIFF, WebP, EXR or DPX image"),
+        ("text", b"this is a shot list, not a frame\n", "not a JPEG, PNG, TIFF, WebP, EXR or DPX image"),
         ("png named .jpg", png, "is a PNG image but its name says .jpg; rename it"),
         ("bomb", jpeg_bomb(), "60000x60000 is 3600 megapixels, over the limit of 100"),
     ]

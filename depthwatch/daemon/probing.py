@@ -42,6 +42,10 @@ def what_is_missing(fmt: str | None) -> str:
         return "a clip cut short, or without its index"
     if fmt == formats.EXR:
         return "not every chunk its offset table lists is there"
+    if fmt == formats.DPX:
+        return "less image data than its header lays out"
+    if fmt == formats.TIFF:
+        return "its header, or the data it points to, is not all there"
     return "no end marker"
 
 

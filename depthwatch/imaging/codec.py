@@ -117,7 +117,7 @@ def decode(
         raise FrameError("the file is empty (0 bytes)")
     fmt = checked_format or formats.sniff(data)
     if fmt is None:
-        raise FrameError("not a JPEG, PNG, TIFF, WebP or EXR image")
+        raise FrameError("not a JPEG, PNG, TIFF, WebP, EXR or DPX image")
     if fmt == formats.EXR:
         return _decode_exr(data, max_pixels, exr_colour)
     header = formats.read_header(data, fmt)
@@ -135,7 +135,8 @@ def decode(
             raise FrameError("the DPX data is cut short (less image data than its header lays out): the file is incomplete")
         return Decoded(plates.decode(data, fmt), (header.width, header.height), fmt)
     if fmt == formats.TIFF and formats.tiff_bits(data) in (10, 12, 14):  # OpenCV reads 8, 16 and 32
-        return Decoded(plates.decode(data, fmt), (header.width, header.height), fmt)
+        image = _upright_tiff(plates.decode(data, fmt), data)
+        return Decoded(image, (image.shape[1], image.shape[0]), fmt)
     if fmt == formats.TIFF and formats.tiff_sample_format(data) == 3:
         raise FrameError("the TIFF holds floating-point samples, an unsupported sample type; save it as 8- or 16-bit")
     factor = _reduction(header, min_size)
@@ -177,15 +178,39 @@ def _decode_other(data: bytes, fmt: str) -> np.ndarray:
     OpenCV's own log (libtiff's errors go through it) is kept at FATAL above, so
     nothing needs catching from descriptor 2.
     """
+    turn = None
     if fmt == formats.PNG:
+        # Its eXIf orientation goes with the chunks stripped below: applied here, as viewers do.
+        turn = _ORIENT.get(formats.png_orientation(data))
         data = _png_pixels_only(data)
     try:
         image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
     except cv2.error as exc:
         raise FrameError(f"cannot decode the {fmt.upper()} data: {_cv_reason(exc)}") from None
+    if (image is None or image.size == 0) and fmt == formats.TIFF:
+        # A layout OpenCV's libtiff reading does not take (16-bit CMYK, CMYK with alpha) is no
+        # corrupt file: OpenImageIO, which reads the deeper plates, reads these too.
+        return _upright_tiff(_tiff_by_openimageio(data), data)
     if image is None or image.size == 0:
         raise FrameError(f"cannot decode the {fmt.upper()} data: the file is corrupt")
-    return image
+    return turn(image) if turn is not None else image
+
+
+def _tiff_by_openimageio(data: bytes) -> np.ndarray:
+    try:
+        plates.require()
+    except FrameError:
+        raise FrameError(
+            "cannot decode the TIFF data: OpenCV does not read this TIFF's layout, and OpenImageIO, which may, "
+            f"is not installed; run: {plates.INSTALL}"
+        ) from None
+    return plates.decode(data, formats.TIFF)
+
+
+def _upright_tiff(image: np.ndarray, data: bytes) -> np.ndarray:
+    """A TIFF OpenImageIO decoded, turned as its Orientation tag says (OpenCV's own reading does so)."""
+    turn = _ORIENT.get(formats.tiff_orientation(data))
+    return turn(image) if turn is not None else image
 
 
 #: The PNG chunks that make the picture; the rest (text, colour profiles, times) is not read.

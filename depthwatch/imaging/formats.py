@@ -218,6 +218,26 @@ def _tiff_ifd0_all(tiff: bytes) -> tuple[str, dict[int, list[int]]]:
     return endian, tags
 
 
+def tiff_orientation(data: bytes) -> int:
+    """A TIFF's Orientation tag (1 = as stored), for a decoder that does not apply it (OpenImageIO)."""
+    found = _exif_orientation(data)
+    return found if isinstance(found, int) and 1 <= found <= 8 else 1
+
+
+def png_orientation(data: bytes) -> int:
+    """The orientation in a PNG's eXIf chunk (1 = as stored, or none): browsers and OpenCV honour it."""
+    at, end = 8, len(data)
+    while at + 12 <= end:
+        length = int.from_bytes(data[at : at + 4], "big")
+        kind = data[at + 4 : at + 8]
+        if kind == b"eXIf":
+            return tiff_orientation(data[at + 8 : at + 8 + length])
+        if kind in (b"IDAT", b"IEND"):  # eXIf comes before the pixels
+            return 1
+        at += 12 + length
+    return 1
+
+
 def _exif_orientation(tiff: bytes) -> int | None:
     try:
         return _tiff_ifd0(tiff)[1].get(0x0112)

@@ -41,6 +41,11 @@ def _oiio() -> ModuleType:
     return OpenImageIO
 
 
+def require() -> None:
+    """FrameError (one line, what to install) when OpenImageIO is not there."""
+    _oiio()
+
+
 def decode(data: bytes, fmt: str) -> np.ndarray:
     """The plate as BGR uint8 [H, W, 3]; FrameError (one line) if OpenImageIO cannot read it."""
     oiio = _oiio()
