@@ -247,9 +247,11 @@ def test_a_farm_managers_own_range_tasks_joined_are_local_onces_depth_clip(farm:
     assert once("--frames", "13-39").returncode == 0
     again = once("--frames", "0-12")  # a task the manager retries finds its segment made
     assert again.returncode == 0 and "already made" in again.stdout, again.stdout + again.stderr
-    done = once("--join")
+    done = once("--join", "--timeline")
     assert done.returncode == 0, done.stderr
-    assert "40 frames joined" in done.stdout
+    assert "(and its timelines, .otio and .fcpxml): 40 frames joined" in done.stdout
+    # The join honours --timeline as local once and once --farm do (before: none written, nothing said).
+    assert out.with_suffix(".otio").is_file() and out.with_suffix(".fcpxml").is_file()
     assert_same_clip(source, out, local(farm, source, farm.root / "local-prores.mov"))
     assert not (farm.root / ".managed.mov.farm").exists()
     outside = once("--frames", "30-45")

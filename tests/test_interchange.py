@@ -410,6 +410,10 @@ def test_once_timeline_writes_an_otio_and_an_fcpxml_with_the_clip_on_v1_and_its_
     fcpxml = tmp_path / "B002_C007_depth.fcpxml"
     root = ET.parse(fcpxml).getroot()
     assert root.get("version") == "1.9"
+    # The source's 128:117 pixels, as ffprobe reads them, in the project's format (before: square).
+    shape = root.find("resources/format")
+    assert shape is not None and (shape.get("paspH"), shape.get("paspV")) == ("128", "117")
+    assert ffprobe(source, "stream=sample_aspect_ratio")["streams"][0]["sample_aspect_ratio"] == "128:117"
     sources = [m.get("src") for m in root.iter("media-rep")]
     assert sources == [source.resolve().as_uri(), depth.resolve().as_uri()]
     read = otio.adapters.read_from_file(str(fcpxml), adapter_name="fcpx_xml")  # the FCP X adapter's own reading
@@ -424,6 +428,20 @@ def test_once_timeline_writes_an_otio_and_an_fcpxml_with_the_clip_on_v1_and_its_
     # A second run replaces its own timeline; a file of that name someone else made stays, and the run
     # is refused before any work (exit 78, the depth clip untouched), not failed after writing the clip.
     once(str(source), "--timeline")
+    # One the editor opened and saved with a marker of theirs (OpenTimelineIO keeps the mark through the
+    # round trip) is theirs now: before, a rerun replaced it and the marker was gone.
+    edited = otio.adapters.read_from_file(str(tmp_path / "B002_C007_depth.otio"))
+    edited.tracks[0].markers.append(otio.schema.Marker(name="FIX SKY HERE", marked_range=otio.opentime.TimeRange(start, otio.opentime.RationalTime(1, 24000 / 1001))))
+    otio.adapters.write_to_file(edited, str(tmp_path / "B002_C007_depth.otio"))
+    theirs = (tmp_path / "B002_C007_depth.otio").read_bytes()
+    refused = subprocess.run(
+        [sys.executable, "-m", "depthwatch", "once", str(source), "--timeline", "--model", str(FASTDEPTH), "--profile", "fastdepth-nyu"],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert refused.returncode == 78 and "B002_C007_depth.otio in" in refused.stderr and "edited since" in refused.stderr, refused.stderr
+    assert (tmp_path / "B002_C007_depth.otio").read_bytes() == theirs
+    (tmp_path / "B002_C007_depth.otio").unlink()
+    once(str(source), "--timeline")  # the editor moved theirs away: made again
     fcpxml.write_text("<fcpxml version='1.10'><!-- the editor's own --></fcpxml>")
     made = depth.stat()
     done = subprocess.run(

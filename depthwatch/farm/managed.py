@@ -36,6 +36,7 @@ from depthwatch.farm.clipindex import ClipIndex
 from depthwatch.farm.clipindex import read as read_index
 from depthwatch.farm.cliptasks import ClipRange, inferred
 from depthwatch.files import sha256_of
+from depthwatch.frames import timeline
 from depthwatch.frames.settings import Settings
 from depthwatch.frames.writer import temp_name_for
 from depthwatch.imaging import clipwrite, normalise, render, sourcemeta, stabilise, video
@@ -130,6 +131,8 @@ def join(job: ClipJob, settings: Settings, model: Path) -> int:
     saying which frames are missing).
     """
     _kind(job)
+    if settings.timeline:
+        timeline.check(job.sequence)  # before the work, as local once and the farm client do
     index = read_index(job.source)
     with video.Clip(job.source) as clip:
         meta = clip.info
@@ -163,14 +166,17 @@ def join(job: ClipJob, settings: Settings, model: Path) -> int:
         ordered.append(path)
         k += count
     temp = temp_name_for(job.final)
+    timing = sourcemeta.read(job.source, meta.rate)
     try:
-        written = segments.join(ordered, job.final, temp, meta, sourcemeta.read(job.source, meta.rate))
+        written = segments.join(ordered, job.final, temp, meta, timing)
         if written != len(index):
             raise FrameError(f"the joined segments hold {written} frames where the clip has {len(index)}; run the range tasks again")
         segments.put_in_place(temp, job.final)
     finally:
         temp.unlink(missing_ok=True)
     segments.remove_folder(folder)
+    if settings.timeline:  # --timeline, output.timeline: the join was silently without one
+        timeline.write(job.source, job.final, meta, timing.length(written, meta.rate), job.output_roots)
     return written
 
 
@@ -197,7 +203,8 @@ def run(jobs: list[ClipJob], frames: str | None, do_join: bool, config: Any) -> 
         for job in jobs:
             try:
                 written = join(job, settings, spec.path)
-                print(f"depthwatch: {shown(job.source.name)} -> {shown(job.final.name)}: {written} frames joined")
+                beside = " (and its timelines, .otio and .fcpxml)" if settings.timeline else ""
+                print(f"depthwatch: {shown(job.source.name)} -> {shown(job.final.name)}{beside}: {written} frames joined")
             except DepthwatchError as exc:
                 print(f"depthwatch: {shown(job.source)}: {exc}", file=sys.stderr)
                 failed += 1

@@ -13,13 +13,19 @@ the DTD: the FCP X adapter for OpenTimelineIO writes version 1.8 (an asset's
 `src`, which 1.9 replaced) and rounds 23.976 to 23.
 
 Each file carries a mark, so a second run replaces its own timeline and
-never a file of the same name someone else made.
+never a file of the same name someone else made. The mark names a digest of
+the file as written: a timeline an editor opened and saved with their own
+markers, tracks or name (OpenTimelineIO keeps metadata through every round
+trip, so the mark came along) is theirs now, and is never replaced. A
+timeline from before the digest (a plain mark) is still known as ours.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+import re
 import xml.etree.ElementTree as ET
 from fractions import Fraction
 from pathlib import Path
@@ -33,6 +39,12 @@ from depthwatch.logtext import shown
 
 #: In every timeline depthwatch writes (OTIO metadata, an FCPXML comment): its own to replace.
 MARK = "depthwatch depth clip timeline"
+#: Hex digits of the file's own digest after the mark (see `_signed`).
+_DIGITS = 16
+_BLANK = "0" * _DIGITS
+_SIGNED = re.compile(re.escape(MARK).encode() + rb"(?: sha256:([0-9a-f]{%d}))?" % _DIGITS)
+#: A timeline larger than this is no timeline depthwatch wrote (its are a few KB).
+_LARGEST = 1 << 22
 INSTALL = "pip install 'depthwatch[timeline]'"
 SUFFIXES = (".otio", ".fcpxml")
 
@@ -102,10 +114,33 @@ def _may_replace(folder: int, name: str) -> str | None:
     except OSError:
         return "is not a timeline depthwatch made; not replacing it"
     try:
-        head = os.read(fd, 1 << 16)
+        data = os.read(fd, _LARGEST + 1)
     finally:
         os.close(fd)
-    return None if MARK.encode() in head else "is not a timeline depthwatch made; not replacing it"
+    found = _as_written(data) if len(data) <= _LARGEST else None
+    if found is None:
+        return "is not a timeline depthwatch made; not replacing it"
+    if not found:
+        return "is a timeline depthwatch made, edited since (markers, tracks, a name of yours?); not replacing it"
+    return None
+
+
+def _signed(data: bytes) -> bytes:
+    """`data`, whose mark carries a blank digest, with the digest of those very bytes filled in."""
+    blank = f"{MARK} sha256:{_BLANK}".encode()
+    digest = hashlib.sha256(data).hexdigest()[:_DIGITS]
+    return data.replace(blank, f"{MARK} sha256:{digest}".encode(), 1)
+
+
+def _as_written(data: bytes) -> bool | None:
+    """True: a timeline depthwatch wrote, as written; False: one it wrote, changed since; None: not its."""
+    mark = _SIGNED.search(data)
+    if mark is None:
+        return None
+    if mark.group(1) is None:
+        return True  # from before the digest
+    blank = data[: mark.start(1)] + _BLANK.encode() + data[mark.end(1) :]
+    return hashlib.sha256(blank).hexdigest()[:_DIGITS] == mark.group(1).decode()
 
 
 def otio_json(source: Path, depth: Path, info: ClipInfo, start: int, frames: int) -> bytes:
@@ -113,14 +148,13 @@ def otio_json(source: Path, depth: Path, info: ClipInfo, start: int, frames: int
     rate = float(info.rate)
     span = otio.opentime.TimeRange(otio.opentime.RationalTime(start, rate), otio.opentime.RationalTime(frames, rate))
     timeline = otio.schema.Timeline(name=f"{source.stem} depth", global_start_time=otio.opentime.RationalTime(start, rate))
-    timeline.metadata["depthwatch"] = MARK
+    timeline.metadata["depthwatch"] = f"{MARK} sha256:{_BLANK}"
     for name, path in (("V1", source), ("V2", depth)):
         track = otio.schema.Track(name=name, kind=otio.schema.TrackKind.Video)
         reference = otio.schema.ExternalReference(target_url=path.resolve().as_uri(), available_range=span)
         track.append(otio.schema.Clip(name=path.name, media_reference=reference, source_range=span))
         timeline.tracks.append(track)
-    # The mark near the top, where `_may_replace` looks for it.
-    return otio.adapters.write_to_string(timeline, "otio_json").encode()
+    return _signed(otio.adapters.write_to_string(timeline, "otio_json").encode())
 
 
 def _time(frames: int, rate: Fraction) -> str:
@@ -136,6 +170,8 @@ def fcpxml(source: Path, depth: Path, info: ClipInfo, start: int, frames: int) -
     root = ET.Element("fcpxml", version="1.9")
     resources = ET.SubElement(root, "resources")
     fmt = {"id": "r1", "frameDuration": _time(1, rate), "width": str(info.width), "height": str(info.height), "colorSpace": "1-1-1 (Rec. 709)"}
+    if info.sar is not None:  # anamorphic, DV, PAL: without it the project opens with square pixels
+        fmt["paspH"], fmt["paspV"] = str(info.sar.numerator), str(info.sar.denominator)
     ET.SubElement(resources, "format", fmt)
     at, length = _time(start, rate), _time(frames, rate)
     for ref, path in (("r2", source), ("r3", depth)):
@@ -158,4 +194,4 @@ def fcpxml(source: Path, depth: Path, info: ClipInfo, start: int, frames: int) -
     )
     ET.indent(root)
     body = ET.tostring(root, encoding="unicode")
-    return f'<?xml version="1.0" encoding="UTF-8"?>\n<!DOCTYPE fcpxml>\n<!-- {MARK} -->\n{body}\n'.encode()
+    return _signed(f'<?xml version="1.0" encoding="UTF-8"?>\n<!DOCTYPE fcpxml>\n<!-- {MARK} sha256:{_BLANK} -->\n{body}\n'.encode())
