@@ -196,7 +196,7 @@ def test_bad_clips_in_the_daemon(tmp_path: Path) -> None:
                 i += 512
                 time.sleep(0.1)  # the writer's pace
                 assert time.monotonic() < deadline + 30, d.log()[-2000:]
-        wait_for(lambda: d.counts().get("failed", 0) >= 4, what="four bad clips reported")
+        wait_for(lambda: d.counts().get("clips_failed", 0) >= 4, what="four bad clips reported")
         # The daemon keeps going: a live frame still gets its map.
         write_by_rename(d.watch / "frame.jpg", pan_frames(photos()[0], (160, 96), 1, 1)[0])
         wait_for(lambda: (d.watch / "depth.jpg").exists(), what="a frame after the bad clips")
@@ -235,7 +235,11 @@ def test_two_clips_for_one_depth_clip_get_one_line(tmp_path: Path) -> None:
         wait_for(lambda: d.counts().get("clips") == 1, timeout=120, what="A.mp4's depth clip")
         made = _signature(output)
         os.rename(tmp_path / "A.mov", d.watch / "A.mov")
-        wait_for(lambda: d.counts().get("failed") == 1, what="A.mov refused")
+        wait_for(lambda: d.counts().get("clips_failed") == 1, what="A.mov refused")
+        assert not d.counts().get("failed")  # a clip, not a frame (before: "frames: 0 done, 1 failed")
+        shown = subprocess.run([sys.executable, "-m", "depthwatch", "status", "--status", str(d.status_path)],
+                               capture_output=True, text=True, timeout=60).stdout
+        assert "clips:       1 done, 1 failed, 0 waiting" in shown and "frames:      0 done, 0 failed" in shown, shown
         log = d.log()
     finally:
         d.stop()
@@ -289,7 +293,7 @@ def test_a_clip_that_met_a_full_disk_is_made_again_when_there_is_room(tmp_path: 
     try:
         d.start()
         os.rename(tmp_path / "D004.mov", d.watch / "D004.mov")
-        wait_for(lambda: d.counts().get("failed") == 1, timeout=120, what="the full disk reported")
+        wait_for(lambda: d.counts().get("clips_failed") == 1, timeout=120, what="the full disk reported")
         line = _errors(d.log())[-1]
         assert "D004.mov: cannot" in line and "No space left on device" in line, line
         assert line.endswith(f"; made again once {small_disk} can be written"), line
@@ -435,7 +439,7 @@ def test_a_clip_for_the_depth_clip_in_progress_is_refused_not_cancelling_it(tmp_
         os.rename(tmp_path / "long.mov", d.watch / "a" / "A.mov")
         wait_for(lambda: ((d.status().get("clip") or {}).get("done") or 0) >= 2, timeout=120, what="a/A.mov being mapped")
         os.rename(tmp_path / "short.mov", d.watch / "b" / "A.mov")
-        wait_for(lambda: d.counts().get("failed") == 1, what="b/A.mov refused")
+        wait_for(lambda: d.counts().get("clips_failed") == 1, what="b/A.mov refused")
         wait_for(lambda: d.counts().get("clips") == 1, timeout=180, what="a/A.mov's depth clip")
         log = d.log()
     finally:

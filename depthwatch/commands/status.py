@@ -128,8 +128,11 @@ def _show(path: Path) -> bool:
         f"{data.get('queue_depth', 0)} queued, {data.get('in_progress', 0)} in progress",
     ))
     clip = data.get("clip")
-    if clip or counts.get("clips") or data.get("clips_waiting"):
-        rows.append(("clips", f"{counts.get('clips', 0)} done, {data.get('clips_waiting', 0)} waiting"))
+    if clip or counts.get("clips") or counts.get("clips_failed") or data.get("clips_waiting"):
+        rows.append((
+            "clips",
+            f"{counts.get('clips', 0)} done, {counts.get('clips_failed', 0)} failed, {data.get('clips_waiting', 0)} waiting",
+        ))
     if clip:
         rows.append(("clip", _clip_line(clip)))
     last = counts.get("last_frame")

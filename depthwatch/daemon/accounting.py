@@ -115,9 +115,9 @@ class Accounts:
         elif result.superseded:
             log.info("clip %s: %s", shown(job.source.name), result.error)
         elif result.retryable and self._daemon.watcher is not None and not self._daemon.stopping and self._park_clip(job):
-            self.count_failure(f"clip {result.describe()}; made again once {shown(job.final.parent)} can be written")
+            self.count_failure(f"clip {result.describe()}; made again once {shown(job.final.parent)} can be written", clip=True)
         else:
-            self.count_failure(f"clip {result.describe()}")
+            self.count_failure(f"clip {result.describe()}", clip=True)
         self._report.touch()
 
     def _model_health(self, result: Result) -> None:
@@ -193,10 +193,13 @@ class Accounts:
         for source in self._parked.due():
             self._hand_back(source)
 
-    def count_failure(self, line: str) -> None:
-        """A frame or clip that failed for good: counted, its line logged, and last in the status."""
+    def count_failure(self, line: str, *, clip: bool = False) -> None:
+        """A frame or clip that failed for good: counted (as a frame or as a clip), its line logged, last in the status."""
         with self._lock:
-            self._status.counts.failed += 1
+            if clip:
+                self._status.counts.clips_failed += 1
+            else:
+                self._status.counts.failed += 1
             self._status.counts.last_error = line
         log.error("%s", line)
         self._report.touch()

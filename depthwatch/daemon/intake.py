@@ -52,7 +52,7 @@ class Intake:
             try:
                 output = rules.clip_output_for(source)
             except FrameError as exc:
-                accounts.count_failure(f"{shown(source)}: {exc}")
+                accounts.count_failure(f"{shown(source)}: {exc}", clip=True)
                 return
             if daemon.clips is not None:
                 daemon.clips.submit(ClipJob(source, output, signature, rules.output_roots(source)))
@@ -76,7 +76,7 @@ class Intake:
 
     def on_unusable(self, source: Path, reason: str) -> None:
         """A file the watcher will not hand over (never completed, forbidden link): report it."""
-        self._daemon.accounts.count_failure(f"{shown(source)}: {reason}")
+        self._daemon.accounts.count_failure(f"{shown(source)}: {reason}", clip=self._daemon.rules.is_clip(source))
         try:
             job = self._daemon.rules.job_for(source)
         except FrameError:

@@ -46,8 +46,10 @@ class Counters:
     shots: int = 0
     cuts: int = 0
     last_cut: str | None = None
-    #: Depth clips written (whole clips; their frames are not in `done`).
+    #: Depth clips written (whole clips; their frames are not in `done`), and clips that failed
+    #: (refused, unreadable, not written: not in `failed`, which counts frames).
     clips: int = 0
+    clips_failed: int = 0
     last_latency_ms: float | None = None
     #: The last map's milliseconds per stage, named as in the log line (`frameline.STAGES`).
     last_stage_ms: dict[str, float] = field(default_factory=dict)
