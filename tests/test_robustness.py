@@ -271,6 +271,38 @@ def test_full_disk_leaves_nothing_half_written_and_retries(tmp_path, tiny_model,
         assert d.stop() == 0
 
 
+def test_a_disk_with_room_for_a_small_file_but_not_the_map_counts_its_frame_failed_once(tmp_path, tiny_model, small_disk):
+    """The folder looks writable (free space, permission) but the map does not fit: before, the frame
+    came back from the parked lot every five seconds for good, each time +1 failed, +2 retried and
+    three log lines (15,000 "failed" a weekend for one frame). Now: counted once, its pauses grow."""
+    d = DaemonProcess(
+        tmp_path, tiny_model, watch={"folders": [str(small_disk)]},
+        output={"template": "depth.png", "png_compression": 0}, daemon={"retries": 1, "log_level": "debug"},
+    )
+    d.watch = small_disk
+    d.start()
+    depth = small_disk / "depth.png"
+    try:
+        write_by_rename(small_disk / "frame.jpg", jpeg_bytes(quadrant_frame(640, 360), quality=50))
+        wait_for(lambda: d.counts().get("done") == 1, what="the first map")
+        size = depth.stat().st_size
+        assert size > 3 * 64 * 1024, size  # a map larger than the room the parked lot asks for
+        depth.unlink()
+        free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+        (small_disk / "filler").write_bytes(b"\0" * max(0, free - size // 2))
+        write_by_rename(small_disk / "frame.jpg", jpeg_bytes(quadrant_frame(640, 360, "bottom-right"), quality=50))
+        wait_for(lambda: d.counts().get("failed") == 1, what="the map that does not fit")
+        wait_for(lambda: d.log().count("still cannot be written, looked at again later") >= 2, timeout=120,
+                 what="the frame back from the parked lot twice")
+        counts = d.counts()
+        assert counts["failed"] == 1 and counts["retried"] == 1, counts
+        assert d.log().count("made again once") == 1 and d.temp_files() == []
+        (small_disk / "filler").unlink()
+        wait_for(lambda: d.counts().get("done") == 2, timeout=120, what="the map once there is room")
+    finally:
+        assert d.stop() == 0
+
+
 def test_watch_folder_deleted_and_recreated_is_watched_again(tmp_path, tiny_model):
     d = DaemonProcess(tmp_path, tiny_model).start()
     try:

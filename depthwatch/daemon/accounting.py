@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from depthwatch.daemon.parked import Parked
+from depthwatch.daemon.parked import MOST_PARKED, Parked
 from depthwatch.clips.job import ClipJob, ClipResult
 from depthwatch.frames.frameline import STAGES
 from depthwatch.frames.job import Job
@@ -48,6 +48,10 @@ class Accounts:
         self._bad_predictions = 0
         #: Frames whose tries ran out on an output error, by output folder (see `Parked`).
         self._parked = Parked()
+        #: The version of each parked frame already counted and logged as failed: one that comes
+        #: back from the lot and fails again is neither (before: +1 failed and three lines every
+        #: few seconds, for good), and gets no quick retries of its own.
+        self._parked_versions: dict[Path, object] = {}
         self.superseded_in_flight = 0
         #: Superseded frames since the last summary line, by how far they got, and when
         #: the first of them came (monotonic; None: none unreported).
@@ -98,10 +102,19 @@ class Accounts:
         elif retrying:
             pass
         elif result.retryable and not daemon.stopping and self._park(job):
-            self.count_failure(f"{result.describe()}; made again once {shown(job.output.parent)} can be written")
+            with self._lock:
+                again = self._parked_versions.get(job.source) == job.signature
+                if not again and len(self._parked_versions) < MOST_PARKED:
+                    self._parked_versions[job.source] = job.signature
+            if again:
+                log.debug("%s; still cannot be written, looked at again later", result.describe())
+            else:
+                self.count_failure(f"{result.describe()}; made again once {shown(job.output.parent)} can be written")
         else:
             self.count_failure(result.describe())
         if result.ok:
+            with self._lock:
+                self._parked_versions.pop(job.source, None)
             self._parked.written(job.output.parent, job.source)
         self._report.touch()
 
@@ -153,7 +166,8 @@ class Accounts:
         watcher = daemon.watcher
         with self._lock:
             attempt = self._attempts.get(job.output, 0) + 1
-            if attempt > retries or watcher is None or daemon.stopping:
+            back = self._parked_versions.get(job.source) == job.signature  # from the lot: parked again at once
+            if attempt > retries or watcher is None or daemon.stopping or back:
                 self._attempts.pop(job.output, None)
                 return False
             self._attempts[job.output] = attempt

@@ -7,6 +7,12 @@ folder. The folder is looked at again with growing pauses (two seconds, then
 up to a minute): once it looks writable (free space for the map, write
 permission), or once another map was written there, its frames go back to the
 watcher and get their tries again. Nothing is written to look.
+
+A folder that looks writable and still cannot take the map (a disk with room
+for a small file but not for this 16-bit map, a quota, a flaky share) keeps
+its grown pause when its frames come back: only a map written there starts
+the pauses again from two seconds. (Before, every hand-back started them
+again: a frame tried every five seconds for good.)
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ LONGEST_LOOK_S = 60.0
 MOST_PARKED = 10_000
 #: Free space a folder must have to look writable: twice its largest parked frame, at least this.
 LEAST_ROOM_BYTES = 64 * 1024
+#: A folder whose frames all went back is remembered this long (its pause with it).
+FORGET_AFTER_S = 10 * LONGEST_LOOK_S
 
 
 @dataclass
@@ -69,8 +77,9 @@ class Parked:
                 return False
             entry.sources.add(source)
             self._count += 1
-            if not entry.next_look:
-                entry.next_look = time.monotonic() + entry.pause
+            now = time.monotonic()
+            if entry.next_look <= now:  # new, or its frames went back and failed again: the grown pause
+                entry.next_look = now + entry.pause
             return True
 
     def written(self, folder: Path, source: Path) -> None:
@@ -82,14 +91,20 @@ class Parked:
             if source in entry.sources:
                 entry.sources.discard(source)
                 self._count -= 1
+            if not entry.sources:  # nothing waits there: forgotten, its pauses start again
+                del self._folders[folder]
+                return
             entry.next_look = time.monotonic()
             entry.pause = FIRST_LOOK_S
+            entry.room = LEAST_ROOM_BYTES
 
     def due(self) -> list[Path]:
         """The parked frames of the folders that look writable now, taken out of the lot.
 
         A folder that does not is looked at again after a longer pause; so is one
-        whose frames come back here (it looked writable, but writing failed again).
+        whose frames come back here (it looked writable, but writing failed again):
+        its entry, with its pause, stays until a map is written there (`written`)
+        or it has had no frame for FORGET_AFTER_S.
         """
         now = time.monotonic()
         with self._lock:
@@ -104,8 +119,7 @@ class Parked:
                     taken.extend(entry.sources)
                     self._count -= len(entry.sources)
                     entry.sources = set()
-                    entry.room = LEAST_ROOM_BYTES
         with self._lock:
-            for folder in [f for f, e in self._folders.items() if not e.sources]:
+            for folder in [f for f, e in self._folders.items() if not e.sources and now - e.next_look > FORGET_AFTER_S]:
                 del self._folders[folder]
         return taken
