@@ -48,6 +48,15 @@ class BadPrediction(FrameError):
     """
 
 
+class InferenceFailed(FrameError):
+    """The model's run raised for this frame (a wedged provider, a graph that fails on every input).
+
+    One such frame may be the frame's fault; several in a row are the model's, and
+    the status says so (as for `BadPrediction`): a model that fails every frame
+    left `/health` saying all was well.
+    """
+
+
 class Superseded(FrameError):
     """The frame changed or vanished after it was found: nothing to do for this version.
 

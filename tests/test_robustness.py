@@ -327,8 +327,17 @@ def test_inference_error_fails_one_frame_and_the_daemon_serves_on(tmp_path):
         write_by_rename(d.watch / "frame.jpg", jpeg_bytes(np.full((40, 40, 3), 255, np.uint8)))
         wait_for(lambda: d.counts().get("failed") == 1, what="the failing frame")
         assert "frame.jpg: inference failed:" in d.log()
+        assert d.status().get("health_error") is None  # one frame may be the frame's fault
+        # Frame after frame, the model's: said in the status, as unusable predictions are (before:
+        # health_error null and /health "running" while the model failed every frame).
+        for i in range(2, 6):
+            write_by_rename(d.watch / "frame.jpg", jpeg_bytes(np.full((40 + i, 40, 3), 255, np.uint8)))
+            wait_for(lambda i=i: d.counts().get("failed") == i, what=f"failing frame {i}")
+        health = wait_for(lambda: d.status().get("health_error"), what="the health error")
+        assert "last 5 predictions were unusable (inference failed:" in health, health
         write_by_rename(d.watch / "frame.jpg", jpeg_bytes(np.full((40, 40, 3), 90, np.uint8)))
         wait_for(lambda: (d.watch / "depth.jpg").exists(), what="the next frame's map")
+        wait_for(lambda: d.status().get("health_error") is None, what="the health error cleared")
     finally:
         assert d.stop() == 0
 

@@ -13,7 +13,7 @@ from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
-from depthwatch.errors import BadPrediction, DepthwatchError, FrameError, OutputError, Stopped, Superseded, Vanished
+from depthwatch.errors import BadPrediction, DepthwatchError, FrameError, InferenceFailed, OutputError, Stopped, Superseded, Vanished
 from depthwatch.frames.frameline import frame_line
 from depthwatch.frames.job import Job, Signature
 from depthwatch.imaging import stabilise
@@ -76,7 +76,8 @@ class Result(Outcome[Job]):
     unchanged: bool = False
     #: The model ran (or was running) for this job; false for one dropped before inference.
     inferred: bool = False
-    #: The model's prediction was no depth map (NaN, a constant): a model problem, not the frame's.
+    #: The model's prediction was no depth map (NaN, a constant), or its run raised: a model
+    #: problem when it happens frame after frame (the daemon's health counts them).
     bad_prediction: bool = False
     size: tuple[int, int] | None = None
     model: str | None = None
@@ -98,7 +99,7 @@ class Result(Outcome[Job]):
     def failed_with(self, exc: DepthwatchError) -> None:
         super().failed_with(exc)
         self.unusable = isinstance(exc, FrameError)
-        self.bad_prediction = isinstance(exc, BadPrediction)
+        self.bad_prediction = isinstance(exc, (BadPrediction, InferenceFailed))
 
     def describe(self) -> str:
         """The one log line for this frame (read back by `frameline.parse_frame_line`)."""

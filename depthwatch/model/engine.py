@@ -42,6 +42,7 @@ import numpy as np
 
 from depthwatch.errors import (
     BadPrediction,
+    InferenceFailed,
     DepthwatchError,
     FrameError,
     ModelChanged,
@@ -460,7 +461,7 @@ class Engine(IdleMeasuring, SessionMaking):
                 if attempt == 1 and on_accelerator and not self._cpu_rebuilt:
                     session, info = self._rebuild_on_cpu(session, info, exc)
                     continue
-                future.set_exception(FrameError(f"inference failed: {first_line(exc)}"))
+                future.set_exception(InferenceFailed(f"inference failed: {first_line(exc)}"))
                 return session
             finally:
                 with self._lock:
