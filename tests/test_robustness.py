@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import io
 import json
-import time
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import cv2
@@ -19,6 +19,7 @@ from daemon_process import DaemonProcess, privileges, wait_for
 from onnx_models import failing_model, spec_for
 
 from depthwatch.errors import EX_CONFIG
+from depthwatch.frames import provenance
 from depthwatch.frames.job import Job
 from depthwatch.frames.pipeline import Pipeline
 from depthwatch.frames.reading import read_source
@@ -203,6 +204,27 @@ def test_a_watch_folder_that_is_a_symlink_gets_live_frames_too(tmp_path, tiny_mo
         assert f"watching {link} (a link to {real}) for *.jpg" in d.log()
         assert d.counts()["failed"] == 0
     finally:
+        assert d.stop() == 0
+
+
+def test_frames_written_while_the_watch_folder_cannot_be_searched_are_mapped_once_it_can(tmp_path, tiny_model):
+    """A share's permissions fixed up, a chmod: before, a traceback per frame and the frames dropped
+    for good (the old map kept showing the version before, and the status said nothing failed)."""
+    d = DaemonProcess(tmp_path, tiny_model, restricted=True).start()  # permissions bind, as for a user
+    try:
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: d.counts().get("done") == 1, what="the first map")
+        os.chmod(d.watch, 0)
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame(bright="bottom-right")))  # the test keeps root's reach
+        wait_for(lambda: "frame.jpg: cannot be looked at (Permission denied" in d.log(), what="the folder it cannot search said")
+        os.chmod(d.watch, 0o755)
+        wait_for(lambda: d.counts().get("done") == 2, what="the frame written meanwhile, mapped")
+        assert "Traceback" not in d.log() and not d.counts().get("failed")
+        record = provenance.read(d.watch / "depth.jpg")
+        st = os.stat(d.watch / "frame.jpg")
+        assert record is not None and (record["size"], record["mtime_ns"]) == (st.st_size, st.st_mtime_ns)
+    finally:
+        os.chmod(d.watch, 0o755)
         assert d.stop() == 0
 
 

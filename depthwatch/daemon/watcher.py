@@ -61,6 +61,9 @@ class Mode(IntEnum):
 
 
 _HEALTH_INTERVAL = 1.0
+#: A file that cannot be looked at (permission denied) is looked at again after these pauses.
+_DENIED_FIRST_S = 1.0
+_DENIED_LONGEST_S = 60.0
 #: Versions already handed over, remembered to drop a second event for the same one:
 #: the "closed" that follows a "created" already taken, a repeated FSEvents event, or
 #: an event that arrives after a rescan took the file. Such pairs arrive within
@@ -92,6 +95,8 @@ class _Settling:
     told: bool = False
     #: Its latest event was a move (renamed into place whole), not a close.
     moved: bool = False
+    #: Seconds until the next look while it cannot be looked at (permission denied); 0: it can.
+    denied: float = 0.0
 
 
 class Watcher:
@@ -277,6 +282,21 @@ class Watcher:
             heapq.heappush(self._heap, (state.due, next(self._counter), path))
 
     def _check(self, path: Path, state: _Settling) -> None:
+        try:
+            self._look(path, state)
+        except PermissionError as exc:
+            # Its folder cannot be searched for now (a share's permissions being fixed up, a
+            # chmod): before, a traceback, and the frame dropped for good. Said once, looked
+            # at again with growing pauses, mapped once it can be read.
+            if not state.denied:
+                log.warning(
+                    "%s: cannot be looked at (%s; its folder's permissions?); looked at again until it can be",
+                    shown(path), exc.strerror or "permission denied",
+                )
+            state.denied = min(_DENIED_LONGEST_S, max(_DENIED_FIRST_S, state.denied * 2))
+            self._again(path, state, state.denied)
+
+    def _look(self, path: Path, state: _Settling) -> None:
         if not self.rules.link_allowed(path):
             problem = link_problem(path)
             self._report(
@@ -289,8 +309,13 @@ class Watcher:
             return
         try:
             st = os.stat(path)
+        except PermissionError:
+            raise
         except OSError:
             return  # vanished: nothing to do
+        if state.denied:
+            log.info("%s: can be looked at again", shown(path))
+            state.denied = 0.0
         if not stat.S_ISREG(st.st_mode):
             self._not_a_file(path, st)
             return
