@@ -254,6 +254,31 @@ def test_a_reload_leaves_the_daemons_own_temporary_files_alone(tmp_path, tiny_mo
         assert d.stop() == 0
 
 
+def test_a_dead_daemons_pid_taken_by_another_program_is_not_taken_for_the_daemon(tmp_path):
+    """After a crash or a reboot a pid is some other program's: before, `depthwatch status` said
+    "running", a start warned of a second daemon, and the dead writer's temporary files stayed."""
+    from depthwatch.frames.writer import sweep_temp_files
+
+    other = subprocess.Popen(["sleep", "60"])  # the program that now has the pid
+    try:
+        an_hour_ago = time.time() - 3600
+        status = tmp_path / "status.json"
+        status.write_text(json.dumps({"pid": other.pid, "state": "running", "started": an_hour_ago, "counts": {}}))
+        shown = subprocess.run([sys.executable, "-m", "depthwatch", "status", "--status", str(status)],
+                               capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 3 and "not running" in shown.stdout, shown.stdout + shown.stderr
+        left = tmp_path / f".depth.jpg.{other.pid}-0123abcd.dwtmp"  # written by the dead daemon an hour ago
+        left.write_bytes(b"half a map")
+        os.utime(left, (an_hour_ago, an_hour_ago))
+        in_flight = tmp_path / f".other.jpg.{other.pid}-4567cdef.dwtmp"  # a write by the live program, now
+        in_flight.write_bytes(b"half a map")
+        assert sweep_temp_files(tmp_path) == (1, 0)
+        assert not left.exists() and in_flight.exists()
+    finally:
+        other.kill()
+        other.wait()
+
+
 def test_a_config_symlink_relinked_is_reloaded(tmp_path, tiny_model):
     d = DaemonProcess(tmp_path, tiny_model)
     first = tmp_path / "first.yaml"

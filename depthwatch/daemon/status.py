@@ -189,4 +189,6 @@ def path_for(config: Config) -> Path:
 
 def is_running(data: dict[str, Any]) -> bool:
     """A status file's daemon is running: it says so, and its process is still there."""
-    return data.get("state") in ("starting", "running", "stopping") and pid_alive(data.get("pid"))
+    started = data.get("started")
+    since = float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else None
+    return data.get("state") in ("starting", "running", "stopping") and pid_alive(data.get("pid"), since)
