@@ -279,6 +279,30 @@ def test_a_dead_daemons_pid_taken_by_another_program_is_not_taken_for_the_daemon
         other.wait()
 
 
+def test_a_status_file_that_went_is_written_again_and_a_folder_that_went_is_said_once(tmp_path, tiny_model):
+    """A tmp cleaner or a cleared state folder: before, an idle daemon's status file stayed gone
+    (`depthwatch status`: "not running" while it ran), and a missing folder was warned at every write."""
+    d = DaemonProcess(tmp_path, tiny_model, daemon={"status_file": str(tmp_path / "state" / "status.json")})
+    (tmp_path / "state").mkdir()
+    d.status_path = tmp_path / "state" / "status.json"
+    d.start()
+    try:
+        d.status_path.unlink()  # idle: nothing changes that would rewrite it
+        wait_for(lambda: d.status_path.exists(), what="the status file written again")
+        shutil.rmtree(tmp_path / "state")
+        for n, corner in enumerate(("top-right", "bottom-left", "bottom-right")):
+            write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame(bright=corner)))
+            wait_for(lambda n=n: d.log().count("frame.jpg -> depth.jpg") == n + 1, what=f"frame {n} mapped")
+        wait_for(lambda: "status file: " in d.log(), what="the status file's trouble said")
+        time.sleep(0.5)  # a few main-loop writes more: none of them says it again
+        assert d.log().count("status file: ") == 1, d.log()[-2000:]
+        (tmp_path / "state").mkdir()
+        wait_for(lambda: d.status_path.exists() and d.counts().get("done") == 3, what="the status back, counting all three")
+        assert f"status file {d.status_path} written again" in d.log()
+    finally:
+        assert d.stop() == 0
+
+
 def test_a_config_symlink_relinked_is_reloaded(tmp_path, tiny_model):
     d = DaemonProcess(tmp_path, tiny_model)
     first = tmp_path / "first.yaml"

@@ -1,8 +1,11 @@
 """What the daemon's status file says, kept current: the model in service, the queue, the clip in progress.
 
 The parts of the daemon change the `Status` in memory and `touch` it; the
-main loop writes the file (an fsync each time) only when something changed.
-A clip's progress reaches it at most once a second (`CLIP_STATUS_S`).
+main loop writes the file (an fsync each time) only when something changed,
+and when the file is gone (a state folder cleared, a tmp cleaner: the daemon's
+own folder is made again): an idle daemon whose file went said "not running"
+for good. A clip's progress reaches it at most once a second (`CLIP_STATUS_S`).
+A file that cannot be written is said once, not at every write.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from depthwatch.daemon.status import Status, path_for, write_status
 from depthwatch.errors import OutputError
+from depthwatch.logtext import shown
 from depthwatch.model.spec import ModelInfo
 
 if TYPE_CHECKING:
@@ -23,6 +27,8 @@ log = logging.getLogger("depthwatch")
 
 #: A clip job's progress reaches the status file at most this often.
 CLIP_STATUS_S = 1.0
+#: How often an idle daemon looks whether its status file is still there.
+_LOOK_FOR_FILE_S = 5.0
 
 
 class StatusReport:
@@ -38,6 +44,9 @@ class StatusReport:
         self.published: ModelInfo | None = None
         self._clip_status_at = 0.0
         self._clip_status_phase: str | None = None
+        #: The last write failed (said once; said again once a write succeeds).
+        self._failing = False
+        self._checked_at = 0.0
 
     def touch(self) -> None:
         """Something the status shows has changed: the main loop writes the file at its next look."""
@@ -63,16 +72,32 @@ class StatusReport:
         self.status.contract = info.contract.describe()
 
     def write(self) -> None:
-        """The status file, rewritten atomically if anything changed since the last write."""
-        path = path_for(self._daemon.config)
+        """The status file, rewritten atomically if anything changed since the last write, or if it is gone."""
+        config = self._daemon.config
+        path = path_for(config)
         status = self.refresh()
+        now = time.monotonic()
+        if not self._dirty and now - self._checked_at >= _LOOK_FOR_FILE_S:
+            self._checked_at = now
+            self._dirty = not path.exists()
         if not self._dirty:
             return
         self._dirty = False
+        if config.daemon.status_file is None and not path.parent.is_dir():
+            try:  # the default one lives in a folder of ours: made again, as at start
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                pass  # said below, by the write
         try:
             write_status(path, status)
         except OutputError as exc:
-            log.warning("status file: %s", exc)
+            if not self._failing:
+                log.warning("status file: %s; `depthwatch status` cannot see this daemon until it can be written", exc)
+            self._failing = True
+            return
+        if self._failing:
+            log.info("status file %s written again", shown(path))
+            self._failing = False
 
     def refresh(self) -> Status:
         """The status with what the queue, the watcher, the engine and the clip thread say now."""
