@@ -63,7 +63,7 @@ def _interrupted(args: argparse.Namespace) -> str:
         return "interrupted (Ctrl-C)"
     if getattr(args, "farm", None):
         return "interrupted (Ctrl-C): the maps written so far stay; the same command again maps only the frames still missing"
-    return "interrupted (Ctrl-C): the maps already written stay; the rest were not made"
+    return "interrupted (Ctrl-C): the maps written stay, and the frames in flight are finished; the rest were not made"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -259,8 +259,10 @@ def test_ctrl_c_says_what_it_leaves(tmp_path):
     model = slow_model(tmp_path / "slow.onnx", seconds=0.5)
     names = [f"f{i}.png" for i in range(12)]
     frames(tmp_path / "in", *names)
+    config = tmp_path / "config.yaml"  # one engine, as it is: no measuring of others first (seconds a run each)
+    config.write_text(f"model:\n  path: {model}\n  profile: midas-v21-small\n  providers: [cpu]\n  precision: fp32\n")
     job = subprocess.Popen(
-        [sys.executable, "-m", "depthwatch", "once", "in", "--model", str(model), "--profile", "midas-v21-small"],
+        [sys.executable, "-m", "depthwatch", "once", "in", "-c", str(config), "--normalise", "frame"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
     )
     try:
@@ -274,7 +276,19 @@ def test_ctrl_c_says_what_it_leaves(tmp_path):
         job.kill()
         job.wait()
     assert job.returncode == 130
-    assert err.strip().splitlines()[-1] == "depthwatch: interrupted (Ctrl-C): the maps already written stay; the rest were not made"
+    assert err.strip().splitlines()[-1] == "depthwatch: interrupted (Ctrl-C): the maps written stay, and the frames in flight are finished; the rest were not made"
     made = list((tmp_path / "in").glob("*_depth.jpg"))
     assert 1 <= len(made) < len(names) and out == ""
     assert sorted(p.name for p in (tmp_path / "in").iterdir() if p.name.startswith(".")) == []  # no temporary file
+
+
+def test_a_users_file_named_as_maps_are_named_is_left_out_of_a_folder_with_a_line(tmp_path, tiny_model):
+    """Before, `once FOLDER` left out a user's own matte_depth.png (no record of depthwatch's: not a map
+    it made) without a word, and the summary counted only the others."""
+    frames(tmp_path / "in", "a.png", "matte_depth.png")
+    done = once(tmp_path, "in", "-o", "{stem}_depth.png", "--model", str(tiny_model))
+    assert done.returncode == 0, done.stderr
+    assert f"depthwatch: {tmp_path / 'in'}: left out 1 file(s) named as -o names depth maps (matte_depth.png); " in done.stderr
+    assert done.stdout.startswith("1 depth map written, 0 failed")
+    by_name = once(tmp_path, "in/matte_depth.png", "-o", "{stem}_depth.png", "--model", str(tiny_model))
+    assert by_name.returncode == 0 and (tmp_path / "in" / "matte_depth_depth.png").is_file(), by_name.stderr

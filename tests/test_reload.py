@@ -111,6 +111,10 @@ def test_broken_edit_keeps_the_last_good_config_until_fixed(tmp_path, tiny_model
         write_by_rename(d.config_path, good.encode() + b"\x00\x00\n")
         wait_for(lambda: "a control character (#x0000)" in (d.status().get("config_error") or ""), what="the NUL to be reported")
         assert d.proc.poll() is None
+        # Emptied (a save cut short, a truncate): before, the built-in defaults, watching ./tmp.
+        write_by_rename(d.config_path, b"# settings to come\n")
+        wait_for(lambda: "is empty (or only comments)" in (d.status().get("config_error") or ""), what="the empty file to be reported")
+        assert not (d.config_path.parent / "tmp").exists()
 
         write_by_rename(d.config_path, good.replace("depth.jpg", "fixed.jpg").encode())
         loads(d, 2)

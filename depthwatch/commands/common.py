@@ -28,7 +28,7 @@ def config_from_args(args: argparse.Namespace, found: Path | None = None, *, aga
     config moved away or a user config appearing must not switch a running
     daemon to another file, or to the built-in defaults, without a word.
     """
-    config = configuration.load(found if again else configuration.find(args.config, here=True))
+    config = configuration.load(found, running=True) if again else configuration.load(configuration.find(args.config, here=True))
     if args.model:
         model = args.model if is_catalogue_name(args.model) else str(expand_path(args.model, Path.cwd()))
         config = configuration.override(config, "--model", "model", path=model)

@@ -160,15 +160,25 @@ def collect_inputs(inputs: list[str], template: str, clip_template: str = DEFAUL
         path = Path(os.path.abspath(Path(item).expanduser()))
         if path.is_dir():
             own = rules_for([path], template, clip_template)
-            files.extend(
-                sorted(
-                    p for p in path.iterdir()
-                    if (p.suffix.lower() in EXTENSIONS or p.suffix.lower() in CLIP_EXTENSIONS)
-                    and p.is_file() and not p.name.startswith(".")
-                    and not own.is_own_file(p) and provenance.read(p) is None  # a map made under another -o
-                    and not _is_depth_clip(p)  # a depth clip made under another -o, or a copy of one
+            named_like_maps = []
+            for p in sorted(path.iterdir()):
+                if not (p.suffix.lower() in EXTENSIONS or p.suffix.lower() in CLIP_EXTENSIONS):
+                    continue
+                if not p.is_file() or p.name.startswith("."):
+                    continue
+                if provenance.read(p) is not None or _is_depth_clip(p):  # a map or depth clip made under another -o
+                    continue
+                if own.is_own_file(p):  # no record of ours: a user's file, named as -o names maps
+                    named_like_maps.append(p.name)
+                    continue
+                files.append(p)
+            if named_like_maps:
+                print(
+                    f"depthwatch: {shown(path)}: left out {len(named_like_maps)} file(s) named as -o names depth maps "
+                    f"({', '.join(shown(n) for n in named_like_maps[:3])}{', ...' if len(named_like_maps) > 3 else ''}); "
+                    "give them to once by name, or rename them, to map them",
+                    file=sys.stderr,
                 )
-            )
         else:
             files.append(path)
     return list(dict.fromkeys(files))  # a frame named twice (`a.jpg ./a.jpg`) is one frame, one map, counted once
@@ -400,7 +410,7 @@ def _clips(jobs: list[Any], refused: list[str], config: Any, engine: Any = None)
         if own:
             engine.stop()
     done = len(jobs) + len(refused) - failed
-    print(f"{done} depth clip{'s' if done != 1 else ''} written ({frames} frames), {failed} failed, in {time.monotonic() - began:.1f} s")
+    print(f"{done} depth clip{'s' if done != 1 else ''} written ({frames} frame{'s' if frames != 1 else ''}), {failed} failed, in {time.monotonic() - began:.1f} s")
     return failed
 
 

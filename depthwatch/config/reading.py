@@ -29,8 +29,14 @@ from depthwatch.errors import ConfigError
 log = logging.getLogger("depthwatch.config")
 
 
-def load(path: Path | None) -> Config:
-    """Load and check a config file (None: the built-in defaults); ConfigError if unusable."""
+def load(path: Path | None, *, running: bool = False) -> Config:
+    """Load and check a config file (None: the built-in defaults); ConfigError if unusable.
+
+    An empty file (or comments only) is the built-in defaults, said in a warning.
+    `running`: read again by a running daemon, where an empty file is much more
+    likely a save cut short than a wish for the defaults (which would watch
+    another folder): refused, so the last good config stays.
+    """
     if path is None:
         return defaults()
     try:
@@ -44,6 +50,10 @@ def load(path: Path | None) -> Config:
         raise ConfigError(
             f"{path}:{line}:{column}: not UTF-8 text (byte 0x{data[exc.start]:02x}); save the file as UTF-8"
         ) from None
+    if not text.strip() or all(not line.strip() or line.lstrip().startswith("#") for line in text.splitlines()):
+        if running:
+            raise ConfigError(f"{path} is empty (or only comments); write its settings, or `{{}}` for the built-in defaults")
+        log.warning("%s is empty (or only comments): the built-in defaults are used", path)
     return parse(text, path)
 
 

@@ -31,9 +31,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from depthwatch.config import Config
+from depthwatch.config import Config, OutputConfig
 from depthwatch.daemon.accounting import Accounts
 from depthwatch.daemon.backend import ApiBackend
 from depthwatch.daemon.clips import ClipRunner
@@ -52,6 +53,7 @@ from depthwatch.frames.pipeline import Pipeline
 from depthwatch.frames.rules import Rules, template_clashes
 from depthwatch.frames.settings import Settings
 from depthwatch.frames.writer import sweep_temp_files_below
+from depthwatch.imaging import video
 from depthwatch.logtext import shown
 from depthwatch.model import catalogue
 from depthwatch.model.engine import Engine, SessionFactory
@@ -236,7 +238,7 @@ class Daemon(ApiBackend):
         self.status.config_loads = 1
         self.report.publish_model()
         self.report.write()
-        log.info("ready: watching %d folder(s), writing %s", len(self.rules.roots), config.output.template)
+        log.info("ready: watching %d folder(s), writing %s", len(self.rules.roots), _writing(self.rules.patterns, config.output))
         # systemd (Type=notify) holds `systemctl start` until now: the model is loaded, the API
         # listens and the folders are watched, so a bad model fails the start itself.
         notify("READY=1", f"STATUS=watching {len(self.rules.roots)} folder(s)")
@@ -435,3 +437,13 @@ class Daemon(ApiBackend):
             if remaining <= 0.1:
                 return False
 
+
+
+def _writing(patterns: tuple[str, ...], output: OutputConfig) -> str:
+    """What the ready line says is written: the frames' template, the clips', or both, as the patterns take."""
+    clips = [video.is_clip_name(Path(p)) for p in patterns]
+    if all(clips):
+        return output.clip_template
+    if any(clips) or any(p.endswith("*") for p in patterns):
+        return f"{output.template} (frames), {output.clip_template} (clips)"
+    return output.template
