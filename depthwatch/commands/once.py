@@ -144,7 +144,9 @@ def rules_for(folders: Iterable[Path], template: str, clip_template: str = DEFAU
     )
 
 
-def collect_inputs(inputs: list[str], template: str, clip_template: str = DEFAULT_CLIP_TEMPLATE) -> list[Path]:
+def collect_inputs(
+    inputs: list[str], template: str, clip_template: str = DEFAULT_CLIP_TEMPLATE, left_out: list[str] | None = None
+) -> list[Path]:
     """The frames named, with folders expanded to the images directly inside them.
 
     Inside a folder, hidden files and depthwatch's own outputs (by the output
@@ -172,12 +174,11 @@ def collect_inputs(inputs: list[str], template: str, clip_template: str = DEFAUL
                     named_like_maps.append(p.name)
                     continue
                 files.append(p)
-            if named_like_maps:
-                print(
+            if named_like_maps and left_out is not None:
+                left_out.append(
                     f"depthwatch: {shown(path)}: left out {len(named_like_maps)} file(s) named as -o names depth maps "
                     f"({', '.join(shown(n) for n in named_like_maps[:3])}{', ...' if len(named_like_maps) > 3 else ''}); "
-                    "give them to once by name, or rename them, to map them",
-                    file=sys.stderr,
+                    "give them to once by name, or rename them, to map them"
                 )
         else:
             files.append(path)
@@ -215,7 +216,8 @@ def main(args: argparse.Namespace) -> int:
     if args.timeline:
         config = override(config, "--timeline", "output", timeline=True)
     check_combinations(config)
-    sources = collect_inputs(args.inputs, config.output.template, config.output.clip_template)
+    left_out: list[str] = []  # said once the run is not refused (a refusal is its one line)
+    sources = collect_inputs(args.inputs, config.output.template, config.output.clip_template, left_out)
     if not sources:
         raise ConfigError("no frames found in " + ", ".join(args.inputs) + "; give image files, clips or folders of them")
     clips = [s for s in sources if is_clip_name(s)]
@@ -245,6 +247,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"depthwatch: {line}", file=sys.stderr)
         return 1 if managed.run(clip_jobs, args.frames, args.join, config) or clip_refused else 0
     if clips and not sources:
+        _say(left_out)
         if args.farm:
             return 1 if _farm_clips(args.farm, clip_jobs, clip_refused, config, args.force) else 0
         return 1 if _clips(clip_jobs, clip_refused, config) else 0
@@ -257,6 +260,7 @@ def main(args: argparse.Namespace) -> int:
     jobs, refused = rules.jobs_for(sources)  # ConfigError if two frames share an output
     failures = [f"{shown(source)}: {why}" for source, why in refused]
     _refuse_replacing(jobs)
+    _say(left_out)
     if not args.farm:  # the farm client sweeps what its workers left, once its job is over
         _sweep_left_behind(job.output for job in jobs)
     began = time.monotonic()
@@ -564,6 +568,11 @@ def _one(job: Any, future: Future[Any], report: Any) -> Iterator[tuple[Any, Any,
     summary, prediction = result.summary, result.prediction
     result.summary = result.prediction = None  # held by the planner from here, and only as long as it needs
     yield replace(job, signature=result.signature), summary, prediction
+
+
+def _say(lines: list[str]) -> None:
+    for line in lines:
+        print(line, file=sys.stderr)
 
 
 def _summary(frames: int, failed: int, began: float, up_to_date: int = 0) -> None:
