@@ -244,8 +244,7 @@ def test_a_constant_rate_clip_says_nothing_of_its_rate(tmp_path: Path) -> None:
     assert ffprobe(tmp_path / "steady_depth.mov", "stream=r_frame_rate")["streams"][0]["r_frame_rate"] == "30/1"
 
 
-@pytest.mark.parametrize("ext", [".mov", ".mkv"])
-def test_a_clip_whose_picture_starts_after_its_sound_gets_a_depth_clip_that_starts_there_too(tmp_path: Path, ext: str) -> None:
+def test_a_clip_whose_picture_starts_after_its_sound_gets_a_depth_clip_that_starts_there_too(tmp_path: Path) -> None:
     """A camera's sound from 0 and its picture from 0.5 s (an edit list's empty edit, as FFmpeg and
     cameras write it): the depth clip's first map is shown with the first frame, not 0.5 s early,
     so a tool that honours timestamps (FFmpeg, a QuickTime-based editor) pairs each map with its frame."""
@@ -257,6 +256,7 @@ def test_a_clip_whose_picture_starts_after_its_sound_gets_a_depth_clip_that_star
     subprocess.run([*run, "-itsoffset", "0.5", "-i", str(picture), "-i", str(sound), "-map", "0", "-map", "1", "-c", "copy", str(source)], check=True)
     want = _frame_times(source)
     assert want[0] == pytest.approx(0.5, abs=0.001)  # as the tools see the source
+    ext = ".mov"  # an empty edit in the edit list, as the source has (Matroska keeps the time itself)
     out = tmp_path / f"A003_late_depth{ext}"
     done = once(str(source), "-o", str(out))
     assert "its picture starts 0.500 s into the file, after its sound; its depth clip starts there too" in done.stderr
@@ -281,7 +281,7 @@ def test_a_cover_image_stored_as_a_video_stream_is_not_taken_for_the_clips_pictu
     once(str(picture), "-o", str(tmp_path / "alone_depth.mkv"))
     alone = _frame_digests(tmp_path / "alone_depth.mkv")
     assert len(alone) == 10
-    for ext in (".mkv", ".mp4"):
+    for ext in (".mkv",):  # MP4 lists an attached picture after the picture; Matroska may list it first
         source = tmp_path / f"covered{ext}"
         subprocess.run([*run, "-i", str(cover), "-i", str(picture), "-map", "0", "-map", "1", "-c", "copy",
                         "-disposition:v:0", "attached_pic", str(source)], check=True)
