@@ -319,8 +319,11 @@ def test_a_disk_with_room_for_a_small_file_but_not_the_map_counts_its_frame_fail
         counts = d.counts()
         assert counts["failed"] == 1 and counts["retried"] == 1, counts
         assert d.log().count("made again once") == 1 and d.temp_files() == []
+        # The status says a frame waits (before: "0 queued, 0 in progress", its old map showing).
+        wait_for(lambda: d.status().get("parked") == 1, what="the parked frame in the status")
         (small_disk / "filler").unlink()
         wait_for(lambda: d.counts().get("done") == 2, timeout=120, what="the map once there is room")
+        wait_for(lambda: d.status().get("parked") == 0, what="nothing parked any more")
     finally:
         assert d.stop() == 0
 

@@ -125,7 +125,8 @@ def _show(path: Path) -> bool:
         f"{counts.get('done', 0)} done, {counts.get('failed', 0)} failed, {counts.get('superseded', 0)} superseded, "
         f"{counts.get('incomplete', 0)} incomplete, {counts.get('retried', 0)} retried, "
         f"{counts.get('own_maps', 0)} depth maps skipped; "
-        f"{data.get('queue_depth', 0)} queued, {data.get('in_progress', 0)} in progress",
+        f"{data.get('queue_depth', 0)} queued, {data.get('in_progress', 0)} in progress"
+        + (f", {data['parked']} waiting for their folder to be writable" if data.get("parked") else ""),
     ))
     clip = data.get("clip")
     if clip or counts.get("clips") or counts.get("clips_failed") or data.get("clips_waiting"):

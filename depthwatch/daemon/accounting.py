@@ -200,6 +200,11 @@ class Accounts:
         """
         return self._parked.park(job.final.parent, job.source)
 
+    @property
+    def parked(self) -> int:
+        """Frames waiting for their folder to be writable (their old map still shows)."""
+        return len(self._parked)
+
     def retry_parked(self) -> None:
         """Hand the parked frames of each folder that can be written again back to the watcher (main loop)."""
         if self._daemon.watcher is None:

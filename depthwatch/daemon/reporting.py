@@ -104,6 +104,10 @@ class StatusReport:
         daemon, status = self._daemon, self.status
         status.queue_depth = len(daemon.queue)
         status.in_progress = daemon.queue.in_progress
+        parked = daemon.accounts.parked
+        if parked != status.parked:  # a frame parked or taken back: its old map shows meanwhile
+            status.parked = parked
+            self.touch()
         status.counts.superseded = daemon.queue.superseded + daemon.accounts.superseded_in_flight
         status.counts.incomplete = daemon.watcher.incomplete if daemon.watcher else 0
         # Only while running: a stopped watcher watches nothing, and its folders are not gone.

@@ -86,6 +86,8 @@ class Status:
     engine_switches: int = 0
     queue_depth: int = 0
     in_progress: int = 0
+    #: Frames whose map could not be written (full disk, no permission), kept until their folder can be.
+    parked: int = 0
     watching: list[str] = field(default_factory=list)
     #: Of `watching`, the folders that are gone (or not there yet): no frame can come from them until they are back.
     waiting_for: list[str] = field(default_factory=list)
