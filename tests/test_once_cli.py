@@ -69,6 +69,10 @@ def test_a_script_gets_one_summary_line(tmp_path, tiny_model):
     # A frame named twice is one frame: one map, counted once (it said 3).
     again = once(tmp_path, "shots/a.jpg", "shots/a.jpg", "./shots/a.jpg", "--model", str(tiny_model))
     assert again.returncode == 0 and again.stdout.startswith("1 depth map written, 0 failed, in "), again.stdout
+    # So is a folder named by itself and by a link to it (it said 6 for 3 maps on disk).
+    (tmp_path / "link").symlink_to(tmp_path / "shots")
+    both = once(tmp_path, "shots", "link", "--model", str(tiny_model))
+    assert both.returncode == 0 and both.stdout.startswith("3 depth maps written, 0 failed, in "), both.stdout
 
 
 def test_the_summary_counts_failures_too(tmp_path, tiny_model):
@@ -292,3 +296,36 @@ def test_a_users_file_named_as_maps_are_named_is_left_out_of_a_folder_with_a_lin
     assert done.stdout.startswith("1 depth map written, 0 failed")
     by_name = once(tmp_path, "in/matte_depth.png", "-o", "{stem}_depth.png", "--model", str(tiny_model))
     assert by_name.returncode == 0 and (tmp_path / "in" / "matte_depth_depth.png").is_file(), by_name.stderr
+
+
+def test_a_sequence_cut_into_range_tasks_gets_the_maps_one_run_gives(tmp_path):
+    """A farm manager's tasks over an image sequence (`once DIR --frames A-B` each): before, each task
+    planned its frames alone and the grey levels jumped at every task's edge. Now each sees the
+    frames about its range, as a clip's range task does: the maps are those of one whole run."""
+    from conftest import FASTDEPTH
+    from skimage import data
+
+    from benchmarks.frames import pan_frames
+
+    if not FASTDEPTH.is_file():
+        import pytest
+
+        pytest.skip(f"the real model {FASTDEPTH} is not here")
+    shots = pan_frames(data.astronaut(), (128, 80), 14, 3, seed=1) + pan_frames(data.coffee(), (128, 80), 7, 3, seed=2)
+    for folder in ("whole", "tasks"):
+        (tmp_path / folder).mkdir()
+        for n, jpeg in enumerate(shots, start=1001):
+            (tmp_path / folder / f"pan.{n}.jpg").write_bytes(jpeg)
+    model = ("--model", str(FASTDEPTH), "--profile", "fastdepth-nyu")
+
+    def run(*args: str) -> None:
+        done = subprocess.run([sys.executable, "-m", "depthwatch", "once", *args, "-o", "{stem}_depth.png", *model],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        assert done.returncode == 0, done.stderr
+
+    run("whole")
+    for task in ("1001-1007", "1008-1021"):  # the first shot split between the two tasks
+        run("tasks", "--frames", task)
+    for n in range(1001, 1022):
+        whole, task = (cv2.imread(str(tmp_path / f / f"pan.{n}_depth.png"), cv2.IMREAD_UNCHANGED).astype(np.float64) for f in ("whole", "tasks"))
+        assert np.abs(whole - task).max() <= 257, n  # within one 8-bit level

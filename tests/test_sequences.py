@@ -88,3 +88,17 @@ def test_malformed_frame_ranges_say_why(text: str) -> None:
     with pytest.raises(ValueError, match="frame range|sub-frames|more than") as caught:
         frame_range(text)
     assert "\n" not in str(caught.value)
+
+
+def test_pre_roll_frames_numbered_below_zero_are_negative_frames(tmp_path):
+    """`shot.-003.exr`, as pipelines write pre-roll (fileseq reads it so): before, frame 3, so
+    `--frames 1-3` took the pre-roll too and the sequence split in two at frame 0."""
+    from depthwatch.frames.sequences import frame_range, parse, sequences
+
+    names = [tmp_path / f"shot.{n:04d}.exr" for n in range(-3, 4)]
+    assert [parse(p).number for p in names] == [-3, -2, -1, 0, 1, 2, 3]
+    found, stills = sequences(reversed(names))
+    assert len(found) == 1 and found[0].numbers == [-3, -2, -1, 0, 1, 2, 3] and stills == []
+    assert [p.name for p in names if parse(p).number in frame_range("1-3")] == ["shot.0001.exr", "shot.0002.exr", "shot.0003.exr"]
+    assert [p.name for p in names if parse(p).number in frame_range("-3--1")] == ["shot.-003.exr", "shot.-002.exr", "shot.-001.exr"]
+    assert parse(tmp_path / "shot-003.exr").number == 3  # a hyphen after a letter is the name's

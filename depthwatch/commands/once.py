@@ -33,7 +33,7 @@ from typing import Any
 
 from depthwatch.commands.common import add_config_arguments, config_from_args
 from depthwatch.config import OutputConfig, WatchConfig
-from depthwatch.errors import ConfigError, FrameError, InputError
+from depthwatch.errors import ConfigError, DepthwatchError, FrameError, InputError
 from depthwatch.frames import provenance
 from depthwatch.frames.replacing import map_refusal_at
 from depthwatch.frames.rules import Claims, Rules
@@ -182,7 +182,15 @@ def collect_inputs(
                 )
         else:
             files.append(path)
-    return list(dict.fromkeys(files))  # a frame named twice (`a.jpg ./a.jpg`) is one frame, one map, counted once
+    # A frame named twice (`a.jpg ./a.jpg`, a folder and a link to it) is one frame, one map, counted once.
+    seen: set[str] = set()
+    once_each = []
+    for f in files:
+        real = os.path.realpath(f)
+        if real not in seen:
+            seen.add(real)
+            once_each.append(f)
+    return once_each
 
 
 def main(args: argparse.Namespace) -> int:
@@ -251,6 +259,7 @@ def main(args: argparse.Namespace) -> int:
         if args.farm:
             return 1 if _farm_clips(args.farm, clip_jobs, clip_refused, config, args.force) else 0
         return 1 if _clips(clip_jobs, clip_refused, config) else 0
+    numbered = sources  # every frame named: a range task's shots are planned with the frames about it
     if args.frames:
         sources = in_range(sources, args.frames)
         if not sources:
@@ -307,7 +316,10 @@ def main(args: argparse.Namespace) -> int:
         pipeline = started()
         for source in stills:  # each its own map, exactly the per-frame one
             pipeline.submit(by_source[source], replace(settings, normalise=FRAME)).add_done_callback(report)
-        passes = [_sequence(pipeline, [by_source[p] for p in sequence.paths], settings, report) for sequence in found]
+        passes = [
+            _sequence(pipeline, *_planned_with(sequence, numbered, by_source, rules, margin=bool(args.frames)), settings, report)
+            for sequence in found
+        ]
         pipeline.close()  # its threads joined, so every pass 2 has reported: the frames rewritten since pass 1 are known
         if any(changed for changed, _shots in passes):
             pipeline = started()
@@ -489,8 +501,43 @@ def _refuse_replacing(jobs: list[Any]) -> None:
     )
 
 
+def _planned_with(
+    sequence: Any, numbered: list[Path], by_source: dict[Path, Any], rules: Rules, *, margin: bool = False
+) -> tuple[list[Any], set[Path] | None]:
+    """A sequence's jobs for the shot planner, and the frames among them whose maps are written (None: all).
+
+    `margin`: a range task (`--frames 1001-1050`, a farm manager's cut): the
+    planner also sees the sequence's frames up to `stabilise.held_at_most()` on
+    each side (run through the model, not written), as a clip's range task
+    does, so a shot split between two tasks gets the grey levels it gets in
+    one run. Before, each task planned its own frames alone and the levels
+    jumped at every task's edge (a step between neighbouring maps three to
+    five times the usual).
+    """
+    from depthwatch.frames import sequences
+    from depthwatch.imaging import stabilise
+
+    jobs = [by_source[p] for p in sequence.paths]
+    if not margin:
+        return jobs, None
+    whole = next((s for s in sequences.sequences(numbered)[0] if s.frames[0].key == sequence.frames[0].key), None)
+    if whole is None:
+        return jobs, None
+    paths = whole.paths
+    first, last = paths.index(sequence.paths[0]), paths.index(sequence.paths[-1])
+    around = stabilise.held_at_most()
+    seen = paths[max(0, first - around) : last + around + 1]
+    extra = [p for p in seen if p not in by_source]
+    try:
+        context, _refused = rules.jobs_for(extra)
+    except DepthwatchError:
+        return jobs, None  # frames beyond the range that cannot be read as planned: the range alone
+    made = {job.source: job for job in context}
+    return [by_source.get(p) or made[p] for p in seen if p in by_source or p in made], set(by_source)
+
+
 def _sequence(
-    pipeline: Any, jobs: list[Any], settings: Any, report: Any, only: set[Path] | None = None
+    pipeline: Any, jobs: list[Any], written_only: set[Path] | None, settings: Any, report: Any, only: set[Path] | None = None
 ) -> tuple[set[Path], list[list[Any]]]:
     """Model and summary for each frame, then its map and write, in frame order, with bounded memory.
 
@@ -523,14 +570,15 @@ def _sequence(
             result.error = "changed again while its shot was being mapped again; no map written (map it once it is settled)"
         report(done)
 
-    collected = report if only is None else (lambda done: report(done) if done.result().job.source in only else None)
+    keep = only if only is not None else written_only  # frames whose maps are written (None: every one)
+    collected = report if keep is None else (lambda done: report(done) if done.result().job.source in keep else None)
     kind = pipeline.engine.wait_ready().profile.predicts
     maps = stabilise.stabilised(_collected(pipeline, jobs, settings, collected), kind, settings.render.clip_percent)
     for job, nearness, first in maps:
         if first or not shots:
             shots.append([])
         shots[-1].append(replace(job, signature=None))
-        if only is None or job.source in only:
+        if keep is None or job.source in keep:
             pipeline.submit(replace(job, nearness=nearness), settings).add_done_callback(written)
     return changed, shots
 
@@ -543,7 +591,7 @@ def _again(pipeline: Any, changed: set[Path], shots: list[list[Any]], settings: 
     """
     for shot in shots:
         if changed.intersection(job.source for job in shot):
-            _sequence(pipeline, shot, settings, report, only=changed)
+            _sequence(pipeline, shot, None, settings, report, only=changed)
 
 
 def _collected(pipeline: Any, jobs: list[Any], settings: Any, report: Any) -> Iterator[tuple[Any, Any, Any]]:

@@ -34,8 +34,11 @@ from pathlib import Path
 
 import fileseq
 
-# The stem ends in digits; the prefix is everything before them (it may be empty).
-_NUMBERED = re.compile(r"^(?P<prefix>.*?)(?P<digits>\d+)$", re.DOTALL)
+# The stem ends in digits; the prefix is everything before them (it may be empty). A minus
+# right after a dot or an underscore is the number's sign, as VFX pipelines (and fileseq)
+# write pre-roll: `shot.-003.exr` is frame -3 (read as 3, it mapped the pre-roll under
+# `--frames 1-3`); after anything else it is part of the name (`shot-003` is frame 3).
+_NUMBERED = re.compile(r"^(?P<prefix>.*?)(?P<digits>(?:(?<=[._])-)?\d+)$", re.DOTALL)
 
 
 @dataclass(frozen=True, order=True)
