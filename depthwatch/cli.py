@@ -62,8 +62,10 @@ def _interrupted(args: argparse.Namespace) -> str:
     if args.command != "once":
         return "interrupted (Ctrl-C)"
     if getattr(args, "farm", None):
-        return "interrupted (Ctrl-C): the maps written so far stay; the same command again maps only the frames still missing"
-    return "interrupted (Ctrl-C): the maps written stay, and the frames in flight are finished; the rest were not made"
+        again = "maps every frame again (--force)" if getattr(args, "force", False) else "maps only the frames still missing"
+        return f"interrupted (Ctrl-C): the maps written so far stay; the same command again {again}"
+    # A frame past the model as the Ctrl-C came may still be written; one in it or before it is not.
+    return "interrupted (Ctrl-C): the maps written so far stay (a frame in flight may be written too); the rest were not made"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

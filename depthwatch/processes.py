@@ -5,9 +5,11 @@ writer's leftovers are removed), and the status file's readers of the daemon
 that wrote it (`depthwatch status`, the second daemon's warning at start).
 
 A pid outlives its process: after a crash or a reboot it is handed to another
-program. So the one who asks says since when the process it means was there
-(`since`: the status's start, the temporary file's last write), and a process
-that started after that is not it.
+program. So a daemon writes its own `start_token` into its status file, and
+the readers ask whether the process with that pid has that very start: the
+kernel's record of when it started (Linux: clock ticks after boot, which no
+clock step moves; elsewhere psutil's start time, which the kernel keeps as it
+was), never a comparison with a wall-clock time taken by another process.
 """
 
 from __future__ import annotations
@@ -16,13 +18,22 @@ import os
 
 import psutil
 
-#: Clocks differ by this much at most between a process's start as the kernel keeps it and a
-#: time the process itself took (the kernel's boot time is kept to the second).
-_SLACK_S = 2.0
+def start_token(pid: int) -> str | None:
+    """What tells this process from a later one given the same pid (None: it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()  # the name may hold spaces and parentheses
+        return f"ticks:{int(fields[19])}"  # field 22, starttime: clock ticks after boot
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        return f"time:{psutil.Process(pid).create_time():.3f}"
+    except psutil.Error:
+        return None
 
 
-def pid_alive(pid: object, since: float | None = None) -> bool:
-    """Whether the process with this pid that was there at `since` (epoch seconds) still is.
+def pid_alive(pid: object, token: str | None = None) -> bool:
+    """Whether a process with this pid exists, and, given its `start_token`, is that very process.
 
     Another user's counts: it is alive, only not ours to signal. Anything that
     is no positive int (a status file's JSON may say anything) is no process.
@@ -39,12 +50,7 @@ def pid_alive(pid: object, since: float | None = None) -> bool:
         pass  # another user's process
     except OSError:
         return False
-    if since is None:
+    if token is None:
         return True
-    try:
-        started = psutil.Process(pid).create_time()
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.Error:
-        return True  # not ours to look at: alive, as far as can be told
-    return started <= since + _SLACK_S  # one that started later took the pid over
+    now = start_token(pid)
+    return now is None or now == token  # another start: the pid was handed to another program

@@ -217,3 +217,16 @@ def test_the_old_name_of_range_percentile_still_works_and_says_so(tmp_path, capl
     ]
     with pytest.raises(ConfigError, match=r":2:3: output.clip_percent is the old name of output.range_percentile, which is set too"):
         configuration.parse("output:\n  clip_percent: [2, 98]\n  range_percentile: [1, 99]\n", path)
+
+
+def test_numbers_yaml_reads_as_written_and_a_folder_named_with_a_dollar_are_taken(tmp_path):
+    """The refusals of YAML 1.1's other readings (01001, 2:30) and of unset variables stop there:
+    05.5 is 5.5, 0 is 0, 0x10 is 16, and a folder literally named `a$NOPE` is that folder."""
+    (tmp_path / "a$DEPTHWATCH_UNSET_IN_TESTS").mkdir()
+    text = (
+        "output:\n  gamma: 02.5\n  first_frame: 0\n  jpeg_quality: 0x50\n"
+        "watch:\n  folders: [a$DEPTHWATCH_UNSET_IN_TESTS]\n"
+    )
+    config = configuration.parse(text, tmp_path / "config.yaml")
+    assert (config.output.gamma, config.output.first_frame, config.output.jpeg_quality) == (2.5, 0, 80)
+    assert config.watch.folders == (tmp_path / "a$DEPTHWATCH_UNSET_IN_TESTS",)

@@ -254,26 +254,28 @@ def test_a_reload_leaves_the_daemons_own_temporary_files_alone(tmp_path, tiny_mo
         assert d.stop() == 0
 
 
-def test_a_dead_daemons_pid_taken_by_another_program_is_not_taken_for_the_daemon(tmp_path):
+def test_a_dead_daemons_pid_taken_by_another_program_is_not_taken_for_the_daemon(tmp_path, tiny_model):
     """After a crash or a reboot a pid is some other program's: before, `depthwatch status` said
-    "running", a start warned of a second daemon, and the dead writer's temporary files stayed."""
-    from depthwatch.frames.writer import sweep_temp_files
+    "running" and a start warned of a second daemon. The status names its process's start as the
+    kernel keeps it (no wall clock: a clock step must not make a live daemon dead)."""
+    from depthwatch.processes import start_token
 
-    other = subprocess.Popen(["sleep", "60"])  # the program that now has the pid
+    d = DaemonProcess(tmp_path, tiny_model).start()
     try:
-        an_hour_ago = time.time() - 3600
-        status = tmp_path / "status.json"
-        status.write_text(json.dumps({"pid": other.pid, "state": "running", "started": an_hour_ago, "counts": {}}))
-        shown = subprocess.run([sys.executable, "-m", "depthwatch", "status", "--status", str(status)],
+        shown = subprocess.run([sys.executable, "-m", "depthwatch", "status", "--status", str(d.status_path)],
+                               capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0 and f"running, pid {d.proc.pid}" in shown.stdout, shown.stdout
+        assert d.status()["process_start"] == start_token(d.proc.pid)
+    finally:
+        assert d.stop() == 0
+    other = subprocess.Popen(["sleep", "60"])  # the program that has the pid now
+    try:
+        data = json.loads(d.status_path.read_text())
+        data.update(pid=other.pid, state="running")  # the daemon died without a word; its pid handed on
+        d.status_path.write_text(json.dumps(data))
+        shown = subprocess.run([sys.executable, "-m", "depthwatch", "status", "--status", str(d.status_path)],
                                capture_output=True, text=True, timeout=60)
         assert shown.returncode == 3 and "not running" in shown.stdout, shown.stdout + shown.stderr
-        left = tmp_path / f".depth.jpg.{other.pid}-0123abcd.dwtmp"  # written by the dead daemon an hour ago
-        left.write_bytes(b"half a map")
-        os.utime(left, (an_hour_ago, an_hour_ago))
-        in_flight = tmp_path / f".other.jpg.{other.pid}-4567cdef.dwtmp"  # a write by the live program, now
-        in_flight.write_bytes(b"half a map")
-        assert sweep_temp_files(tmp_path) == (1, 0)
-        assert not left.exists() and in_flight.exists()
     finally:
         other.kill()
         other.wait()

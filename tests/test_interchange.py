@@ -263,6 +263,17 @@ def test_a_clip_whose_picture_starts_after_its_sound_gets_a_depth_clip_that_star
     got = _frame_times(out)
     assert len(got) == len(want) == 10
     assert max(abs(w - g) for w, g in zip(want, got)) <= 0.001, (want, got)
+    # A variable-rate one's timeline is as long as its picture plays, the late start not added to it.
+    otio = pytest.importorskip("opentimelineio", reason="timelines need the timeline extra: pip install -e '.[timeline]'")
+    _phone_clip(picture, durations=[512] * 5 + [1024] * 5, time_base=Fraction(1, 15360))
+    lengths = []
+    for offset in ("0", "0.5"):
+        name = f"vfr_{offset.replace('.', '')}"
+        subprocess.run([*run, "-itsoffset", offset, "-i", str(picture), "-i", str(sound), "-map", "0", "-map", "1", "-c", "copy", str(tmp_path / f"{name}.mp4")], check=True)
+        once(str(tmp_path / f"{name}.mp4"), "-o", str(tmp_path / f"{name}_depth.mov"), "--timeline")
+        timeline = otio.adapters.read_from_file(str(tmp_path / f"{name}_depth.otio"))
+        lengths.append([t[0].source_range.duration.to_frames() for t in timeline.video_tracks()])
+    assert lengths[0] == lengths[1] and lengths[0][0] > 10, lengths  # as its frames play (not its count of 10), late start or not
     # A clip whose picture and sound start together says nothing and starts at 0.
     subprocess.run([*run, "-i", str(picture), "-i", str(sound), "-map", "0", "-map", "1", "-c", "copy", str(tmp_path / "together.mp4")], check=True)
     done = once(str(tmp_path / "together.mp4"), "-o", str(tmp_path / f"together_depth{ext}"))
@@ -289,6 +300,15 @@ def test_a_cover_image_stored_as_a_video_stream_is_not_taken_for_the_clips_pictu
         done = once(str(source), "-o", str(out))
         assert done.stdout.startswith("1 depth clip written (10 frames)"), done.stdout
         assert _frame_digests(out) == alone  # the picture's maps, frame for frame
+    # A proxy track, a frame longer, neither marked default (MPEG-TS, Matroska as some tools write it):
+    # the picture is the larger one, not the longest.
+    proxy = tmp_path / "proxy.mkv"
+    subprocess.run([*run, "-i", str(picture), "-vf", "scale=80:48,tpad=stop=1:stop_mode=clone", "-c:v", "libx264", str(tmp_path / "small.mkv")], check=True)
+    subprocess.run([*run, "-i", str(picture), "-i", str(tmp_path / "small.mkv"), "-map", "1", "-map", "0", "-c", "copy",
+                    "-disposition:v:0", "0", "-disposition:v:1", "0", str(proxy)], check=True)
+    done = once(str(proxy), "-o", str(tmp_path / "proxy_depth.mkv"))
+    assert done.stdout.startswith("1 depth clip written (10 frames)"), done.stdout
+    assert _frame_digests(tmp_path / "proxy_depth.mkv") == alone
 
 
 def _frame_digests(path: Path) -> list[str]:

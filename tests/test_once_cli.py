@@ -280,7 +280,7 @@ def test_ctrl_c_says_what_it_leaves(tmp_path):
         job.kill()
         job.wait()
     assert job.returncode == 130
-    assert err.strip().splitlines()[-1] == "depthwatch: interrupted (Ctrl-C): the maps written stay, and the frames in flight are finished; the rest were not made"
+    assert err.strip().splitlines()[-1] == "depthwatch: interrupted (Ctrl-C): the maps written so far stay (a frame in flight may be written too); the rest were not made"
     made = list((tmp_path / "in").glob("*_depth.jpg"))
     assert 1 <= len(made) < len(names) and out == ""
     assert sorted(p.name for p in (tmp_path / "in").iterdir() if p.name.startswith(".")) == []  # no temporary file
@@ -296,6 +296,9 @@ def test_a_users_file_named_as_maps_are_named_is_left_out_of_a_folder_with_a_lin
     assert done.stdout.startswith("1 depth map written, 0 failed")
     by_name = once(tmp_path, "in/matte_depth.png", "-o", "{stem}_depth.png", "--model", str(tiny_model))
     assert by_name.returncode == 0 and (tmp_path / "in" / "matte_depth_depth.png").is_file(), by_name.stderr
+    frames(tmp_path / "only", "matte_depth.png")  # nothing else: "no frames found" says why
+    alone = once(tmp_path, "only", "-o", "{stem}_depth.png", "--model", str(tiny_model))
+    assert alone.returncode == 78 and "left out 1 file(s) named as -o names depth maps (matte_depth.png)" in alone.stderr, alone.stderr
 
 
 def test_a_sequence_cut_into_range_tasks_gets_the_maps_one_run_gives(tmp_path):

@@ -227,6 +227,7 @@ def main(args: argparse.Namespace) -> int:
     left_out: list[str] = []  # said once the run is not refused (a refusal is its one line)
     sources = collect_inputs(args.inputs, config.output.template, config.output.clip_template, left_out)
     if not sources:
+        _say(left_out)  # what was there, and why it was left out
         raise ConfigError("no frames found in " + ", ".join(args.inputs) + "; give image files, clips or folders of them")
     clips = [s for s in sources if is_clip_name(s)]
     sources = [s for s in sources if not is_clip_name(s)]

@@ -93,8 +93,17 @@ def optional(check: Check) -> Check:
 
 
 def path(value: Any, base: Path) -> Path:
-    """A path with ~ and $VARS expanded, relative to `base` (the config file's folder)."""
-    return paths.expand_path(with_variables_set(text(value, base)), base)
+    """A path with ~ and $VARS expanded, relative to `base` (the config file's folder).
+
+    A path that names an unset variable but is there as written (a folder
+    literally called `a$b`) is that folder: the user wrote the path itself.
+    """
+    written = text(value, base)
+    if paths.unset_variables(written):
+        literal = Path(os.path.abspath(base / Path(os.path.expanduser(written))))
+        if literal.exists():
+            return literal
+    return paths.expand_path(with_variables_set(written), base)
 
 
 def with_variables_set(value: str) -> str:

@@ -185,7 +185,7 @@ def _refuse_surprising_number(value: Any, written: str | None, what: str) -> Non
     digits = written.lstrip("+-")
     if ":" in digits:
         raise ConfigError(f"{what} is written {written}, which YAML reads as {value} (base 60); write the number itself")
-    if len(digits) > 1 and digits[0] == "0" and digits[1] in "0123456789_":
+    if isinstance(value, int) and len(digits) > 1 and digits[0] == "0" and digits[1] in "0123456789_":  # 05.5 is 5.5
         raise ConfigError(
             f"{what} is written {written}, which YAML reads as {value} (octal); write it without the leading zeros"
         )

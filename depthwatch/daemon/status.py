@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from depthwatch import paths
 from depthwatch.frames.writer import atomic_write
-from depthwatch.processes import pid_alive
+from depthwatch.processes import pid_alive, start_token
 
 if TYPE_CHECKING:
     from depthwatch.config import Config
@@ -68,6 +68,9 @@ def iso_time(epoch: float) -> str:
 @dataclass
 class Status:
     pid: int = field(default_factory=os.getpid)
+    #: This process's start as the kernel keeps it (`processes.start_token`): a later program given
+    #: the same pid after a crash or a reboot is not taken for this daemon.
+    process_start: str | None = field(default_factory=lambda: start_token(os.getpid()))
     started: float = field(default_factory=time.time)
     #: `started` as ISO 8601, for people and scripts that do not want an epoch.
     started_at: str = ""
@@ -191,6 +194,7 @@ def path_for(config: Config) -> Path:
 
 def is_running(data: dict[str, Any]) -> bool:
     """A status file's daemon is running: it says so, and its process is still there."""
-    started = data.get("started")
-    since = float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else None
-    return data.get("state") in ("starting", "running", "stopping") and pid_alive(data.get("pid"), since)
+    token = data.get("process_start")
+    return data.get("state") in ("starting", "running", "stopping") and pid_alive(
+        data.get("pid"), token if isinstance(token, str) else None
+    )

@@ -196,7 +196,7 @@ class Watcher:
             elif kind == "created":
                 self.poke(path, Mode.CREATED)
             return  # modified: the close event will follow
-        self.poke(path, Mode.SETTLE)
+        self.poke(path, Mode.SETTLE, moved=kind == "moved")
 
     # -- the settler -----------------------------------------------------------------
 

@@ -165,13 +165,6 @@ def _replace_if_allowed(folder: int, tmp: str, target: Path, may_replace: Replac
     raise OutputError(f"{shown(target.name)} in {shown(target.parent)} keeps changing; not writing", retryable=True)
 
 
-def _last_write(entry: os.DirEntry[str]) -> float | None:
-    try:
-        return entry.stat(follow_symlinks=False).st_mtime
-    except OSError:
-        return None
-
-
 def sweep_temp_files(folder: Path) -> tuple[int, int]:
     """Remove temporary files that dead processes left in `folder`: (removed, could not remove).
 
@@ -192,7 +185,7 @@ def sweep_temp_files(folder: Path) -> tuple[int, int]:
         if not folder_of_frames and not entry.is_file(follow_symlinks=False):
             continue
         owner = temp_owner(entry.name)
-        if owner is not None and pid_alive(owner, _last_write(entry)):  # a process started after its last write is not its writer
+        if owner is not None and pid_alive(owner):
             continue
         if folder_of_frames and _put_back(folder, entry.name):
             continue

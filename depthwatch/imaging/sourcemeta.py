@@ -84,8 +84,8 @@ class SourceMeta:
         """
         if not self.variable or frames <= 0 or not rate:
             return frames
-        start, lasts = self.time_of(frames - 1)
-        return max(1, round(Fraction(start + lasts) * self.time_base * rate))
+        start, lasts = self.time_of(frames - 1)  # from the file's start: the picture's own begins at `self.start`
+        return max(1, round(Fraction(start - self.start + lasts) * self.time_base * rate))
 
 
 def read(path: Path, rate: Fraction, keeps_times: bool = True) -> SourceMeta:

@@ -62,9 +62,11 @@ def picture_stream(container: Any) -> Any:
     and Matroska may list it first (a one-frame PNG: its "depth clip" was one
     frame, said written). So: never an attached picture, a still or a
     thumbnail track (unless that is all there is), then the stream marked
-    default, then the longest, then the largest, then the first. Every reader
-    of a clip (local, the farm's index and workers, its timing) asks here, so
-    all read the same frames.
+    default, then one that lasts (at least half as long as the longest: a
+    cover unmarked is a frame long), then the largest (a proxy track lasts as
+    long as the picture, at a fraction of its size), then the longest, then
+    the first. Every reader of a clip (local, the farm's index and workers,
+    its timing) asks here, so all read the same frames.
     """
     streams = list(container.streams.video)
     if not streams:
@@ -74,8 +76,11 @@ def picture_stream(container: Any) -> Any:
     aside = flags.attached_pic | flags.still_image | flags.timed_thumbnails
     moving = [s for s in streams if not s.disposition & aside] or streams
 
-    def rank(s: Any) -> tuple[bool, float, int, int]:
-        return (bool(s.disposition & flags.default), _seconds(s), s.codec_context.width * s.codec_context.height, -s.index)
+    longest = max(_seconds(s) for s in moving)
+
+    def rank(s: Any) -> tuple[bool, bool, int, float, int]:
+        lasts = _seconds(s) >= longest / 2
+        return (bool(s.disposition & flags.default), lasts, s.codec_context.width * s.codec_context.height, _seconds(s), -s.index)
 
     return max(moving, key=rank)
 

@@ -63,6 +63,7 @@ def status_file_rows(config_path: Path | None, state: State) -> list[tuple[str, 
         ("status file", f"{path}{stale}"),
         ("daemon", f"{data.get('state')}, pid {data.get('pid')}, updated {ago:.0f} s ago"),
         ("frames", f"{counts.get('done', 0)} done, {counts.get('failed', 0)} failed, {data.get('queue_depth', 0)} queued"),
+        *([("clips", f"{counts.get('clips', 0)} done, {counts.get('clips_failed', 0)} failed")] if counts.get("clips") or counts.get("clips_failed") else []),
     ]
     if data.get("model"):
         out.append(("model", f"{data['model']} on {', '.join(data.get('providers') or []) or '?'}"))
