@@ -183,7 +183,7 @@ def run(
         planned: list[list[int]] = []  # the shots, as the planner found them
         changed = both_passes(shots, todo_set, completed, planned)
         if changed:  # mapped from the version there now: their shots planned again, only they written
-            report(f"depthwatch: {len(changed)} frame(s) rewritten between the two passes; planning their shots again")
+            report(f"depthwatch: {len(changed)} frame(s) rewritten or gone between the two passes; planning their shots again")
             again = [shot for shot in planned if changed.intersection(shot)]
             both_passes(again, changed, distributed.as_completed([], loop=client.loop))
         _report_workers(client, done_by, report)
