@@ -73,6 +73,11 @@ def test_a_script_gets_one_summary_line(tmp_path, tiny_model):
     (tmp_path / "link").symlink_to(tmp_path / "shots")
     both = once(tmp_path, "shots", "link", "--model", str(tiny_model))
     assert both.returncode == 0 and both.stdout.startswith("3 depth maps written, 0 failed, in "), both.stdout
+    # A frame that is a link to another (a held frame) is a frame of its own, with its own map.
+    (tmp_path / "shots" / "d.jpg").symlink_to("a.jpg")
+    held = once(tmp_path, "shots", "--model", str(tiny_model))
+    assert held.returncode == 0 and held.stdout.startswith("4 depth maps written, 0 failed, in "), held.stdout
+    assert (tmp_path / "shots" / "d_depth.jpg").is_file()
 
 
 def test_the_summary_counts_failures_too(tmp_path, tiny_model):
@@ -327,7 +332,7 @@ def test_a_sequence_cut_into_range_tasks_gets_the_maps_one_run_gives(tmp_path):
         assert done.returncode == 0, done.stderr
 
     run("whole")
-    for task in ("1001-1007", "1008-1021"):  # the first shot split between the two tasks
+    for task in ("1001-1007", "1008", "1009-1021"):  # the first shot split three ways, one task a single frame
         run("tasks", "--frames", task)
     for n in range(1001, 1022):
         whole, task = (cv2.imread(str(tmp_path / f / f"pan.{n}_depth.png"), cv2.IMREAD_UNCHANGED).astype(np.float64) for f in ("whole", "tasks"))

@@ -182,13 +182,14 @@ def collect_inputs(
                 )
         else:
             files.append(path)
-    # A frame named twice (`a.jpg ./a.jpg`, a folder and a link to it) is one frame, one map, counted once.
-    seen: set[str] = set()
+    # A frame named twice (`a.jpg ./a.jpg`, a folder and a link to it) is one frame, one map, counted once;
+    # a frame that is a link to another (a held frame, `shot.0004 -> shot.0003`) is a frame of its own.
+    seen: set[tuple[str, str]] = set()
     once_each = []
     for f in files:
-        real = os.path.realpath(f)
-        if real not in seen:
-            seen.add(real)
+        key = (os.path.realpath(f.parent), f.name)
+        if key not in seen:
+            seen.add(key)
             once_each.append(f)
     return once_each
 
@@ -304,7 +305,17 @@ def main(args: argparse.Namespace) -> int:
         if clips:
             _clips(clip_jobs, clip_refused, config)
         return 1
-    if settings.normalise == STABLE:
+    if settings.normalise == STABLE and args.frames:
+        # A range task's frames belong to the sequences of all the frames named, even one alone in its
+        # range (a chunk of one frame): planned with the frames about it, never as a still.
+        taken = {job.source for job in jobs}
+        found = [
+            sequences.Sequence(tuple(f for f in whole.frames if f.path in taken))
+            for whole in sequences.sequences(numbered)[0] if any(f.path in taken for f in whole.frames)
+        ]
+        in_sequences = {path for sequence in found for path in sequence.paths}
+        stills = [job.source for job in jobs if job.source not in in_sequences]
+    elif settings.normalise == STABLE:
         found, stills = sequences.sequences([job.source for job in jobs])
     else:
         found, stills = [], [job.source for job in jobs]

@@ -62,7 +62,7 @@ def picture_stream(container: Any) -> Any:
     and Matroska may list it first (a one-frame PNG: its "depth clip" was one
     frame, said written). So: never an attached picture, a still or a
     thumbnail track (unless that is all there is), then the stream marked
-    default, then one that lasts (at least half as long as the longest: a
+    default, then one that lasts (nine tenths of the longest at least: a
     cover unmarked is a frame long), then the largest (a proxy track lasts as
     long as the picture, at a fraction of its size), then the longest, then
     the first. Every reader of a clip (local, the farm's index and workers,
@@ -79,7 +79,7 @@ def picture_stream(container: Any) -> Any:
     longest = max(_seconds(s) for s in moving)
 
     def rank(s: Any) -> tuple[bool, bool, int, float, int]:
-        lasts = _seconds(s) >= longest / 2
+        lasts = _seconds(s) >= longest * 0.9
         return (bool(s.disposition & flags.default), lasts, s.codec_context.width * s.codec_context.height, _seconds(s), -s.index)
 
     return max(moving, key=rank)
