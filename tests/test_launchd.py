@@ -391,7 +391,7 @@ def test_install_without_a_config_or_its_model_says_what_to_do_and_writes_nothin
     assert service("install") == EX_CONFIG
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "`depthwatch models fetch midas-v21-small`" in err and "or pass -c CONFIG" in err
+    assert "`depthwatch models fetch midas-v21-small`" in err and "offline, put the model file where the README says" in err and "and pass -c CONFIG" in err
     assert tree(home) == {}
     assert tools.calls() == []
 

@@ -57,5 +57,8 @@ def choose(config_arg: str | None, *, check_model: bool) -> ServiceConfig:
         except ModelError as exc:
             if new is None:
                 raise
-            raise ModelError(f"{exc} (the default config install would write to {path} names it; or pass -c CONFIG)") from None
+            raise ModelError(
+                f"{exc} (the default config install would write to {path} names it; offline, put the model file "
+                "where the README says, or write a config whose model.path is an .onnx file you have and pass -c CONFIG)"
+            ) from None
     return ServiceConfig(path, config, new)
