@@ -240,6 +240,17 @@ def test_path_map_sends_the_workers_their_own_view_of_the_storage(farm: Farm, fr
     assert done.returncode == 0, done.stderr
     assert maps_in(client_view / "shots") == {}
     assert_whole(worker_view / "shots", 8)
+    # A worker prefix that is not there on the workers: said as such, naming the worker's path
+    # (before: "its folder vanished before the frame could be read", of the client's path).
+    nowhere = farm.root / "not-mounted"
+    farm.write_config(path_map={str(client_view): str(nowhere)})
+    try:
+        lost = farm.once(str(client_view / "shots"), "--normalise", "frame")
+    finally:
+        farm.write_config()
+    assert lost.returncode == 1, lost.stderr
+    lines = [line for line in lost.stderr.splitlines() if "not found on this worker as" in line]
+    assert len(lines) == 8 and all(f"{nowhere / 'shots'}/" in line and "check farm.path_map" in line for line in lines), lost.stderr
 
 
 def test_frame_ranges_pick_numbered_frames_locally_and_on_the_farm(farm: Farm, frames: list[Path]) -> None:

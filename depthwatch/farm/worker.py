@@ -38,6 +38,7 @@ from depthwatch.frames.pipeline import Pipeline
 from depthwatch.frames.settings import Settings
 from depthwatch.frames.rules import map_is_current
 from depthwatch.frames.writer import atomic_write
+from depthwatch.logtext import shown
 from depthwatch.model import catalogue
 from depthwatch.model.engine import Engine
 
@@ -82,6 +83,13 @@ class FrameRunner:
             submitted.append((frame, future, time.monotonic()))
         for frame, future, started in submitted:
             result = future.result()
+            if result.gone == "vanished" and not os.path.isdir(os.path.dirname(frame.source)):
+                # Never there on this worker (farm.path_map, a storage not mounted here), not "vanished":
+                # named as this worker sees it, since the client's line names the client's path.
+                result.error = (
+                    f"not found on this worker as {shown(frame.source)}: its folder is not there here; "
+                    "check farm.path_map, and that the storage is mounted on every worker"
+                )
             line = result.describe()
             changed = result.superseded and frame.signature is not None  # not the version its first pass saw
             with self._lock:
