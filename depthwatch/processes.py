@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 
-import psutil
 
 def start_token(pid: int) -> str | None:
     """What tells this process from a later one given the same pid (None: it cannot be read)."""
@@ -26,6 +25,8 @@ def start_token(pid: int) -> str | None:
         return f"ticks:{int(fields[19])}"  # field 22, starttime: clock ticks after boot
     except (OSError, IndexError, ValueError):
         pass
+    import psutil  # macOS (no /proc): imported only there, and only when asked
+
     try:
         return f"time:{psutil.Process(pid).create_time():.3f}"
     except psutil.Error:

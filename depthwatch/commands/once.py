@@ -305,21 +305,22 @@ def main(args: argparse.Namespace) -> int:
         if clips:
             _clips(clip_jobs, clip_refused, config)
         return 1
+    by_source = {job.source: job for job in jobs}
+    # Each sequence to plan: its jobs, and the frames whose maps are written (None: all of them).
+    planned: list[tuple[list[Any], set[Path] | None]] = []
     if settings.normalise == STABLE and args.frames:
         # A range task's frames belong to the sequences of all the frames named, even one alone in its
         # range (a chunk of one frame): planned with the frames about it, never as a still.
-        taken = {job.source for job in jobs}
-        found = [
-            sequences.Sequence(tuple(f for f in whole.frames if f.path in taken))
-            for whole in sequences.sequences(numbered)[0] if any(f.path in taken for f in whole.frames)
-        ]
-        in_sequences = {path for sequence in found for path in sequence.paths}
+        for whole in sequences.sequences(numbered)[0]:
+            if any(path in by_source for path in whole.paths):
+                planned.append(_with_margin(whole, by_source, rules))
+        in_sequences = {job.source for sequence_jobs, _ in planned for job in sequence_jobs}
         stills = [job.source for job in jobs if job.source not in in_sequences]
     elif settings.normalise == STABLE:
         found, stills = sequences.sequences([job.source for job in jobs])
+        planned = [([by_source[p] for p in sequence.paths], None) for sequence in found]
     else:
-        found, stills = [], [job.source for job in jobs]
-    by_source = {job.source: job for job in jobs}
+        stills = [job.source for job in jobs]
     with Engine(spec) as engine:
         engine.wait_ready()
         def started() -> Pipeline:
@@ -328,10 +329,7 @@ def main(args: argparse.Namespace) -> int:
         pipeline = started()
         for source in stills:  # each its own map, exactly the per-frame one
             pipeline.submit(by_source[source], replace(settings, normalise=FRAME)).add_done_callback(report)
-        passes = [
-            _sequence(pipeline, *_planned_with(sequence, numbered, by_source, rules, margin=bool(args.frames)), settings, report)
-            for sequence in found
-        ]
+        passes = [_sequence(pipeline, sequence_jobs, written, settings, report) for sequence_jobs, written in planned]
         pipeline.close()  # its threads joined, so every pass 2 has reported: the frames rewritten since pass 1 are known
         if any(changed for changed, _shots in passes):
             pipeline = started()
@@ -513,39 +511,30 @@ def _refuse_replacing(jobs: list[Any]) -> None:
     )
 
 
-def _planned_with(
-    sequence: Any, numbered: list[Path], by_source: dict[Path, Any], rules: Rules, *, margin: bool = False
-) -> tuple[list[Any], set[Path] | None]:
-    """A sequence's jobs for the shot planner, and the frames among them whose maps are written (None: all).
+def _with_margin(whole: Any, by_source: dict[Path, Any], rules: Rules) -> tuple[list[Any], set[Path]]:
+    """A range task's frames of the sequence `whole`, for the shot planner, and those whose maps are written.
 
-    `margin`: a range task (`--frames 1001-1050`, a farm manager's cut): the
-    planner also sees the sequence's frames up to `stabilise.held_at_most()` on
-    each side (run through the model, not written), as a clip's range task
-    does, so a shot split between two tasks gets the grey levels it gets in
-    one run. Before, each task planned its own frames alone and the levels
+    A range task (`--frames 1001-1050`, a farm manager's cut): the planner
+    also sees the sequence's frames up to `stabilise.held_at_most()` on each
+    side (run through the model, not written), as a clip's range task does,
+    so a shot split between two tasks gets the grey levels it gets in one
+    run. Before, each task planned its own frames alone and the levels
     jumped at every task's edge (a step between neighbouring maps three to
     five times the usual).
     """
-    from depthwatch.frames import sequences
     from depthwatch.imaging import stabilise
 
-    jobs = [by_source[p] for p in sequence.paths]
-    if not margin:
-        return jobs, None
-    whole = next((s for s in sequences.sequences(numbered)[0] if s.frames[0].key == sequence.frames[0].key), None)
-    if whole is None:
-        return jobs, None
     paths = whole.paths
-    first, last = paths.index(sequence.paths[0]), paths.index(sequence.paths[-1])
+    mine = [i for i, p in enumerate(paths) if p in by_source]
+    written = {paths[i] for i in mine}
     around = stabilise.held_at_most()
-    seen = paths[max(0, first - around) : last + around + 1]
-    extra = [p for p in seen if p not in by_source]
+    seen = paths[max(0, mine[0] - around) : mine[-1] + around + 1]
     try:
-        context, _refused = rules.jobs_for(extra)
-    except DepthwatchError:
-        return jobs, None  # frames beyond the range that cannot be read as planned: the range alone
+        context, _refused = rules.jobs_for([p for p in seen if p not in written])
+    except DepthwatchError:  # frames beyond the range that cannot be read as planned: the range alone
+        return [by_source[p] for p in paths if p in written], written
     made = {job.source: job for job in context}
-    return [by_source.get(p) or made[p] for p in seen if p in by_source or p in made], set(by_source)
+    return [by_source[p] if p in written else made[p] for p in seen if p in written or p in made], written
 
 
 def _sequence(

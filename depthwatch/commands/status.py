@@ -87,7 +87,7 @@ def _mtime(path: Path) -> float:
 
 def _show(path: Path) -> bool:
     """Print one daemon's status; True if it is running."""
-    from depthwatch.daemon.status import is_running, iso_time, read_status
+    from depthwatch.daemon.status import clips_line, is_running, iso_time, parked_note, read_status
 
     try:
         data = read_status(path)
@@ -125,15 +125,12 @@ def _show(path: Path) -> bool:
         f"{counts.get('done', 0)} done, {counts.get('failed', 0)} failed, {counts.get('superseded', 0)} superseded, "
         f"{counts.get('incomplete', 0)} incomplete, {counts.get('retried', 0)} retried, "
         f"{counts.get('own_maps', 0)} depth maps skipped; "
-        f"{data.get('queue_depth', 0)} queued, {data.get('in_progress', 0)} in progress"
-        + (f", {data['parked']} waiting for their folder to be writable" if data.get("parked") else ""),
+        f"{data.get('queue_depth', 0)} queued, {data.get('in_progress', 0)} in progress{parked_note(data)}",
     ))
     clip = data.get("clip")
-    if clip or counts.get("clips") or counts.get("clips_failed") or data.get("clips_waiting"):
-        rows.append((
-            "clips",
-            f"{counts.get('clips', 0)} done, {counts.get('clips_failed', 0)} failed, {data.get('clips_waiting', 0)} waiting",
-        ))
+    clips = clips_line(data)
+    if clips:
+        rows.append(("clips", clips))
     if clip:
         rows.append(("clip", _clip_line(clip)))
     last = counts.get("last_frame")

@@ -50,7 +50,7 @@ def load(path: Path | None, *, running: bool = False) -> Config:
         raise ConfigError(
             f"{path}:{line}:{column}: not UTF-8 text (byte 0x{data[exc.start]:02x}); save the file as UTF-8"
         ) from None
-    if not text.strip() or all(not line.strip() or line.lstrip().startswith("#") for line in text.splitlines()):
+    if all(not line.strip() or line.lstrip().startswith("#") for line in text.splitlines()):
         if running:
             raise ConfigError(f"{path} is empty (or only comments); write its settings, or `{{}}` for the built-in defaults")
         log.warning("%s is empty (or only comments): the built-in defaults are used", path)

@@ -36,6 +36,7 @@ from waitress.task import ErrorTask
 
 from depthwatch.config import ApiConfig
 from depthwatch.daemon.api import REASONS, THREADS, Backend, PredictApp
+from depthwatch.daemon.listening import bind_host
 from depthwatch.logtext import shown
 from depthwatch.threadnames import name_this_thread
 
@@ -136,7 +137,7 @@ class ApiServer:
 
     def start(self) -> None:
         """Bind and serve (OSError if the address is taken)."""
-        host = "127.0.0.1" if self.config.host.lower() == "localhost" else self.config.host
+        host = bind_host(self.config.host)
         server = create_server(
             self.app,
             host=host,

@@ -438,7 +438,6 @@ class Daemon(ApiBackend):
                 return False
 
 
-
 def _writing(patterns: tuple[str, ...], output: OutputConfig) -> str:
     """What the ready line says is written: the frames' template, the clips', or both, as the patterns take."""
     clips = [video.is_clip_name(Path(p)) for p in patterns]

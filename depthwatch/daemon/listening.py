@@ -11,9 +11,14 @@ from __future__ import annotations
 import socket
 
 
+def bind_host(host: str) -> str:
+    """The address to bind for `api.host`: `localhost` is the IPv4 loopback (the classic plugins' 127.0.0.1)."""
+    return "127.0.0.1" if host.lower() == "localhost" else host
+
+
 def address_problem(host: str) -> str | None:
     """Why nothing can listen on `host` here (one line, with what to do), or None."""
-    host = "127.0.0.1" if host.lower() == "localhost" else host
+    host = bind_host(host)
     try:
         found = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as exc:

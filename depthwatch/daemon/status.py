@@ -192,6 +192,19 @@ def path_for(config: Config) -> Path:
     return config.daemon.status_file or default_path(config)
 
 
+def parked_note(data: dict[str, Any]) -> str:
+    """What a status says of its parked frames, for the frames line of `status` and `service status` ("" if none)."""
+    return f", {data['parked']} waiting for their folder to be writable" if data.get("parked") else ""
+
+
+def clips_line(data: dict[str, Any]) -> str | None:
+    """A status's clips, done, failed and waiting, as both status commands show them (None: no clip seen)."""
+    counts = data.get("counts") or {}
+    if not (data.get("clip") or counts.get("clips") or counts.get("clips_failed") or data.get("clips_waiting")):
+        return None
+    return f"{counts.get('clips', 0)} done, {counts.get('clips_failed', 0)} failed, {data.get('clips_waiting', 0)} waiting"
+
+
 def is_running(data: dict[str, Any]) -> bool:
     """A status file's daemon is running: it says so, and its process is still there."""
     token = data.get("process_start")

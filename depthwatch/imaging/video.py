@@ -76,11 +76,12 @@ def picture_stream(container: Any) -> Any:
     aside = flags.attached_pic | flags.still_image | flags.timed_thumbnails
     moving = [s for s in streams if not s.disposition & aside] or streams
 
-    longest = max(_seconds(s) for s in moving)
+    seconds = {s.index: _seconds(s) for s in moving}
+    longest = max(seconds.values())
 
     def rank(s: Any) -> tuple[bool, bool, int, float, int]:
-        lasts = _seconds(s) >= longest * 0.9
-        return (bool(s.disposition & flags.default), lasts, s.codec_context.width * s.codec_context.height, _seconds(s), -s.index)
+        lasts = seconds[s.index] >= longest * 0.9
+        return (bool(s.disposition & flags.default), lasts, s.codec_context.width * s.codec_context.height, seconds[s.index], -s.index)
 
     return max(moving, key=rank)
 

@@ -43,7 +43,7 @@ def status_file_rows(config_path: Path | None, state: State) -> list[tuple[str, 
     if config_path is None:
         return []
     from depthwatch import config as configuration
-    from depthwatch.daemon.status import path_for, read_status
+    from depthwatch.daemon.status import clips_line, parked_note, path_for, read_status
 
     try:
         config = configuration.load(config_path)
@@ -62,15 +62,8 @@ def status_file_rows(config_path: Path | None, state: State) -> list[tuple[str, 
     out = [
         ("status file", f"{path}{stale}"),
         ("daemon", f"{data.get('state')}, pid {data.get('pid')}, updated {ago:.0f} s ago"),
-        (
-            "frames",
-            f"{counts.get('done', 0)} done, {counts.get('failed', 0)} failed, {data.get('queue_depth', 0)} queued"
-            + (f", {data['parked']} waiting for their folder to be writable" if data.get("parked") else ""),
-        ),
-        *(
-            [("clips", f"{counts.get('clips', 0)} done, {counts.get('clips_failed', 0)} failed, {data.get('clips_waiting', 0)} waiting")]
-            if counts.get("clips") or counts.get("clips_failed") or data.get("clips_waiting") else []
-        ),
+        ("frames", f"{counts.get('done', 0)} done, {counts.get('failed', 0)} failed, {data.get('queue_depth', 0)} queued{parked_note(data)}"),
+        *([("clips", clips)] if (clips := clips_line(data)) else []),
     ]
     if data.get("model"):
         out.append(("model", f"{data['model']} on {', '.join(data.get('providers') or []) or '?'}"))
