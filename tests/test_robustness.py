@@ -207,6 +207,53 @@ def test_a_watch_folder_that_is_a_symlink_gets_live_frames_too(tmp_path, tiny_mo
         assert d.stop() == 0
 
 
+def _watch_limit(watches: int) -> tuple[str, ...]:
+    """A command prefix that runs the daemon in a user namespace of its own, allowed `watches` inotify watches."""
+    probe = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "sh", "-c", "echo 1 > /proc/sys/user/max_inotify_watches"], capture_output=True
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"no user namespace with its own inotify limit here: {probe.stderr.decode(errors='replace').strip()[:200]}")
+    script = f'echo {watches} > /proc/sys/user/max_inotify_watches && exec "$@"'
+    return ("unshare", "--user", "--map-root-user", "sh", "-c", script, "sh")
+
+
+def test_folders_beyond_the_inotify_watch_limit_are_said_and_scanned_not_silently_dropped(tmp_path, tiny_model):
+    """watchdog skips a folder it cannot watch without a word: the frames of a recursive watch's
+    folders beyond the user's inotify limit (8192 on many systems, shared with every program)
+    were never mapped, and the daemon said it was watching."""
+    watch = tmp_path / "watch"
+    shots = [watch / f"shot{i:02d}" for i in range(8)]
+    for shot in shots:
+        shot.mkdir(parents=True)
+    d = DaemonProcess(
+        tmp_path, tiny_model, wrapper=_watch_limit(3),
+        watch={"recursive": True, "patterns": ["*.jpg"], "incomplete_timeout_s": 1}, output={"template": "{stem}_depth.jpg"},
+    ).start()
+    try:
+        line = "folder(s) under {} are not watched: the system's limit on inotify watches is reached (user.max_inotify_watches = 3"
+        wait_for(lambda: line.format(watch) in d.log(), what="the limit said")
+        # The watch folder and two shots are watched (the status file is written just after the line).
+        wait_for(lambda: d.status().get("unwatched") == {str(watch): 6}, what="the status to count them")
+        late = watch / "late"
+        late.mkdir()  # a folder made while running, beyond the limit too
+        for i, shot in enumerate([*shots, late]):
+            write_by_rename(shot / f"frame{i}.jpg", jpeg_bytes(quadrant_frame()))
+        for i, shot in enumerate([*shots, late]):
+            wait_for(lambda: (shot / f"frame{i}_depth.jpg").exists(), what=f"the frame in {shot.name}")
+        wait_for(lambda: d.status()["unwatched"] == {str(watch): 7}, what="the late folder counted")
+        # Scanned like a watch sees: a frame that fails is not tried (and counted) again at every scan.
+        (late / "broken.jpg").write_bytes(b"not a picture")
+        wait_for(lambda: d.counts().get("failed") == 1, what="the broken frame failed")
+        write_by_rename(late / "after.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: (late / "after_depth.jpg").exists(), what="a frame after the broken one")
+        assert f"{late} not watched, scanned: 1 frame(s) to map" in d.log()
+        assert f"{late} not watched, scanned: 2 frame(s)" not in d.log() and d.counts()["failed"] == 1
+        assert "Traceback" not in d.log()
+    finally:
+        assert d.stop() == 0
+
+
 def test_frames_written_while_the_watch_folder_cannot_be_searched_are_mapped_once_it_can(tmp_path, tiny_model):
     """A share's permissions fixed up, a chmod: before, a traceback per frame and the frames dropped
     for good (the old map kept showing the version before, and the status said nothing failed)."""

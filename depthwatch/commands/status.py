@@ -120,6 +120,12 @@ def _show(path: Path) -> bool:
         rows.append(("watching", ", ".join(data["watching"])))
     if data.get("waiting_for") and running:  # a stopped daemon waits for nothing (an old file may say so)
         rows.append(("waiting for", ", ".join(data["waiting_for"]) + " (gone: no frame comes from it until it is back)"))
+    if data.get("unwatched") and running:
+        rows.append((
+            "not watched",
+            "; ".join(f"{count} folder(s) under {root}" for root, count in data["unwatched"].items())
+            + " (the system's inotify watch limit: scanned every few seconds instead)",
+        ))
     rows.append((
         "frames",
         f"{counts.get('done', 0)} done, {counts.get('failed', 0)} failed, {counts.get('superseded', 0)} superseded, "

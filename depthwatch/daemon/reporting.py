@@ -116,6 +116,10 @@ class StatusReport:
         if waiting != status.waiting_for:  # a folder gone, or back: worth a write of its own
             status.waiting_for = waiting
             self.touch()
+        unwatched = {str(root): len(folders) for root, folders in daemon.watcher.unwatched.items()} if watching else {}
+        if unwatched != status.unwatched:
+            status.unwatched = unwatched
+            self.touch()
         if daemon.engine is not None:
             status.model_loads = daemon.engine.load_count
         clips = daemon.clips

@@ -65,11 +65,15 @@ class Scanner:
         self.rules = rules
         self._found = found
         self._stopping = False
-        #: Folders to scan on their own thread (moved in, or watched again), in order.
-        self._scans: dict[Path, bool] = {}
+        #: Folders to scan on their own thread (moved in, or watched again), in order -> (moved in, quiet).
+        self._scans: dict[Path, tuple[bool, bool]] = {}
         self._scanning: tuple[Path, ...] = ()
         #: Folders moved in and scanned lately -> when their scan began (wall clock, ns).
         self._scanned: LRUCache[Path, int] = LRUCache(_SCANNED_KEPT)
+        #: Frames found by the quiet scans that stand in for a watch -> the version handed over
+        #: (inode, size, mtime): like an event, only a new or changed frame is handed over again,
+        #: so one that failed is not tried (and counted) again every few seconds.
+        self._polled: dict[Path, tuple[int, int, int]] = {}
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="depthwatch-scan", daemon=True)
 
@@ -86,9 +90,13 @@ class Scanner:
         if self._thread.ident is not None:
             self._thread.join(timeout)
 
-    def scan_later(self, folder: Path, moved_in: bool = False) -> None:
+    def scan_later(self, folder: Path, moved_in: bool = False, quiet: bool = False) -> None:
         """Scan `folder` on the scan thread: a big one must stall neither watchdog's
-        thread (event delivery) nor the settler (frames dropped elsewhere meanwhile)."""
+        thread (event delivery) nor the settler (frames dropped elsewhere meanwhile).
+
+        `quiet`: a scan that stands in for a watch (a folder inotify does not watch),
+        every few seconds, logs only when it finds frames.
+        """
         changed_ns = _ctime_ns(folder) if moved_in else None
         with self._cond:
             if any(folder.is_relative_to(f) for f in (*self._scans, *self._scanning)):
@@ -97,7 +105,7 @@ class Scanner:
                 folder.is_relative_to(f) and changed_ns < began for f, began in self._scanned.items()
             ):
                 return  # watchdog's late events for the subfolders of a folder scanned since they came
-            self._scans[folder] = moved_in
+            self._scans[folder] = (moved_in, quiet)
             self._cond.notify()
 
     def _loop(self) -> None:
@@ -108,13 +116,13 @@ class Scanner:
                     self._cond.wait()
                 if self._stopping:
                     return
-                folder, moved_in = next(iter(self._scans.items()))
+                folder, (moved_in, quiet) = next(iter(self._scans.items()))
                 del self._scans[folder]
                 self._scanning = (folder,)
             began_ns = time.time_ns()
             started = time.monotonic()
             try:
-                count = self.scan_now(folder)
+                count = self._poll(folder) if quiet else self.scan_now(folder)
             except Exception:  # one odd folder must not end the scans
                 log.exception("error scanning %s", shown(folder))
                 continue
@@ -126,8 +134,8 @@ class Scanner:
                         # so their order must stay that of their scans.
                         self._scanned.pop(folder, None)
                         self._scanned[folder] = began_ns
-            if not self._stopping:
-                how = "moved in" if moved_in else "scanned again"
+            if not self._stopping and (count or not quiet):
+                how = "moved in" if moved_in else "not watched, scanned" if quiet else "scanned again"
                 log.info("%s %s: %d frame(s) to map (scanned in %.1f s)", shown(folder), how, count, time.monotonic() - started)
 
     def scan_now(self, folder: Path | None = None, cancelled: Callable[[], bool] | None = None) -> int:
@@ -144,6 +152,26 @@ class Scanner:
                 if needs_output(self.rules, path):
                     self._found(path)
                     count += 1
+        return count
+
+    def _poll(self, folder: Path) -> int:
+        """A quiet scan standing in for a watch: hand over each frame that needs a map and is new or changed."""
+        count, seen = 0, set()
+        for path in self._walk(folder):
+            if self._stopping:
+                break
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            seen.add(path)
+            version = (st.st_ino, st.st_size, st.st_mtime_ns)
+            if self._polled.get(path) != version and needs_output(self.rules, path):
+                self._found(path)
+                count += 1
+            self._polled[path] = version
+        for path in [p for p in self._polled if p.is_relative_to(folder) and p not in seen]:
+            del self._polled[path]  # gone: a frame of that name later is new
         return count
 
     def _walk(self, root: Path) -> list[Path]:

@@ -94,6 +94,9 @@ class Status:
     watching: list[str] = field(default_factory=list)
     #: Of `watching`, the folders that are gone (or not there yet): no frame can come from them until they are back.
     waiting_for: list[str] = field(default_factory=list)
+    #: Of `watching`, recursive folders -> how many folders under them inotify does not watch (its
+    #: limit on watches reached): their frames are found by a scan every few seconds instead.
+    unwatched: dict[str, int] = field(default_factory=dict)
     config: str | None = None
     #: Configs applied (1 at start, +1 per successful reload) and the last reload's error.
     config_loads: int = 0

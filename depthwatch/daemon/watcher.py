@@ -149,6 +149,11 @@ class Watcher:
         """Watch folders that are gone (or not there yet): watched again once they are back."""
         return self._folders.waiting_for
 
+    @property
+    def unwatched(self) -> dict[Path, list[Path]]:
+        """Recursive watch folders -> the folders under them inotify does not watch (scanned instead)."""
+        return dict(self._folders.unwatched)
+
     # -- lifecycle -----------------------------------------------------------------
 
     def start(self) -> None:
@@ -183,6 +188,7 @@ class Watcher:
         path = self._folders.as_watched(raw)
         if event.is_directory:
             if kind in ("created", "moved"):
+                self._folders.folder_came()
                 if self.rules.is_frame(path):
                     self.poke(path, Mode.NOW)  # a folder under a frame's name: the settler reports it
                 if self.rules.recursive:

@@ -7,7 +7,9 @@ the settle thread looks (`check_health`): a dead observer is replaced, a
 folder gone or replaced is watched again once it is there, and scanned for
 the frames it brought. A watch folder that is (or lies under) a symlink is
 watched through its real folder, and its events' paths are put back under
-the watch folder (`as_watched`).
+the watch folder (`as_watched`). Under a recursive inotify watch, the folders
+the kernel does not watch (its limit on watches reached) are found from its
+own list (`coverage`), said once, and scanned every few seconds instead.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,18 +25,24 @@ from typing import Any
 from watchdog.events import FileSystemEventHandler
 
 from depthwatch.config import WatchConfig
+from depthwatch.daemon import coverage
 from depthwatch.daemon.observer import start_observer, trusts_close_events
 from depthwatch.frames.rules import Rules
 from depthwatch.logtext import shown
 
 log = logging.getLogger("depthwatch.watch")
 
+#: How often, at most, a recursive inotify watch's folders are checked against the kernel's
+#: list of watches (after a folder came, or while some are not watched), and how often the
+#: folders it does not watch are scanned for frames instead.
+COVERAGE_S = 5.0
+
 
 class WatchFolders:
     """The observer and one watch per watch folder (settle thread; `as_watched` and `lost` from watchdog's)."""
 
     def __init__(
-        self, rules: Rules, config: WatchConfig, handler: FileSystemEventHandler, scan_later: Callable[[Path], None]
+        self, rules: Rules, config: WatchConfig, handler: FileSystemEventHandler, scan_later: Callable[..., None]
     ) -> None:
         self.rules = rules
         self.config = config
@@ -50,6 +59,13 @@ class WatchFolders:
         self._lost: set[Path] = set()
         #: Whether the observer's close and move events say a file is complete (inotify).
         self.trust_close = False
+        #: Recursive watch folders -> the folders under them that inotify does not watch, seen
+        #: so at two looks in a row (one watchdog is adding now is not a gap): scanned instead.
+        self.unwatched: dict[Path, list[Path]] = {}
+        #: The folders not watched at the last look, and whether a folder came since.
+        self._suspects: dict[Path, set[Path]] = {}
+        self._folders_came = True
+        self._next_look = 0.0
 
     def start(self) -> None:
         self._new_observer()
@@ -60,6 +76,9 @@ class WatchFolders:
         observer, self._observer = self._observer, None
         self._watches.clear()
         self._real.clear()
+        self.unwatched.clear()
+        self._suspects.clear()
+        self._folders_came = True
         if observer is not None:
             observer.stop()
             observer.join(timeout)
@@ -85,6 +104,7 @@ class WatchFolders:
         st = root.stat()
         self._watches[root] = (watch, (st.st_dev, st.st_ino))
         self._lost.discard(root)
+        self._folders_came = True
         log.info(
             "watching %s%s for %s%s", shown(root), f" (a link to {shown(real)})" if real != root else "",
             ", ".join(self.rules.patterns), " (recursive)" if self.rules.recursive else "",
@@ -103,6 +123,10 @@ class WatchFolders:
             if path.is_relative_to(real):
                 return root / path.relative_to(real)
         return path
+
+    def folder_came(self) -> None:
+        """A folder was made or moved into a watch (watchdog's thread): whether inotify watches it is looked at soon."""
+        self._folders_came = True
 
     def lost(self, folder: Path) -> None:
         """A folder's deletion was reported (watchdog's thread): if it is a watch folder, its watch is dead."""
@@ -135,3 +159,46 @@ class WatchFolders:
                 self._real.pop(root, None)
             if ino is not None and self._watch(root):
                 self._scan_later(root)
+        self._check_coverage()
+
+    def _check_coverage(self) -> None:
+        """Find the folders a recursive inotify watch misses (the kernel's watch limit), say so once, scan them."""
+        if not (self.trust_close and self.rules.recursive):  # only inotify watches folder by folder
+            return
+        now = time.monotonic()
+        if now < self._next_look or not (self._folders_came or self._suspects):
+            return
+        self._folders_came = False
+        self._next_look = now + COVERAGE_S
+        watched = coverage.watched_folders()
+        if watched is None:  # no /proc to ask
+            return
+        for root in tuple(self._watches):
+            real = self._real.get(root, root)
+            missing = {root / folder.relative_to(real) for folder in coverage.unwatched(real, watched)}
+            lasting = sorted(missing & self._suspects.get(root, set()))
+            self._suspects[root] = missing
+            if not missing:
+                self._suspects.pop(root)
+            for folder in coverage.topmost(sorted(missing)):
+                self._scan_later(folder, quiet=True)
+            if lasting and root not in self.unwatched:
+                log.warning("%s", _limit_reached(root, len(lasting)))
+            elif not lasting and root in self.unwatched:
+                log.info("every folder under %s is watched again", shown(root))
+            if lasting:
+                self.unwatched[root] = lasting
+            else:
+                self.unwatched.pop(root, None)
+
+
+def _limit_reached(root: Path, count: int) -> str:
+    """The one line that says a watch folder is watched only in part, and what to do."""
+    limit = coverage.watch_limit()
+    name, value = limit if limit else ("fs.inotify.max_user_watches", None)
+    now = f" ({name} = {value}, shared by every program of this user)" if value is not None else ""
+    return (
+        f"{count} folder(s) under {shown(root)} are not watched: the system's limit on inotify watches is reached{now}; "
+        f"frames in them are found by a scan every {COVERAGE_S:.0f} s instead. Raise it (sudo sysctl {name}=524288) "
+        "and restart depthwatch, or set watch.observer: polling"
+    )

@@ -1,0 +1,86 @@
+"""Which folders of a recursive watch inotify really watches: the kernel's list, not watchdog's word.
+
+inotify watches one folder at a time, so a recursive watch folder is one
+watch per folder under it, and every program of a user shares one limit on
+them (`fs.inotify.max_user_watches`; 8192 on many distributions, and an
+editor or a sync client may hold most of it). watchdog skips a folder it
+cannot watch without a word, so frames written into it are never seen. The
+kernel lists every watch an inotify descriptor holds in /proc/self/fdinfo: a
+folder missing from that list is not watched, whatever watchdog believes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+#: One watch in an inotify descriptor's fdinfo: the inode (hex) and the kernel's device number (hex).
+_WATCH = re.compile(r"^inotify wd:[0-9a-f]+ ino:(?P<ino>[0-9a-f]+) sdev:(?P<sdev>[0-9a-f]+)", re.M)
+
+#: The limits that bind a user's inotify watches: the system's, and its user namespace's (Linux >= 5.11).
+_LIMITS = (
+    ("fs.inotify.max_user_watches", "/proc/sys/fs/inotify/max_user_watches"),
+    ("user.max_inotify_watches", "/proc/sys/user/max_inotify_watches"),
+)
+
+
+def watched_folders() -> set[tuple[int, int]] | None:
+    """(device, inode) of every folder this process's inotify descriptors watch; None where /proc cannot say."""
+    try:
+        descriptors = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    watched: set[tuple[int, int]] = set()
+    for fd in descriptors:
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") != "anon_inode:inotify":
+                continue
+            with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
+                text = info.read()
+        except (OSError, ValueError):  # closed meanwhile
+            continue
+        for match in _WATCH.finditer(text):
+            sdev = int(match["sdev"], 16)  # the kernel's own encoding: major << 20 | minor
+            watched.add((os.makedev(sdev >> 20, sdev & 0xFFFFF), int(match["ino"], 16)))
+    return watched
+
+
+def unwatched(root: Path, watched: set[tuple[int, int]]) -> list[Path]:
+    """The folders under `root` (itself included) that no watch in `watched` covers.
+
+    Links to folders are not followed (nor are they watched); a folder that
+    cannot be listed is left out, as it cannot be watched or scanned either.
+    """
+    missing = []
+    for folder, _, _ in os.walk(root):
+        try:
+            st = os.stat(folder)
+        except OSError:  # gone meanwhile
+            continue
+        if (st.st_dev, st.st_ino) not in watched:
+            missing.append(Path(folder))
+    return missing
+
+
+def topmost(folders: list[Path]) -> list[Path]:
+    """`folders` without those under another of them (a scan of a folder covers its subfolders)."""
+    kept: list[Path] = []
+    for folder in sorted(folders, key=lambda f: len(f.parts)):
+        if not any(folder.is_relative_to(top) for top in kept):
+            kept.append(folder)
+    return kept
+
+
+def watch_limit() -> tuple[str, int] | None:
+    """The limit on inotify watches that binds this process, and its sysctl's name; None where none is readable."""
+    limits = []
+    for name, path in _LIMITS:
+        try:
+            limits.append((int(Path(path).read_text()), name))
+        except (OSError, ValueError):
+            continue
+    if not limits:
+        return None
+    value, name = min(limits)
+    return name, value
