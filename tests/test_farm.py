@@ -193,6 +193,28 @@ def test_per_frame_maps_on_the_farm_are_local_onces_too(farm: Farm, frames: list
         assert np.abs(read_map(path).astype(int) - read_map(out / name).astype(int)).max() <= 3, name
 
 
+def test_a_sequence_cut_into_range_tasks_on_the_farm_gets_the_maps_one_run_gives(farm: Farm, frames: list[Path]) -> None:
+    """`once --farm --frames A-B` planned its range alone (local `once --frames` plans it with the
+    frames about it): the grey levels jumped at every task's edge, a one-frame task got a frame's
+    own map, and a later whole run kept those maps as up to date."""
+    for folder in ("whole", "tasks"):
+        (farm.root / folder).mkdir()
+        for frame in frames[:21]:
+            shutil.copy2(frame, farm.root / folder / frame.name)
+    assert farm.once(str(farm.root / "whole")).returncode == 0
+    for task in ("1001-1007", "1008", "1009-1021"):  # the shot split three ways, one task a single frame
+        done = farm.once(str(farm.root / "tasks"), "--frames", task)
+        assert done.returncode == 0, done.stderr
+        count = 1 if task == "1008" else 7 if task == "1001-1007" else 13
+        assert f"depthwatch: {count} frame(s): 0 up to date, {count} to map" in done.stderr, done.stderr
+    assert_whole(farm.root / "tasks", 21)
+    for name, path in maps_in(farm.root / "whole").items():
+        whole, task = read_map(path).astype(int), read_map(farm.root / "tasks" / name).astype(int)
+        assert np.abs(whole - task).max() <= 3, name
+    again = farm.once(str(farm.root / "tasks"))
+    assert "21 frame(s): 21 up to date, 0 to map" in again.stderr, again.stderr
+
+
 def test_a_worker_never_starts_a_process_after_its_model_is_loaded(farm: Farm, frames: list[Path]) -> None:
     if farm.strace_reason is not None:
         pytest.skip(farm.strace_reason)

@@ -279,12 +279,26 @@ def main(args: argparse.Namespace) -> int:
     for line in failures:
         progress.write(f"depthwatch: {line}", file=sys.stderr)
         progress.update(1)
+    by_source = {job.source: job for job in jobs}
+    # Each sequence to plan: its jobs, and the frames whose maps are written (None: all of them).
+    planned: list[tuple[list[Any], set[Path] | None]] = []
+    if settings.normalise == STABLE and args.frames:
+        # A range task's frames belong to the sequences of all the frames named, even one alone in its
+        # range (a chunk of one frame): planned with the frames about it, never as a still, here and on the farm.
+        for whole in sequences.sequences(numbered)[0]:
+            if any(path in by_source for path in whole.paths):
+                planned.append(_with_margin(whole, by_source, rules))
     if args.farm:
         from depthwatch.farm import client
 
         counts = {"up_to_date": 0}
+        # The frames about a range, planned with it and not written (`_with_margin`).
+        context = [job for sequence_jobs, written in planned for job in sequence_jobs if written and job.source not in written]
         try:
-            farm_failures = client.run(args.farm, jobs, config, force=args.force, progress=progress, counts=counts) if jobs else 0
+            farm_failures = (
+                client.run(args.farm, jobs, config, force=args.force, progress=progress, counts=counts, context=context)
+                if jobs else 0
+            )
         finally:
             progress.close()
         _summary(len(sources), len(failures) + farm_failures, began, counts["up_to_date"])
@@ -305,15 +319,7 @@ def main(args: argparse.Namespace) -> int:
         if clips:
             _clips(clip_jobs, clip_refused, config)
         return 1
-    by_source = {job.source: job for job in jobs}
-    # Each sequence to plan: its jobs, and the frames whose maps are written (None: all of them).
-    planned: list[tuple[list[Any], set[Path] | None]] = []
-    if settings.normalise == STABLE and args.frames:
-        # A range task's frames belong to the sequences of all the frames named, even one alone in its
-        # range (a chunk of one frame): planned with the frames about it, never as a still.
-        for whole in sequences.sequences(numbered)[0]:
-            if any(path in by_source for path in whole.paths):
-                planned.append(_with_margin(whole, by_source, rules))
+    if planned:
         in_sequences = {job.source for sequence_jobs, _ in planned for job in sequence_jobs}
         stills = [job.source for job in jobs if job.source not in in_sequences]
     elif settings.normalise == STABLE:

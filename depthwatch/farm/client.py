@@ -99,23 +99,28 @@ def run(
     progress: Any = None,
     report: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
     counts: dict[str, int] | None = None,
+    context: Sequence[Job] = (),
 ) -> int:
     """Map `jobs` on the farm; the number of frames that failed.
 
     `counts` gets `up_to_date`: the frames whose maps were already made (not written now), so a
-    summary can tell them from the maps written.
+    summary can tell them from the maps written. `context`: frames of the same sequences that the
+    shot planner sees but whose maps are not written (a range task's frames about its range, as
+    local `once --frames` plans them), so a shot cut between tasks keeps its grey levels.
     """
     require_distributed()
     import distributed
 
     settings = Settings.from_config(config)
+    asked = len(jobs)
+    jobs = [*jobs, *context]  # the context is planned with, never written: `todo` is of the jobs asked for
     made_with = made_with_each(jobs, settings)
-    todo = plan(jobs, force, made_with)
+    todo = plan(jobs[:asked], force, made_with[:asked])
     if counts is not None:
-        counts["up_to_date"] = len(jobs) - len(todo)
-    report(f"depthwatch: {len(jobs)} frame(s): {len(jobs) - len(todo)} up to date, {len(todo)} to map on {scheduler}")
+        counts["up_to_date"] = asked - len(todo)
+    report(f"depthwatch: {asked} frame(s): {asked - len(todo)} up to date, {len(todo)} to map on {scheduler}")
     if progress is not None:
-        progress.update(len(jobs) - len(todo))
+        progress.update(asked - len(todo))
     if not todo:
         return 0
     plain, shots = _split(jobs, todo, settings)
