@@ -236,6 +236,48 @@ def test_a_variable_rate_clip_gets_a_depth_clip_with_its_frame_times_and_the_log
     assert 'duration="6/5s"' in out.with_suffix(".fcpxml").read_text()
 
 
+def test_two_frames_at_one_time_keep_every_later_map_on_its_own_frame(tmp_path: Path) -> None:
+    """Concatenating and slideshow tools write two frames at one time: the times were kept by time, so
+    the pair collapsed to one and every later map was shown over the frame after its own (the depth
+    clip a frame longer than its source), while the log said each frame's own time was kept."""
+    ffmpeg = _tool("ffmpeg", "ffmpeg")
+    source = tmp_path / "dup.mov"
+    subprocess.run([ffmpeg, "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=s=160x96:r=30:d=1", "-vf", "setpts='N-eq(N,5)'",
+                    "-fps_mode", "passthrough", "-c:v", "libx264", "-bf", "2", "-pix_fmt", "yuv420p", str(source)], check=True)
+    stamps = [f["pts_time"] for f in ffprobe(source, "frame=pts_time")["frames"]]
+    assert len(stamps) == 30 and stamps[4] == stamps[5]  # the source as the tools write it
+    want = _frame_times(source)  # as FFmpeg shows it: the second of the two a tick later
+    out = tmp_path / "dup_depth.mov"
+    done = once(str(source), "-o", str(out))
+    assert "clip dup.mov: 1 frame(s) share their time with the frame before; each is kept one tick later" in done.stderr
+    got = _frame_times(out)
+    assert len(got) == 30
+    assert max(abs(w - g) for w, g in zip(want, got)) <= 0.001, (want, got)  # the one moved a tick (1/15360 s) later
+    lengths = [float(ffprobe(p, "format=duration")["format"]["duration"]) for p in (source, out)]
+    assert lengths[1] == pytest.approx(lengths[0], abs=0.002), lengths
+
+
+def test_a_stream_joined_midway_is_timed_by_the_frames_that_decode(tmp_path: Path) -> None:
+    """A transport stream recorded or split midway: its first packets never decode. Their times were
+    taken for frames: a steady 25 fps clip was said variable-rate and every map was shown before its
+    picture (the depth clip a second early)."""
+    ffmpeg = _tool("ffmpeg", "ffmpeg")
+    whole, source = tmp_path / "whole.ts", tmp_path / "half.mts"
+    subprocess.run([ffmpeg, "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=s=160x96:r=25:d=4", "-c:v", "libx264",
+                    "-pix_fmt", "yuv420p", "-bf", "3", "-x264-params", "open-gop=1:keyint=25:min-keyint=25:scenecut=0",
+                    "-f", "mpegts", str(whole)], check=True)
+    data = whole.read_bytes()
+    source.write_bytes(data[len(data) // 2 // 188 * 188 :])  # cut at a transport packet, as a split does
+    out = tmp_path / "half_depth.mov"
+    done = once(str(source), "-o", str(out))
+    assert "variable-rate" not in done.stderr, done.stderr
+    assert "after packets that do not decode (recorded or split midway); its depth clip starts there too" in done.stderr
+    start = float(ffprobe(source, "format=start_time")["format"]["start_time"])
+    want, got = [t - start for t in _frame_times(source)], _frame_times(out)
+    assert len(got) == len(want) >= 20
+    assert max(abs(w - g) for w, g in zip(want, got)) <= 0.001, (want, got)
+
+
 def test_a_constant_rate_clip_says_nothing_of_its_rate(tmp_path: Path) -> None:
     source = tmp_path / "steady.mp4"
     _phone_clip(source, durations=[512] * 12, time_base=Fraction(1, 15360))
@@ -384,6 +426,25 @@ def test_an_exr_sequence_carries_each_frames_timecode_rate_and_pixel_aspect_and_
     if exrheader:  # OpenEXR's own tool reads the same
         text = subprocess.run([exrheader, str(folder / names[2])], capture_output=True, text=True, check=True).stdout
         assert "time 01:01:00:02" in text and "drop frame 1" in text and "24000/1001" not in text and "30000/1001" in text
+
+
+def test_a_turned_anamorphic_clips_exr_sequence_says_the_upright_pixel_aspect(tmp_path: Path) -> None:
+    """A phone's anamorphic shot filmed on its side: the sequence is stored upright, and its pixels'
+    aspect turns with them (4:3 stored is 3:4 upright); it said 4:3, so Nuke showed it squashed."""
+    import OpenEXR
+
+    ffmpeg = _tool("ffmpeg", "ffmpeg")
+    turned, source = tmp_path / "turned.mp4", tmp_path / "side.mp4"
+    _phone_clip(turned, durations=[512] * 4, time_base=Fraction(1, 15360), rotation=90)
+    subprocess.run([ffmpeg, "-v", "error", "-y", "-i", str(turned), "-c", "copy", "-bsf:v", "h264_metadata=sample_aspect_ratio=4/3",
+                    str(source)], check=True)
+    shown = ffprobe(source, "stream=sample_aspect_ratio:stream_side_data=rotation")["streams"][0]
+    assert shown["sample_aspect_ratio"] == "4:3" and shown["side_data_list"][0]["rotation"] in (90, -90), shown
+    once(str(source), "-o", str(tmp_path / "{stem}_depth/{stem}.{frame:04d}.exr"))
+    header = OpenEXR.File(str(tmp_path / "side_depth" / "side.0000.exr")).header()
+    (x0, y0), (x1, y1) = header["dataWindow"]
+    assert (x1 - x0 + 1, y1 - y0 + 1) == (SIZE[1], SIZE[0])  # upright: the stored picture turned
+    assert header["pixelAspectRatio"] == pytest.approx(3 / 4)
 
 
 def test_a_clips_sequence_is_numbered_from_0_by_default(tmp_path: Path) -> None:

@@ -431,7 +431,7 @@ def _aspect_filter(av: Any, kind: Kind, width: int, height: int, sar: Fraction) 
 
 def sequence_frame(info: ClipInfo, k: int) -> FrameMeta:
     """Frame k of a clip's image sequence as its EXR says it: its own timecode, the clip's rate and pixel aspect."""
-    return FrameMeta(timecode_at(info.timecode, info.rate, k) if info.timecode else None, info.rate, info.sar)
+    return FrameMeta(timecode_at(info.timecode, info.rate, k) if info.timecode else None, info.rate, info.shown_sar)
 
 
 def timecode_frames(timecode: str, rate: Fraction) -> tuple[int, bool] | None:

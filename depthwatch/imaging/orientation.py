@@ -16,6 +16,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 
 import cv2
 import numpy as np
@@ -61,6 +62,10 @@ class Turn:
     def size(self, width: int, height: int) -> tuple[int, int]:
         """The shown picture's (width, height) for stored pixels of this size."""
         return (height, width) if self.name in _QUARTER else (width, height)
+
+    def aspect(self, sar: Fraction | None) -> Fraction | None:
+        """The shown picture's pixel aspect for stored pixels of aspect `sar` (a quarter turn turns it over)."""
+        return 1 / sar if self.name in _QUARTER and sar else sar
 
 
 def turn_for(matrix: tuple[int, ...] | None) -> Turn | None:

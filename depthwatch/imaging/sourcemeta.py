@@ -98,11 +98,12 @@ def read(path: Path, rate: Fraction, keeps_times: bool = True) -> SourceMeta:
         with av.open(str(path), "r", metadata_errors="ignore") as container:
             stream = picture_stream(container)
             time_base = Fraction(stream.time_base)
-            earliest = _earliest_start(container)
+            earliest, first_kind = _earliest_start(container)
             matrix = _display_matrix(container, stream)
+        first = _first_decoded(av, path)
         with av.open(str(path), "r", metadata_errors="ignore") as container:
             stream = picture_stream(container)
-            found: dict[int, int] = {}
+            found: list[tuple[int, int]] = []  # (pts, duration): two frames may share a time
             untimed = False
             for packet in container.demux(stream):
                 if getattr(packet, "is_discard", False) or packet.size == 0:
@@ -110,18 +111,21 @@ def read(path: Path, rate: Fraction, keeps_times: bool = True) -> SourceMeta:
                 if packet.pts is None:
                     untimed = True  # AVI's B-frames, raw streams: no frame times to keep
                     continue
-                found[packet.pts] = int(packet.duration or 0)
+                if first is not None and packet.pts < first:
+                    continue  # before the first picture the decoder gives: a stream joined midway
+                found.append((packet.pts, int(packet.duration or 0)))
     except (av.FFmpegError, OSError, AttributeError):  # no video stream: the mapping pass says so
         # A clip that cannot be read through: the mapping pass says where it is damaged.
         return SourceMeta(Fraction(1) / rate if rate else Fraction(1, 1000))
-    pts = sorted(found)
+    found.sort(key=lambda packet: packet[0])
+    pts = [p for p, _ in found]
     times: tuple[int, ...] = ()
-    last = found[pts[-1]] if pts else 0
+    last = found[-1][1] if found else 0
     if len(pts) > 2 and rate and not untimed:
         tick = 1 / (rate * time_base)  # one frame at the nominal rate, in ticks
         steps = [b - a for a, b in zip(pts, pts[1:])]
         if any(abs(step - tick) > 1 for step in steps):
-            times = tuple(p - pts[0] for p in pts)
+            times = _apart(tuple(p - pts[0] for p in pts), path, keeps_times)
             shortest, longest = min(steps) * time_base * 1000, max(steps) * time_base * 1000
             log.info(
                 "clip %s is variable-rate (frames last %.1f to %.1f ms): %s",
@@ -133,25 +137,66 @@ def read(path: Path, rate: Fraction, keeps_times: bool = True) -> SourceMeta:
     if pts and earliest is not None and rate:
         start = max(0, round((pts[0] * time_base - earliest) / time_base))
         if start and keeps_times:
+            after = "its sound" if first_kind == "audio" else "packets that do not decode (recorded or split midway)"
             log.info(
-                "clip %s: its picture starts %.3f s into the file, after its sound; its depth clip starts there too",
-                shown(path.name), float(start * time_base),
+                "clip %s: its picture starts %.3f s into the file, after %s; its depth clip starts there too",
+                shown(path.name), float(start * time_base), after,
             )
     return SourceMeta(time_base, times, last, matrix, start, 1 / (rate * time_base) if rate else Fraction(0))
 
 
-def _earliest_start(container: object) -> Fraction | None:
-    """When the file's first sound or picture is shown (its streams' own start times), in seconds.
+def _first_decoded(av: object, path: Path) -> int | None:
+    """The presentation time of the first frame the decoder gives, or None.
+
+    A transport stream recorded or split midway starts with packets that never
+    decode (no parameter sets, no keyframe yet): their times are not frames',
+    and taken for them every map would be shown before its picture.
+    """
+    try:
+        with av.open(str(path), "r", metadata_errors="ignore") as container:  # type: ignore[attr-defined]
+            for frame in container.decode(picture_stream(container)):
+                return frame.pts
+    except Exception:  # noqa: BLE001 - a clip that cannot be decoded: the mapping pass says why
+        return None
+    return None
+
+
+def _apart(times: tuple[int, ...], path: Path, keeps_times: bool) -> tuple[int, ...]:
+    """`times` with each one that repeats the one before moved a tick later, said once.
+
+    Two frames at one time (concatenating and slideshow tools write them): the
+    depth clip cannot hold two frames at one time, and dropping one shows every
+    later map over the frame after its own.
+    """
+    kept = list(times)
+    moved = 0
+    for i in range(1, len(kept)):
+        if kept[i] <= kept[i - 1]:
+            kept[i] = kept[i - 1] + 1
+            moved += 1
+    if moved and keeps_times:
+        log.info(
+            "clip %s: %d frame(s) share their time with the frame before; each is kept one tick later, so every map "
+            "after it stays on its own frame", shown(path.name), moved,
+        )
+    return tuple(kept)
+
+
+def _earliest_start(container: object) -> tuple[Fraction | None, str]:
+    """When the file's first sound or picture is shown (its streams' own start times), in seconds, and which it is.
 
     Never before 0: a negative start is an encoder's priming (AAC's 1024
     samples), cut off by the edit list, not a moment the file shows.
     """
     starts = [
-        s.start_time * Fraction(s.time_base)
+        (s.start_time * Fraction(s.time_base), s.type)
         for s in container.streams  # type: ignore[attr-defined]
         if s.type in ("video", "audio") and s.start_time is not None and s.time_base
     ]
-    return max(Fraction(0), min(starts)) if starts else None
+    if not starts:
+        return None, ""
+    at, kind = min(starts)
+    return max(Fraction(0), at), kind
 
 
 def _display_matrix(container: object, stream: object) -> tuple[int, ...] | None:

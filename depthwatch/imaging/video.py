@@ -142,6 +142,12 @@ class ClipInfo:
         turn = self.turn
         return turn.size(self.width, self.height) if turn is not None else (self.width, self.height)
 
+    @property
+    def shown_sar(self) -> Fraction | None:
+        """The pixel aspect of the picture as shown (a quarter turn turns 4:3 into 3:4): an upright sequence's."""
+        turn = self.turn
+        return turn.aspect(self.sar) if turn is not None else self.sar
+
     def stored(self, depth: np.ndarray) -> np.ndarray:
         """A map made upright, turned back as the stored pixels lie (what a depth clip holds)."""
         turn = self.turn
