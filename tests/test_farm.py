@@ -215,6 +215,41 @@ def test_a_sequence_cut_into_range_tasks_on_the_farm_gets_the_maps_one_run_gives
     assert "21 frame(s): 21 up to date, 0 to map" in again.stderr, again.stderr
 
 
+def test_a_daemons_live_maps_of_a_sequence_are_not_taken_for_the_farms_shot_planned_ones(farm: Farm, frames: list[Path]) -> None:
+    """The daemon maps each frame of a sequence live (each output's own shot state); its records said
+    the same settings as the shot planner's, so `once --farm` kept them all as up to date."""
+    from daemon_process import DaemonProcess
+
+    root = farm.root / "previewed"
+    d = DaemonProcess(root, farm.model, providers=["cpu"], watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_depth.jpg"})
+    for frame in frames[:6]:
+        shutil.copy2(frame, d.watch / frame.name)
+    d.start()
+    try:
+        wait_for(lambda: len(maps_in(d.watch)) == 6, what="the daemon's six maps")
+    finally:
+        assert d.stop() == 0
+    done = farm.once(str(d.watch))
+    assert done.returncode == 0 and "6 frame(s): 0 up to date, 6 to map" in done.stderr, done.stderr
+    again = farm.once(str(d.watch))
+    assert "6 frame(s): 6 up to date, 0 to map" in again.stderr, again.stderr
+
+
+def test_maps_made_with_another_model_are_not_up_to_date_on_the_farm(farm: Farm, frames: list[Path]) -> None:
+    """A preview made with a small model, then the farm (whose workers run another): its maps were
+    kept as up to date (the farm compared settings, not the model) and the run said so, exit 0."""
+    folder = farm.root / "previewed-elsewhere"
+    folder.mkdir()
+    for frame in frames[:3]:
+        shutil.copy2(frame, folder / frame.name)
+    other = busy_brightness_model(farm.root / "preview.onnx")
+    local = run_once(str(folder), "--model", str(other), "--profile", "midas-v21-small", "-c", str(farm.config), cwd=farm.root)
+    assert local.returncode == 0, local.stderr
+    done = farm.once(str(folder))
+    assert done.returncode == 0 and "3 frame(s): 0 up to date, 3 to map" in done.stderr, done.stderr
+    assert "3 frame(s): 3 up to date, 0 to map" in farm.once(str(folder)).stderr
+
+
 def test_a_worker_never_starts_a_process_after_its_model_is_loaded(farm: Farm, frames: list[Path]) -> None:
     if farm.strace_reason is not None:
         pytest.skip(farm.strace_reason)

@@ -19,6 +19,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from depthwatch.config import Config
@@ -47,15 +48,31 @@ CONNECT_TIMEOUT = "10s"
 CHANGED_AGAIN = "changed again while its shot was being mapped again; no map written (map it once it is settled)"
 
 
-def plan(jobs: Sequence[Job], force: bool, made_with: Sequence[str] | None = None) -> list[int]:
+def plan(jobs: Sequence[Job], force: bool, made_with: Sequence[str] | None = None, model: str | None = None) -> list[int]:
     """Indexes of the jobs whose map is missing, older than its frame or made under other settings (all, with `force`).
 
-    `made_with`: per job, the settings digest its map is made with (`made_with_each`).
+    `made_with`: per job, the settings digest its map is made with (`made_with_each`);
+    `model`: the model file the workers run (`workers_model`), when they agree on one.
     """
     return [
         i for i, job in enumerate(jobs)
-        if force or not map_is_current(job.source, job.output, made_with[i] if made_with is not None else None)
+        if force or not map_is_current(job.source, job.output, made_with[i] if made_with is not None else None, model)
     ]
+
+
+def workers_model(client: Any) -> str | None:
+    """The name of the model file the farm's depthwatch workers run, as they report it; None if none
+    has reported yet or they run different ones (each worker then judges its frames' maps itself)."""
+    try:
+        workers = client.scheduler_info(n_workers=-1).get("workers", {})
+    except Exception:  # noqa: BLE001 - no model known: the settings alone decide
+        return None
+    models = {
+        Path(str(mine["model"])).name
+        for mine in ((w.get("metrics") or {}).get("depthwatch") or {} for w in workers.values())
+        if mine.get("model")
+    }
+    return models.pop() if len(models) == 1 else None
 
 
 def made_with_each(jobs: Sequence[Job], settings: Settings) -> list[str]:
@@ -115,16 +132,22 @@ def run(
     asked = len(jobs)
     jobs = [*jobs, *context]  # the context is planned with, never written: `todo` is of the jobs asked for
     made_with = made_with_each(jobs, settings)
-    todo = plan(jobs[:asked], force, made_with[:asked])
+    client = connect(scheduler)
+    try:
+        model = workers_model(client)
+        todo = plan(jobs[:asked], force, made_with[:asked], model)
+    except BaseException:
+        client.close()
+        raise
     if counts is not None:
         counts["up_to_date"] = asked - len(todo)
     report(f"depthwatch: {asked} frame(s): {asked - len(todo)} up to date, {len(todo)} to map on {scheduler}")
     if progress is not None:
         progress.update(asked - len(todo))
     if not todo:
+        client.close()
         return 0
     plain, shots = _split(jobs, todo, settings)
-    client = connect(scheduler)
     run_id = uuid.uuid4().hex[:8]
     serial = iter(range(1 << 62))
     todo_set = set(todo)

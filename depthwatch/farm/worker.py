@@ -56,6 +56,8 @@ class FrameRunner:
         self._status_file = status_file
         self._lock = threading.Lock()
         self._status_lock = threading.Lock()
+        #: The model file's name, as maps' records name it: a map made with another model is not up to date here.
+        self.model_name = Path(status.model).name if status.model else None
 
     def render(self, frames: Sequence[FrameTask], settings: Settings, force: bool, collect: bool = False) -> list[FrameReport]:
         """Run one task's frames through the pipeline (a Dask executor thread) and wait for them.
@@ -71,7 +73,7 @@ class FrameRunner:
             counts.tasks += 1
         for frame in frames:
             source, output = Path(frame.source), Path(frame.output)
-            if not force and map_is_current(source, output, settings.made_with):
+            if not force and map_is_current(source, output, settings.made_with, self.model_name):
                 frames_log.info("%s -> %s up to date", source.name, output.name)
                 outcomes.append(FrameReport(frame.index, up_to_date=True, line=f"{source.name}: up to date", worker=address))
                 with self._lock:

@@ -29,7 +29,7 @@ from depthwatch.frames.reading import read_source
 from depthwatch.frames.replacing import JSON_MARK, json_refusal
 from depthwatch.frames.result import Result
 from depthwatch.frames.settings import Settings
-from depthwatch.imaging import codec, formats, stabilise
+from depthwatch.imaging import codec, formats, normalise, stabilise
 from depthwatch.imaging.render import Ahead
 from depthwatch.logtext import shown
 from depthwatch.model.engine import Inference
@@ -161,7 +161,9 @@ class FrameInFlight:
             model=info.spec.path.name,
             normalise=self.settings.normalise,
             invert=self.settings.render.levels.invert,
-            made_with=self.settings.made_with,
+            # A shot-stable map with no planned map in its job was made live (`made_live`).
+            made_with=self.settings.made_live if self.settings.normalise == normalise.STABLE and self.job.nearness is None
+            else self.settings.made_with,
         )
 
     def sidecar(self) -> bytes:

@@ -363,7 +363,7 @@ def template_clashes(patterns: tuple[str, ...], template: str) -> list[str]:
     return clashing
 
 
-def map_is_current(source: Path, output: Path, made_with: str | None = None) -> bool:
+def map_is_current(source: Path, output: Path, made_with: str | None = None, model: str | None = None) -> bool:
     """Whether `output` is a map of the version of `source` now on disk: no new map is needed.
 
     The map's own record says which version it was made from (see `provenance`),
@@ -372,7 +372,8 @@ def map_is_current(source: Path, output: Path, made_with: str | None = None) -> 
     older than the frame. The daemon's start-up scan and `once --farm`'s resume
     use this same rule. `made_with` (`Settings.made_with`): a map is current only
     if its record says it was made with these very settings too (`once --farm`,
-    where the command line may have changed them since).
+    where the command line may have changed them since); `model` (a model file's
+    name): and by that model (the farm's workers run their own).
     """
     if "{frame" in output.name:  # an image sequence: its folder, renamed into place when whole
         output = output.parent
@@ -382,7 +383,11 @@ def map_is_current(source: Path, output: Path, made_with: str | None = None) -> 
             return output.stat().st_mtime_ns >= frame.st_mtime_ns
         record = provenance.read(output)
         if record is not None:
-            return provenance.same_version(record, frame) and made_with in (None, record.get("made_with"))
+            return (
+                provenance.same_version(record, frame)
+                and made_with in (None, record.get("made_with"))
+                and model in (None, record.get("model"))
+            )
         return made_with is None and output.stat().st_mtime_ns >= frame.st_mtime_ns
     except OSError:
         return False

@@ -54,6 +54,17 @@ class Settings:
         shape = repr((self.normalise, self.render, self.encoding))
         return hashlib.sha256(shape.encode()).hexdigest()[:12]
 
+    @functools.cached_property
+    def made_live(self) -> str:
+        """`made_with` of a shot-stable map made live (the daemon, the API: each output's shot so far).
+
+        Not the shot planner's map (`once`, the farm: each whole shot seen first), so
+        `once --farm` does not keep a daemon's preview of a sequence as its own map:
+        it did, said "8 up to date", and its maps differed from local once's.
+        """
+        shape = repr(("live", self.normalise, self.render, self.encoding))
+        return hashlib.sha256(shape.encode()).hexdigest()[:12]
+
     @classmethod
     def from_config(cls, config: Config, watching: bool = False) -> Settings:
         """`watching`: for the daemon, whose watcher sees the folders it writes."""
