@@ -7,6 +7,7 @@ the tests that kill or stop workers start fresh ones for the tests after them.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -399,6 +400,23 @@ def test_an_interrupted_job_resumes_with_only_the_missing_maps(farm: Farm, frame
     assert f"{FRAMES} frame(s): 0 up to date, {FRAMES} to map" in again.stderr
     assert f"{FRAMES} depth maps written, 0 failed" in again.stdout
     assert all(provenance.read(p)["made_with"] != records[name] for name, p in maps_in(out).items())
+
+
+def test_error_sidecars_are_written_and_removed_on_the_farm(farm: Farm, frames: list[Path]) -> None:
+    """`output.error_sidecar` was the daemon's alone: the farm wrote no record of a failed frame."""
+    folder = farm.root / "records"
+    folder.mkdir()
+    shutil.copy(frames[0], folder / "a.jpg")
+    (folder / "b.jpg").write_text("not a picture")
+    config = yaml.safe_load(farm.config.read_text())
+    config["output"] = {"error_sidecar": True}
+    (farm.root / "records.yaml").write_text(yaml.safe_dump(config))
+    done = farm.once(str(folder), "-c", str(farm.root / "records.yaml"))
+    assert done.returncode == 1, done.stderr
+    assert "not a JPEG" in json.loads((folder / "b.jpg.error.json").read_text())["error"]
+    shutil.copy(frames[1], folder / "b.jpg")  # fixed
+    assert farm.once(str(folder), "-c", str(farm.root / "records.yaml")).returncode == 0
+    assert (folder / "b_depth.jpg").exists() and not (folder / "b.jpg.error.json").exists()
 
 
 def test_stills_made_on_the_farm_are_up_to_date_the_next_time(farm: Farm, frames: list[Path]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -89,6 +90,23 @@ def test_the_summary_counts_failures_too(tmp_path, tiny_model):
     assert done.returncode == 1
     assert done.stdout.startswith("1 depth map written, 1 failed, in ")
     assert "b.jpg" in done.stderr
+
+
+def test_error_sidecars_are_written_and_removed_by_once_as_by_the_daemon(tmp_path, tiny_model):
+    """`output.error_sidecar` was the daemon's alone: `once` wrote no record, and left the daemon's
+    beside the map once the frame was fixed, so a pipeline reading it still saw a failure."""
+    frames(tmp_path / "shots", "good.jpg")
+    (tmp_path / "shots" / "bad.jpg").write_text("not a picture")
+    (tmp_path / "records.yaml").write_text("output:\n  error_sidecar: true\n")
+    run = ("shots", "-c", "records.yaml", "--model", str(tiny_model))
+    done = once(tmp_path, *run)
+    assert done.returncode == 1, done.stderr
+    record = tmp_path / "shots" / "bad.jpg.error.json"
+    assert "not a JPEG" in json.loads(record.read_text())["error"], record.read_text()
+    assert not (tmp_path / "shots" / "good.jpg.error.json").exists()
+    frames(tmp_path / "shots", "bad.jpg")  # fixed
+    assert once(tmp_path, *run).returncode == 0
+    assert (tmp_path / "shots" / "bad_depth.jpg").exists() and not record.exists()
 
 
 def test_a_still_under_an_output_that_names_a_depth_clip_is_refused_not_written_elsewhere(tmp_path):

@@ -130,17 +130,20 @@ def template_for(output: str | None, single: bool, default: str = DEFAULT_TEMPLA
     return str(target.absolute() / default)
 
 
-def rules_for(folders: Iterable[Path], template: str, clip_template: str = DEFAULT_CLIP_TEMPLATE) -> Rules:
+def rules_for(
+    folders: Iterable[Path], template: str, clip_template: str = DEFAULT_CLIP_TEMPLATE, error_sidecar: bool = False
+) -> Rules:
     """The daemon's own rules, with the inputs' folders as watch folders.
 
     So `once` names outputs, keeps them inside the allowed folders and tells
-    its own earlier outputs from frames exactly as the daemon does.
+    its own earlier outputs from frames exactly as the daemon does, and
+    writes (and removes) the error records `output.error_sidecar` asks for.
     """
     roots = tuple(dict.fromkeys(Path(os.path.abspath(f)) for f in folders)) or (Path.cwd(),)
     # A frame named on the command line is taken where its link leads: the user chose it.
     return Rules(
         WatchConfig(folders=roots, patterns=("*",), follow_symlinks=True),
-        OutputConfig(template=template, clip_template=clip_template),
+        OutputConfig(template=template, clip_template=clip_template, error_sidecar=error_sidecar),
     )
 
 
@@ -266,7 +269,7 @@ def main(args: argparse.Namespace) -> int:
         sources = in_range(sources, args.frames)
         if not sources:
             raise ConfigError(f"no frames numbered {args.frames} in " + ", ".join(args.inputs) + "; check the range and the names")
-    rules = rules_for((s.parent for s in sources), config.output.template, config.output.clip_template)
+    rules = rules_for((s.parent for s in sources), config.output.template, config.output.clip_template, config.output.error_sidecar)
     settings = Settings.from_config(config)
     jobs, refused = rules.jobs_for(sources)  # ConfigError if two frames share an output
     failures = [f"{shown(source)}: {why}" for source, why in refused]

@@ -57,6 +57,8 @@ class FrameTask:
     #: With `nearness`: the version of the frame its first pass ran the model on (as the
     #: worker saw it); another version there now is not mapped with this nearness.
     signature: Signature | None = None
+    #: The job's error record (`output.error_sidecar`), in the workers' view; None: none written.
+    error_record: str | None = None
 
     @classmethod
     def of(
@@ -71,6 +73,7 @@ class FrameTask:
             None if job.link_root is None else path_map.to_worker(job.link_root),
             tuple(path_map.to_worker(root) for root in job.output_roots),
             signature,
+            None if job.error_record is None else path_map.to_worker(job.error_record),
         )
 
     def job(self, collect: bool = False) -> Job:
@@ -78,6 +81,7 @@ class FrameTask:
         return Job(
             Path(self.source),
             Path(self.output),
+            None if self.error_record is None else Path(self.error_record),
             link_root=None if self.link_root is None else Path(self.link_root),
             output_roots=tuple(Path(root) for root in self.output_roots),
             signature=self.signature,
