@@ -216,7 +216,9 @@ def render_template(values: dict[str, str]) -> bytes:
     return text.encode()
 
 
-def test_the_template_in_launchd_folder_is_the_plist_the_package_builds(tmp_path: Path, tiny_model: Path, home: Path):
+def test_the_template_in_launchd_folder_is_the_plist_the_package_builds(tmp_path: Path, tiny_model: Path, home: Path, monkeypatch):
+    for name in supervision.PINNED:  # the template is for a shell that sets none (its own variables go in as they are)
+        monkeypatch.delenv(name, raising=False)
     # An awkward folder name: the values must be escaped, not pasted.
     config = make_project(tmp_path / "R&D <frames>", tiny_model, shutdown_timeout_s=7)
     plist = built(config, home, shutdown_timeout_s=7)
@@ -361,6 +363,33 @@ def test_install_refuses_a_config_the_daemon_could_not_start_with(config: Path, 
     assert message in capsys.readouterr().err
     assert tools.calls() == []
     assert not launchd.plist_path(home).exists()
+
+
+def test_install_checks_the_config_as_the_service_will_see_it_without_the_shells_variables(
+    config: Path, home: Path, tools, capsys, monkeypatch
+):
+    """A watch folder under $SHOTS, set in the shell: install said "installed and started", and the
+    daemon, started without the shell's variables, exited 78 at every start, restarted for good."""
+    monkeypatch.setenv("SHOTS", str(config.parent))
+    text = config.read_text().replace("- frames", "- $SHOTS/frames")
+    assert "$SHOTS" in text
+    config.write_text(text)
+    assert service("install", "-c", str(config)) == EX_CONFIG
+    err = capsys.readouterr().err
+    assert "watch.folders uses $SHOTS, which is not set here (a service starts without your shell's variables)" in err
+    assert tools.calls() == [] and not launchd.plist_path(home).exists()
+    assert os.environ["SHOTS"] == str(config.parent)  # the shell's own variables are back
+
+
+def test_the_xdg_folders_of_the_installing_shell_go_into_the_service(config: Path, home: Path, monkeypatch):
+    """A model fetched under the shell's $XDG_DATA_HOME was "not installed" for the service, and its
+    status went where `depthwatch status` in that shell does not look."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(home / "state"))
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")  # not absolute: ignored, as the XDG spec says
+    env = built(config, home)["EnvironmentVariables"]
+    assert env["XDG_DATA_HOME"] == str(home / "data") and env["XDG_STATE_HOME"] == str(home / "state")
+    assert "XDG_CACHE_HOME" not in env
 
 
 def test_install_without_a_config_writes_the_documented_one_and_installs_with_it(

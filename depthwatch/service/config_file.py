@@ -18,6 +18,7 @@ from depthwatch import paths
 from depthwatch.config import Config
 from depthwatch.errors import ModelError
 from depthwatch.model import catalogue
+from depthwatch.service import supervision
 
 
 def documented_default() -> Path:
@@ -61,4 +62,7 @@ def choose(config_arg: str | None, *, check_model: bool) -> ServiceConfig:
                 f"{exc} (the default config install would write to {path} names it; offline, put the model file "
                 "where the README says, or write a config whose model.path is an .onnx file you have and pass -c CONFIG)"
             ) from None
+        if new is None:  # read again as the daemon will read it: without the shell's variables
+            with supervision.as_the_service_sees_it():
+                catalogue.resolve(configuration.load(path).model, config.base)
     return ServiceConfig(path, config, new)

@@ -11,13 +11,14 @@ macOS and Linux and a test can start it exactly as the supervisor would.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,14 +91,44 @@ def search_path(executable: str | None = None, extra: Sequence[str] = ()) -> str
     return os.pathsep.join(folders)
 
 
+#: The base folders a service would otherwise lose: set in the shell that installs, they are
+#: where `models fetch` put the models and where `depthwatch status` reads the status.
+PINNED = ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME")
+#: What the supervisor itself gives every service (launchd and systemd alike), beside `environment`.
+GIVEN = ("HOME", "USER", "LOGNAME", "SHELL", "TMPDIR")
+
+
 def environment(executable: str | None = None, extra_path: Sequence[str] = ()) -> dict[str, str]:
     """The variables a supervisor sets for the daemon.
 
     PYTHONUNBUFFERED: stdout goes to a file under a supervisor, and a block
     buffer would hold anything printed there until the process exits (logging
-    goes to stderr, which Python line-buffers anyway).
+    goes to stderr, which Python line-buffers anyway). The XDG base folders the
+    installing shell sets (`PINNED`): a service starts without the shell's
+    variables, so a model fetched under $XDG_DATA_HOME was "not installed" for
+    it, and its status went where `depthwatch status` does not look.
     """
-    return {"PATH": search_path(executable, extra_path), "PYTHONUNBUFFERED": "1"}
+    pinned = {name: os.environ[name] for name in PINNED if os.path.isabs(os.environ.get(name, ""))}
+    return {"PATH": search_path(executable, extra_path), "PYTHONUNBUFFERED": "1", **pinned}
+
+
+@contextlib.contextmanager
+def as_the_service_sees_it() -> Iterator[None]:
+    """Only the variables a service will have, meanwhile: a config is checked as the daemon will read it.
+
+    `service install` said "installed and started" for a config whose folder was
+    under a variable of the shell's (`$SHOTS`): the daemon then exited 78 at every
+    start, and launchd started it again every 30 s, for good.
+    """
+    saved = dict(os.environ)
+    seen = {name: saved[name] for name in GIVEN if name in saved} | environment()
+    os.environ.clear()
+    os.environ.update(seen)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def working_directory(config: Path) -> Path:
