@@ -94,6 +94,10 @@ class OwnOutput(Superseded):
 EX_UNAVAILABLE = 69
 #: sysexits.h EX_SOFTWARE: depthwatch's own fault (its inference thread died); a restart may help.
 EX_SOFTWARE = 70
+#: sysexits.h EX_TEMPFAIL: another daemon watches the same folder. The condition clears by itself
+#: once the other daemon stops, so a service manager retrying later is right (78, EX_CONFIG, would
+#: tell systemd never to retry, though nothing in the config is wrong).
+EX_TEMPFAIL = 75
 
 
 class FarmError(DepthwatchError):

@@ -28,3 +28,17 @@ def _escape(match: re.Match[str]) -> str:
 def shown(name: str | os.PathLike[str]) -> str:
     """`name` (a path or a plain name) safe to put in one log line."""
     return _UNSAFE.sub(_escape, os.fspath(name))
+
+
+#: What `shown` escapes, but a backslash: text already shown (a status file's last error) stays as the log has it.
+_UNSAFE_BUT_ESCAPES = re.compile(_UNSAFE.pattern.replace("\\\\", ""))
+
+
+def one_line(text: str) -> str:
+    """`text` on one line and safe to print, escaped as `shown` escapes names, except that backslashes stay.
+
+    For text that is shown already, in part or whole (a status's last error names
+    its frame as the log does): `shown` again would double every backslash, and
+    the name on screen would match neither the file nor the log.
+    """
+    return _UNSAFE_BUT_ESCAPES.sub(_escape, text)

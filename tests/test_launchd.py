@@ -498,15 +498,17 @@ def test_verbs_on_a_service_that_is_not_installed_say_so(home: Path, tools, caps
 
 def test_status_reports_launchd_and_the_daemons_status_file(config: Path, home: Path, tools, capsys):
     install_plist(config, home)
-    status = Status(pid=4242, state="running", model="tiny.onnx", providers=["CPUExecutionProvider"])
+    pid = os.getpid()  # a process that is there: the status file's daemon is checked, not taken at its word
+    status = Status(pid=pid, state="running", model="tiny.onnx", providers=["CPUExecutionProvider"])
     status.counts.done = 7
     write_status(config.parent / "status.json", status)
 
-    tools.reply("launchctl print", running(4242))
+    tools.reply("launchctl print", running(pid))
     assert service("status") == 0
     out = capsys.readouterr().out
     assert tools.calls() == [["launchctl", "print", TARGET]]
-    assert "running:     yes, pid 4242 (running)" in out
+    assert f"running:     yes, pid {pid} (running)" in out
+    assert f"daemon:      running, pid {pid}, updated" in out
     assert f"config:      {config}" in out
     assert "7 done, 0 failed" in out and "(from an earlier run)" not in out
 

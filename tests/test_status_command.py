@@ -179,6 +179,29 @@ def test_a_daemon_that_died_is_shown_as_not_running(tmp_path, tiny_model):
         daemon.close()
 
 
+def test_a_stray_status_file_is_one_line_and_a_last_error_is_shown_as_the_log_has_it(tmp_path):
+    """A file in the state folder with fields of other types (an ISO date for `updated`, counts as text)
+    took `depthwatch status` down with a traceback, hiding every daemon; and a last error, escaped
+    as the log escapes names, was escaped again (`back\\\\slash`), matching neither file nor log."""
+    from depthwatch.daemon.status import Status, write_status
+    from depthwatch.logtext import shown
+
+    folder = tmp_path / "state" / "depthwatch" / "daemons"
+    folder.mkdir(parents=True)
+    live = Status(pid=os.getpid(), state="running")
+    live.counts.last_error = f"{shown('/shots/back' + chr(92) + 'slash.jpg')}: not a JPEG"
+    write_status(folder / "live.json", live)
+    (folder / "dated.json").write_text('{"state": "running", "pid": 1, "updated": "2026-01-01T00:00:00"}')
+    (folder / "counted.json").write_text('{"state": "stopped", "pid": 1, "counts": "n/a"}')
+    (folder / "far.json").write_text('{"state": "stopped", "pid": 1, "updated": 1e300}')
+    done = subprocess.run([sys.executable, "-m", "depthwatch", "status"], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path, env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")})
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout.count("depthwatch: cannot read the status file") == 3, done.stdout
+    assert f"running, pid {os.getpid()}" in done.stdout
+    assert "last error:  /shots/back" + chr(92) * 2 + "slash.jpg: not a JPEG" in done.stdout, done.stdout  # as the log has it
+
+
 def test_run_from_a_checkout_uses_its_config_yaml_and_says_so(tmp_path, tiny_model):
     checkout = tmp_path / "checkout"
     checkout.mkdir()

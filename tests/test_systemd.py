@@ -110,7 +110,7 @@ def test_unit_has_the_restart_stop_and_exec_settings(config: Path):
     assert systemd.exec_start(unit) == [ENTRY_POINT, "run", "-c", str(config)]
     assert service_section["WorkingDirectory"] == [str(config.parent)]
     assert service_section["Restart"] == ["on-failure"]
-    assert service_section["RestartPreventExitStatus"] == ["78"]
+    assert service_section["RestartPreventExitStatus"] == ["78 200 203"]
     assert service_section["KillSignal"] == ["SIGTERM"]
     assert service_section["TimeoutStopSec"] == ["15"]
     assert service_section["Type"] == ["notify"]  # `systemctl start` waits for READY=1
@@ -381,8 +381,8 @@ def test_start_stop_restart_logs_run_the_right_lines(config: Path, home: Path, t
         tools.clear()
         assert service(verb) == 0
         expected = [systemctl(verb, "depthwatch.service")]
-        if verb == "stop":
-            expected.append(systemctl(*SHOW))
+        if verb == "stop":  # asked first (a running daemon whose unit file is gone is stopped too), and after
+            expected = [systemctl(*SHOW), *expected, systemctl(*SHOW)]
         assert tools.calls() == expected
     tools.clear()
     assert service("logs", "-n", "20") == 0
@@ -430,7 +430,7 @@ def test_verbs_on_a_unit_that_is_not_installed_say_so(home: Path, tools, capsys)
         assert service(verb) == 1
         assert "not installed" in capsys.readouterr().err
     assert service("uninstall") == 0
-    assert tools.calls() == [systemctl(*SHOW)]
+    assert tools.calls() == [systemctl(*SHOW), systemctl(*SHOW)]  # stop asks whether a daemon runs all the same
 
 
 def test_status_reads_systemctl_show(config: Path, home: Path, tools, capsys):
@@ -449,6 +449,48 @@ def test_status_reads_systemctl_show(config: Path, home: Path, tools, capsys):
     crashed = "LoadState=loaded\nActiveState=activating\nSubState=auto-restart\nExecMainCode=2\nExecMainStatus=11\n"
     state = systemd.parse_show(crashed)
     assert (state.running, state.last_exit, state.last_signal) == (False, None, 11)
+
+
+def test_what_systemd_says_is_said_truly_starting_gone_unit_exec_errors_and_sigkill(config: Path, home: Path, tools, capsys):
+    """Before: a starting daemon (Type=notify, until READY=1) was "running: no"; a daemon whose unit
+    file was deleted was "not installed, nothing to do" for status, stop and uninstall while it ran on;
+    systemd's 203 (the virtualenv moved) read "killed by signal 75"; a stop that ended in SIGKILL
+    said "exit status none yet"."""
+    starting = "LoadState=loaded\nActiveState=activating\nSubState=start\nMainPID=4242\nExecMainCode=0\nExecMainStatus=0\n"
+    assert systemd.parse_show(starting).running
+    gone = "LoadState=not-found\nActiveState=active\nSubState=running\nMainPID=4242\nExecMainCode=0\nExecMainStatus=0\n"
+    tools.reply("systemctl show", {"out": gone}, {"out": gone}, {"out": gone}, {"out": NOT_FOUND})  # `disable --now` left it
+    assert service("status") == 0
+    out = capsys.readouterr().out
+    assert "loaded:      no (its definition is gone; the daemon still runs)" in out and "running:     yes, pid 4242" in out
+    tools.clear()
+    assert service("uninstall") == 0
+    assert systemctl("stop", "depthwatch.service") in tools.calls()
+    moved = "LoadState=loaded\nActiveState=failed\nSubState=failed\nMainPID=0\nExecMainCode=1\nExecMainStatus=203\n"
+    tools.reply("systemctl show", {"out": moved})
+    assert service("install", "-c", str(config)) == 0
+    capsys.readouterr()
+    assert service("status") == 3
+    assert "last exit:   203 (systemd could not run the program: the virtualenv moved" in capsys.readouterr().out
+    killed = "LoadState=loaded\nActiveState=failed\nSubState=failed\nMainPID=0\nExecMainCode=2\nExecMainStatus=9\n"
+    tools.reply("systemctl show", {"out": ACTIVE.format(pid=4242)}, {"out": killed})
+    assert service("stop") == 0
+    assert "stopped depthwatch.service (killed by signal 9, SIGKILL: it did not stop in time" in capsys.readouterr().out
+
+
+def test_a_failed_reinstall_starts_the_old_service_again(config: Path, home: Path, tools, capsys):
+    """`systemctl restart` stopped the old daemon; the new unit failed; the old unit was put back, and
+    the service that had been mapping frames stayed down, unsaid."""
+    assert service("install", "-c", str(config)) == 0
+    old = systemd.unit_path(home, os.environ).read_bytes()
+    tools.clear()
+    tools.reply("systemctl show", {"out": ACTIVE.format(pid=4242)})
+    tools.reply("systemctl restart", {"rc": 1, "err": "Job for depthwatch.service failed.\n"}, {"rc": 0})
+    assert service("install", "-c", str(config)) == 1
+    assert systemd.unit_path(home, os.environ).read_bytes() == old
+    calls = tools.calls()
+    assert calls[-2:] == [systemctl("daemon-reload"), systemctl("restart", "depthwatch.service")], calls
+    assert "depthwatch.service runs again with the unit it had" in capsys.readouterr().err
 
 
 # -- the daemon, started the way the unit starts it ---------------------------------------
@@ -488,7 +530,7 @@ def test_the_daemon_started_as_the_unit_says_processes_a_frame_and_stops_on_sigt
 
 def test_a_missing_model_exits_78_which_the_unit_does_not_restart(config: Path, home: Path, tmp_path: Path):
     text = systemd.render(config, shutdown_timeout_s=10)
-    assert systemd.parse(text)["Service"]["RestartPreventExitStatus"] == [str(EX_CONFIG)]
+    assert systemd.parse(text)["Service"]["RestartPreventExitStatus"] == [f"{EX_CONFIG} 200 203"]
     (config.parent.parent / "tiny.onnx").unlink()
     log = tmp_path / "logs" / "stderr.log"
     proc = start_from_unit(text, home, log.parent)

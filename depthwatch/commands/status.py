@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from depthwatch.logtext import shown
+from depthwatch.logtext import one_line
 
 HELP = "show whether depthwatch is running, with its pid, model, counts and last error (from its status file)"
 
@@ -152,6 +152,6 @@ def _show(path: Path) -> bool:
     width = max(len(name) for name, _ in rows) + 2
     for name, value in rows:
         # Escaped as the log escapes names: a frame named with a newline cannot add lines of its own
-        # (a forged "last error: none" under a real one).
-        print(f"{name + ':':<{width}}{shown(str(value))}")
+        # (a forged "last error: none" under a real one); what is escaped already is not escaped again.
+        print(f"{name + ':':<{width}}{one_line(str(value))}")
     return running

@@ -40,13 +40,9 @@ from pathlib import Path
 
 import platformdirs
 
-from depthwatch.errors import DepthwatchError
+from depthwatch.errors import EX_TEMPFAIL, DepthwatchError
 from depthwatch.logtext import shown
 
-#: sysexits.h EX_TEMPFAIL: the condition clears by itself once the other daemon
-#: stops, so a service manager retrying later is right (78, EX_CONFIG, would tell
-#: systemd never to retry, though nothing in the config is wrong).
-EX_TEMPFAIL = 75
 
 _FIX = "stop it first, or list both folders in one daemon's watch.folders"
 

@@ -138,12 +138,35 @@ def write_status(path: Path, status: Status) -> None:
     atomic_write(path, status.to_json())
 
 
+#: The fields the status commands compute with, and the types every version writes them as.
+_SHAPES: dict[str, tuple[type, ...]] = {
+    "pid": (int, type(None)), "state": (str,), "counts": (dict,), "clip": (dict, type(None)), "updated": (int, float),
+    "started": (int, float), "queue_depth": (int,), "in_progress": (int,), "parked": (int,), "clips_waiting": (int,),
+    "watching": (list,), "waiting_for": (list,), "unwatched": (dict,), "providers": (list,),
+}
+_CLIP_NUMBERS = ("done", "total", "rate", "eta_s")
+_LATEST_TIME = 1e11  # seconds since 1970: the year 5138; a time past it is no time a daemon wrote
+
+
 def read_status(path: Path) -> dict[str, Any]:
-    """A status file's contents; ValueError for one that is no JSON object (a list, a number, not JSON)."""
+    """A status file's contents; ValueError for one that is no status (not JSON, not an object, fields of other types).
+
+    ValueError, as for a file that is not JSON: every reader already says "cannot
+    read" for it. A stray file in the state folder with `"updated"` as a date
+    string took `depthwatch status` down with a traceback, hiding every daemon.
+    """
     data = json.loads(path.read_text())
     if not isinstance(data, dict):
-        # ValueError, as for a file that is not JSON: every reader already says "cannot read" for it.
         raise ValueError(f"it holds a JSON {type(data).__name__}, not a status (a JSON object)")  # noqa: TRY004
+    for key, types in _SHAPES.items():
+        if key in data and (not isinstance(data[key], types) or isinstance(data[key], bool) and bool not in types):
+            raise ValueError(f"its {key} is {json.dumps(data[key])[:40]}, not what a status file holds there")
+    for key in ("updated", "started"):
+        if key in data and not 0 <= data[key] < _LATEST_TIME:
+            raise ValueError(f"its {key} is {data[key]}, no time a daemon wrote")
+    clip = data.get("clip") or {}
+    if any(clip.get(key) is not None and (not isinstance(clip[key], (int, float)) or isinstance(clip[key], bool)) for key in _CLIP_NUMBERS):
+        raise ValueError("its clip holds other than numbers for its progress, not what a status file holds there")
     return data
 
 

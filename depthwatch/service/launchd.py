@@ -26,7 +26,7 @@ from depthwatch import paths
 from depthwatch.errors import DepthwatchError
 from depthwatch.service import logfiles, supervision
 from depthwatch.service.manager import Manager
-from depthwatch.service.supervision import State, describe_exit, run
+from depthwatch.service.supervision import State, describe_end, describe_exit, run
 from depthwatch.service.undo import Undo
 
 #: The job's label (reverse DNS), used for the plist's name, the Label key and every service target.
@@ -372,7 +372,7 @@ class Launchd(Manager):
                 f"{LABEL} is still running {timeout} s after SIGTERM; "
                 f"`launchctl kill SIGKILL {service_target(self.uid)}` stops it at once"
             )
-        print(f"stopped {LABEL} (exit status {describe_exit(state.last_exit)})")
+        print(f"stopped {LABEL} ({describe_end(state)})")
         return 0
 
     def restart(self) -> int:

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from depthwatch.errors import DepthwatchError
-from depthwatch.service.supervision import State, describe_exit
+from depthwatch.logtext import one_line
+from depthwatch.service.supervision import State, describe_end
 
 
 def rows(*, service: str, definition: Path, config: Path | None, state: State, log: str) -> list[tuple[str, str]]:
@@ -21,21 +22,20 @@ def rows(*, service: str, definition: Path, config: Path | None, state: State, l
     ]
     if config is not None:
         out.append(("config", str(config)))
-    out.append(("loaded", "yes" if state.loaded else "no"))
-    if state.loaded:
+    out.append(("loaded", "yes" if state.loaded else "no (its definition is gone; the daemon still runs)" if state.running else "no"))
+    if state.loaded or state.running:
         running = f"yes, pid {state.pid}" if state.running else "no"
         out.append(("running", f"{running} ({state.detail})" if state.detail else running))
-        last = describe_exit(state.last_exit)
-        if state.last_signal is not None and state.last_exit is None:
-            last = f"killed by signal {state.last_signal}"
-        out.append(("last exit", last))
+        last = describe_end(state)
+        out.append(("last exit", last.removeprefix("exit status ")))
     out.append(("log", log))
     out.extend(status_file_rows(config, state))
     return out
 
 
 def format_rows(table: list[tuple[str, str]]) -> str:
-    return "".join(f"{name + ':':<13}{value}\n" for name, value in table)
+    """One line a row, whatever a value holds (a name with a newline adds no line of its own)."""
+    return "".join(f"{name + ':':<13}{one_line(value)}\n" for name, value in table)
 
 
 def status_file_rows(config_path: Path | None, state: State) -> list[tuple[str, str]]:
@@ -43,7 +43,7 @@ def status_file_rows(config_path: Path | None, state: State) -> list[tuple[str, 
     if config_path is None:
         return []
     from depthwatch import config as configuration
-    from depthwatch.daemon.status import clips_line, parked_note, path_for, read_status
+    from depthwatch.daemon.status import clips_line, is_running, parked_note, path_for, read_status
 
     try:
         config = configuration.load(config_path)
@@ -58,10 +58,20 @@ def status_file_rows(config_path: Path | None, state: State) -> list[tuple[str, 
         return [("status file", f"{path} (unreadable: {exc})")]
     counts = data.get("counts") or {}
     ago = max(0.0, time.time() - float(data.get("updated") or 0))
-    stale = " (from an earlier run)" if state.running and state.pid is not None and data.get("pid") != state.pid else ""
+    pid, said = data.get("pid"), data.get("state")
+    alive = is_running(data)
+    stale = " (from an earlier run)" if not alive or (state.running and state.pid is not None and pid != state.pid) else ""
+    if alive:
+        # A daemon run by hand with this config, beside (or instead of) the service's own.
+        theirs = "" if state.pid in (None, pid) else f" (not the service's: its pid is {state.pid})"
+        daemon = f"{said}, pid {pid}{theirs}, updated {ago:.0f} s ago"
+    elif said == "stopped":
+        daemon = f"stopped, pid {pid}, updated {ago:.0f} s ago"
+    else:  # what `depthwatch status` says of it: the file says running, its process is gone
+        daemon = f"not running (pid {pid} is gone without stopping cleanly; it last wrote {ago:.0f} s ago, state {said})"
     out = [
         ("status file", f"{path}{stale}"),
-        ("daemon", f"{data.get('state')}, pid {data.get('pid')}, updated {ago:.0f} s ago"),
+        ("daemon", daemon),
         ("frames", f"{counts.get('done', 0)} done, {counts.get('failed', 0)} failed, {data.get('queue_depth', 0)} queued{parked_note(data)}"),
         *([("clips", clips)] if (clips := clips_line(data)) else []),
     ]

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from depthwatch.errors import EX_CONFIG, DepthwatchError
+from depthwatch.errors import EX_CONFIG, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE, DepthwatchError
 
 #: Seconds added to daemon.shutdown_timeout_s before a supervisor may SIGKILL:
 #: the daemon's own deadline covers the frames in flight, this covers the
@@ -140,17 +140,41 @@ def working_directory(config: Path) -> Path:
     return Path(os.path.abspath(config)).parent
 
 
+#: The daemon's own exit statuses (sysexits.h), as a person reads them.
+_EXITS = {
+    0: "a clean stop",
+    EX_CONFIG: "EX_CONFIG: a bad config or a missing model; the log's last line says what to fix",
+    EX_UNAVAILABLE: "EX_UNAVAILABLE: something it needs cannot be reached (a farm's scheduler); the log says what",
+    EX_SOFTWARE: "EX_SOFTWARE: its inference thread died; a restart may help, the log says why",
+    EX_TEMPFAIL: "EX_TEMPFAIL: another daemon watches the same folder; it starts once that one stops",
+    #: systemd's own, when it could not start the program at all (systemd.exec(5)).
+    200: "systemd could not enter its working directory, the config's folder: moved or renamed? run `depthwatch service install` again",
+    203: "systemd could not run the program: the virtualenv moved or was removed? run `depthwatch service install` again",
+}
+#: systemd's statuses for a start that never reached the program (200..243, systemd.exec(5)).
+SYSTEMD_START_FAILURES = range(200, 244)
+
+
 def describe_exit(code: int | None) -> str:
-    """An exit status as a person reads it, with the one a restart cannot fix spelled out."""
+    """An exit status as a person reads it, with the ones a restart cannot fix spelled out."""
     if code is None:
         return "none yet"
-    if code == 0:
-        return "0 (a clean stop)"
-    if code == EX_CONFIG:
-        return f"{code} (EX_CONFIG: a bad config or a missing model; the log's last line says what to fix)"
-    if code > 128:
+    if code in _EXITS:
+        return f"{code} ({_EXITS[code]})"
+    if code in SYSTEMD_START_FAILURES:
+        return f"{code} (systemd could not start the program; `depthwatch service logs` says why)"
+    if 128 < code < 160:  # a shell's way of saying a signal ended it
         return f"{code} (killed by signal {code - 128})"
     return f"{code} (a crash; see the log)"
+
+
+def describe_end(state: State) -> str:
+    """How the service's last run ended: its exit status, or the signal that ended it (a SIGKILL after the stop timeout)."""
+    if state.last_signal is not None and state.last_exit is None:
+        if state.last_signal == 9:
+            return "killed by signal 9, SIGKILL: it did not stop in time, and the frames in flight were lost"
+        return f"killed by signal {state.last_signal}"
+    return f"exit status {describe_exit(state.last_exit)}"
 
 
 @dataclass(frozen=True)

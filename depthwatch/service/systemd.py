@@ -25,12 +25,15 @@ from pathlib import Path
 from depthwatch.errors import EX_CONFIG, DepthwatchError
 from depthwatch.service import logfiles, supervision
 from depthwatch.service.manager import Manager
-from depthwatch.service.supervision import Ran, State, describe_exit, run
+from depthwatch.service.supervision import Ran, State, describe_end, describe_exit, run
 from depthwatch.service.undo import Undo
 
 UNIT = "depthwatch.service"
 #: Pause before a restart after a crash (exit 78 is never restarted).
 RESTART_SEC = 5
+#: Exit statuses a restart cannot fix: a bad config or a missing model (78), and systemd's own for a
+#: working directory (200) or a program (203) that is not there any more (the folder or virtualenv moved).
+NO_RESTART = f"{EX_CONFIG} 200 203"
 #: How long systemd waits for READY=1: provider measurement (at most 90 s) plus the model load.
 START_TIMEOUT_S = 300
 #: `systemctl show` properties that `status` reads.
@@ -82,10 +85,11 @@ def render(config: Path, *, shutdown_timeout_s: float, executable: str | None = 
         f"WorkingDirectory={_specifiers(str(supervision.working_directory(config)))}",
         *(f"Environment={quote(f'{k}={v}', dollars=False)}" for k, v in env.items()),
         "# Restart after a crash, not after a clean stop, and never after exit 78",
-        "# (EX_CONFIG: a bad config or a missing model, which a restart cannot fix).",
+        "# (EX_CONFIG: a bad config or a missing model), 200 or 203 (systemd could not",
+        "# enter the config's folder or run the program: moved): a restart cannot fix those.",
         "Restart=on-failure",
         f"RestartSec={RESTART_SEC}",
-        f"RestartPreventExitStatus={EX_CONFIG}",
+        f"RestartPreventExitStatus={NO_RESTART}",
         "# SIGTERM lets the frames in flight finish; SIGKILL only after the daemon's own",
         "# shutdown bound (daemon.shutdown_timeout_s) plus a margin.",
         "KillSignal=SIGTERM",
@@ -170,7 +174,7 @@ def validate(text: str) -> dict[str, dict[str, list[str]]]:
     workdir = service.get("WorkingDirectory", [""])[-1].replace("%%", "%")
     if not os.path.isabs(workdir) or not os.path.isdir(workdir):
         problems.append(f"WorkingDirectory {workdir!r} is not an existing absolute folder")
-    expected = {"Restart": "on-failure", "RestartPreventExitStatus": str(EX_CONFIG), "KillSignal": "SIGTERM"}
+    expected = {"Restart": "on-failure", "RestartPreventExitStatus": NO_RESTART, "KillSignal": "SIGTERM"}
     for key, value in expected.items():
         if service.get(key, [""])[-1] != value:
             problems.append(f"{key} must be {value}")
@@ -245,9 +249,14 @@ def parse_show(text: str) -> State:
     last_exit = int(status) if code == "1" and status.isdigit() else None
     last_signal = int(status) if code in ("2", "3") and status.isdigit() else None
     active, sub = props.get("ActiveState", ""), props.get("SubState", "")
+    # Whatever LoadState says: a unit whose file was deleted is "not-found" while its daemon runs on.
+    # And a daemon starting (Type=notify: until READY=1, up to minutes) is a process that runs.
+    running = (active in ("active", "reloading", "deactivating") and sub != "exited") or (
+        active == "activating" and sub == "start" and pid is not None
+    )
     return State(
         loaded=loaded,
-        running=loaded and active in ("active", "reloading", "deactivating") and sub != "exited",
+        running=running,
         pid=pid,
         last_exit=last_exit,
         last_signal=last_signal,
@@ -302,8 +311,10 @@ class Systemd(Manager):
     def install_definition(self, data: bytes, undo: Undo) -> None:
         validate(data.decode("utf-8"))
         undo.folder(self.definition.parent)
-        undo.on_failure(lambda: run(daemon_reload(), check=False))  # after the unit is put back
         fresh = not self.definition.exists()
+        if not fresh and self.state().running:  # last of all: the old unit back and reloaded, its daemon too
+            undo.on_failure(self._start_the_old_one)
+        undo.on_failure(lambda: run(daemon_reload(), check=False))  # after the unit is put back
         undo.write(self.definition, data)
         self.systemctl(daemon_reload())
         self.systemctl(enable())
@@ -314,10 +325,18 @@ class Systemd(Manager):
         print("to start it at boot, before anyone logs in: `loginctl enable-linger $USER`")
         print(f"log: `depthwatch service logs` (journalctl --user -u {UNIT}); check it with `depthwatch service status`")
 
+    def _start_the_old_one(self) -> None:
+        """A reinstall failed after `restart` stopped the service: its old unit is back; start its daemon again."""
+        ran = run(restart_unit(), check=False)
+        if ran.ok:
+            print(f"depthwatch: {UNIT} runs again with the unit it had", file=sys.stderr)
+        else:
+            print(f"depthwatch: {UNIT} is stopped: its old unit is back but did not start ({ran.reason})", file=sys.stderr)
+
     def uninstall(self) -> int:
         state = self.state()
         existed = self.definition.exists()
-        if not state.loaded and not existed:
+        if not state.loaded and not existed and not state.running:
             print(f"{UNIT} is not installed; nothing to do")
             return 0
         self.systemctl(disable(), check=False)  # fails harmlessly when it was never enabled
@@ -340,9 +359,10 @@ class Systemd(Manager):
         return 0
 
     def stop(self) -> int:
-        self.require_installed()
+        if not self.state().running:  # a daemon whose unit file was deleted is stopped all the same
+            self.require_installed()
         self.systemctl(stop_unit())  # returns once the daemon has exited
-        print(f"stopped {UNIT} (exit status {describe_exit(self.state().last_exit)})")
+        print(f"stopped {UNIT} ({describe_end(self.state())})")
         return 0
 
     def restart(self) -> int:
