@@ -42,3 +42,8 @@ def one_line(text: str) -> str:
     the name on screen would match neither the file nor the log.
     """
     return _UNSAFE_BUT_ESCAPES.sub(_escape, text)
+
+
+def amount(value: float) -> str:
+    """Enough figures to tell a size from its limit: 2.07 over 2, 0.23 over 0.1, 0.344 over 0.3 (never "0 over 0")."""
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"

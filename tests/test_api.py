@@ -508,6 +508,26 @@ def test_rules_refuse_escapes_used_by_the_api(tmp_path):
         assert refused.value.status == 403, name
 
 
+def test_a_refused_frame_is_told_its_own_reason(tmp_path):
+    """Before: a hidden frame was "does not match watch.patterns" (it matched), and a user's photo
+    named as maps are named, with no record of depthwatch's, was "one of depthwatch's own files"."""
+    from depthwatch.daemon.api import PredictApp, Refused
+
+    watch = tmp_path / "watch"
+    watch.mkdir()
+    (watch / "photo_depth.png").write_bytes(b"a user's picture")
+    rules = Rules(WatchConfig(folders=(watch,), patterns=("*.jpg", "*.png")), OutputConfig(template="{stem}_depth.png"))
+    app = PredictApp(None, ApiConfig())  # type: ignore[arg-type]
+    reasons = {}
+    for name in (".x.jpg", "photo_depth.png", "notes.txt"):
+        with pytest.raises(Refused) as refused:
+            app._resolve(name, rules)
+        reasons[name] = str(refused.value)
+    assert ".x.jpg is a hidden file (its name starts with a dot)" in reasons[".x.jpg"]
+    assert "photo_depth.png is named as output.template names depth maps ({stem}_depth.png)" in reasons["photo_depth.png"]
+    assert "notes.txt does not match watch.patterns (*.jpg, *.png)" in reasons["notes.txt"]
+
+
 # -- slow clients, reload, the extra ------------------------------------------------------------------
 
 

@@ -91,6 +91,18 @@ def test_a_frame_just_over_the_limit_is_told_from_it():
         codec.decode(jpeg_bytes(np.zeros((360, 640, 3), np.uint8)), max_pixels=100_000)
 
 
+def test_a_file_or_clip_just_over_its_limit_is_told_from_it(tmp_path):
+    """Before: "is 0 MB, over the limit of 0 MB" (max_file_mb: 0.3), and a clip of 2.07 megapixels
+    "over the limit of 2 megapixels", on every path."""
+    from depthwatch.frames.reading import read_file
+
+    big = tmp_path / "big.jpg"
+    big.write_bytes(b"\xff" * 360_000)
+    with pytest.raises(FrameError, match=r"is 0\.343 MB, over the limit of 0\.3 MB; raise daemon\.max_file_mb"):
+        read_file(big, max_bytes=int(0.3 * 2**20))
+    assert codec.over_pixels(1920, 1080, 2_000_000).startswith("1920x1080 is 2.07 megapixels, over the limit of 2;")
+
+
 def test_decode_refuses_a_decompression_bomb_before_decoding():
     # A valid PNG header declaring 60000 x 60000 pixels: refused from the header alone.
     header = b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\rIHDR" + (60000).to_bytes(4, "big") * 2 + b"\x08\x02\x00\x00\x00"

@@ -24,7 +24,7 @@ from depthwatch.frames import timeline
 from depthwatch.frames.job import signature_of
 from depthwatch.frames.settings import Settings
 from depthwatch.frames.writer import temp_name_for
-from depthwatch.imaging import clipwrite, normalise, render, sourcemeta, video
+from depthwatch.imaging import clipwrite, codec, normalise, render, sourcemeta, video
 from depthwatch.model.engine import Engine
 
 #: The source is checked for a rewrite every this many frames (and at the end).
@@ -113,9 +113,7 @@ def _make(
         raise OwnOutput("is a depth clip depthwatch made; not taken as a clip")
     refuse_replacing(job.final, settings.timeline)  # before the work, not after it
     if meta.width * meta.height > settings.max_pixels:
-        raise FrameError(
-            f"{meta.width}x{meta.height} is over the limit of {settings.max_pixels / 1e6:.0f} megapixels; raise daemon.max_megapixels"
-        )
+        raise FrameError(codec.over_pixels(meta.width, meta.height, settings.max_pixels))
     progress.frames = progress.total = meta.frames
     progress.phase = "mapping"
     on_progress(progress)

@@ -39,6 +39,7 @@ from urllib.parse import parse_qs
 from depthwatch.config import ApiConfig
 from depthwatch.daemon.waiters import DONE, FAILED, TIMEOUT, Ticket
 from depthwatch.errors import DepthwatchError, FrameError
+from depthwatch.frames import provenance
 from depthwatch.frames.folders import inside
 from depthwatch.frames.frameline import timings
 from depthwatch.frames.result import Result
@@ -285,9 +286,19 @@ class PredictApp:
         if not rules.link_allowed(path):
             raise Refused(403, f"{path} is a symlink to outside its watch folder")
         if rules.is_own_file(path):
-            raise Refused(403, f"{path.name} is one of depthwatch's own files (an output or a temporary file), not a frame")
+            if rules.named_as_map(path) and path.is_file() and provenance.read(path) is None:
+                raise Refused(
+                    403, f"{shown(path.name)} is named as output.template names depth maps ({shown(rules.template)}), so it is "
+                    "never taken as a frame; rename it to map it"
+                )
+            raise Refused(403, f"{shown(path.name)} is one of depthwatch's own files (an output or a temporary file), not a frame")
         if not rules.is_frame(path):
-            raise Refused(403, f"{path.name} does not match watch.patterns ({', '.join(rules.patterns)})")
+            if path.name.startswith(".") and rules.root_of(path) is not None:
+                raise Refused(
+                    403, f"{shown(path.name)} is a hidden file (its name starts with a dot), never taken as a frame unless "
+                    "watch.patterns names hidden files (.*.jpg)"
+                )
+            raise Refused(403, f"{shown(path.name)} does not match watch.patterns ({', '.join(rules.patterns)})")
         return path
 
     # -- an image in the body ---------------------------------------------------------

@@ -55,7 +55,7 @@ from depthwatch.farm.tasks import RESOURCE
 from depthwatch.frames.settings import Settings
 from depthwatch.frames import timeline
 from depthwatch.frames.writer import sweep_temp_files_for, temp_name_for
-from depthwatch.imaging import clipwrite, normalise, sourcemeta, stabilise, video
+from depthwatch.imaging import clipwrite, codec, normalise, sourcemeta, stabilise, video
 from depthwatch.logtext import shown
 
 #: A clip's range is this many times `farm.frames_per_task` frames (a frame of a clip costs a
@@ -119,7 +119,7 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
     if clipwrite.made_here(job.source, meta.comment):
         raise DepthwatchError("is a depth clip depthwatch made; not taken as a clip")
     if meta.width * meta.height > settings.max_pixels:
-        raise DepthwatchError(f"{meta.width}x{meta.height} is over the limit of {settings.max_pixels / 1e6:.0f} megapixels; raise daemon.max_megapixels")
+        raise DepthwatchError(codec.over_pixels(meta.width, meta.height, settings.max_pixels))
     out_kind = segments.segment_kind(job.output)  # a kind the farm joins, before any work
     refuse_replacing(job.final, settings.timeline)  # before the work, not after it
     if settings.timeline:

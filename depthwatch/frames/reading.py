@@ -20,6 +20,7 @@ from depthwatch.errors import FrameError, Superseded, Vanished
 from depthwatch.files import kind_of, link_problem
 from depthwatch.frames.folders import inside
 from depthwatch.frames.job import Signature, signature_from
+from depthwatch.logtext import amount
 
 #: Default for `daemon.max_file_mb`: far above any frame, far below a machine's memory.
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
@@ -81,7 +82,7 @@ def open_checked(
             raise _not_a_file(st.st_mode)
         if st.st_size > max_bytes:
             raise FrameError(
-                f"is {st.st_size / 2**20:.0f} MB, over the limit of {max_bytes / 2**20:.0f} MB; "
+                f"is {amount(st.st_size / 2**20)} MB, over the limit of {amount(max_bytes / 2**20)} MB; "
                 "raise daemon.max_file_mb to accept it"
             )
     except BaseException:
@@ -120,7 +121,7 @@ def read_file(
         os.close(fd)
     if len(data) > max_bytes:
         raise FrameError(
-            f"grew past the limit of {max_bytes / 2**20:.0f} MB while being read; raise daemon.max_file_mb to accept it"
+            f"grew past the limit of {amount(max_bytes / 2**20)} MB while being read; raise daemon.max_file_mb to accept it"
         )
     return data, after
 

@@ -118,7 +118,15 @@ class Rules:
             return True
         if self._is_clip_output(path):
             return True
-        if not self._output_name.fullmatch(name):
+        return self.named_as_map(path)
+
+    def named_as_map(self, path: Path) -> bool:
+        """Whether `path` is where output.template puts a map (its name, and its folder where the template fixes one).
+
+        A user's own file may be named so too (`photo_depth.png`): never taken as a
+        frame all the same, but then it is the name, not the file, that is depthwatch's.
+        """
+        if not self._output_name.fullmatch(path.name):
             return False
         fixed = self._fixed_folder
         if fixed is None:

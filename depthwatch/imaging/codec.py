@@ -22,6 +22,7 @@ import simplejpeg
 from depthwatch.errors import FrameError
 from depthwatch.imaging import exr, formats, plates
 from depthwatch.imaging.formats import OUTPUT_FORMATS
+from depthwatch.logtext import amount
 
 #: libjpeg's warnings that mean part of the picture was made up, not decoded (jerror.h). Others
 #: ("extraneous bytes before marker", an unknown JFIF revision) leave the picture whole.
@@ -242,16 +243,15 @@ def _png_pixels_only(data: bytes) -> bytes:
 
 def _check_pixels(width: int, height: int, max_pixels: int) -> None:
     if width * height > max_pixels:
-        raise FrameError(
-            f"{width}x{height} is {_megapixels(width * height)} megapixels, over the "
-            f"limit of {_megapixels(max_pixels)}; raise daemon.max_megapixels to accept it"
-        )
+        raise FrameError(over_pixels(width, height, max_pixels))
 
 
-def _megapixels(pixels: int) -> str:
-    """Enough figures to tell a frame from its limit: 2.07 over 2, 0.23 over 0.1 (never "2 over 2")."""
-    mp = pixels / 1e6
-    return f"{mp:.0f}" if mp >= 100 else f"{mp:.3g}"
+def over_pixels(width: int, height: int, max_pixels: int) -> str:
+    """The one line for a frame or a clip over `daemon.max_megapixels` (stills, clips and the farm alike)."""
+    return (
+        f"{width}x{height} is {amount(width * height / 1e6)} megapixels, over the "
+        f"limit of {amount(max_pixels / 1e6)}; raise daemon.max_megapixels to accept it"
+    )
 
 
 def _decode_exr(data: bytes, max_pixels: int, colour: str) -> Decoded:
