@@ -288,17 +288,17 @@ class PredictApp:
         if rules.is_own_file(path):
             if rules.named_as_map(path) and path.is_file() and provenance.read(path) is None:
                 raise Refused(
-                    403, f"{shown(path.name)} is named as output.template names depth maps ({shown(rules.template)}), so it is "
+                    403, f"{path.name} is named as output.template names depth maps ({rules.template}), so it is "
                     "never taken as a frame; rename it to map it"
                 )
-            raise Refused(403, f"{shown(path.name)} is one of depthwatch's own files (an output or a temporary file), not a frame")
+            raise Refused(403, f"{path.name} is one of depthwatch's own files (an output or a temporary file), not a frame")
         if not rules.is_frame(path):
             if path.name.startswith(".") and rules.root_of(path) is not None:
                 raise Refused(
-                    403, f"{shown(path.name)} is a hidden file (its name starts with a dot), never taken as a frame unless "
+                    403, f"{path.name} is a hidden file (its name starts with a dot), never taken as a frame unless "
                     "watch.patterns names hidden files (.*.jpg)"
                 )
-            raise Refused(403, f"{shown(path.name)} does not match watch.patterns ({', '.join(rules.patterns)})")
+            raise Refused(403, f"{path.name} does not match watch.patterns ({', '.join(rules.patterns)})")
         return path
 
     # -- an image in the body ---------------------------------------------------------
