@@ -332,6 +332,25 @@ def test_int8_is_quantized_after_the_tools_preparation_so_a_pad_joins_its_conv(t
     assert ops.count("Conv") == 3 and "Pad" not in ops, ops
 
 
+def test_a_quantization_that_did_not_finish_leaves_nothing_for_good(tmp_path):
+    """A stop or a kill while quantizing left model-sized hidden files in the cache, one more at each
+    interrupted start, and nothing removed them; now the next quantization removes those of processes
+    that are gone (a live one's stay), and its own go with it."""
+    model = padded_conv_model(tmp_path / "padded.onnx")
+    cache_root, state = tmp_path / "int8", tmp_path / "state"
+    folder = quantize._target(model, cache_root, state).parent
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    dead = int(gone.stdout)
+    left = [f".int8-{dead}-abcd1234.pre.onnx.dwtmp", f".int8-{dead}-abcd1234.pre.onnx-inferred.dwtmp", ".int8-k2j4h5g6.onnx.dwtmp"]
+    live = f".int8-{os.getpid()}-live0000.onnx.dwtmp"  # a quantization under way in a live process
+    for name in (*left, live):
+        (folder / name).write_bytes(b"as large as the model")
+    tensors = [np.random.default_rng(i).random((1, 3, 64, 64), dtype=np.float32) for i in range(2)]
+    target = quantize.int8_model(model, cache_root, state, "image", tensors)
+    assert target.is_file()
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith(".")) == [live]
+
+
 def test_int8_keeps_its_first_and_last_convolution_in_fp32_and_gives_the_others_all_8_bits(tmp_path, cache_home):
     # The real FastDepth network made fp32 again (benchmarks.realint8): whole in int8 its maps kept
     # r 0.9954 with VNNI and 0.9904 on AVX2 alone (u8s8 saturates there), with the 7-bit weights

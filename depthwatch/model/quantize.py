@@ -34,12 +34,14 @@ import contextlib
 import importlib.util
 import logging
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from depthwatch import processes
 from depthwatch.errors import ModelError
 from depthwatch.model import caches, providers
 
@@ -113,9 +115,33 @@ def int8_model(model: Path, cache_root: Path, state_dir: Path, input_name: str, 
         return target
     if already_quantized(model):
         raise ModelError("the model is quantized already")
+    _sweep(target.parent)
     log.info("quantizing %s to int8 on %d probe images (once; kept in %s)", model.name, len(tensors), target.parent)
     _quantize(model, target, input_name, tensors)
     return target
+
+
+#: A quantization's temporary files: `.int8-<pid>-<random>...dwtmp` (before the pid, `.int8-<random>...`).
+_TEMPORARY = re.compile(r"\.int8-(?:(\d+)-)?[^.]+\..*\.dwtmp")
+
+
+def _sweep(folder: Path) -> None:
+    """Remove the temporaries of quantizations whose process is gone (killed, or stopped mid-way).
+
+    Each is as large as the model: a few interrupted starts (a logout, a lid
+    closed) filled the cache with hidden copies nothing removed.
+    """
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        match = _TEMPORARY.fullmatch(name)
+        if match is None or (match.group(1) is not None and processes.pid_alive(int(match.group(1)))):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(folder / name)
+            log.info("int8: removed %s, left by a quantization that did not finish", name)
 
 
 def already_quantized(model: Path) -> bool:
@@ -153,7 +179,7 @@ def _quantize(
     # depthwatch reading the cache never takes half a model.
     temporaries = []
     for suffix in (".pre.onnx.dwtmp", ".onnx.dwtmp"):
-        fd, name = tempfile.mkstemp(prefix=".int8-", suffix=suffix, dir=target.parent)
+        fd, name = tempfile.mkstemp(prefix=f".int8-{os.getpid()}-", suffix=suffix, dir=target.parent)
         os.close(fd)
         temporaries.append(name)
     prepared, temporary = temporaries
@@ -194,9 +220,15 @@ def _quantize(
         raise ModelError(f"could not quantize {model.name} to int8: {text}") from None
     finally:
         logging.getLogger().removeFilter(chatter)
-        for name in temporaries:
+        for name in (*temporaries, _inferred(prepared)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(name)
+
+
+def _inferred(prepared: str) -> str:
+    """The shape-inferred copy the tools' preparation writes beside `prepared` (`x.onnx.dwtmp` -> `x.onnx-inferred.dwtmp`)."""
+    stem, dot, suffix = prepared.rpartition(".")
+    return f"{stem}-inferred{dot}{suffix}"
 
 
 def _ends(source: str, scratch: str) -> tuple[str, list[str]]:
