@@ -85,6 +85,29 @@ def test_bad_inputs_are_reported_once_and_the_last_good_map_stays(tmp_path, tiny
         assert d.stop() == 0
 
 
+def test_an_error_record_older_than_a_current_map_goes_at_the_next_start(tmp_path, tiny_model):
+    """A kill between a map's rename and its error record's removal left "failed" beside a good,
+    current map for good: the start-up scan found the map current and looked no further."""
+    from depthwatch.frames.errorrecords import write_error_record
+
+    d = DaemonProcess(tmp_path, tiny_model, output={"error_sidecar": True})
+    write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+    d.start()
+    try:
+        wait_for(lambda: d.counts().get("done") == 1, what="the map")
+    finally:
+        assert d.stop() == 0
+    record = d.watch / "frame.jpg.error.json"
+    write_error_record(record, d.watch / "frame.jpg", "not a JPEG, PNG, TIFF, WebP, EXR or DPX image")  # the window a kill hit
+    d.start()
+    try:
+        wait_for(lambda: not record.exists(), what="the stale record to go")
+        assert "frame.jpg: its map is current; removed its error record from before it" in d.log()
+        assert (d.watch / "depth.jpg").exists() and d.counts().get("done", 0) == 0  # not mapped again
+    finally:
+        assert d.stop() == 0
+
+
 def test_a_plate_written_as_imagemagick_writes_it_is_mapped_without_a_false_empty_error(tmp_path, tiny_model):
     """ImageMagick opens its output, closes it empty, and opens it again to write it once it is encoded
     (seconds for a 4K plate): before, "the file is empty (0 bytes)" was logged as a failure in between.

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from cachetools import LRUCache
 
+from depthwatch.frames.errorrecords import remove_error_record
 from depthwatch.frames.rules import Rules, map_is_current
 from depthwatch.logtext import shown
 from depthwatch.threadnames import name_this_thread
@@ -152,7 +153,26 @@ class Scanner:
                 if needs_output(self.rules, path):
                     self._found(path)
                     count += 1
+                else:
+                    self._tidy(path)
         return count
+
+    def _tidy(self, path: Path) -> None:
+        """A frame whose map is current: an error record beside it is older than that map.
+
+        A kill between the map's rename and the record's removal left "failed" beside a
+        good map for good: the next start found the map current and looked no further.
+        """
+        if not self.rules.error_records:
+            return
+        try:
+            record = self.rules.error_record_for(path, self.rules.output_for(path))
+        except Exception:  # an output outside the allowed folders: nothing of ours beside it
+            return
+        if record is not None and os.path.lexists(record):
+            remove_error_record(record)
+            if not os.path.lexists(record):
+                log.info("%s: its map is current; removed its error record from before it", shown(path))
 
     def _poll(self, folder: Path) -> int:
         """A quiet scan standing in for a watch: hand over each frame that needs a map and is new or changed."""
