@@ -220,6 +220,35 @@ def test_reload_swaps_on_the_inference_thread_and_keeps_the_old_model_on_failure
         assert engine.load_count == 2
 
 
+def test_a_frame_that_ends_the_inference_thread_is_named_and_the_frames_behind_it_are_not_failed(tmp_path):
+    """Before: the frame at fault got no line of its own (its error was lost with the thread), and
+    every frame queued behind it was logged and counted as failed with the engine's error."""
+    from depthwatch.errors import FrameError, Stopped
+
+    model = brightness_model(tmp_path / "m.onnx", size=(32, 32))
+    with Engine(spec_for(model)) as engine:
+        info = engine.wait_ready()
+        queued = threading.Event()
+        run = engine._run
+
+        def ends_the_thread(session, future, tensor, *rest):  # a fault no per-job handler can catch
+            if tensor.max() > 0.5:
+                queued.wait(30)
+                raise SystemExit("a fault inside the runtime")
+            return run(session, future, tensor, *rest)
+
+        engine._run = ends_the_thread  # type: ignore[method-assign]
+        culprit = engine.infer(np.ones((1, 3, 32, 32), np.float32), info.generation)
+        behind = [engine.infer(np.zeros((1, 3, 32, 32), np.float32), info.generation) for _ in range(3)]
+        queued.set()
+        with pytest.raises(FrameError, match="the inference thread stopped while running the model on it: .*a fault inside the runtime"):
+            culprit.result(30)
+        for future in behind:
+            with pytest.raises(Stopped, match="not mapped: the inference engine stopped .*; the next start maps it"):
+                future.result(30)
+        assert not engine.alive and "a fault inside the runtime" in (engine.failure or "")
+
+
 def test_frame_errors_name_the_reason(tmp_path):
     model = brightness_model(tmp_path / "m.onnx")
     cases = {

@@ -305,6 +305,7 @@ class Engine(IdleMeasuring, SessionMaking):
     def _serve(self) -> None:
         name_this_thread()  # before the session exists: its operator threads take this name
         session: Session | None = None
+        in_hand: Future[Any] | None = None  # the job being served: the one that failed, if the thread ends
         try:
             try:
                 session, self._info = self._load(self._spec, generation=1)
@@ -326,6 +327,7 @@ class Engine(IdleMeasuring, SessionMaking):
                 if item is _STOP:
                     return
                 future, job = item
+                in_hand = future
                 if future.running():  # a preempted background inference, back for its turn
                     if self._interrupted:
                         future.set_exception(EngineStopped("the inference engine has stopped"))
@@ -350,6 +352,9 @@ class Engine(IdleMeasuring, SessionMaking):
         except BaseException as exc:  # not even this ends the thread unseen: `failure` says why
             if not self._closed:
                 self.failure = internal("that stopped the inference thread", exc)
+                if in_hand is not None and not in_hand.done():
+                    # Its frame is named by its own line; the others were only waiting (see `_drain`).
+                    in_hand.set_exception(FrameError(f"the inference thread stopped while running the model on it: {self.failure}"))
         finally:
             self._end_measurement()
             session = None  # release the model before the thread ends
@@ -386,7 +391,12 @@ class Engine(IdleMeasuring, SessionMaking):
             self.failure = "the inference thread ended unexpectedly"
         if self.failure is not None and self._error is None:
             self._error = EngineStopped(f"the inference engine has stopped: {self.failure}")
-        reason = self._error or EngineStopped("the inference engine has stopped")
+        reason: Exception = self._error or EngineStopped("the inference engine has stopped")
+        if self.failure is not None:
+            # The jobs waiting behind the one that ended the thread were never tried: dropped, as by a
+            # stop, for the next start to map (they were each logged and counted as failed, and the
+            # frame at fault was named by none of the lines).
+            reason = Stopped(f"not mapped: the inference engine stopped ({self.failure}); the next start maps it")
         while True:
             try:
                 item = self._jobs.get_nowait()[2]
