@@ -523,6 +523,7 @@ def test_a_recursive_watch_never_takes_its_own_sequences_or_depth_clips_for_inpu
     assert (sequence / "my_comp.nk").read_text() == "Root {}\n"
     assert counts.get("done") == 1 and not counts.get("failed") and counts.get("clips") == 2, counts
     assert "shot_depth/0" not in log and "dwtmp/" not in log, log[-3000:]
+    assert " moved in: " not in log, log[-3000:]  # its own sequence folders are no folders a user moved in
     assert "Traceback" not in log, log[-3000:]  # the file watcher followed the sequence's replacement
     assert not (d.watch / "graded_depth").exists()
     assert d.temp_files() == []

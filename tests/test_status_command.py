@@ -202,6 +202,23 @@ def test_a_stray_status_file_is_one_line_and_a_last_error_is_shown_as_the_log_ha
     assert "last error:  /shots/back" + chr(92) * 2 + "slash.jpg: not a JPEG" in done.stdout, done.stdout  # as the log has it
 
 
+def test_a_gone_daemons_clip_and_frames_in_hand_are_said_in_the_past(tmp_path):
+    """Before: a daemon killed mid-clip showed `79/360 frames, 36.4 fps, about 8 s left` and its
+    frames `1 in progress`, as if it ran; one that stopped after a failure was "gone without stopping cleanly"."""
+    from depthwatch.daemon.status import Status, write_status
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    status = Status(pid=int(gone.stdout), state="running", in_progress=1)
+    status.clip = {"source": "/shots/shot.mp4", "output": "/shots/shot_depth.mov", "done": 79, "total": 360, "rate": 36.4, "eta_s": 8}
+    write_status(tmp_path / "s.json", status)
+    out = depthwatch(tmp_path, "status", "--status", "s.json").stdout
+    assert rows(out)["clip"] == "shot.mp4 -> shot_depth.mov: stopped at 79/360 frames (the next start maps it again)", out
+    assert "1 in progress when it stopped (the next start maps them)" in rows(out)["frames"]
+    status.state = "failed"
+    write_status(tmp_path / "s.json", status)
+    assert rows(depthwatch(tmp_path, "status", "--status", "s.json").stdout)["depthwatch"].startswith("not running (it stopped after a failure at ")
+
+
 def test_run_from_a_checkout_uses_its_config_yaml_and_says_so(tmp_path, tiny_model):
     checkout = tmp_path / "checkout"
     checkout.mkdir()

@@ -68,13 +68,15 @@ def main(args: argparse.Namespace) -> int:
     return 0 if running else EXIT_NOT_RUNNING
 
 
-def _clip_line(clip: dict[str, Any]) -> str:
-    """`A001.mov -> A001_depth.mov: 120/300 frames, 45.0 fps, about 4 s left`."""
+def _clip_line(clip: dict[str, Any], stopped: bool = False) -> str:
+    """`A001.mov -> A001_depth.mov: 120/300 frames, 45.0 fps, about 4 s left`; of a daemon gone, where it stopped."""
     done, total = int(clip.get("done") or 0), int(clip.get("total") or 0)
     eta = clip.get("eta_s")
     left = f", about {eta:.0f} s left" if isinstance(eta, (int, float)) else ""
     name = Path(str(clip.get("source"))).name
     output = Path(str(clip.get("output"))).name
+    if stopped:
+        return f"{name} -> {output}: stopped at {done}/{total or '?'} frames (the next start maps it again)"
     return f"{name} -> {output}: {done}/{total or '?'} frames, {float(clip.get('rate') or 0):.1f} fps{left}"
 
 
@@ -105,6 +107,8 @@ def _show(path: Path) -> bool:
         head = f"{state}, pid {pid}, since {started}"
     elif state == "stopped":
         head = f"not running (stopped at {iso_time(updated)}; pid {pid} started {started})"
+    elif state == "failed":  # it said why and exited (70): stopped in order, after a failure
+        head = f"not running (it stopped after a failure at {iso_time(updated)}; pid {pid} started {started})"
     else:
         head = f"not running (pid {pid} is gone without stopping cleanly; it last wrote at {iso_time(updated)}, state {state})"
     counts: dict[str, Any] = data.get("counts") or {}
@@ -131,14 +135,15 @@ def _show(path: Path) -> bool:
         f"{counts.get('done', 0)} done, {counts.get('failed', 0)} failed, {counts.get('superseded', 0)} superseded, "
         f"{counts.get('incomplete', 0)} incomplete, {counts.get('retried', 0)} retried, "
         f"{counts.get('own_maps', 0)} depth maps skipped; "
-        f"{data.get('queue_depth', 0)} queued, {data.get('in_progress', 0)} in progress{parked_note(data)}",
+        f"{data.get('queue_depth', 0)} queued, {data.get('in_progress', 0)} in progress"
+        f"{'' if running else ' when it stopped (the next start maps them)'}{parked_note(data)}",
     ))
     clip = data.get("clip")
     clips = clips_line(data)
     if clips:
         rows.append(("clips", clips))
     if clip:
-        rows.append(("clip", _clip_line(clip)))
+        rows.append(("clip", _clip_line(clip) if running else _clip_line(clip, stopped=True)))
     last = counts.get("last_frame")
     latency = counts.get("last_latency_ms")
     rows.append(("last frame", f"{last} ({latency} ms)" if last else "none yet"))

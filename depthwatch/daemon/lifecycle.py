@@ -351,7 +351,7 @@ class Daemon(ApiBackend):
         self.status.watching = [str(r) for r in rules.roots]
         pending = self.watcher.scan_now(cancelled=self._stop_asked)
         if pending:
-            log.info("%d frame(s) are waiting for their depth maps", pending)
+            log.info("%d frame(s) or clip(s) are waiting for their depth maps", pending)
 
     def _watch_engine(self) -> bool:
         """Say what the engine does now (a switch to a faster engine); False if its thread has died.

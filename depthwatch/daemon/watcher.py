@@ -191,7 +191,7 @@ class Watcher:
                 self._folders.folder_came()
                 if self.rules.is_frame(path):
                     self.poke(path, Mode.NOW)  # a folder under a frame's name: the settler reports it
-                if self.rules.recursive:
+                if self.rules.recursive and not self.rules.is_own_file(path):  # not a sequence depthwatch writes
                     self.scan_later(path, moved_in=True)  # files moved in with a folder raise no events of their own
             return
         if not self.rules.is_frame(path):
