@@ -478,6 +478,17 @@ def test_what_systemd_says_is_said_truly_starting_gone_unit_exec_errors_and_sigk
     assert "stopped depthwatch.service (killed by signal 9, SIGKILL: it did not stop in time" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("odd", ["nl\nx", "esc\x1b[31m", "ends\\"])
+def test_a_config_whose_path_a_unit_cannot_name_is_one_line(tmp_path: Path, tiny_model: Path, home: Path, tools, capsys, odd: str):
+    """A newline in the config's folder was a ValueError traceback; a trailing backslash made
+    WorkingDirectory= a line continuation that swallowed the next line, and verify passed."""
+    config = make_project(tmp_path / odd, tiny_model)
+    assert service("install", "-c", str(config)) == EX_CONFIG
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "which a launchd plist or a systemd unit cannot name" in err, err
+    assert tools.calls() == [] and not systemd.unit_path(home, os.environ).exists()
+
+
 def test_a_failed_reinstall_starts_the_old_service_again(config: Path, home: Path, tools, capsys):
     """`systemctl restart` stopped the old daemon; the new unit failed; the old unit was put back, and
     the service that had been mapping frames stayed down, unsaid."""

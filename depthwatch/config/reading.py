@@ -25,6 +25,7 @@ from depthwatch.config.checks import did_you_mean, show
 from depthwatch.config.combinations import check_combinations
 from depthwatch.config.sections import RENAMED, SECTIONS, Config, defaults
 from depthwatch.errors import ConfigError
+from depthwatch.logtext import shown
 
 log = logging.getLogger("depthwatch.config")
 
@@ -53,7 +54,7 @@ def load(path: Path | None, *, running: bool = False) -> Config:
     if all(not line.strip() or line.lstrip().startswith("#") for line in text.splitlines()):
         if running:
             raise ConfigError(f"{path} is empty (or only comments); write its settings, or `{{}}` for the built-in defaults")
-        log.warning("%s is empty (or only comments): the built-in defaults are used", path)
+        log.warning("%s is empty (or only comments): the built-in defaults are used", shown(path))
     return parse(text, path)
 
 

@@ -310,7 +310,7 @@ class Daemon(ApiBackend):
     def _announce(self, config: Config) -> None:
         """Which config and which status file, first thing: the answers to "why is it doing that?"."""
         path = path_for(config)
-        log.info("config %s; status file %s", config.source or "built-in defaults", path)
+        log.info("config %s; status file %s", shown(config.source) if config.source else "built-in defaults", shown(path))
         if config.daemon.status_file is None:  # the default one lives in a folder of ours
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)

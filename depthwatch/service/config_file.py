@@ -10,15 +10,29 @@ depthwatch has it too. An existing user config is never replaced.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from depthwatch import config as configuration
 from depthwatch import paths
 from depthwatch.config import Config
-from depthwatch.errors import ModelError
+from depthwatch.errors import ConfigError, ModelError
+from depthwatch.logtext import shown
 from depthwatch.model import catalogue
 from depthwatch.service import supervision
+
+
+def _nameable(path: Path) -> None:
+    """ConfigError unless a service definition can name `path`: no control character (a plist cannot
+    hold one, a unit line ends at a newline) and no backslash (a unit line's continuation)."""
+    text = os.path.abspath(path)
+    odd = next((c for c in text if ord(c) < 32 or ord(c) == 127 or c == "\\"), None)
+    if odd is not None:
+        raise ConfigError(
+            f"{shown(text)}: its path holds {'a backslash' if odd == chr(92) else 'a control character'}, which a "
+            "launchd plist or a systemd unit cannot name; move the config to a folder whose path has none"
+        )
 
 
 def documented_default() -> Path:
@@ -43,6 +57,8 @@ def choose(config_arg: str | None, *, check_model: bool) -> ServiceConfig:
     a hint when it is the default config that names it.
     """
     path = configuration.find(config_arg)
+    if path is not None:
+        _nameable(path)
     new = None
     if path is not None:
         config = configuration.load(path)
