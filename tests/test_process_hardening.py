@@ -582,3 +582,39 @@ def test_a_finished_shot_folder_moved_into_a_recursive_watch_is_not_mapped_again
         assert d.stop() == 0
     mapped = [line for line in d.frame_lines()]
     assert len(mapped) == 1 and "new.jpg" in mapped[0], mapped
+
+
+def test_a_frame_the_process_keeps_ending_on_is_named_then_set_aside_until_it_changes(tmp_path):
+    """A frame that crashes the model's runtime natively ended the process with no line, and every
+    restart met it again and crashed again, for good (a kill during its run stands in for the crash)."""
+    from onnx_models import slow_model
+
+    model = slow_model(tmp_path / "slow.onnx", seconds=1.5)
+    d = DaemonProcess(tmp_path, model, providers=["cpu"], output={"error_sidecar": True})
+    note = tmp_path / "daemon.status.json.inference"
+    frame = d.watch / "frame.jpg"
+    write_by_rename(frame, jpeg_bytes(quadrant_frame()))
+
+    def ended_in_its_run() -> None:
+        d.start()
+        wait_for(lambda: note.exists() and b"frame.jpg" in note.read_bytes(), what="the model to be running on the frame")
+        d.kill()  # as a segfault inside the runtime ends it: no line, no status
+        d.proc.wait(60)
+
+    try:
+        ended_in_its_run()
+        ended_in_its_run()  # tried once more, and it ends the run again
+        assert "frame.jpg: the model was running on it when the last run ended without stopping; it is tried once more" in d.log()
+        d.start()
+        wait_for(lambda: d.counts().get("failed") == 1, what="the frame set aside")
+        assert "frame.jpg: the process ended 2 times while the model ran on this version of it" in d.log()
+        assert not (d.watch / "depth.jpg").exists()
+        assert "set aside" in (d.watch / "frame.jpg.error.json").read_text()
+        assert d.stop() == 0 and not note.exists()  # a clean stop leaves no note
+        d.start()  # set aside across starts, without a run of its own
+        wait_for(lambda: d.counts().get("failed") == 1, what="the frame set aside again")
+        write_by_rename(frame, jpeg_bytes(quadrant_frame(bright="bottom-right")))  # replaced: a frame like any other
+        wait_for(lambda: (d.watch / "depth.jpg").exists(), timeout=120, what="the new version's map")
+        assert not (d.watch / "frame.jpg.error.json").exists()
+    finally:
+        d.close()

@@ -13,13 +13,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from depthwatch.daemon.intake import SET_ASIDE
 from depthwatch.daemon.waiters import MapWaiters, Ticket
+from depthwatch.errors import FrameError
 from depthwatch.frames.job import Job, signature_of
 from depthwatch.frames.result import Result
 from depthwatch.frames.rules import Rules
 from depthwatch.frames.settings import Settings
 
 if TYPE_CHECKING:
+    from depthwatch.daemon.blackbox import BlackBox
     from depthwatch.daemon.intake import Intake
     from depthwatch.daemon.reporting import StatusReport
     from depthwatch.frames.pipeline import Pipeline
@@ -30,6 +33,7 @@ class ApiBackend:
     """The API's side of `Daemon` (see `api.Backend`); every method may be called from any thread."""
 
     rules: Rules
+    black_box: BlackBox
     waiters: MapWaiters
     intake: Intake
     pipeline: Pipeline | None
@@ -51,6 +55,8 @@ class ApiBackend:
             signature = signature_of(source)
             if signature is None:
                 raise FileNotFoundError(source)
+            if self.black_box.holds(source, signature):
+                raise FrameError(SET_ASIDE)
             return self.waiters.attach(replace(job, signature=signature), self.intake.enqueue)
 
     def give_up(self, waited: Ticket | Future[Result]) -> None:

@@ -27,6 +27,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("depthwatch")
 
+#: Why a frame set aside by the black box is not mapped.
+SET_ASIDE = (
+    "set aside: runs of depthwatch ended while the model ran on this version of it (a crash in the model's runtime?); "
+    "it is mapped again once it changes: replace it, or remove it"
+)
+
 
 class Intake:
     """The watcher's callbacks (settle thread) and the one way a job enters the queue (any thread)."""
@@ -47,6 +53,9 @@ class Intake:
                 "%s carries depthwatch's record (a depth map, or an image saved from one); not taken as a frame",
                 shown(source),
             )
+            return
+        if daemon.black_box.holds(source, signature):  # a version that ended runs of the daemon: said, not run
+            self.refuse_set_aside(source)
             return
         if rules.is_clip(source):  # a clip job, on the clip thread
             try:
@@ -73,6 +82,10 @@ class Intake:
             if signature_of(source) != signature:
                 return  # changed since: that newer version comes by its own event or request
             self.enqueue(job)
+
+    def refuse_set_aside(self, source: Path) -> None:
+        """A frame set aside (`blackbox`): failed with its line and record, never run through the model."""
+        self.on_unusable(source, SET_ASIDE)
 
     def on_unusable(self, source: Path, reason: str) -> None:
         """A file the watcher will not hand over (never completed, forbidden link): report it."""

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 from depthwatch.config import Config, OutputConfig
 from depthwatch.daemon.accounting import Accounts
 from depthwatch.daemon.backend import ApiBackend
+from depthwatch.daemon.blackbox import BlackBox
 from depthwatch.daemon.clips import ClipRunner
 from depthwatch.daemon.intake import Intake
 from depthwatch.daemon.listening import address_problem
@@ -97,6 +98,9 @@ class Daemon(ApiBackend):
         self.status = self.report.status
         self.settings = Settings.from_config(config, watching=True)
         self.engine: Engine | None = None
+        #: The frame in the model now, on disk beside the status: one a crash ends the run on is named
+        #: at the next start, and set aside if it ends a run again (`blackbox`).
+        self.black_box = BlackBox(path_for(config))
         self.pipeline: Pipeline | None = None
         self.queue = LatestWinsQueue(config.daemon.queue_size)
         self.rules = Rules(config.watch, config.output)
@@ -193,12 +197,15 @@ class Daemon(ApiBackend):
         self.locks.hold(self.rules.roots, recursive=config.watch.recursive)  # AlreadyRunning: another daemon has one of them
         spec = catalogue.resolve(config.model, config.base)
         self._announce(config)
+        self.black_box.open()  # what the last run ended on, said before anything is mapped
         # `starting`, in the status file from now: a large model's first load takes a while, and
         # `depthwatch status` meanwhile said "not running" (or showed the last run's pid, stopped).
         self.report.touch()
         self.report.write()
         # The engine measurement never holds the start: it runs in idle time once frames are served.
-        self.engine = Engine(spec, session_factory=self._session_factory, measure_providers="background").start()
+        self.engine = Engine(spec, session_factory=self._session_factory, measure_providers="background")
+        self.engine.black_box = self.black_box.note
+        self.engine.start()
         try:
             info = self._wait_for_model()  # loaded exactly once, before the first job
         except BaseException as exc:
@@ -415,6 +422,7 @@ class Daemon(ApiBackend):
             self.api.close(left())
         if self.engine is not None:
             self.engine.stop(left(), interrupt=not idle)
+        self.black_box.close()  # a stop, not a crash: no frame ended this run
         if self.pipeline is not None:
             self.pipeline.close(0.1)
         self.accounts.report_superseded(final=True)

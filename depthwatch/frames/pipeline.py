@@ -323,7 +323,9 @@ class Pipeline:
         prepared = tensor.prepare(frame.decoded, info.contract, info.profile)
         frame.lap("prepare")
         frame.check()
-        frame.inference = self.engine.infer(prepared, info.generation)
+        # What the run is of (a frame on disk, this version): a crash inside the runtime names it (`daemon.blackbox`).
+        label = (frame.job.source, signature_from(frame.source_stat)) if frame.source_stat is not None and frame.job.data is None else None
+        frame.inference = self.engine.infer(prepared, info.generation, label=label)
         if frame.abandoned:  # a newer job (or a cancel) came while this one was being handed over
             self.engine.abort(frame.inference, running_too=frame.job.output is None)
         elif info.runs_off_the_cpu:

@@ -158,6 +158,9 @@ class Engine(IdleMeasuring, SessionMaking):
         self._side_run: tuple[Any, bool] | None = None
         #: Why the inference thread ended while the engine was not being stopped (None: it did not).
         self.failure: str | None = None
+        #: Called on the inference thread with a run's `label` just before the model runs on it, and with
+        #: None after (the daemon's `blackbox`: a crash inside the runtime names its frame at the next start).
+        self.black_box: Callable[[Any], None] | None = None
         #: Seconds the last serving session's warm-up run took (the measurement's estimate).
         self._warm_s: float | None = None
         #: A model's contract and the seconds of one run, as an fp32 session of it showed: what
@@ -207,15 +210,16 @@ class Engine(IdleMeasuring, SessionMaking):
     def thread(self) -> threading.Thread:
         return self._thread
 
-    def infer(self, tensor: np.ndarray, generation: int, priority: int = LIVE) -> Future[Inference]:
+    def infer(self, tensor: np.ndarray, generation: int, priority: int = LIVE, label: Any = None) -> Future[Inference]:
         """Queue one tensor prepared for model `generation`; the future gets the prediction.
 
         If the model was swapped since the tensor was prepared the future fails
         with ModelChanged and the caller prepares it again for the new model.
         `priority` BACKGROUND (a clip's frames) waits behind every LIVE job queued,
-        so a frame dropped meanwhile waits for one inference at most.
+        so a frame dropped meanwhile waits for one inference at most. `label`:
+        what the run is of, handed to `black_box` just before the model runs on it.
         """
-        return self._put(("run", tensor, generation, priority), priority)
+        return self._put(("run", tensor, generation, priority, label), priority)
 
     def abort(self, future: Future[Inference], running_too: bool = True) -> None:
         """Give up on an inference whose frame has a newer version.
@@ -341,7 +345,7 @@ class Engine(IdleMeasuring, SessionMaking):
                     if job[0] == "load":
                         session = self._swap(session, future, job[1])
                     else:
-                        session = self._run(session, future, job[1], job[2], job[3])
+                        session = self._run(session, future, job[1], job[2], job[3], job[4])
                 except Exception as exc:  # whatever it was, this job fails and the next one is served
                     line = internal("in the inference thread", exc)
                     if not future.done():
@@ -439,7 +443,9 @@ class Engine(IdleMeasuring, SessionMaking):
             self._withdrawn.discard(future)
         future.set_exception(error)
 
-    def _run(self, session: Session, future: Future[Any], tensor: np.ndarray, generation: int, priority: int = LIVE) -> Session:
+    def _run(
+        self, session: Session, future: Future[Any], tensor: np.ndarray, generation: int, priority: int = LIVE, label: Any = None
+    ) -> Session:
         info = self._info
         assert info is not None
         if generation != info.generation:
@@ -452,14 +458,17 @@ class Engine(IdleMeasuring, SessionMaking):
             with self._lock:
                 self._running = (future, options)
                 self._running_background, self._preempted = priority != LIVE, False
+            noted = label is not None and self.black_box is not None
             try:
+                if noted:
+                    self.black_box(label)  # type: ignore[misc]  # a crash inside the run names this frame
                 start = time.perf_counter()
                 output = session.run(names, feed, options)[0]
                 seconds = time.perf_counter() - start
                 prediction = depth_map(output)
             except Exception as exc:  # onnxruntime raises its own exception types
                 if options.terminate and self._preempted and not self._interrupted:
-                    self._requeue(future, tensor, generation, priority)
+                    self._requeue(future, tensor, generation, priority, label)
                     return session
                 if options.terminate:
                     if self._interrupted:
@@ -474,6 +483,8 @@ class Engine(IdleMeasuring, SessionMaking):
                 future.set_exception(InferenceFailed(f"inference failed: {first_line(exc)}"))
                 return session
             finally:
+                if noted:
+                    self.black_box(None)  # type: ignore[misc]  # the run is over, however it ended
                 with self._lock:
                     self._running = None
                     self._running_background = False
@@ -486,14 +497,14 @@ class Engine(IdleMeasuring, SessionMaking):
             return session
         return session
 
-    def _requeue(self, future: Future[Any], tensor: np.ndarray, generation: int, priority: int) -> None:
+    def _requeue(self, future: Future[Any], tensor: np.ndarray, generation: int, priority: int, label: Any = None) -> None:
         """A preempted background inference goes back in the queue, behind the live job that stopped it.
 
         Its future is already running; it is put back as it was, so the caller sees
         only a later result.
         """
         # Before the stop marker, which always comes last: work queued before a stop still runs.
-        self._jobs.put((priority, next(self._order), (future, ("run", tensor, generation, priority))))
+        self._jobs.put((priority, next(self._order), (future, ("run", tensor, generation, priority, label))))
 
     def _rebuild_on_cpu(self, session: Session, info: ModelInfo, exc: Exception) -> tuple[Session, ModelInfo]:
         self._cpu_rebuilt = True
