@@ -55,3 +55,41 @@ def pid_alive(pid: object, token: str | None = None) -> bool:
         return True
     now = start_token(pid)
     return now is None or now == token  # another start: the pid was handed to another program
+
+
+def start_number(pid: int) -> int | None:
+    """`start_token` as a number, for a file name: clock ticks after boot (Linux), milliseconds (macOS)."""
+    token = start_token(pid)
+    if token is None:
+        return None
+    kind, _, value = token.partition(":")
+    return int(value) if kind == "ticks" else int(float(value) * 1000)
+
+
+_own_start: list[int | None] = []
+
+
+def own_tag() -> str:
+    """This process as a temporary file's name says it: `PID` and, where it can be read, `tSTART`.
+
+    A pid alone outlived its process: a daemon restarted in a container is pid
+    1 each time, so every leftover of the run before looked like its own, live
+    writer's, and was never swept.
+    """
+    if not _own_start:
+        _own_start.append(start_number(os.getpid()))
+    started = _own_start[0]
+    return f"{os.getpid()}t{started}" if started is not None else str(os.getpid())
+
+
+def writer_alive(pid: int, started: int | None) -> bool:
+    """Whether the process a temporary file's name names (`own_tag`) is still there: that pid, started then."""
+    if not pid_alive(pid):
+        return False
+    if started is None:  # an older name, or a system that could not say: the pid alone
+        return True
+    if pid == os.getpid():
+        own_tag()
+        return _own_start[0] in (None, started)
+    now = start_number(pid)
+    return now is None or now == started

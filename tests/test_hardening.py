@@ -239,16 +239,21 @@ def test_a_reload_leaves_the_daemons_own_temporary_files_alone(tmp_path, tiny_mo
     try:
         dead = subprocess.Popen([sys.executable, "-c", "pass"])
         dead.wait()
-        ours = d.watch / f".depth.jpg.{d.proc.pid}-0123abcd.dwtmp"  # a write in flight
+        def start_number(pid: int) -> int:  # as the kernel keeps it: clock ticks after boot
+            return int(Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].split()[19])
+
+        ours = d.watch / f".depth.jpg.{d.proc.pid}t{start_number(d.proc.pid)}-0123abcd.dwtmp"  # a write in flight
         theirs = d.watch / f".depth.jpg.{dead.pid}-0123abcd.dwtmp"  # a killed process's leftover
         old = d.watch / ".depth.jpg.0123abcd.dwtmp"  # from before temp names carried a pid
-        for path in (ours, theirs, old):
+        # A run before, of the same pid (a container's pid 1 at every start): before, never swept.
+        reused = d.watch / f".depth.jpg.{d.proc.pid}t{start_number(d.proc.pid) - 1}-0123abcd.dwtmp"
+        for path in (ours, theirs, old, reused):
             path.write_bytes(b"half a map")
         config = yaml.safe_load(d.config_path.read_text())
         config["watch"]["patterns"] = ["frame.jpg", "other.jpg"]  # a watch change: the watch restarts
         d.config_path.write_text(yaml.safe_dump(config))
         wait_for(lambda: d.status().get("config_loads") == 2, what="the reload")
-        wait_for(lambda: not theirs.exists() and not old.exists(), what="the dead process's leftovers swept")
+        wait_for(lambda: not theirs.exists() and not old.exists() and not reused.exists(), what="the dead processes' leftovers swept")
         assert ours.exists()
     finally:
         assert d.stop() == 0

@@ -28,7 +28,7 @@ from depthwatch.frames.folders import LeadsOutside, Unchecked, inside, open_insi
 from depthwatch.frames.replacing import ReplaceCheck
 from depthwatch.imaging.clipwrite import SEQUENCE_MARKER, is_whole, marked_frames
 from depthwatch.logtext import shown
-from depthwatch.processes import pid_alive
+from depthwatch.processes import own_tag, writer_alive
 
 log = logging.getLogger("depthwatch.frames")
 
@@ -37,17 +37,17 @@ log = logging.getLogger("depthwatch.frames")
 #: dead process's leftovers are ever swept (a reload must not remove files in flight).
 TEMP_SUFFIX = ".dwtmp"
 
-_TEMP_TAIL = re.compile(r"\.(\d+)-[0-9a-f]{8}" + re.escape(TEMP_SUFFIX) + "$")
+_TEMP_TAIL = re.compile(r"\.(\d+)(?:t(\d+))?-[0-9a-f]{8}" + re.escape(TEMP_SUFFIX) + "$")
 
-#: Room the temporary name adds to the target's: "." + "." + pid + "-" + 8 hex digits + TEMP_SUFFIX.
-_TEMP_EXTRA = 2 + 10 + 1 + 8 + len(TEMP_SUFFIX)
+#: Room the temporary name adds to the target's: "." + "." + pid + "t" + start + "-" + 8 hex digits + TEMP_SUFFIX.
+_TEMP_EXTRA = 2 + 10 + 1 + 20 + 1 + 8 + len(TEMP_SUFFIX)
 
 
 
 def temp_name_for(target: Path) -> Path:
     # Shortened if needed so a target name near the 255-byte limit still gets a temp name.
     name = os.fsencode(target.name)[: 255 - _TEMP_EXTRA].decode(errors="ignore")
-    return target.with_name(f".{name}.{os.getpid()}-{secrets.token_hex(4)}{TEMP_SUFFIX}")
+    return target.with_name(f".{name}.{own_tag()}-{secrets.token_hex(4)}{TEMP_SUFFIX}")
 
 
 def is_temp_name(name: str) -> bool:
@@ -56,14 +56,16 @@ def is_temp_name(name: str) -> bool:
 
 def temp_target_name(name: str) -> str | None:
     """The (possibly shortened) name of the file a temporary file was written for."""
-    match = re.fullmatch(r"\.(.*)\.(?:\d+-)?[0-9a-f]{8}" + re.escape(TEMP_SUFFIX), name, re.S)
+    match = re.fullmatch(r"\.(.*)\.(?:\d+(?:t\d+)?-)?[0-9a-f]{8}" + re.escape(TEMP_SUFFIX), name, re.S)
     return match.group(1) if match else None
 
 
-def temp_owner(name: str) -> int | None:
-    """The pid of the process that made a temporary file (None: an older name without one)."""
+def temp_owner(name: str) -> tuple[int, int | None] | None:
+    """The process that made a temporary file: its pid and start (`processes.own_tag`); None: a name without them."""
     match = _TEMP_TAIL.search(name)
-    return int(match.group(1)) if match else None
+    if match is None:
+        return None
+    return int(match.group(1)), int(match.group(2)) if match.group(2) else None
 
 
 def open_folder(folder: Path, roots: tuple[Path, ...] = ()) -> int:
@@ -185,7 +187,7 @@ def sweep_temp_files(folder: Path) -> tuple[int, int]:
         if not folder_of_frames and not entry.is_file(follow_symlinks=False):
             continue
         owner = temp_owner(entry.name)
-        if owner is not None and pid_alive(owner):
+        if owner is not None and writer_alive(*owner):
             continue
         if folder_of_frames and _put_back(folder, entry.name):
             continue
