@@ -278,6 +278,21 @@ def test_a_stream_joined_midway_is_timed_by_the_frames_that_decode(tmp_path: Pat
     assert max(abs(w - g) for w, g in zip(want, got)) <= 0.001, (want, got)
 
 
+def test_streams_joined_end_to_end_are_timed_at_their_rate_not_paired_a_tick_apart(tmp_path: Path) -> None:
+    """`cat a.ts b.ts`: each part's times start again, so half the frames share a time with another;
+    sorted, the two parts' frames were paired a tick apart in a depth clip half as long as its frames."""
+    ffmpeg = _tool("ffmpeg", "ffmpeg")
+    part, joined = tmp_path / "part.ts", tmp_path / "joined.mts"
+    subprocess.run([ffmpeg, "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=s=160x96:r=25:d=2", "-c:v", "libx264",
+                    "-pix_fmt", "yuv420p", "-f", "mpegts", str(part)], check=True)
+    joined.write_bytes(part.read_bytes() * 2)
+    out = tmp_path / "joined_depth.mov"
+    done = once(str(joined), "-o", str(out))
+    assert "its times are not one timeline (streams joined end to end?)" in done.stderr, done.stderr
+    got = _frame_times(out)
+    assert len(got) == 100 and max(abs(g - k / 25) for k, g in enumerate(got)) <= 0.001
+
+
 def test_a_constant_rate_clip_says_nothing_of_its_rate(tmp_path: Path) -> None:
     source = tmp_path / "steady.mp4"
     _phone_clip(source, durations=[512] * 12, time_base=Fraction(1, 15360))

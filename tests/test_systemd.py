@@ -476,6 +476,10 @@ def test_what_systemd_says_is_said_truly_starting_gone_unit_exec_errors_and_sigk
     tools.reply("systemctl show", {"out": ACTIVE.format(pid=4242)}, {"out": killed})
     assert service("stop") == 0
     assert "stopped depthwatch.service (killed by signal 9, SIGKILL: it did not stop in time" in capsys.readouterr().out
+    tools.reply("systemctl show", {"out": killed})  # not after a stop: anyone's kill -9, the OOM killer
+    assert service("status") == 3
+    out = capsys.readouterr().out
+    assert "last exit:   killed by signal 9 (SIGKILL)" in out and "did not stop in time" not in out
 
 
 @pytest.mark.parametrize("odd", ["nl\nx", "esc\x1b[31m", "ends\\"])

@@ -26,7 +26,12 @@ _LIMITS = (
 
 
 def watched_folders() -> set[tuple[int, int]] | None:
-    """(device, inode) of every folder this process's inotify descriptors watch; None where /proc cannot say."""
+    """(kernel device, inode) of every folder this process's inotify descriptors watch; None where /proc cannot say.
+
+    The device is the kernel's own number for the filesystem (`sdev`), which is
+    not always what stat() says (btrfs gives each subvolume a number of its
+    own): `unwatched` learns how the two match from the watch folder itself.
+    """
     try:
         descriptors = os.listdir("/proc/self/fd")
     except OSError:
@@ -40,25 +45,36 @@ def watched_folders() -> set[tuple[int, int]] | None:
                 text = info.read()
         except (OSError, ValueError):  # closed meanwhile
             continue
-        for match in _WATCH.finditer(text):
-            sdev = int(match["sdev"], 16)  # the kernel's own encoding: major << 20 | minor
-            watched.add((os.makedev(sdev >> 20, sdev & 0xFFFFF), int(match["ino"], 16)))
+        watched.update((int(m["sdev"], 16), int(m["ino"], 16)) for m in _WATCH.finditer(text))
     return watched
 
 
 def unwatched(root: Path, watched: set[tuple[int, int]]) -> list[Path]:
-    """The folders under `root` (itself included) that no watch in `watched` covers.
+    """The folders under `root` (itself watched) that no watch in `watched` covers; [] if it cannot tell.
 
+    The watch folder is watched (its watch was made), so its own entry says
+    which kernel device its filesystem is; a folder on another filesystem
+    below it (a mount, a btrfs subvolume) is matched by its inode alone.
     Links to folders are not followed (nor are they watched); a folder that
     cannot be listed is left out, as it cannot be watched or scanned either.
     """
+    try:
+        top = os.stat(root)
+    except OSError:
+        return []
+    devices = {device for device, inode in watched if inode == top.st_ino}
+    if len(devices) != 1:  # not in the list (a watch being made again), or not one answer: say nothing
+        return []
+    device = devices.pop()
+    inodes = {inode for _, inode in watched}
     missing = []
     for folder, _, _ in os.walk(root):
         try:
             st = os.stat(folder)
         except OSError:  # gone meanwhile
             continue
-        if (st.st_dev, st.st_ino) not in watched:
+        seen = (device, st.st_ino) in watched if st.st_dev == top.st_dev else st.st_ino in inodes
+        if not seen:
             missing.append(Path(folder))
     return missing
 

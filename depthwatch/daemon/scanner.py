@@ -28,6 +28,8 @@ log = logging.getLogger("depthwatch.watch")
 
 #: How many finished scans a folder's late subfolder events are checked against.
 _SCANNED_KEPT = 64
+#: A folder quiet scans stood in a watch for, not scanned this long, is forgotten (seconds).
+_POLLED_KEPT_S = 60.0
 
 
 def _ctime_ns(folder: Path) -> int | None:
@@ -71,10 +73,12 @@ class Scanner:
         self._scanning: tuple[Path, ...] = ()
         #: Folders moved in and scanned lately -> when their scan began (wall clock, ns).
         self._scanned: LRUCache[Path, int] = LRUCache(_SCANNED_KEPT)
-        #: Frames found by the quiet scans that stand in for a watch -> the version handed over
-        #: (inode, size, mtime): like an event, only a new or changed frame is handed over again,
-        #: so one that failed is not tried (and counted) again every few seconds.
-        self._polled: dict[Path, tuple[int, int, int]] = {}
+        #: Per folder a quiet scan stands in a watch for: its frames -> the version handed over
+        #: (inode, size, mtime), and when it was last scanned. Like an event, only a new or
+        #: changed frame is handed over again, so one that failed is not tried (and counted)
+        #: again every few seconds. A folder not scanned for a while (watched again, gone) is
+        #: forgotten with its frames.
+        self._polled: dict[Path, tuple[float, dict[Path, tuple[int, int, int]]]] = {}
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="depthwatch-scan", daemon=True)
 
@@ -175,23 +179,38 @@ class Scanner:
                 log.info("%s: its map is current; removed its error record from before it", shown(path))
 
     def _poll(self, folder: Path) -> int:
-        """A quiet scan standing in for a watch: hand over each frame that needs a map and is new or changed."""
-        count, seen = 0, set()
-        for path in self._walk(folder):
-            if self._stopping:
-                break
+        """A quiet scan standing in for a watch: hand over each frame that needs a map and is new or changed.
+
+        Every few seconds over folders that may hold thousands of frames: a file
+        whose version is the one seen last time costs one stat, nothing more.
+        """
+        now = time.monotonic()
+        before = self._polled.get(folder, (now, {}))[1]
+        seen: dict[Path, tuple[int, int, int]] = {}  # the files there now: one gone is new if it comes back
+        count = 0
+        folders = [folder]
+        while folders and not self._stopping:
             try:
-                st = path.stat()
+                entries = list(os.scandir(folders.pop()))
             except OSError:
                 continue
-            seen.add(path)
-            version = (st.st_ino, st.st_size, st.st_mtime_ns)
-            if self._polled.get(path) != version and needs_output(self.rules, path):
-                self._found(path)
-                count += 1
-            self._polled[path] = version
-        for path in [p for p in self._polled if p.is_relative_to(folder) and p not in seen]:
-            del self._polled[path]  # gone: a frame of that name later is new
+            for entry in entries:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        if self.rules.recursive:
+                            folders.append(Path(entry.path))
+                        continue
+                    st = entry.stat()
+                except OSError:
+                    continue
+                path = Path(entry.path)
+                version = seen[path] = (st.st_ino, st.st_size, st.st_mtime_ns)
+                if before.get(path) != version and self.rules.is_frame(path) and needs_output(self.rules, path):
+                    self._found(path)
+                    count += 1
+        self._polled[folder] = (now, seen)
+        for other in [f for f, (when, _) in self._polled.items() if now - when > _POLLED_KEPT_S]:
+            del self._polled[other]  # watched again, or gone: its frames are not kept for ever
         return count
 
     def _walk(self, root: Path) -> list[Path]:

@@ -124,7 +124,16 @@ def read(path: Path, rate: Fraction, keeps_times: bool = True) -> SourceMeta:
     if len(pts) > 2 and rate and not untimed:
         tick = 1 / (rate * time_base)  # one frame at the nominal rate, in ticks
         steps = [b - a for a, b in zip(pts, pts[1:])]
-        if any(abs(step - tick) > 1 for step in steps):
+        repeats = sum(1 for step in steps if step <= 0)
+        if repeats > max(2, len(pts) // 20):
+            # Not one timeline: streams joined end to end (`cat a.ts b.ts`), each from its own 0. Sorted,
+            # their times would pair the frames of one with those of the other, a tick apart.
+            log.warning(
+                "clip %s: %d of its frames share their time with another; its times are not one timeline (streams "
+                "joined end to end?), so its depth clip is timed at its nominal rate, frame k at k / rate",
+                shown(path.name), repeats,
+            )
+        elif any(abs(step - tick) > 1 for step in steps):
             times = _apart(tuple(p - pts[0] for p in pts), path, keeps_times)
             shortest, longest = min(steps) * time_base * 1000, max(steps) * time_base * 1000
             log.info(

@@ -400,7 +400,7 @@ class Engine(IdleMeasuring, SessionMaking):
             # The jobs waiting behind the one that ended the thread were never tried: dropped, as by a
             # stop, for the next start to map (they were each logged and counted as failed, and the
             # frame at fault was named by none of the lines).
-            reason = Stopped(f"not mapped: the inference engine stopped ({self.failure}); the next start maps it")
+            reason = Stopped(f"not mapped: the inference engine stopped on another frame before it ran ({self.failure})")
         while True:
             try:
                 item = self._jobs.get_nowait()[2]

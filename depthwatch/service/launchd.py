@@ -372,7 +372,7 @@ class Launchd(Manager):
                 f"{LABEL} is still running {timeout} s after SIGTERM; "
                 f"`launchctl kill SIGKILL {service_target(self.uid)}` stops it at once"
             )
-        print(f"stopped {LABEL} ({describe_end(state)})")
+        print(f"stopped {LABEL} ({describe_end(state, stopped=True)})")
         return 0
 
     def restart(self) -> int:

@@ -168,12 +168,16 @@ def describe_exit(code: int | None) -> str:
     return f"{code} (a crash; see the log)"
 
 
-def describe_end(state: State) -> str:
-    """How the service's last run ended: its exit status, or the signal that ended it (a SIGKILL after the stop timeout)."""
+def describe_end(state: State, stopped: bool = False) -> str:
+    """How the service's last run ended: its exit status, or the signal that ended it.
+
+    `stopped`: just after a stop asked for, where a SIGKILL is the supervisor's, after
+    the stop timeout; elsewhere it may be anyone's (`kill -9`, the OOM killer, jetsam).
+    """
     if state.last_signal is not None and state.last_exit is None:
-        if state.last_signal == 9:
+        if state.last_signal == 9 and stopped:
             return "killed by signal 9, SIGKILL: it did not stop in time, and the frames in flight were lost"
-        return f"killed by signal {state.last_signal}"
+        return f"killed by signal {state.last_signal}{' (SIGKILL)' if state.last_signal == 9 else ''}"
     return f"exit status {describe_exit(state.last_exit)}"
 
 

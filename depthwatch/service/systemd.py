@@ -362,7 +362,7 @@ class Systemd(Manager):
         if not self.state().running:  # a daemon whose unit file was deleted is stopped all the same
             self.require_installed()
         self.systemctl(stop_unit())  # returns once the daemon has exited
-        print(f"stopped {UNIT} ({describe_end(self.state())})")
+        print(f"stopped {UNIT} ({describe_end(self.state(), stopped=True)})")
         return 0
 
     def restart(self) -> int:
