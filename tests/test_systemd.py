@@ -493,6 +493,19 @@ def test_a_config_whose_path_a_unit_cannot_name_is_one_line(tmp_path: Path, tiny
     assert tools.calls() == [] and not systemd.unit_path(home, os.environ).exists()
 
 
+def test_install_checks_the_config_with_what_the_user_manager_hands_every_service(config: Path, home: Path, tools, capsys, monkeypatch):
+    """A variable of the shell alone is refused (the service would exit 78 at every start); one the
+    user manager hands every unit (environment.d, set-environment) is the service's too."""
+    monkeypatch.setenv("SHOTS", str(config.parent))
+    config.write_text(config.read_text().replace("- frames", "- $SHOTS/frames"))
+    tools.reply("systemctl show-environment", {"out": "LANG=C.UTF-8\nPATH=/usr/bin\n"})
+    assert service("install", "-c", str(config)) == EX_CONFIG
+    assert "watch.folders uses $SHOTS, which is not set here" in capsys.readouterr().err
+    tools.reply("systemctl show-environment", {"out": f"LANG=C.UTF-8\nSHOTS={config.parent}\n"})
+    assert service("install", "-c", str(config)) == 0
+    assert systemctl("restart", "depthwatch.service") in tools.calls()
+
+
 def test_a_failed_reinstall_starts_the_old_service_again(config: Path, home: Path, tools, capsys):
     """`systemctl restart` stopped the old daemon; the new unit failed; the old unit was put back, and
     the service that had been mapping frames stayed down, unsaid."""

@@ -11,6 +11,7 @@ depthwatch has it too. An existing user config is never replaced.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,23 @@ def _nameable(path: Path) -> None:
         )
 
 
+def _as_the_service_reads_it(path: Path, base: Path, manager_environment: Callable[[], Mapping[str, str]] | None) -> None:
+    """The config and its model found with only the variables a service gets; ConfigError or ModelError if not.
+
+    What the service manager hands every service (systemd's environment.d) is asked
+    only when the bare minimum is not enough: one more call to it otherwise.
+    """
+    try:
+        with supervision.as_the_service_sees_it():
+            catalogue.resolve(configuration.load(path).model, base)
+    except (ConfigError, ModelError):
+        extra = manager_environment() if manager_environment is not None else {}
+        if not extra:
+            raise
+        with supervision.as_the_service_sees_it(extra):
+            catalogue.resolve(configuration.load(path).model, base)
+
+
 def documented_default() -> Path:
     """The default config shipped with depthwatch (config.yaml in the repository)."""
     return Path(__file__).parent.parent / "default_config.yaml"
@@ -50,7 +68,9 @@ class ServiceConfig:
     new: bytes | None = None
 
 
-def choose(config_arg: str | None, *, check_model: bool) -> ServiceConfig:
+def choose(
+    config_arg: str | None, *, check_model: bool, manager_environment: Callable[[], Mapping[str, str]] | None = None
+) -> ServiceConfig:
     """-c CONFIG, $DEPTHWATCH_CONFIG or the user's config; failing those, the documented default for the user's.
 
     With `check_model`, a model the daemon could not find is refused now, with
@@ -79,6 +99,5 @@ def choose(config_arg: str | None, *, check_model: bool) -> ServiceConfig:
                 "where the README says, or write a config whose model.path is an .onnx file you have and pass -c CONFIG)"
             ) from None
         if new is None:  # read again as the daemon will read it: without the shell's variables
-            with supervision.as_the_service_sees_it():
-                catalogue.resolve(configuration.load(path).model, config.base)
+            _as_the_service_reads_it(path, config.base, manager_environment)
     return ServiceConfig(path, config, new)

@@ -84,13 +84,17 @@ class Manager(ABC):
         sys.stdout.write(self.render(chosen.path, shutdown_timeout_s=chosen.config.daemon.shutdown_timeout_s).decode())
         return 0
 
+    def manager_environment(self) -> dict[str, str]:
+        """The variables the service manager hands every service, where it can say (none by default)."""
+        return {}
+
     def install(self, config_arg: str | None) -> int:
         """Install with the config given or the user's; without one, write the documented default first.
 
         A failure at any step takes back every step before it: no definition,
         no folder and no config from this attempt is left behind.
         """
-        chosen = config_file.choose(config_arg, check_model=True)
+        chosen = config_file.choose(config_arg, check_model=True, manager_environment=self.manager_environment)
         with Undo() as undo:
             if chosen.new is not None:
                 _write_new_config(chosen.path, chosen.new, undo)

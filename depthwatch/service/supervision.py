@@ -18,7 +18,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,15 +113,17 @@ def environment(executable: str | None = None, extra_path: Sequence[str] = ()) -
 
 
 @contextlib.contextmanager
-def as_the_service_sees_it() -> Iterator[None]:
+def as_the_service_sees_it(manager_environment: Mapping[str, str] | None = None) -> Iterator[None]:
     """Only the variables a service will have, meanwhile: a config is checked as the daemon will read it.
 
     `service install` said "installed and started" for a config whose folder was
     under a variable of the shell's (`$SHOTS`): the daemon then exited 78 at every
-    start, and launchd started it again every 30 s, for good.
+    start, and launchd started it again every 30 s, for good. `manager_environment`:
+    what the service manager itself hands every service (systemd's user manager:
+    `systemctl --user show-environment`, environment.d included), where it can say.
     """
     saved = dict(os.environ)
-    seen = {name: saved[name] for name in GIVEN if name in saved} | environment()
+    seen = {name: saved[name] for name in GIVEN if name in saved} | dict(manager_environment or {}) | environment()
     os.environ.clear()
     os.environ.update(seen)
     try:

@@ -325,6 +325,18 @@ class Systemd(Manager):
         print("to start it at boot, before anyone logs in: `loginctl enable-linger $USER`")
         print(f"log: `depthwatch service logs` (journalctl --user -u {UNIT}); check it with `depthwatch service status`")
 
+    def manager_environment(self) -> dict[str, str]:
+        """The user manager's own environment (environment.d, `systemctl --user set-environment`): every unit gets it."""
+        ran = run(["systemctl", "--user", "show-environment"], check=False)
+        if not ran.ok:
+            return {}
+        found = {}
+        for line in ran.stdout.splitlines():
+            name, sep, value = line.partition("=")
+            if sep and name.isidentifier():
+                found[name] = value[2:-1] if value.startswith("$'") and value.endswith("'") else value
+        return found
+
     def _start_the_old_one(self) -> None:
         """A reinstall failed after `restart` stopped the service: its old unit is back; start its daemon again."""
         ran = run(restart_unit(), check=False)
