@@ -11,7 +11,9 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -58,19 +60,37 @@ def setup_logging(level: str = "info") -> bool:
     return bool(path)
 
 
-def _interrupted(args: argparse.Namespace) -> str:
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to `once`, as a farm manager cancels or requeues a task: the clean-up Ctrl-C gets, then exit 143.
+
+    Before, its default action ended the process where it stood: a range task's
+    partial segment (megabytes to gigabytes on shared storage) stayed, and nothing was said.
+    """
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def _interrupted(args: argparse.Namespace, how: str = "Ctrl-C") -> str:
     if args.command != "once":
-        return "interrupted (Ctrl-C)"
+        return f"interrupted ({how})"
+    from depthwatch.imaging.video import is_clip_name
+
+    if getattr(args, "join", False) or (getattr(args, "frames", None) and any(is_clip_name(Path(i)) for i in args.inputs)):
+        return f"interrupted ({how}): nothing of this task stays (its partial segment is removed); run it again"
     if getattr(args, "farm", None):
         again = "maps every frame again (--force)" if getattr(args, "force", False) else "maps only the frames still missing"
-        return f"interrupted (Ctrl-C): the maps written so far stay; the same command again {again}"
+        return f"interrupted ({how}): the maps written so far stay; the same command again {again}"
     # A frame past the model as the Ctrl-C came may still be written; one in it or before it is not.
-    return "interrupted (Ctrl-C): the maps written so far stay (a frame in flight may be written too); the rest were not made"
+    return f"interrupted ({how}): the maps written so far stay (a frame in flight may be written too); the rest were not made"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     to_file = setup_logging(getattr(args, "log_level", None) or "info")
+    if args.command == "once" and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)  # the daemon and the worker handle their own
     try:
         return int(args.func(args) or 0)
     except DepthwatchError as exc:
@@ -78,6 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if to_file:  # the reason is the log's last line there too
             logging.getLogger("depthwatch").error("depthwatch: %s", exc)
         return exc.exit_code
+    except Terminated:
+        print(f"depthwatch: {_interrupted(args, 'SIGTERM')}", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:  # Ctrl-C: said, not a silent 130, and what it leaves
         print(f"depthwatch: {_interrupted(args)}", file=sys.stderr)
         return 130

@@ -244,6 +244,10 @@ def test_a_farm_managers_own_range_tasks_joined_are_local_onces_depth_clip(farm:
     early = once("--join")
     assert early.returncode == 1 and not out.exists()
     assert "no segment of frames 13-39" in early.stderr and len(early.stderr.strip().splitlines()) == 1, early.stderr
+    # Ranges that overlap: said as such (before, "no segment of frames 13-39" with one covering them there).
+    assert once("--frames", "10-39").returncode == 0
+    told = once("--join")
+    assert told.returncode == 1 and "the segments of frames 0-12 and 10-39 overlap (frames 10-12 are in both)" in told.stderr, told.stderr
     assert once("--frames", "13-39").returncode == 0
     again = once("--frames", "0-12")  # a task the manager retries finds its segment made
     assert again.returncode == 0 and "already made" in again.stdout, again.stdout + again.stderr
@@ -328,3 +332,34 @@ def test_a_clip_the_workers_cannot_read_fails_with_a_line_per_failed_range_and_e
     assert "A001_C002.mov: 3 range(s) failed" in done.stderr
     assert "0 depth clips written on the farm, 1 failed" in done.stdout
     assert not out.exists() and list(farm.root.glob(".unreadable.mov*")) == []  # no temporary file, no empty folder
+
+
+def test_a_scheduler_that_dies_mid_clip_ends_the_run_with_a_line_not_a_hang(tmp_path: Path) -> None:
+    """The scheduler killed mid-job: the client went on submitting ranges to a client Dask had closed,
+    whose futures never finish, and hung for good (no summary, no exit code; a farm manager's task never ended)."""
+    from onnx_models import slow_model
+
+    farm = Farm(tmp_path, model=slow_model(tmp_path / "slow.onnx", seconds=0.1, size=64, channels=16))
+    try:
+        farm.write_config(frames_per_task=1)  # 8-frame ranges: many of them
+        farm.add_workers(1)
+        source = tmp_path / "long.mov"
+        write_clip(source, pan_clip_frames(SIZE, 120, step=2, shot=120), codec="prores")
+        log = tmp_path / "run.log"
+        job = start_once("--farm", farm.address, "-c", str(farm.config), str(source), "-o", str(tmp_path / "long_depth.mov"),
+                         cwd=tmp_path, log=log)
+        try:
+            wait_for(lambda: "first pass (model) done" in farm.live()[0].log() or job.poll() is not None, what="a first range")
+            assert job.poll() is None, log.read_text()
+            assert farm.scheduler.proc is not None
+            farm.scheduler.proc.kill()
+            assert job.wait(120) == 1, log.read_text()
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+        text = log.read_text()
+        assert "is gone; the ranges made are kept: run the command again once it is back" in text, text
+        assert "0 depth clips written" in text or "1 failed" in text, text
+    finally:
+        farm.close()

@@ -355,3 +355,38 @@ def test_a_sequence_cut_into_range_tasks_gets_the_maps_one_run_gives(tmp_path):
     for n in range(1001, 1022):
         whole, task = (cv2.imread(str(tmp_path / f / f"pan.{n}_depth.png"), cv2.IMREAD_UNCHANGED).astype(np.float64) for f in ("whole", "tasks"))
         assert np.abs(whole - task).max() <= 257, n  # within one 8-bit level
+
+
+def test_a_range_task_cancelled_with_sigterm_leaves_nothing_and_says_so(tmp_path):
+    """Farm managers cancel and requeue a task with SIGTERM: a range task ended where it stood, said
+    nothing, and left its partial segment (megabytes to gigabytes on shared storage) for good."""
+    import signal
+    import time
+
+    from onnx_models import slow_model
+
+    from benchmarks.clips import pan_clip_frames, write_clip
+
+    model = slow_model(tmp_path / "slow.onnx", seconds=0.05)
+    source = tmp_path / "A.mov"
+    write_clip(source, pan_clip_frames((96, 64), 200, step=1, shot=200), codec="prores")
+    config = tmp_path / "config.yaml"
+    config.write_text(f"model:\n  path: {model}\n  profile: midas-v21-small\n  providers: [cpu]\n  precision: fp32\n")
+    job = subprocess.Popen(
+        [sys.executable, "-m", "depthwatch", "once", "A.mov", "--frames", "0-199", "-c", str(config)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )
+    segments = tmp_path / ".A_depth.mov.farm"
+    try:
+        deadline = time.monotonic() + 120
+        while not list(segments.glob(".*.part")):  # its segment being written
+            assert job.poll() is None and time.monotonic() < deadline, job.stderr.read() if job.poll() is not None else "no segment came"
+            time.sleep(0.02)
+        job.send_signal(signal.SIGTERM)
+        out, err = job.communicate(timeout=60)
+    finally:
+        job.kill()
+        job.wait()
+    assert job.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "depthwatch: interrupted (SIGTERM): nothing of this task stays (its partial segment is removed); run it again"
+    assert list(segments.glob(".*.part")) == []

@@ -30,6 +30,7 @@ another, and a segment they finished is a whole file under its name.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import sys
@@ -45,7 +46,7 @@ import numpy as np
 
 from depthwatch.clips.placing import refuse_replacing, remove, rename_into_place
 from depthwatch.config import Config
-from depthwatch.errors import DepthwatchError
+from depthwatch.errors import DepthwatchError, FarmError
 from depthwatch.farm import segments
 from depthwatch.farm.clipindex import ClipIndex, ranges
 from depthwatch.farm.clipindex import read as read_index
@@ -153,6 +154,8 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
     bar = _bar(len(index), job.source.name)
 
     def submit(function: Any, *args: Any) -> Any:
+        if client.status in _GONE:  # a future of a closed client never finishes: the run would hang for good
+            raise FarmError(scheduler_gone(client))
         return client.submit(
             function, *args, key=f"depthwatch-{function.__name__}-{run_id}-{next(serial)}", pure=False, resources={RESOURCE: 1}
         )
@@ -166,11 +169,14 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
             report(line)
 
     def settle(task: ClipRange, future: Any) -> None:
-        outcome = _result(future)
+        nonlocal rendered
+        outcome = _result(future, client)
         future.release()
         if not outcome.ok:
             fail(task, outcome.error or "failed")
-        elif bar is not None:
+            return
+        rendered += 1  # counted once made, not once sent
+        if bar is not None:
             bar.update(len(task.times))
 
     def first_pass() -> Iterator[tuple[tuple[int, str, str], Any, np.ndarray]]:
@@ -183,7 +189,7 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
                 break
         while queued:
             task, future = queued.popleft()
-            outcome = _result(future)
+            outcome = _result(future, client)
             future.release()
             nxt = next(pending, None)
             if nxt is not None:
@@ -224,7 +230,6 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
                 segment = str(path_map.to_worker(state.folder / name))
                 frame_name = job.output.name if job.sequence else None
                 renders.append((task, submit(render_clip_range, task, maps, settings, out_kind, meta, segment, frame_name)))
-                rendered += 1
                 while len(renders) > ahead:
                     settle(*renders.popleft())
             maps = []
@@ -270,9 +275,25 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
     return written
 
 
-def _result(future: Any) -> RangeReport:
+#: A Dask client's states once its scheduler is gone (it closes itself after failing to reconnect).
+_GONE = ("closing", "closed")
+#: How often a wait for a range looks whether the scheduler is still there (seconds).
+_LOOK_S = 2.0
+
+
+def scheduler_gone(client: Any) -> str:
+    return f"the Dask scheduler at {getattr(client, 'scheduler', None) and client.scheduler.address or '?'} is gone; the ranges made are kept: run the command again once it is back"
+
+
+def _result(future: Any, client: Any = None) -> RangeReport:
+    """A range's report; a failed one's line. Never waits for good on a scheduler that is gone."""
     try:
-        return future.result()
+        while True:
+            try:
+                return future.result(timeout=_LOOK_S)
+            except (TimeoutError, asyncio.TimeoutError):
+                if client is not None and client.status in _GONE:
+                    return RangeReport(-1, scheduler_gone(client))
     except Exception as exc:
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
         return RangeReport(-1, f"the farm could not map it ({type(exc).__name__}{': ' + first if first else ''}); run the command again to retry")

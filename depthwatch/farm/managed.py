@@ -153,17 +153,27 @@ def join(job: ClipJob, settings: Settings, model: Path) -> int:
         if first + count <= len(index) and segments.key(version, first, index.times[first : first + count], settings, job.output, mine) == digest:
             found[first] = (count, folder / name)
     ordered: list[Path] = []
+    ordered_first: list[tuple[int, int]] = []  # the frames [a, b) of each segment taken, in order
     k = 0
     while k < len(index):
         if k not in found:
             end = min((f for f in found if f > k), default=len(index))
             n0 = settings.first_frame
+            over = next(((f, c) for f, (c, _) in sorted(found.items()) if f < k < f + c), None)
+            if over is not None:  # a segment reaches into the one before's frames: the ranges overlap
+                a, b = ordered_first[-1] if ordered_first else (0, 0)
+                raise FrameError(
+                    f"the segments of frames {n0 + a}-{n0 + b - 1} and {n0 + over[0]}-{n0 + over[0] + over[1] - 1} overlap "
+                    f"(frames {n0 + over[0]}-{n0 + b - 1} are in both): the range tasks must cover every frame once; "
+                    "run them again as ranges that do not overlap, then join"
+                )
             raise FrameError(
                 f"no segment of frames {n0 + k}-{n0 + end - 1} for this version of the clip, these settings and this model "
                 f"in {shown(folder)}; run their range task (once CLIP --frames {n0 + k}-{n0 + end - 1}) and join again"
             )
         count, path = found[k]
         ordered.append(path)
+        ordered_first.append((k, k + count))
         k += count
     temp = temp_name_for(job.final)
     timing = sourcemeta.read(job.source, meta.rate)
