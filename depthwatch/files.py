@@ -25,8 +25,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from depthwatch.processes import own_tag
-
 _CHUNK = 1 << 20
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -273,7 +271,7 @@ def exchange(a: str | Path, b: str | Path, atomic: bool = True) -> bool:
     if atomic and _flagged_rename(a, b, True, None, None):
         return True
     b = Path(b)
-    aside = b.with_name(f".{b.name}.{own_tag()}-{secrets.token_hex(4)}.dwtmp")
+    aside = b.with_name(f".{b.name}.{os.getpid()}-{secrets.token_hex(4)}.dwtmp")  # there only between two renames
     os.rename(b, aside)
     try:
         os.rename(a, b)
