@@ -589,7 +589,7 @@ def test_a_frame_the_process_keeps_ending_on_is_named_then_set_aside_until_it_ch
     restart met it again and crashed again, for good (a kill during its run stands in for the crash)."""
     from onnx_models import slow_model
 
-    model = slow_model(tmp_path / "slow.onnx", seconds=1.5)
+    model = slow_model(tmp_path / "slow.onnx", seconds=0.5)
     d = DaemonProcess(tmp_path, model, providers=["cpu"], output={"error_sidecar": True})
     note = tmp_path / "daemon.status.json.inference"
     frame = d.watch / "frame.jpg"
