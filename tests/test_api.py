@@ -235,6 +235,7 @@ def test_bad_requests_get_their_codes_and_one_log_line_each(api_daemon, tmp_path
         ("unknown format", lambda: post(params={"format": "gif"}, data=b"x", headers={"Content-Type": "image/png"}), 400),
         ("an image body sent empty", lambda: post(data=b"", headers={"Content-Type": "image/jpeg"}), 422),
         ("the watch folder itself", lambda: post(params={"frame": "."}), 403),
+        ("a name with a backslash, outside", lambda: post(params={"frame": "../a\\b.jpg"}), 403),
     ]
     for n, (what, send, code) in enumerate(cases, 1):
         answer = send()
@@ -244,7 +245,9 @@ def test_bad_requests_get_their_codes_and_one_log_line_each(api_daemon, tmp_path
         assert f": {code} " in api_lines(d)[-1], f"{what}: {api_lines(d)[-1]}"
         assert len(lines) <= n
     assert "secret" not in "".join(p.name for p in d.watch.iterdir() if p.name != "link.jpg")
-    assert "the image/jpeg body is empty" in api_lines(d)[-2] and "frame=. is a watch folder, not a frame in one" in api_lines(d)[-1]
+    assert "the image/jpeg body is empty" in api_lines(d)[-3] and "frame=. is a watch folder, not a frame in one" in api_lines(d)[-2]
+    # Escaped once, as the log escapes names (before: twice, `a\\\\b`, matching neither the name nor the log).
+    assert "frame=../a\\\\b.jpg is outside the watch folders" in api_lines(d)[-1], api_lines(d)[-1]
 
     # An undecodable frame on disk: 422 (once the watcher has failed it too, still one attempt).
     write_by_rename(d.watch / "frame.jpg", b"\xff\xd8\xff" + b"\x00" * 64 + b"\xff\xd9")

@@ -45,7 +45,7 @@ from depthwatch.frames.frameline import timings
 from depthwatch.frames.result import Result
 from depthwatch.frames.rules import Rules
 from depthwatch.imaging import formats
-from depthwatch.logtext import shown
+from depthwatch.logtext import one_line, shown
 
 log = logging.getLogger("depthwatch.daemon.api")
 
@@ -155,8 +155,10 @@ class PredictApp:
         try:
             answer = self._route(method, path, query, environ)
         except Refused as exc:
-            log.warning("api: %s: %d %s", what, exc.status, shown(str(exc)))
-            answer = _Answer(exc.status, f"{shown(str(exc))}\n".encode())  # one line, as logged: a name's newline escaped
+            # One line, as logged: a name's newline escaped, and a name escaped already (`frame=...`, a
+            # frame's own error) not escaped again.
+            log.warning("api: %s: %d %s", what, exc.status, one_line(str(exc)))
+            answer = _Answer(exc.status, f"{one_line(str(exc))}\n".encode())
             if exc.status == 401:
                 answer = _Answer(401, answer.body, headers=(("WWW-Authenticate", 'Bearer realm="depthwatch"'),))
         except Exception as exc:  # a bug must cost one request, not the listener
