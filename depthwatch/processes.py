@@ -14,6 +14,7 @@ was), never a comparison with a wall-clock time taken by another process.
 
 from __future__ import annotations
 
+import functools
 import os
 
 
@@ -66,7 +67,9 @@ def start_number(pid: int) -> int | None:
     return int(value) if kind == "ticks" else int(float(value) * 1000)
 
 
-_own_start: list[int | None] = []
+@functools.cache
+def _own_start() -> int | None:
+    return start_number(os.getpid())
 
 
 def own_tag() -> str:
@@ -76,9 +79,7 @@ def own_tag() -> str:
     1 each time, so every leftover of the run before looked like its own, live
     writer's, and was never swept.
     """
-    if not _own_start:
-        _own_start.append(start_number(os.getpid()))
-    started = _own_start[0]
+    started = _own_start()
     return f"{os.getpid()}t{started}" if started is not None else str(os.getpid())
 
 
@@ -88,8 +89,5 @@ def writer_alive(pid: int, started: int | None) -> bool:
         return False
     if started is None:  # an older name, or a system that could not say: the pid alone
         return True
-    if pid == os.getpid():
-        own_tag()
-        return _own_start[0] in (None, started)
-    now = start_number(pid)
+    now = _own_start() if pid == os.getpid() else start_number(pid)
     return now is None or now == started

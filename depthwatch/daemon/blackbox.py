@@ -5,9 +5,9 @@ an abort in a kernel) ends the process with no line at all. launchd or
 systemd start it again, the start-up scan meets the frame again, and it
 crashes again: the folder is stuck for good and the log says nothing of why.
 So the inference thread notes each frame (its path and version) before the
-model runs on it and clears the note after; the note is a plain write, no
-fsync (a process that dies leaves its writes in the page cache), a few
-microseconds a frame. A note left at the next start names the frame the last
+model runs on it and clears the note after; the note lives in a file mapped
+into memory (MAP_SHARED), so noting is a copy into memory, no system call on
+the inference thread, and a process that dies leaves it in the page cache. A note left at the next start names the frame the last
 run ended on. The first time it is tried once more (a kill or a power cut
 ends a run too); ended on twice, that version of the frame is set aside, one
 line says so, and it stays aside (in a small file beside the status) until
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 import os
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ log = logging.getLogger("depthwatch")
 
 #: Ends of the process on one version of one frame before it is set aside.
 ENDS_BEFORE_SET_ASIDE = 2
+#: The note's room: a path (at most 4096 bytes) and its version, as JSON, ended by a NUL.
+_NOTE_BYTES = 8192
 
 
 class BlackBox:
@@ -43,7 +46,8 @@ class BlackBox:
         self.set_aside: dict[str, Signature] = {}
         #: The frame the last run ended on, and how many runs ended on it (that version).
         self._suspect: tuple[str, Signature, int] | None = None
-        self._fd: int | None = None
+        self._note: mmap.mmap | None = None
+        self._used = 0  # bytes of the note in use
         self._closed = False
 
     def open(self) -> None:
@@ -69,7 +73,12 @@ class BlackBox:
                     "(set aside if the process ends on it again)", shown(frame),
                 )
         try:
-            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                os.ftruncate(fd, _NOTE_BYTES)
+                self._note = mmap.mmap(fd, _NOTE_BYTES)
+            finally:
+                os.close(fd)  # the mapping keeps the file
         except OSError as exc:
             log.warning("cannot keep %s (%s): a frame that crashes the model's runtime will not be named", shown(self._path), exc.strerror or exc)
 
@@ -79,28 +88,27 @@ class BlackBox:
 
     def note(self, label: Any) -> None:
         """`label` (path, version) is about to run through the model; None: the run is over (inference thread)."""
-        fd = self._fd
-        if fd is None or self._closed:
+        note = self._note
+        if note is None or self._closed:
             return
-        try:
-            if label is None:
-                os.ftruncate(fd, 0)
-                return
-            frame, version = str(label[0]), tuple(label[1])
-            suspect = self._suspect
-            ends = suspect[2] if suspect is not None and suspect[0] == frame and suspect[1] == version else 0
-            data = json.dumps({"frame": frame, "version": list(version), "ends": ends}).encode()
-            os.pwrite(fd, data, 0)
-            os.ftruncate(fd, len(data))
-        except OSError:  # a full disk: the frame is mapped all the same
-            pass
+        if label is None:
+            note[: self._used] = bytes(self._used)  # an empty note
+            self._used = 0
+            return
+        frame, version = str(label[0]), tuple(label[1])
+        suspect = self._suspect
+        ends = suspect[2] if suspect is not None and suspect[0] == frame and suspect[1] == version else 0
+        data = json.dumps({"frame": frame, "version": list(version), "ends": ends}).encode() + b"\0"
+        if len(data) <= _NOTE_BYTES:  # a longer path is not noted: its frame is mapped all the same
+            note[: len(data)] = data
+            self._used = len(data)
 
     def close(self) -> None:
         """A clean stop: no frame was cut off by a crash (main thread, after the engine stopped)."""
         self._closed = True
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+        note, self._note = self._note, None
+        if note is not None:
+            note.close()
             try:
                 os.unlink(self._path)
             except OSError:
@@ -108,7 +116,7 @@ class BlackBox:
 
     def _read_note(self) -> tuple[str, Signature, int] | None:
         try:
-            data = json.loads(self._path.read_bytes() or b"null")
+            data = json.loads(self._path.read_bytes().split(b"\0", 1)[0] or b"null")
             if data is None:
                 return None
             return str(data["frame"]), tuple(int(v) for v in data["version"]), int(data.get("ends", 0))  # type: ignore[return-value]

@@ -55,7 +55,7 @@ class Intake:
             )
             return
         if daemon.black_box.holds(source, signature):  # a version that ended runs of the daemon: said, not run
-            self.refuse_set_aside(source)
+            self.on_unusable(source, SET_ASIDE)
             return
         if rules.is_clip(source):  # a clip job, on the clip thread
             try:
@@ -82,10 +82,6 @@ class Intake:
             if signature_of(source) != signature:
                 return  # changed since: that newer version comes by its own event or request
             self.enqueue(job)
-
-    def refuse_set_aside(self, source: Path) -> None:
-        """A frame set aside (`blackbox`): failed with its line and record, never run through the model."""
-        self.on_unusable(source, SET_ASIDE)
 
     def on_unusable(self, source: Path, reason: str) -> None:
         """A file the watcher will not hand over (never completed, forbidden link): report it."""

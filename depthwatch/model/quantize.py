@@ -121,8 +121,8 @@ def int8_model(model: Path, cache_root: Path, state_dir: Path, input_name: str, 
     return target
 
 
-#: A quantization's temporary files: `.int8-<pid>-<random>...dwtmp` (before the pid, `.int8-<random>...`).
-_TEMPORARY = re.compile(r"\.int8-(?:(\d+)-)?[^.]+\..*\.dwtmp")
+#: A quantization's temporary files: `.int8-<processes.own_tag>-<random>...dwtmp` (before, `.int8-<random>...`).
+_TEMPORARY = re.compile(r"\.int8-(?:(\d+)(?:t(\d+))?-)?[^.]+\..*\.dwtmp")
 
 
 def _sweep(folder: Path) -> None:
@@ -137,7 +137,8 @@ def _sweep(folder: Path) -> None:
         return
     for name in names:
         match = _TEMPORARY.fullmatch(name)
-        if match is None or (match.group(1) is not None and processes.pid_alive(int(match.group(1)))):
+        pid, started = match.groups() if match is not None else (None, None)
+        if match is None or (pid is not None and processes.writer_alive(int(pid), int(started) if started else None)):
             continue
         with contextlib.suppress(OSError):
             os.unlink(folder / name)
@@ -179,7 +180,7 @@ def _quantize(
     # depthwatch reading the cache never takes half a model.
     temporaries = []
     for suffix in (".pre.onnx.dwtmp", ".onnx.dwtmp"):
-        fd, name = tempfile.mkstemp(prefix=f".int8-{os.getpid()}-", suffix=suffix, dir=target.parent)
+        fd, name = tempfile.mkstemp(prefix=f".int8-{processes.own_tag()}-", suffix=suffix, dir=target.parent)
         os.close(fd)
         temporaries.append(name)
     prepared, temporary = temporaries
