@@ -618,3 +618,78 @@ def test_a_frame_the_process_keeps_ending_on_is_named_then_set_aside_until_it_ch
         assert not (d.watch / "frame.jpg.error.json").exists()
     finally:
         d.close()
+
+
+_BLACK_BOX = """
+import logging, sys
+from pathlib import Path
+from depthwatch.daemon.blackbox import BlackBox
+from depthwatch.frames.job import signature_of
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+box = BlackBox(Path(sys.argv[1]))
+box.open()
+box.note((sys.argv[2], signature_of(Path(sys.argv[2]))))
+print("noted", flush=True)
+if sys.argv[3] == "stay":
+    sys.stdin.read()  # until the test kills it, as a crash would end it
+box.note(None)
+box.close()
+print("closed", flush=True)
+"""
+
+
+def _black_box(status: Path, frame: Path, then: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", _BLACK_BOX, str(status), str(frame), then],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def test_a_full_disk_under_the_status_file_costs_the_black_box_not_the_process(tmp_path, small_disk):
+    """The note was a file mapped into memory: on a full disk the first frame's note was a store into
+    a page with no block, and the process died of SIGBUS with no line, at every restart."""
+    with open(small_disk / "filler", "wb") as filler:
+        try:
+            while True:
+                filler.write(bytes(65536))
+                filler.flush()
+        except OSError:
+            pass
+    frame = tmp_path / "frame.jpg"
+    frame.write_bytes(b"x")
+    box = _black_box(small_disk / "daemon.status.json", frame, "end")
+    out, err = box.communicate(timeout=60)
+    assert box.returncode == 0, f"ended by signal {-box.returncode}" if box.returncode < 0 else err
+    assert out.split() == ["noted", "closed"]
+    assert "cannot keep" in err and "daemon.status.json.inference" in err and "a frame that crashes" in err, err
+
+
+def test_a_second_daemon_on_one_status_file_neither_clears_nor_reads_the_first_ones_note(tmp_path, caplog):
+    """Two daemons given one status file: the second's start truncated the first's live note and its
+    clean stop removed it, so a crash of the first on a frame was never named."""
+    from depthwatch.daemon.blackbox import BlackBox
+
+    status = tmp_path / "daemon.status.json"
+    frame = tmp_path / "frame.jpg"
+    frame.write_bytes(b"x")
+    first = _black_box(status, frame, "stay")
+    try:
+        assert first.stdout.readline().strip() == "noted"
+        second = BlackBox(status)
+        with caplog.at_level("INFO", logger="depthwatch"):
+            second.open()
+            second.note((str(tmp_path / "other.jpg"), (4, 5, 6)))
+            second.close()
+        said = caplog.text
+        assert "another depthwatch keeps" in said and "give each daemon its own daemon.status_file" in said, said
+        assert "was running on it" not in said  # the first one's live note is no crash
+    finally:
+        first.kill()
+        first.communicate(timeout=60)
+    assert b"frame.jpg" in status.with_name(status.name + ".inference").read_bytes()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="depthwatch"):
+        restarted = BlackBox(status)
+        restarted.open()
+        restarted.close()
+    assert "frame.jpg: the model was running on it when the last run ended without stopping" in caplog.text, caplog.text
