@@ -8,6 +8,7 @@ the maps come from the real FastDepth model through `depthwatch once`.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -331,6 +332,13 @@ def test_a_clip_whose_picture_starts_after_its_sound_gets_a_depth_clip_that_star
         timeline = otio.adapters.read_from_file(str(tmp_path / f"{name}_depth.otio"))
         lengths.append([t[0].source_range.duration.to_frames() for t in timeline.video_tracks()])
     assert lengths[0] == lengths[1] and lengths[0][0] > 10, lengths  # as its frames play (not its count of 10), late start or not
+    # The timeline is the picture's span: it starts where the picture does (0.5 s = 15 frames of 30 fps into
+    # the file), or the shot's last frames, and its map's, fell outside it (before: it started at the file's start).
+    late = otio.adapters.read_from_file(str(tmp_path / "vfr_05_depth.otio"))
+    for track in late.video_tracks():
+        assert track[0].source_range.start_time.to_frames() == 15
+        assert track[0].media_reference.available_range.duration.to_frames() == 15 + lengths[1][0]
+    assert late.global_start_time.to_frames() == 15
     # A clip whose picture and sound start together says nothing and starts at 0.
     subprocess.run([*run, "-i", str(picture), "-i", str(sound), "-map", "0", "-map", "1", "-c", "copy", str(tmp_path / "together.mp4")], check=True)
     done = once(str(tmp_path / "together.mp4"), "-o", str(tmp_path / f"together_depth{ext}"))
@@ -478,6 +486,34 @@ def test_a_clips_sequence_is_numbered_from_0_by_default(tmp_path: Path) -> None:
 
 
 # -- a timeline to open ----------------------------------------------------------------------
+
+
+def test_a_timeline_holds_any_name_a_matroska_clips_timecode_and_a_turned_clips_upright_frame(tmp_path: Path) -> None:
+    """A name that is not UTF-8 (a card reader's, an old share's) crashed the timeline after the depth clip was
+    in place, with a traceback, and the next clip was never mapped; a control character made an .fcpxml no
+    XML parser (nor Final Cut Pro) takes, said written. A Matroska clip's timecode (its tag is TIMECODE) was
+    lost, from the timelines and the depth clip; a phone clip on its side opened in a landscape project."""
+    import xml.etree.ElementTree as ET
+
+    otio = pytest.importorskip("opentimelineio", reason="timelines need the timeline extra: pip install -e '.[timeline]'")
+    odd = tmp_path / os.fsdecode(b"caf\xe9 \x1b1.mkv")  # undecodable byte, then ESC
+    write_clip(odd, pan_clip_frames(SIZE, 6, step=8), codec="prores", rate=Fraction(25), timecode="01:00:00:00")
+    turned = tmp_path / "turned.mp4"
+    _phone_clip(turned, durations=[512] * 6, time_base=Fraction(1, 15360), rotation=90)
+    done = once(str(odd), str(turned), "--timeline", "-o", "{stem}_depth.mov")
+    assert done.stdout.startswith("2 depth clips written"), done.stdout
+    depth = tmp_path / os.fsdecode(b"caf\xe9 \x1b1_depth.mov")
+    assert ffprobe(depth, "stream_tags=timecode")["streams"][0]["tags"]["timecode"] == "01:00:00:00"
+    root = ET.parse(depth.with_suffix(".fcpxml")).getroot()  # well-formed XML
+    assert [a.get("name") for a in root.iter("asset")] == ["caf\\udce9 \\x1b1", "caf\\udce9 \\x1b1_depth"]  # as the log shows them
+    assert [m.get("src") for m in root.iter("media-rep")] == [odd.resolve().as_uri(), depth.resolve().as_uri()]
+    assert odd.resolve().as_uri().endswith("/caf%E9%20%1B1.mkv")  # the name's own bytes: the URL finds the file
+    assert root.find("library/event/project/sequence").get("tcStart") == "3600s"
+    timeline = otio.adapters.read_from_string(depth.with_suffix(".otio").read_text(), "otio_json")
+    assert timeline.global_start_time.to_frames() == 25 * 3600
+    assert [t[0].media_reference.target_url for t in timeline.video_tracks()] == [odd.resolve().as_uri(), depth.resolve().as_uri()]
+    shape = ET.parse(tmp_path / "turned_depth.fcpxml").getroot().find("resources/format")
+    assert (shape.get("width"), shape.get("height")) == (str(SIZE[1]), str(SIZE[0]))  # upright: 90 wide, 160 high
 
 
 def test_once_timeline_writes_an_otio_and_an_fcpxml_with_the_clip_on_v1_and_its_depth_clip_on_v2(prores: Path, tmp_path: Path) -> None:

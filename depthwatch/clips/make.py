@@ -160,7 +160,7 @@ def _make(
         check(0)  # a last look for a rewrite before the rename
         rename_into_place(temp, job.final, job.output_roots, job.output.name if job.sequence else None, settings.swap_folders)
         if settings.timeline:
-            timeline.write(job.source, job.final, meta, timing.length(written, meta.rate), job.output_roots)
+            timeline.write(job.source, job.final, meta, timing.length(written, meta.rate), job.output_roots, timing.lead(meta.rate))
     except BaseException:
         if writer is not None:
             writer.abort()

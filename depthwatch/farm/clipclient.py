@@ -271,7 +271,7 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
         sweep_temp_files_for([job.final])  # a killed earlier run's join
     segments.remove_folder(state.folder)
     if settings.timeline:
-        timeline.write(job.source, job.final, meta, source_meta.length(written, meta.rate), job.output_roots)
+        timeline.write(job.source, job.final, meta, source_meta.length(written, meta.rate), job.output_roots, source_meta.lead(meta.rate))
     return written
 
 

@@ -186,7 +186,8 @@ def join(job: ClipJob, settings: Settings, model: Path) -> int:
         temp.unlink(missing_ok=True)
     segments.remove_folder(folder)
     if settings.timeline:  # --timeline, output.timeline: the join was silently without one
-        timeline.write(job.source, job.final, meta, timing.length(written, meta.rate), job.output_roots)
+        shown_as = replace(meta, display_matrix=timing.display_matrix)  # a turned clip's timeline is upright
+        timeline.write(job.source, job.final, shown_as, timing.length(written, meta.rate), job.output_roots, timing.lead(meta.rate))
     return written
 
 

@@ -27,6 +27,7 @@ import hashlib
 import os
 import re
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from types import ModuleType
@@ -35,7 +36,7 @@ from depthwatch.errors import FrameError
 from depthwatch.frames.writer import atomic_write
 from depthwatch.imaging.clipwrite import timecode_frames
 from depthwatch.imaging.video import ClipInfo
-from depthwatch.logtext import shown
+from depthwatch.logtext import one_line, shown
 
 #: In every timeline depthwatch writes (OTIO metadata, an FCPXML comment): its own to replace.
 MARK = "depthwatch depth clip timeline"
@@ -90,20 +91,54 @@ def refusal(depth: Path) -> str | None:
     return None
 
 
-def write(source: Path, depth: Path, info: ClipInfo, frames: int, roots: tuple[Path, ...] = ()) -> tuple[Path, Path]:
+def write(
+    source: Path, depth: Path, info: ClipInfo, frames: int, roots: tuple[Path, ...] = (), lead: int = 0
+) -> tuple[Path, Path]:
     """Write the `.otio` and `.fcpxml` beside `depth`; OutputError if a file at either name is not depthwatch's.
 
     `frames`: the clip's length in frames of `info.rate` (a variable-rate clip's
     own duration at its nominal rate, not its count of frames: see `clips.make`).
+    `lead`: frames of `info.rate` before the picture starts (its sound starts
+    first; the depth clip keeps the same lead): the timeline is the picture's
+    span, from the timecode the picture starts at, or the shot's end would
+    fall outside it.
     """
     start = 0
     if info.timecode:
         counted = timecode_frames(info.timecode, info.rate)
         start = counted[0] if counted else 0
+    span = Span(start, lead, frames)
     otio_path, fcpxml_path = paths_for(depth)
-    for path, data in ((otio_path, otio_json(source, depth, info, start, frames)), (fcpxml_path, fcpxml(source, depth, info, start, frames))):
+    for path, data in ((otio_path, otio_json(source, depth, info, span)), (fcpxml_path, fcpxml(source, depth, info, span))):
         atomic_write(path, data, roots, may_replace=_may_replace)
     return otio_path, fcpxml_path
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where a clip's picture lies in its media, in frames of its rate."""
+
+    #: The frame number of the file's start (its timecode; 0 without one).
+    media_start: int
+    #: Frames from the file's start to its first picture.
+    lead: int
+    #: The picture's length.
+    frames: int
+
+    @property
+    def start(self) -> int:
+        """The picture's first frame number: where the timeline starts."""
+        return self.media_start + self.lead
+
+    @property
+    def media_length(self) -> int:
+        return self.lead + self.frames
+
+
+def _name(name: str) -> str:
+    """A name as a timeline can hold it: UTF-8 (OpenTimelineIO refuses undecodable bytes) and no control
+    character (XML 1.0 forbids them: Final Cut Pro and Resolve refuse the whole file), escaped as the log shows them."""
+    return one_line(name)
 
 
 def _may_replace(folder: int, name: str) -> str | None:
@@ -143,16 +178,19 @@ def _as_written(data: bytes) -> bool | None:
     return hashlib.sha256(blank).hexdigest()[:_DIGITS] == mark.group(1).decode()
 
 
-def otio_json(source: Path, depth: Path, info: ClipInfo, start: int, frames: int) -> bytes:
+def otio_json(source: Path, depth: Path, info: ClipInfo, span: Span) -> bytes:
     otio = _otio()
     rate = float(info.rate)
-    span = otio.opentime.TimeRange(otio.opentime.RationalTime(start, rate), otio.opentime.RationalTime(frames, rate))
-    timeline = otio.schema.Timeline(name=f"{source.stem} depth", global_start_time=otio.opentime.RationalTime(start, rate))
+
+    def time_range(start: int, frames: int) -> object:
+        return otio.opentime.TimeRange(otio.opentime.RationalTime(start, rate), otio.opentime.RationalTime(frames, rate))
+
+    timeline = otio.schema.Timeline(name=_name(f"{source.stem} depth"), global_start_time=otio.opentime.RationalTime(span.start, rate))
     timeline.metadata["depthwatch"] = f"{MARK} sha256:{_BLANK}"
     for name, path in (("V1", source), ("V2", depth)):
         track = otio.schema.Track(name=name, kind=otio.schema.TrackKind.Video)
-        reference = otio.schema.ExternalReference(target_url=path.resolve().as_uri(), available_range=span)
-        track.append(otio.schema.Clip(name=path.name, media_reference=reference, source_range=span))
+        reference = otio.schema.ExternalReference(target_url=path.resolve().as_uri(), available_range=time_range(span.media_start, span.media_length))
+        track.append(otio.schema.Clip(name=_name(path.name), media_reference=reference, source_range=time_range(span.start, span.frames)))
         timeline.tracks.append(track)
     return _signed(otio.adapters.write_to_string(timeline, "otio_json").encode())
 
@@ -163,34 +201,44 @@ def _time(frames: int, rate: Fraction) -> str:
     return f"{seconds.numerator}s" if seconds.denominator == 1 else f"{seconds.numerator}/{seconds.denominator}s"
 
 
-def fcpxml(source: Path, depth: Path, info: ClipInfo, start: int, frames: int) -> bytes:
-    """FCPXML 1.9: one format, two assets, a project whose spine holds the source with the depth clip connected above."""
+def fcpxml(source: Path, depth: Path, info: ClipInfo, span: Span) -> bytes:
+    """FCPXML 1.9: one format, two assets, a project whose spine holds the source with the depth clip connected above.
+
+    The format is the picture as shown: a phone clip stored on its side with a
+    display matrix opens in a portrait project, as Final Cut Pro's own would.
+    """
     rate = info.rate
     drop = bool(info.timecode) and ";" in (info.timecode or "")
     root = ET.Element("fcpxml", version="1.9")
     resources = ET.SubElement(root, "resources")
-    fmt = {"id": "r1", "frameDuration": _time(1, rate), "width": str(info.width), "height": str(info.height), "colorSpace": "1-1-1 (Rec. 709)"}
-    if info.sar is not None:  # anamorphic, DV, PAL: without it the project opens with square pixels
-        fmt["paspH"], fmt["paspV"] = str(info.sar.numerator), str(info.sar.denominator)
+    width, height = info.shown_size
+    fmt = {"id": "r1", "frameDuration": _time(1, rate), "width": str(width), "height": str(height), "colorSpace": "1-1-1 (Rec. 709)"}
+    sar = info.shown_sar
+    if sar is not None:  # anamorphic, DV, PAL: without it the project opens with square pixels
+        fmt["paspH"], fmt["paspV"] = str(sar.numerator), str(sar.denominator)
     ET.SubElement(resources, "format", fmt)
-    at, length = _time(start, rate), _time(frames, rate)
+    at, length = _time(span.start, rate), _time(span.frames, rate)
     for ref, path in (("r2", source), ("r3", depth)):
         asset = ET.SubElement(
             resources, "asset",
-            {"id": ref, "name": path.stem, "start": at, "duration": length, "hasVideo": "1", "format": "r1", "videoSources": "1"},
+            {
+                "id": ref, "name": _name(path.stem), "start": _time(span.media_start, rate), "duration": _time(span.media_length, rate),
+                "hasVideo": "1", "format": "r1", "videoSources": "1",
+            },
         )
         ET.SubElement(asset, "media-rep", {"kind": "original-media", "src": path.resolve().as_uri()})
     library = ET.SubElement(root, "library")
     event = ET.SubElement(library, "event", {"name": "depthwatch"})
-    project = ET.SubElement(event, "project", {"name": f"{source.stem} depth"})
+    project = ET.SubElement(event, "project", {"name": _name(f"{source.stem} depth")})
     tc = {"tcFormat": "DF" if drop else "NDF"}
     sequence = ET.SubElement(project, "sequence", {"format": "r1", "duration": length, "tcStart": at, **tc})
     spine = ET.SubElement(sequence, "spine")
     clip = ET.SubElement(
-        spine, "asset-clip", {"ref": "r2", "name": source.stem, "offset": at, "start": at, "duration": length, "format": "r1", **tc}
+        spine, "asset-clip", {"ref": "r2", "name": _name(source.stem), "offset": at, "start": at, "duration": length, "format": "r1", **tc}
     )
     ET.SubElement(
-        clip, "asset-clip", {"ref": "r3", "lane": "1", "name": depth.stem, "offset": at, "start": at, "duration": length, "format": "r1", **tc}
+        clip, "asset-clip",
+        {"ref": "r3", "lane": "1", "name": _name(depth.stem), "offset": at, "start": at, "duration": length, "format": "r1", **tc},
     )
     ET.indent(root)
     body = ET.tostring(root, encoding="unicode")

@@ -75,6 +75,10 @@ class SourceMeta:
         return self.start + times[-1] + (k - len(times) + 1) * last, last
 
 
+    def lead(self, rate: Fraction) -> int:
+        """Frames of `rate` from the file's start to its first picture (a clip whose sound starts first)."""
+        return round(Fraction(self.start) * self.time_base * rate) if self.start and rate else 0
+
     def length(self, frames: int, rate: Fraction) -> int:
         """How long the clip's first `frames` frames last, in frames of `rate` (a timeline's units).
 

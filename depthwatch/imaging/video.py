@@ -272,12 +272,12 @@ def _declared_frames(stream: object, rate: Fraction) -> int:
 def _timecode(container: object) -> str | None:
     """The start timecode: the video stream's tag, a tmcd (data) stream's, or the file's."""
     streams = getattr(container, "streams")
-    for stream in [*streams.video, *streams.data, *getattr(streams, "other", ())]:
-        tc = stream.metadata.get("timecode")
+    for holder in [*streams.video, *streams.data, *getattr(streams, "other", ()), container]:
+        # Matroska's tags are upper case (TIMECODE), QuickTime's and MXF's lower.
+        tc = next((value for key, value in getattr(holder, "metadata", {}).items() if str(key).lower() == "timecode"), None)
         if tc:
             return str(tc)
-    tc = getattr(container, "metadata", {}).get("timecode")
-    return str(tc) if tc else None
+    return None
 
 
 # -- is a clip being copied in whole yet? -------------------------------------------------
