@@ -277,6 +277,44 @@ def test_folders_beyond_the_inotify_watch_limit_are_said_and_scanned_not_silentl
         assert d.stop() == 0
 
 
+def test_the_watch_limit_is_judged_per_drive_when_two_watch_folders_are_drives_roots(tmp_path):
+    """Two drives' roots share an inode number (1 on tmpfs, 2 on ext4): the kernel's list was searched
+    for the root's inode alone, found it on two devices, and said nothing at all, so folders beyond the
+    watch limit on either drive were neither said nor scanned."""
+    import ctypes
+
+    from depthwatch.daemon.coverage import unwatched, watched_folders
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    drives = [tmp_path / "a", tmp_path / "b"]
+    mounted = []
+    try:
+        for drive in drives:
+            drive.mkdir()
+            done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(drive)], capture_output=True)
+            if done.returncode != 0:
+                pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+            mounted.append(drive)
+            (drive / "shot1").mkdir()
+            (drive / "shot2").mkdir()
+        assert os.stat(drives[0]).st_ino == os.stat(drives[1]).st_ino  # as two drives' roots are
+        inotify = libc.inotify_init1(os.O_CLOEXEC)  # as watchdog's: both roots, and one shot of the second drive
+        assert inotify >= 0, os.strerror(ctypes.get_errno())
+        try:
+            for folder in (drives[0], drives[1], drives[1] / "shot2"):
+                assert libc.inotify_add_watch(inotify, os.fsencode(folder), 0x100) >= 0  # IN_CREATE
+            watched = watched_folders()
+            assert watched is not None
+            assert sorted(unwatched(drives[0], watched)) == [drives[0] / "shot1", drives[0] / "shot2"]
+            assert unwatched(drives[1], watched) == [drives[1] / "shot1"]
+        finally:
+            os.close(inotify)
+    finally:
+        for drive in mounted:
+            subprocess.run(["umount", "-l", str(drive)], check=False)
+
+
 def test_frames_written_while_the_watch_folder_cannot_be_searched_are_mapped_once_it_can(tmp_path, tiny_model):
     """A share's permissions fixed up, a chmod: before, a traceback per frame and the frames dropped
     for good (the old map kept showing the version before, and the status said nothing failed)."""

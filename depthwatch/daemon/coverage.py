@@ -53,19 +53,25 @@ def unwatched(root: Path, watched: set[tuple[int, int]]) -> list[Path]:
     """The folders under `root` (itself watched) that no watch in `watched` covers; [] if it cannot tell.
 
     The watch folder is watched (its watch was made), so its own entry says
-    which kernel device its filesystem is; a folder on another filesystem
-    below it (a mount, a btrfs subvolume) is matched by its inode alone.
-    Links to folders are not followed (nor are they watched); a folder that
-    cannot be listed is left out, as it cannot be watched or scanned either.
+    which kernel device its filesystem is: the one stat() names, in the
+    kernel's encoding, where that is among the entries with its inode (two
+    drives' roots share inode numbers: 2 on ext4, 1 on tmpfs), else the one
+    entry with its inode (btrfs, whose stat() numbers are not the kernel's).
+    A folder on another filesystem below it (a mount, a btrfs subvolume) is
+    matched by its own device, else by its inode alone. Links to folders are
+    not followed (nor are they watched); a folder that cannot be listed is
+    left out, as it cannot be watched or scanned either.
     """
     try:
         top = os.stat(root)
     except OSError:
         return []
     devices = {device for device, inode in watched if inode == top.st_ino}
-    if len(devices) != 1:  # not in the list (a watch being made again), or not one answer: say nothing
-        return []
-    device = devices.pop()
+    device = _kernel_device(top.st_dev)
+    if device not in devices:
+        if len(devices) != 1:  # not in the list (a watch being made again), or not one answer: say nothing
+            return []
+        device = devices.pop()
     inodes = {inode for _, inode in watched}
     missing = []
     for folder, _, _ in os.walk(root):
@@ -73,10 +79,18 @@ def unwatched(root: Path, watched: set[tuple[int, int]]) -> list[Path]:
             st = os.stat(folder)
         except OSError:  # gone meanwhile
             continue
-        seen = (device, st.st_ino) in watched if st.st_dev == top.st_dev else st.st_ino in inodes
+        if st.st_dev == top.st_dev:
+            seen = (device, st.st_ino) in watched
+        else:
+            seen = (_kernel_device(st.st_dev), st.st_ino) in watched or st.st_ino in inodes
         if not seen:
             missing.append(Path(folder))
     return missing
+
+
+def _kernel_device(st_dev: int) -> int:
+    """A device number as the kernel prints it in fdinfo (`sdev`: major << 20 | minor), from stat()'s."""
+    return (os.major(st_dev) << 20) | os.minor(st_dev)
 
 
 def topmost(folders: list[Path]) -> list[Path]:
