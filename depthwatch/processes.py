@@ -15,7 +15,9 @@ was), never a comparison with a wall-clock time taken by another process.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+import time
 
 
 def start_token(pid: int) -> str | None:
@@ -73,14 +75,35 @@ def _own_start() -> int | None:
 
 
 def own_tag() -> str:
-    """This process as a temporary file's name says it: `PID` and, where it can be read, `tSTART`.
+    """This process as a temporary file's name says it: `PID`, `tSTART` where it can be read, and `hHOST`.
 
     A pid alone outlived its process: a daemon restarted in a container is pid
     1 each time, so every leftover of the run before looked like its own, live
-    writer's, and was never swept.
+    writer's, and was never swept. And a pid means something only on the
+    machine (and in the container) that gave it: `HOST` says which.
     """
     started = _own_start()
-    return f"{os.getpid()}t{started}" if started is not None else str(os.getpid())
+    return (f"{os.getpid()}t{started}" if started is not None else str(os.getpid())) + f"h{own_host()}"
+
+
+@functools.cache
+def own_host() -> str:
+    """Six hex digits for this machine and pid namespace (container): where a temporary file's pid can be asked.
+
+    Two containers sharing a volume, or two hosts sharing a folder over NFS,
+    each have a pid 1 (and pids of their own): asked of this machine's
+    processes, a writer there looked dead, and its file in flight was removed.
+    """
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:  # no /proc (macOS): the host alone
+        namespace = 0
+    return hashlib.blake2b(f"{os.uname().nodename}\0{namespace}".encode(), digest_size=3).hexdigest()
+
+
+#: How long a temporary file written on another machine (or in another container) must lie untouched before it
+#: counts as left behind: its writer cannot be asked from here, and a writer at work touches it every frame.
+FOREIGN_IDLE_S = 3600
 
 
 def writer_alive(pid: int, started: int | None) -> bool:
@@ -91,3 +114,15 @@ def writer_alive(pid: int, started: int | None) -> bool:
         return True
     now = _own_start() if pid == os.getpid() else start_number(pid)
     return now is None or now == started
+
+
+def left_behind(pid: int | None, started: int | None, host: str | None, modified_ns: int) -> bool:
+    """Whether a temporary file whose name carries these parts of an `own_tag` was left by a writer that is gone.
+
+    Written here (or named before names said where): its writer is asked.
+    Written elsewhere: only when untouched for `FOREIGN_IDLE_S`. No pid: an
+    older name that never said, left behind.
+    """
+    if host is not None and host != own_host():
+        return time.time_ns() - modified_ns > FOREIGN_IDLE_S * 1_000_000_000
+    return pid is None or not writer_alive(pid, started)

@@ -410,12 +410,12 @@ def test_once_swaps_a_sequence_in_one_exchange_of_fsynced_frames_and_keeps_a_use
     seq = str(tmp_path / "seq")
     first, second = (t.read_text() for t in traces)
     cwd = r"AT_FDCWD(?:<[^>]*>)?"  # strace -y names the folder
-    into_seq = rf'renameat2\({cwd}, "[^"]*\.seq\.\d+(?:t\d+)?-[0-9a-f]{{8}}\.dwtmp", {cwd}, "{re.escape(seq)}", '
+    into_seq = rf'renameat2\({cwd}, "[^"]*\.seq\.\d+(?:t\d+)?(?:h[0-9a-f]{{6}})?-[0-9a-f]{{8}}\.dwtmp", {cwd}, "{re.escape(seq)}", '
     assert re.search(into_seq + r"RENAME_NOREPLACE\) = 0", first), first[-3000:]
     swaps = re.findall(into_seq + r"RENAME_EXCHANGE\) = 0", second)
     assert len(swaps) == 1, second[-3000:]
     assert not re.search(rf'\brename(at)?\([^)]*"{re.escape(seq)}"', second), "the old folder stepped aside by a plain rename"
-    synced = set(re.findall(r"fsync\(\d+<[^>]*\.seq\.\d+(?:t\d+)?-[0-9a-f]{8}\.dwtmp/(\d{4}\.png)>\) = 0", second))
+    synced = set(re.findall(r"fsync\(\d+<[^>]*\.seq\.\d+(?:t\d+)?(?:h[0-9a-f]{6})?-[0-9a-f]{8}\.dwtmp/(\d{4}\.png)>\) = 0", second))
     assert len(synced) == 36, sorted(synced)
     assert (tmp_path / "seq" / "my_comp.nk").read_text() == "Root {}\n"
     assert len(list((tmp_path / "seq").glob("*.png"))) == 36

@@ -18,6 +18,7 @@ import yaml
 from conftest import jpeg_bytes, quadrant_frame, write_by_rename
 from daemon_process import DaemonProcess, wait_for
 
+from depthwatch import processes
 from depthwatch.daemon.locks import EX_TEMPFAIL
 from depthwatch.frames import provenance
 
@@ -247,14 +248,22 @@ def test_a_reload_leaves_the_daemons_own_temporary_files_alone(tmp_path, tiny_mo
         old = d.watch / ".depth.jpg.0123abcd.dwtmp"  # from before temp names carried a pid
         # A run before, of the same pid (a container's pid 1 at every start): before, never swept.
         reused = d.watch / f".depth.jpg.{d.proc.pid}t{start_number(d.proc.pid) - 1}-0123abcd.dwtmp"
-        for path in (ours, theirs, old, reused):
+        # Another container's pid 1 sharing the volume (or another host's, over NFS): its pid cannot be
+        # asked here (before: its write in flight was removed); untouched for hours, it was left behind.
+        there = "000000" if processes.own_host() != "000000" else "111111"
+        elsewhere = d.watch / f".depth.jpg.1t99h{there}-0123abcd.dwtmp"
+        abandoned = d.watch / f".depth.jpg.1t98h{there}-4567abcd.dwtmp"
+        for path in (ours, theirs, old, reused, elsewhere, abandoned):
             path.write_bytes(b"half a map")
+        hours_ago = time.time() - 2 * processes.FOREIGN_IDLE_S
+        os.utime(abandoned, (hours_ago, hours_ago))
         config = yaml.safe_load(d.config_path.read_text())
         config["watch"]["patterns"] = ["frame.jpg", "other.jpg"]  # a watch change: the watch restarts
         d.config_path.write_text(yaml.safe_dump(config))
         wait_for(lambda: d.status().get("config_loads") == 2, what="the reload")
         wait_for(lambda: not theirs.exists() and not old.exists() and not reused.exists(), what="the dead processes' leftovers swept")
-        assert ours.exists()
+        assert not abandoned.exists()
+        assert ours.exists() and elsewhere.exists()
     finally:
         assert d.stop() == 0
 

@@ -29,6 +29,7 @@ from daemon_process import DaemonProcess, wait_for
 from onnx_models import brightness_model, cancelling_model, slow_model
 from test_providers import CPU, CPU_DELAY, CUDA, FAST, SLOW, COREML, Machine, StandIn, spec
 
+from depthwatch import processes
 from depthwatch.config import parse
 from depthwatch.daemon.lifecycle import Daemon
 from depthwatch.errors import EX_SOFTWARE, BadPrediction, ModelChanged
@@ -343,12 +344,18 @@ def test_a_quantization_that_did_not_finish_leaves_nothing_for_good(tmp_path):
     dead = int(gone.stdout)
     left = [f".int8-{dead}-abcd1234.pre.onnx.dwtmp", f".int8-{dead}-abcd1234.pre.onnx-inferred.dwtmp", ".int8-k2j4h5g6.onnx.dwtmp"]
     live = f".int8-{os.getpid()}-live0000.onnx.dwtmp"  # a quantization under way in a live process
-    for name in (*left, live):
+    # Another container's (or host's, the cache on NFS) pid 1: its quantization under way cannot be asked
+    # from here (before: removed as a dead process's), and one left untouched for hours is left behind.
+    there = "000000" if processes.own_host() != "000000" else "111111"
+    elsewhere, abandoned = f".int8-1t99h{there}-busy0000.onnx.dwtmp", f".int8-1t98h{there}-gone0000.onnx.dwtmp"
+    for name in (*left, live, elsewhere, abandoned):
         (folder / name).write_bytes(b"as large as the model")
+    hours_ago = time.time() - 2 * processes.FOREIGN_IDLE_S
+    os.utime(folder / abandoned, (hours_ago, hours_ago))
     tensors = [np.random.default_rng(i).random((1, 3, 64, 64), dtype=np.float32) for i in range(2)]
     target = quantize.int8_model(model, cache_root, state, "image", tensors)
     assert target.is_file()
-    assert sorted(p.name for p in folder.iterdir() if p.name.startswith(".")) == [live]
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith(".")) == sorted([live, elsewhere])
 
 
 def test_int8_keeps_its_first_and_last_convolution_in_fp32_and_gives_the_others_all_8_bits(tmp_path, cache_home):

@@ -534,7 +534,7 @@ def test_a_new_map_takes_its_free_name_only_while_it_is_free(tmp_path, tiny_mode
         )
         assert done.returncode == 0, done.stderr[-2000:]
     first, second = ((tmp_path / t).read_text() for t in traces)
-    into = r'renameat2\(\d+, "\.shot_depth\.jpg\.\d+(?:t\d+)?-[0-9a-f]{8}\.dwtmp", \d+, "shot_depth\.jpg", RENAME_NOREPLACE\) = 0'
+    into = r'renameat2\(\d+, "\.shot_depth\.jpg\.\d+(?:t\d+)?(?:h[0-9a-f]{6})?-[0-9a-f]{8}\.dwtmp", \d+, "shot_depth\.jpg", RENAME_NOREPLACE\) = 0'
     assert re.search(into, first), first[-2000:]
     assert not re.search(into, second) and re.search(r'rename(at2?)?\(.*"shot_depth\.jpg"', second), second[-2000:]
     assert provenance.read(tmp_path / "shot_depth.jpg")["source"] == "shot.jpg"

@@ -28,7 +28,7 @@ from depthwatch.frames.folders import LeadsOutside, Unchecked, inside, open_insi
 from depthwatch.frames.replacing import ReplaceCheck
 from depthwatch.imaging.clipwrite import SEQUENCE_MARKER, is_whole, marked_frames
 from depthwatch.logtext import shown
-from depthwatch.processes import own_tag, writer_alive
+from depthwatch.processes import left_behind, own_tag
 
 log = logging.getLogger("depthwatch.frames")
 
@@ -37,10 +37,10 @@ log = logging.getLogger("depthwatch.frames")
 #: dead process's leftovers are ever swept (a reload must not remove files in flight).
 TEMP_SUFFIX = ".dwtmp"
 
-_TEMP_TAIL = re.compile(r"\.(\d+)(?:t(\d+))?-[0-9a-f]{8}" + re.escape(TEMP_SUFFIX) + "$")
+_TEMP_TAIL = re.compile(r"\.(\d+)(?:t(\d+))?(?:h([0-9a-f]{6}))?-[0-9a-f]{8}" + re.escape(TEMP_SUFFIX) + "$")
 
-#: Room the temporary name adds to the target's: "." + "." + pid + "t" + start + "-" + 8 hex digits + TEMP_SUFFIX.
-_TEMP_EXTRA = 2 + 10 + 1 + 20 + 1 + 8 + len(TEMP_SUFFIX)
+#: Room the temporary name adds to the target's: "." + "." + pid + "t" + start + "h" + host + "-" + 8 hex digits + TEMP_SUFFIX.
+_TEMP_EXTRA = 2 + 10 + 1 + 20 + 1 + 6 + 1 + 8 + len(TEMP_SUFFIX)
 
 
 
@@ -56,16 +56,16 @@ def is_temp_name(name: str) -> bool:
 
 def temp_target_name(name: str) -> str | None:
     """The (possibly shortened) name of the file a temporary file was written for."""
-    match = re.fullmatch(r"\.(.*)\.(?:\d+(?:t\d+)?-)?[0-9a-f]{8}" + re.escape(TEMP_SUFFIX), name, re.S)
+    match = re.fullmatch(r"\.(.*)\.(?:\d+(?:t\d+)?(?:h[0-9a-f]{6})?-)?[0-9a-f]{8}" + re.escape(TEMP_SUFFIX), name, re.S)
     return match.group(1) if match else None
 
 
-def temp_owner(name: str) -> tuple[int, int | None] | None:
-    """The process that made a temporary file: its pid and start (`processes.own_tag`); None: a name without them."""
+def temp_owner(name: str) -> tuple[int, int | None, str | None] | None:
+    """The process that made a temporary file: its pid, start and host (`processes.own_tag`); None: a name without them."""
     match = _TEMP_TAIL.search(name)
     if match is None:
         return None
-    return int(match.group(1)), int(match.group(2)) if match.group(2) else None
+    return int(match.group(1)), int(match.group(2)) if match.group(2) else None, match.group(3)
 
 
 def open_folder(folder: Path, roots: tuple[Path, ...] = ()) -> int:
@@ -187,8 +187,13 @@ def sweep_temp_files(folder: Path) -> tuple[int, int]:
         if not folder_of_frames and not entry.is_file(follow_symlinks=False):
             continue
         owner = temp_owner(entry.name)
-        if owner is not None and writer_alive(*owner):
-            continue
+        if owner is not None:
+            try:
+                modified = entry.stat(follow_symlinks=False).st_mtime_ns
+            except OSError:
+                continue  # gone meanwhile
+            if not left_behind(*owner, modified):
+                continue
         if folder_of_frames and _put_back(folder, entry.name):
             continue
         if folder_of_frames:

@@ -122,7 +122,7 @@ def int8_model(model: Path, cache_root: Path, state_dir: Path, input_name: str, 
 
 
 #: A quantization's temporary files: `.int8-<processes.own_tag>-<random>...dwtmp` (before, `.int8-<random>...`).
-_TEMPORARY = re.compile(r"\.int8-(?:(\d+)(?:t(\d+))?-)?[^.]+\..*\.dwtmp")
+_TEMPORARY = re.compile(r"\.int8-(?:(\d+)(?:t(\d+))?(?:h([0-9a-f]{6}))?-)?[^.]+\..*\.dwtmp")
 
 
 def _sweep(folder: Path) -> None:
@@ -137,10 +137,13 @@ def _sweep(folder: Path) -> None:
         return
     for name in names:
         match = _TEMPORARY.fullmatch(name)
-        pid, started = match.groups() if match is not None else (None, None)
-        if match is None or (pid is not None and processes.writer_alive(int(pid), int(started) if started else None)):
+        if match is None:
             continue
+        pid, started, host = match.groups()
         with contextlib.suppress(OSError):
+            modified = os.stat(folder / name, follow_symlinks=False).st_mtime_ns
+            if not processes.left_behind(int(pid) if pid else None, int(started) if started else None, host, modified):
+                continue
             os.unlink(folder / name)
             log.info("int8: removed %s, left by a quantization that did not finish", name)
 
