@@ -286,15 +286,20 @@ def scheduler_gone(client: Any) -> str:
 
 
 def _result(future: Any, client: Any = None) -> RangeReport:
-    """A range's report; a failed one's line. Never waits for good on a scheduler that is gone."""
+    """A range's report; a failed one's line. Never waits for good on a scheduler that is gone: FarmError,
+    once for the run (not a line for each range in flight, as the futures of a closed client fail one by one)."""
     try:
         while True:
             try:
                 return future.result(timeout=_LOOK_S)
             except (TimeoutError, asyncio.TimeoutError):
                 if client is not None and client.status in _GONE:
-                    return RangeReport(-1, scheduler_gone(client))
+                    raise FarmError(scheduler_gone(client)) from None
+    except FarmError:
+        raise
     except Exception as exc:
+        if client is not None and client.status in _GONE:
+            raise FarmError(scheduler_gone(client)) from None
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
         return RangeReport(-1, f"the farm could not map it ({type(exc).__name__}{': ' + first if first else ''}); run the command again to retry")
 
