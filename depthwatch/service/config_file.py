@@ -36,21 +36,41 @@ def _nameable(path: Path) -> None:
         )
 
 
-def _as_the_service_reads_it(path: Path, base: Path, manager_environment: Callable[[], Mapping[str, str]] | None) -> None:
+def _as_the_service_reads_it(path: Path, base: Path, manager_environment: Callable[..., Mapping[str, str]] | None) -> None:
     """The config and its model found with only the variables a service gets; ConfigError or ModelError if not.
 
-    What the service manager hands every service (systemd's environment.d) is asked
-    only when the bare minimum is not enough: one more call to it otherwise.
+    What the service manager hands every service at each start (systemd's
+    environment.d) is asked only when the bare minimum is not enough: one more
+    call to it otherwise. A variable it holds now only (`systemctl --user
+    set-environment`, a login session's) is refused too, with where to put it
+    so that a reboot keeps it.
     """
-    try:
-        with supervision.as_the_service_sees_it():
-            catalogue.resolve(configuration.load(path).model, base)
-    except (ConfigError, ModelError):
-        extra = manager_environment() if manager_environment is not None else {}
-        if not extra:
-            raise
+
+    def read(extra: Mapping[str, str] | None = None) -> None:
         with supervision.as_the_service_sees_it(extra):
             catalogue.resolve(configuration.load(path).model, base)
+
+    try:
+        read()
+        return
+    except (ConfigError, ModelError):
+        if manager_environment is None:
+            raise
+    lasting = manager_environment()
+    try:
+        read(lasting)
+    except (ConfigError, ModelError) as exc:
+        now = manager_environment(lasting=False)
+        if not now or now == lasting:
+            raise
+        try:
+            read(now)
+        except (ConfigError, ModelError):
+            raise exc from None
+        raise type(exc)(
+            f"{exc}; the user manager has it now (`systemctl --user set-environment`, or the login session), but a "
+            "reboot starts the service without it: set it in ~/.config/environment.d/depthwatch.conf (NAME=value)"
+        ) from None
 
 
 def documented_default() -> Path:

@@ -84,8 +84,11 @@ class Manager(ABC):
         sys.stdout.write(self.render(chosen.path, shutdown_timeout_s=chosen.config.daemon.shutdown_timeout_s).decode())
         return 0
 
-    def manager_environment(self) -> dict[str, str]:
-        """The variables the service manager hands every service, where it can say (none by default)."""
+    def manager_environment(self, lasting: bool = True) -> dict[str, str]:
+        """The variables the service manager hands every service, where it can say (none by default).
+
+        `lasting`: those it hands at every start, a reboot's too; False: those it holds now.
+        """
         return {}
 
     def install(self, config_arg: str | None) -> int:

@@ -266,6 +266,43 @@ def parse_show(text: str) -> State:
 
 #: How systemctl says it cannot reach the user manager: "Failed to connect to bus: No medium found",
 #: or on newer systemd "Failed to connect to user scope bus via local transport: ...".
+#: The generator systemd's user manager runs at each start to read environment.d (Debian, Ubuntu, Fedora, Arch).
+ENVIRONMENT_D_GENERATORS = (
+    "/usr/lib/systemd/user-environment-generators/30-systemd-environment-d-generator",
+    "/lib/systemd/user-environment-generators/30-systemd-environment-d-generator",
+)
+
+
+def _assignments(text: str, quoted: bool) -> dict[str, str]:
+    """NAME=value lines; `quoted`: as `show-environment` writes them, a value with odd characters as $'...'."""
+    found = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.isidentifier():
+            found[name] = _c_unescaped(value[2:-1]) if quoted and value.startswith("$'") and value.endswith("'") else value
+    return found
+
+
+_C_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{1,2}|[0-7]{1,3}|.)", re.S)
+_C_SIMPLE = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "f": "\f", "v": "\v", "e": "\x1b"}
+
+
+def _c_unescaped(text: str) -> str:
+    """A $'...' string's contents as the shell reads them (`\\'` a quote, `\\n` a newline, `\\xNN` a byte)."""
+
+    def byte(match: re.Match[str]) -> str:
+        code = match.group(1)
+        if code[0] == "x" and len(code) > 1:
+            return chr(0xDC00 + int(code[1:], 16)) if int(code[1:], 16) >= 0x80 else chr(int(code[1:], 16))
+        if code[0] in "01234567":
+            value = int(code, 8) & 0xFF
+            return chr(0xDC00 + value) if value >= 0x80 else chr(value)
+        return _C_SIMPLE.get(code, code)
+
+    # Bytes given as escapes (\xc3\xa9) are put back as the UTF-8 they spell, as the shell would.
+    return os.fsdecode(os.fsencode(_C_ESCAPE.sub(byte, text)))
+
+
 _NO_BUS = re.compile(r"Failed to connect to (user scope )?bus")
 #: What journalctl prints instead of lines when there are none.
 _NO_ENTRIES = "-- No entries --"
@@ -325,17 +362,23 @@ class Systemd(Manager):
         print("to start it at boot, before anyone logs in: `loginctl enable-linger $USER`")
         print(f"log: `depthwatch service logs` (journalctl --user -u {UNIT}); check it with `depthwatch service status`")
 
-    def manager_environment(self) -> dict[str, str]:
-        """The user manager's own environment (environment.d, `systemctl --user set-environment`): every unit gets it."""
+    def manager_environment(self, lasting: bool = True) -> dict[str, str]:
+        """The variables the user manager hands every unit.
+
+        `lasting`: at each of its starts, a reboot's too: environment.d, as the
+        manager's own generator reads it. Not what `systemctl --user
+        set-environment` or a login session gave the running manager: those
+        are gone at the next boot, and with linger (which install advises) the
+        service then starts without them and exits 78 at every start. Without
+        the generator, and with `lasting` False: what the manager holds now.
+        """
+        if lasting:
+            generator = next((path for path in ENVIRONMENT_D_GENERATORS if os.access(path, os.X_OK)), None)
+            if generator is not None:
+                ran = run([generator], check=False)
+                return _assignments(ran.stdout, quoted=False) if ran.ok else {}
         ran = run(["systemctl", "--user", "show-environment"], check=False)
-        if not ran.ok:
-            return {}
-        found = {}
-        for line in ran.stdout.splitlines():
-            name, sep, value = line.partition("=")
-            if sep and name.isidentifier():
-                found[name] = value[2:-1] if value.startswith("$'") and value.endswith("'") else value
-        return found
+        return _assignments(ran.stdout, quoted=True) if ran.ok else {}
 
     def _start_the_old_one(self) -> None:
         """A reinstall failed after `restart` stopped the service: its old unit is back; start its daemon again."""
