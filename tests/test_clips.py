@@ -31,6 +31,7 @@ from depthwatch.config import ModelConfig  # noqa: E402
 from depthwatch.frames import provenance  # noqa: E402
 from depthwatch.clips.job import ClipJob  # noqa: E402
 from depthwatch.clips.make import make_clip  # noqa: E402
+from depthwatch.frames.rules import map_is_current  # noqa: E402
 from depthwatch.frames.settings import Settings  # noqa: E402
 from depthwatch.imaging import codec, normalise, tensor  # noqa: E402
 from depthwatch.model import catalogue  # noqa: E402
@@ -199,6 +200,33 @@ def test_other_outputs(sources: dict[str, Path], engine: Engine, tmp_path: Path,
         assert info["codec"] == "h264"
     assert_frame_exact(depth_frames(job.final), refs)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("name", ["{stem}_depth.mkv", "{stem}_depth/{frame:04d}.png"])
+def test_a_clip_replaced_by_another_take_dated_earlier_is_not_up_to_date(sources: dict[str, Path], engine: Engine, tmp_path: Path, name: str) -> None:
+    """Depth clips were judged by date alone: a clip replaced by another take whose file is dated earlier
+    (a card copy keeps its date, as Finder's and cp -p's do; a restore) kept its old depth clip at the
+    daemon's next start and at the farm's resume, said up to date. The depth clip names its clip's version."""
+    source = tmp_path / "A001.mov"
+    shutil.copy2(sources["prores"], source)
+    job = ClipJob(source, tmp_path / name.replace("{stem}", source.stem))
+    result = make_clip(job, engine, Settings())
+    assert result.ok, result.error
+    assert map_is_current(source, job.output)
+    earlier = source.stat().st_mtime_ns - 3_600_000_000_000
+    other = tmp_path / ".take2.mov"
+    shutil.copy(sources["cuts"], other)  # another take, as a card copy brings it: dated an hour earlier
+    os.utime(other, ns=(earlier, earlier))
+    os.replace(other, source)
+    assert (job.final.stat().st_mtime_ns if job.final.exists() else 0) > source.stat().st_mtime_ns
+    assert not map_is_current(source, job.output)
+    # A depth clip made before it named its version is judged by date, as before.
+    if not job.sequence:
+        legacy = tmp_path / "legacy_depth.mkv"
+        ffmpeg = shutil.which("ffmpeg") or pytest.skip("ffmpeg is missing (.ci/run installs it)")
+        subprocess.run([ffmpeg, "-v", "error", "-i", str(job.final), "-c", "copy", "-metadata", "comment=depthwatch depth clip",
+                        str(legacy)], check=True)
+        assert map_is_current(source, legacy)
 
 
 def test_a_second_run_replaces_its_own_sequence_folder_and_never_someone_elses(

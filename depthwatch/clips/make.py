@@ -134,7 +134,7 @@ def _make(
             sink = WriteBehind(lambda k, depth: sequence.write_frame(temp, job.output, k, depth, settings, record, meta), gate)
         else:
             assert kind is not None
-            writer = clipwrite.ClipWriter(temp, kind, meta, timing)
+            writer = clipwrite.ClipWriter(temp, kind, meta, timing, made_from=signature)
             sink = WriteBehind(lambda k, depth: writer.write(meta.stored(depth)), gate)  # type: ignore[union-attr]
         bits = 16 if kind is not None else sequence.bits(job.output, settings)
         options = replace(settings.render, bits=bits)

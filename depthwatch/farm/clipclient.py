@@ -55,6 +55,7 @@ from depthwatch.farm.cliptasks import ClipRange, RangeReport, collect_clip_range
 from depthwatch.farm.tasks import RESOURCE
 from depthwatch.frames.settings import Settings
 from depthwatch.frames import timeline
+from depthwatch.frames.job import signature_of
 from depthwatch.frames.writer import sweep_temp_files_for, temp_name_for
 from depthwatch.imaging import clipwrite, codec, normalise, sourcemeta, stabilise, video
 from depthwatch.logtext import shown
@@ -259,7 +260,7 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
         if job.sequence:
             written = segments.join_sequence(ordered, temp, job.output.name)
         else:
-            written = segments.join(ordered, job.final, temp, meta, source_meta)
+            written = segments.join(ordered, job.final, temp, meta, source_meta, signature_of(job.source))
         if written != len(index):
             raise DepthwatchError(f"the joined segments hold {written} frames where the clip has {len(index)}; run the command again with --force")
         if job.sequence:  # marked whole and swapped in, keeping the user's files, as local once's sequence

@@ -37,6 +37,7 @@ from depthwatch.farm.clipindex import read as read_index
 from depthwatch.farm.cliptasks import ClipRange, inferred
 from depthwatch.files import sha256_of
 from depthwatch.frames import timeline
+from depthwatch.frames.job import signature_of
 from depthwatch.frames.settings import Settings
 from depthwatch.frames.writer import temp_name_for
 from depthwatch.imaging import clipwrite, normalise, render, sourcemeta, stabilise, video
@@ -178,7 +179,7 @@ def join(job: ClipJob, settings: Settings, model: Path) -> int:
     temp = temp_name_for(job.final)
     timing = sourcemeta.read(job.source, meta.rate)
     try:
-        written = segments.join(ordered, job.final, temp, meta, timing)
+        written = segments.join(ordered, job.final, temp, meta, timing, signature_of(job.source))
         if written != len(index):
             raise FrameError(f"the joined segments hold {written} frames where the clip has {len(index)}; run the range tasks again")
         segments.put_in_place(temp, job.final)

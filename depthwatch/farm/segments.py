@@ -122,28 +122,26 @@ def part_for(target: Path) -> Path:
     return target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}{PART_SUFFIX}")
 
 
-def join(segments: list[Path], final: Path, temp: Path, meta: ClipInfo, source: SourceMeta) -> int:
-    """The segments, in order, as one depth clip at `temp`; the frames written."""
+def join(
+    segments: list[Path], final: Path, temp: Path, meta: ClipInfo, source: SourceMeta, made_from: tuple[int, int, int] | None = None
+) -> int:
+    """The segments, in order, as one depth clip at `temp`; the frames written.
+
+    Packets are copied where the segments' codec is the depth clip's; H.264, a
+    long-GOP codec, cannot be joined by copy, and is decoded and encoded once more.
+    `made_from`: the source clip's version, said in the clip (`clipwrite.made_from`).
+    """
     kind = clipwrite.kind_for(final.suffix)
     assert kind is not None
-    if segment_kind(final).codec == kind.codec:
-        return _copy_packets(segments, temp, kind, meta, source)
-    return _encode(segments, temp, kind, meta, source)
+    return _rewrite(segments, temp, kind, meta, source, copy=segment_kind(final).codec == kind.codec, made_from=made_from)
 
 
-def _copy_packets(segments: list[Path], temp: Path, kind: clipwrite.Kind, meta: ClipInfo, source: SourceMeta) -> int:
-    """The segments' packets, re-timed, into the container local `once` writes (`ClipWriter`, the same kind)."""
-    return _rewrite(segments, temp, kind, meta, source, copy=True)
-
-
-def _encode(segments: list[Path], temp: Path, kind: clipwrite.Kind, meta: ClipInfo, source: SourceMeta) -> int:
-    """The segments' frames, decoded and encoded once more as `kind` (H.264: a long-GOP codec cannot be joined by copy)."""
-    return _rewrite(segments, temp, kind, meta, source, copy=False)
-
-
-def _rewrite(segments: list[Path], temp: Path, kind: clipwrite.Kind, meta: ClipInfo, source: SourceMeta, *, copy: bool) -> int:
+def _rewrite(
+    segments: list[Path], temp: Path, kind: clipwrite.Kind, meta: ClipInfo, source: SourceMeta, *, copy: bool,
+    made_from: tuple[int, int, int] | None,
+) -> int:
     av = require_av()
-    writer = clipwrite.ClipWriter(temp, kind, meta, source)
+    writer = clipwrite.ClipWriter(temp, kind, meta, source, made_from=made_from)
     try:
         for path in segments:
             with av.open(str(path), "r") as segment:

@@ -381,13 +381,24 @@ def map_is_current(source: Path, output: Path, made_with: str | None = None, mod
     use this same rule. `made_with` (`Settings.made_with`): a map is current only
     if its record says it was made with these very settings too (`once --farm`,
     where the command line may have changed them since); `model` (a model file's
-    name): and by that model (the farm's workers run their own).
+    name): and by that model (the farm's workers run their own). A depth clip
+    names the clip version it was made from in its comment, an image sequence
+    in its frames' records: a clip replaced by another take whose file is dated
+    earlier (a card copy keeps its date) is not "up to date" by its date.
     """
     if "{frame" in output.name:  # an image sequence: its folder, renamed into place when whole
         output = output.parent
     try:
         frame = source.stat()
-        if output.is_dir() or video.is_clip_name(output):  # no record inside: by time
+        if output.is_dir():  # a clip's image sequence: its frames' record, which names the clip's version
+            record = _a_frames_record(output)
+            if record is not None and "size" in record:
+                return provenance.same_version(record, frame)
+            return output.stat().st_mtime_ns >= frame.st_mtime_ns
+        if video.is_clip_name(output):  # a depth clip: the version its comment names; before it named one, by time
+            made = clipwrite.made_from(output)
+            if made is not None:
+                return made == (frame.st_size, frame.st_mtime_ns, frame.st_ino)
             return output.stat().st_mtime_ns >= frame.st_mtime_ns
         record = provenance.read(output)
         if record is not None:
@@ -399,3 +410,18 @@ def map_is_current(source: Path, output: Path, made_with: str | None = None, mod
         return made_with is None and output.stat().st_mtime_ns >= frame.st_mtime_ns
     except OSError:
         return False
+
+
+def _a_frames_record(folder: Path) -> dict[str, object] | None:
+    """The record of one frame of the image sequence in `folder` (they all name the same clip version)."""
+    frames = clipwrite.marked_frames(folder)
+    if frames is None:
+        return None
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if frames.fullmatch(entry.name):
+                    return provenance.read(Path(entry.path))
+    except OSError:
+        return None
+    return None

@@ -114,7 +114,8 @@ def made_here(path: Path, comment: str | None = None) -> bool:
     one, carries the mark too; its first packet is its own, so the digest
     tells it from depthwatch's (and it is neither replaced nor refused as
     input). A comment with the mark alone is a depth clip from before the
-    digest. `comment`: the container's, where the caller has read it already.
+    digest; after the digest, the version of the clip it was made from (see
+    `made_from`). `comment`: the container's, where the caller has read it already.
     """
     if comment is not None and not comment.startswith(MARK):
         return False
@@ -122,14 +123,38 @@ def made_here(path: Path, comment: str | None = None) -> bool:
     try:
         with av.open(str(path), metadata_errors="ignore") as container:
             if comment is None:
-                tags = {str(k).lower(): str(v) for k, v in container.metadata.items()}  # Matroska says COMMENT
-                comment = tags.get("comment", "")
-            if not comment.startswith(MARK):
+                comment = _comment(container)
+            said = _COMMENT.fullmatch(comment)
+            if said is None:
                 return False
-            digest = comment[len(MARK):].strip()
-            return not digest or digest == _first_frame_mark(_first_packet(container))
+            return said["digest"] is None or said["digest"] == _first_frame_mark(_first_packet(container))
     except (av.FFmpegError, OSError, IndexError):
         return False
+
+
+#: A depth clip's comment: the mark, its first packet's digest, and the version of the clip it was made from.
+_COMMENT = re.compile(
+    re.escape(MARK) + r"(?: (?P<digest>\(first frame [0-9a-f]{16}\)))?(?: \(source (?P<size>\d+):(?P<mtime>\d+):(?P<inode>\d+)\))?"
+)
+
+
+def made_from(path: Path) -> tuple[int, int, int] | None:
+    """The version (size, mtime_ns, inode) of the clip a depth clip was made from, as its comment says; None:
+    not said (a depth clip from before it was, or not one of depthwatch's)."""
+    av = require_av()
+    try:
+        with av.open(str(path), metadata_errors="ignore") as container:
+            said = _COMMENT.fullmatch(_comment(container))
+    except (av.FFmpegError, OSError, IndexError):
+        return None
+    if said is None or said["size"] is None:
+        return None
+    return int(said["size"]), int(said["mtime"]), int(said["inode"])
+
+
+def _comment(container: Any) -> str:
+    tags = {str(k).lower(): str(v) for k, v in container.metadata.items()}  # Matroska says COMMENT
+    return tags.get("comment", "")
 
 
 def _first_packet(container: Any) -> bytes:
@@ -176,8 +201,12 @@ class ClipWriter:
     (the caller removes the file). Either way the file is closed.
     """
 
-    def __init__(self, path: Path, kind: Kind, info: ClipInfo, source: SourceMeta | None = None) -> None:
+    def __init__(
+        self, path: Path, kind: Kind, info: ClipInfo, source: SourceMeta | None = None, made_from: tuple[int, int, int] | None = None
+    ) -> None:
+        """`made_from`: the source clip's version (size, mtime_ns, inode), said in the comment (see `made_from`)."""
         av = require_av()
+        self._made_from = f" (source {made_from[0]}:{made_from[1]}:{made_from[2]})" if made_from is not None else ""
         self._av = av
         self.kind = kind
         self._info = info
@@ -310,7 +339,7 @@ class ClipWriter:
                 packet.duration = lasts
             if not self._marked and packet.size:
                 picture = _picture_of(bytes(packet), self.kind.codec.replace("libx264", "h264"))
-                self._container.metadata["comment"] = f"{MARK} {_first_frame_mark(picture)}"
+                self._container.metadata["comment"] = f"{MARK} {_first_frame_mark(picture)}{self._made_from}"
                 self._marked = True
         try:
             self._container.mux(packets)
