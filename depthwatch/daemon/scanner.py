@@ -187,7 +187,7 @@ class Scanner:
         now = time.monotonic()
         before = self._polled.get(folder, (now, {}))[1]
         seen: dict[Path, tuple[int, int, int]] = {}  # the files there now: one gone is new if it comes back
-        count = 0
+        found: list[tuple[int, Path]] = []
         folders = [folder]
         while folders and not self._stopping:
             try:
@@ -206,12 +206,13 @@ class Scanner:
                 path = Path(entry.path)
                 version = seen[path] = (st.st_ino, st.st_size, st.st_mtime_ns)
                 if before.get(path) != version and self.rules.is_frame(path) and needs_output(self.rules, path):
-                    self._found(path)
-                    count += 1
+                    found.append((st.st_mtime_ns, path))
+        for _, path in sorted(found):  # in the order they arrived, as a watch hands them over
+            self._found(path)
         self._polled[folder] = (now, seen)
         for other in [f for f, (when, _) in self._polled.items() if now - when > _POLLED_KEPT_S]:
             del self._polled[other]  # watched again, or gone: its frames are not kept for ever
-        return count
+        return len(found)
 
     def _walk(self, root: Path) -> list[Path]:
         found = []
