@@ -314,7 +314,8 @@ def test_a_status_file_that_went_is_written_again_and_a_folder_that_went_is_said
         assert d.log().count("status file: ") == 1, d.log()[-2000:]
         (tmp_path / "state").mkdir()
         wait_for(lambda: d.status_path.exists() and d.counts().get("done") == 3, what="the status back, counting all three")
-        assert f"status file {d.status_path} written again" in d.log()
+        # Said just after the write it tells of: waited for, not read in the instant between.
+        wait_for(lambda: f"status file {d.status_path} written again" in d.log(), what="the status file said written again")
     finally:
         assert d.stop() == 0
 

@@ -20,6 +20,7 @@ from daemon_process import DaemonProcess, wait_for
 
 from depthwatch.daemon.locks import EX_TEMPFAIL
 from depthwatch.errors import EX_CONFIG
+from depthwatch.frames import provenance
 
 
 def error_lines(d: DaemonProcess) -> list[str]:
@@ -618,6 +619,38 @@ def test_a_frame_the_process_keeps_ending_on_is_named_then_set_aside_until_it_ch
         assert not (d.watch / "frame.jpg.error.json").exists()
     finally:
         d.close()
+
+
+def test_maps_for_an_ejected_cache_drive_wait_for_it_and_never_land_on_the_system_disk(tmp_path, tiny_model):
+    """An output template on a cache drive (/media/…/CACHE/Depth/{stem}.png): once the drive was ejected, its
+    folder was made again, parents and all, on the system disk under the mount point; maps landed there,
+    said done, and the drive kept the last version's map when it came back."""
+    drive = tmp_path / "CACHE"
+    drive.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(drive)]
+    if subprocess.run(mount, capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    d = DaemonProcess(tmp_path, tiny_model, watch={"patterns": ["*.jpg"]}, output={"template": f"{drive}/Depth/{{stem}}.png"},
+                      daemon={"retries": 1})
+    try:
+        d.start()
+        write_by_rename(d.watch / "a.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: (drive / "Depth" / "a.png").exists() and d.counts().get("done") == 1, what="the first map, on the drive")
+        subprocess.run(["umount", "-l", str(drive)], check=True)  # ejected; its mount point stays, as fstab's does
+        write_by_rename(d.watch / "a.jpg", jpeg_bytes(quadrant_frame(bright="bottom-right")))
+        write_by_rename(d.watch / "b.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: d.log().count("is no longer mounted (its drive ejected?); the map is made once it is back") >= 2,
+                 what="both frames said waiting for the drive")
+        assert list(drive.iterdir()) == []  # nothing on the system disk where the drive was
+        assert d.counts()["done"] == 1 and "Traceback" not in d.log()
+        subprocess.run(mount, check=True)  # back (empty, as another machine may have cleaned it)
+        wait_for(lambda: (drive / "Depth" / "a.png").exists() and (drive / "Depth" / "b.png").exists(), timeout=120,
+                 what="both maps, on the drive once it is back")
+        record = provenance.read(drive / "Depth" / "a.png")
+        assert record is not None and record["size"] == (d.watch / "a.jpg").stat().st_size
+    finally:
+        assert d.stop() == 0
+        subprocess.run(["umount", "-l", str(drive)], capture_output=True)
 
 
 _BLACK_BOX = """

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from depthwatch.errors import OutputError
 from depthwatch.files import exchange, rename_noreplace, sync_folder, write_new
-from depthwatch.frames import provenance, timeline
+from depthwatch.frames import provenance, timeline, writer
 from depthwatch.frames.folders import inside
 from depthwatch.frames.writer import is_temp_name, remove_own_folder, temp_name_for
 from depthwatch.imaging import clipwrite
@@ -31,10 +31,7 @@ def ensure_folder(folder: Path, roots: tuple[Path, ...]) -> None:
     """Make the depth clip's folder, which must lie inside `roots` (empty: anywhere)."""
     if roots and not inside(folder if folder.exists() else folder.parent, roots):
         raise OutputError(f"the output folder {shown(folder)} leads outside the configured folders; not writing", retryable=False)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputError(f"cannot create the output folder {shown(folder)}: {exc.strerror or exc}") from None
+    writer.ensure_folder(folder, roots)  # never on the system disk in place of a drive that is gone
 
 
 def rename_into_place(

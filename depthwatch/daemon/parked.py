@@ -43,7 +43,13 @@ class _Folder:
 
 
 def looks_writable(folder: Path, room: int) -> bool:
-    """Whether `folder` has free space and write permission now (a cheap look, no write)."""
+    """Whether `folder` has free space and write permission now (a cheap look, no write).
+
+    A folder not there yet is looked at in its parent, where it would be made
+    (a cache drive back without it).
+    """
+    if not folder.is_dir() and folder.parent.is_dir():
+        folder = folder.parent
     try:
         st = os.statvfs(folder)
     except OSError:

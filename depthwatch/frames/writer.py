@@ -96,16 +96,47 @@ def _outside(folder: Path) -> OutputError:
 def ensure_folder(folder: Path, roots: tuple[Path, ...] = ()) -> None:
     """Outputs may go to a folder of their own (output.template 'depth/{stem}.png'): make it.
 
-    Not created through a link that now leads outside `roots` (a folder outside is a write too).
+    Not created through a link that now leads outside `roots` (a folder outside
+    is a write too), and not where the configured folder it lies in was on a
+    drive that is gone: made with its parents, a cache drive's folder came back
+    on the system disk once the drive was ejected, its maps landed there, said
+    done, and the drive kept the last version's when it returned (and where
+    the mount point went with the drive, the folder made took its name, so the
+    drive came back under another). A retryable OutputError then: the frame
+    waits until the drive is back.
     """
-    if folder.is_dir():
-        return
-    if roots and not inside(folder, roots):
-        raise _outside(folder)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputError(f"cannot create the output folder {shown(folder)}: {exc.strerror or exc}") from None
+    top = _configured_folder(folder, roots)
+    if top is not None:
+        _on_its_drive(top)
+    if not folder.is_dir():
+        if roots and not inside(folder, roots):
+            raise _outside(folder)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OutputError(f"cannot create the output folder {shown(folder)}: {exc.strerror or exc}") from None
+    if top is not None and top not in _MOUNTS:
+        _MOUNTS[top] = tuple(p for p in (top, top.parent) if os.path.ismount(p))
+
+
+#: For each configured folder outputs go to: which of it and its parent were mount points when it was first written to.
+_MOUNTS: dict[Path, tuple[Path, ...]] = {}
+
+
+def _configured_folder(folder: Path, roots: tuple[Path, ...]) -> Path | None:
+    return next((root for root in roots if folder == root or root in folder.parents), None)
+
+
+def _on_its_drive(top: Path) -> None:
+    """OutputError (retryable) if the configured folder `top` is not on the drive it was first seen on."""
+    gone = next((mount for mount in _MOUNTS.get(top, ()) if not os.path.ismount(mount)), None)
+    if gone is not None:
+        raise OutputError(f"{shown(gone)} is no longer mounted (its drive ejected?); the map is made once it is back", retryable=True)
+    if not os.path.isdir(top) and not os.path.isdir(top.parent):
+        raise OutputError(
+            f"the output folder {shown(top)} is not there, nor is {shown(top.parent)} (a drive not mounted?); "
+            "the map is made once it is", retryable=True,
+        )
 
 
 def atomic_write(
