@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from fractions import Fraction
 from pathlib import Path
 
@@ -209,11 +210,15 @@ def test_a_clip_replaced_by_another_take_dated_earlier_is_not_up_to_date(sources
     daemon's next start and at the farm's resume, said up to date. The depth clip names its clip's version."""
     source = tmp_path / "A001.mov"
     shutil.copy2(sources["prores"], source)
+    # Dated ten hours ahead, as a UTC+10 camera's card reads on a machine that takes its dates for UTC:
+    # by date it was never up to date, and was mapped again at every start of the daemon.
+    ahead = time.time_ns() + 10 * 3_600_000_000_000
+    os.utime(source, ns=(ahead, ahead))
     job = ClipJob(source, tmp_path / name.replace("{stem}", source.stem))
     result = make_clip(job, engine, Settings())
     assert result.ok, result.error
     assert map_is_current(source, job.output)
-    earlier = source.stat().st_mtime_ns - 3_600_000_000_000
+    earlier = time.time_ns() - 3_600_000_000_000
     other = tmp_path / ".take2.mov"
     shutil.copy(sources["cuts"], other)  # another take, as a card copy brings it: dated an hour earlier
     os.utime(other, ns=(earlier, earlier))
