@@ -621,6 +621,35 @@ def test_a_frame_the_process_keeps_ending_on_is_named_then_set_aside_until_it_ch
         d.close()
 
 
+def test_a_status_file_on_a_disk_that_was_full_catches_up_once_there_is_room(tmp_path, tiny_model, small_disk):
+    """A failed write of the status was taken as written: once space was back an idle daemon's status
+    kept the counts of before the disk filled (1 done with 3 maps on disk), for good."""
+    status = small_disk / "status.json"
+    d = DaemonProcess(tmp_path, tiny_model, daemon={"status_file": str(status)})
+    d.status_path = status
+    d.start()
+    try:
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: d.counts().get("done") == 1, what="the first map counted")
+        filler = small_disk / "filler"
+        with open(filler, "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\0" * 4096)
+            except OSError:
+                pass  # full
+        for n, corner in enumerate(("top-right", "bottom-left")):
+            write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame(bright=corner)))
+            wait_for(lambda n=n: d.log().count("frame.jpg -> depth.jpg") == n + 2, what=f"map {n + 2}")
+        wait_for(lambda: "status file: " in d.log(), what="the full disk said")
+        assert d.counts()["done"] == 1  # what it last held
+        filler.unlink()  # room again; no frame comes
+        wait_for(lambda: d.counts().get("done") == 3, what="the status to catch up")
+        wait_for(lambda: f"status file {status} written again" in d.log(), what="said written again")
+    finally:
+        assert d.stop() == 0
+
+
 def test_maps_for_an_ejected_cache_drive_wait_for_it_and_never_land_on_the_system_disk(tmp_path, tiny_model):
     """An output template on a cache drive (/media/…/CACHE/Depth/{stem}.png): once the drive was ejected, its
     folder was made again, parents and all, on the system disk under the mount point; maps landed there,

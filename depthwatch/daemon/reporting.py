@@ -47,6 +47,7 @@ class StatusReport:
         #: The last write failed (said once; said again once a write succeeds).
         self._failing = False
         self._checked_at = 0.0
+        self._retry_at = 0.0  # when a status file that could not be written is tried again
 
     def touch(self) -> None:
         """Something the status shows has changed: the main loop writes the file at its next look."""
@@ -80,7 +81,7 @@ class StatusReport:
         if not self._dirty and now - self._checked_at >= _LOOK_FOR_FILE_S:
             self._checked_at = now
             self._dirty = not path.exists()
-        if not self._dirty:
+        if not self._dirty or (self._failing and now < self._retry_at):
             return
         self._dirty = False
         if config.daemon.status_file is None and not path.parent.is_dir():
@@ -92,8 +93,14 @@ class StatusReport:
             write_status(path, status)
         except OutputError as exc:
             if not self._failing:
-                log.warning("status file: %s; `depthwatch status` cannot see this daemon until it can be written", exc)
+                log.warning(
+                    "status file: %s; `depthwatch status` shows what it last held (or nothing) until it can be written "
+                    "again, tried every %.0f s", exc, _LOOK_FOR_FILE_S,
+                )
             self._failing = True
+            # Still to be written (before, the change was taken as written: once space was back an idle daemon's
+            # status kept the counts of before the disk filled, for good).
+            self._dirty, self._retry_at = True, now + _LOOK_FOR_FILE_S
             return
         if self._failing:
             log.info("status file %s written again", shown(path))
