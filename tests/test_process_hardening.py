@@ -621,6 +621,31 @@ def test_a_frame_the_process_keeps_ending_on_is_named_then_set_aside_until_it_ch
         d.close()
 
 
+def test_a_parked_frame_deleted_while_its_disk_stays_full_is_no_longer_waiting(tmp_path, tiny_model, small_disk):
+    """A frame parked for a full disk and then deleted (a render cleared to make room) was counted as
+    waiting for its folder for as long as the disk stayed full, and kept in memory for good."""
+    d = DaemonProcess(tmp_path, tiny_model, watch={"folders": [str(small_disk)], "patterns": ["*.jpg"]},
+                      output={"template": "{stem}_depth.png"}, daemon={"retries": 1})
+    d.watch = small_disk
+    d.start()
+    try:
+        frame = small_disk / "render_0001.jpg"
+        frame.write_bytes(jpeg_bytes(quadrant_frame(320, 180)))  # before the disk fills: the frame is there, its map is not
+        with open(small_disk / "filler", "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\0" * 4096)
+            except OSError:
+                pass  # full
+        os.utime(frame)  # looked at again: its map cannot be written
+        wait_for(lambda: d.status().get("parked") == 1, what="the frame parked")
+        frame.unlink()
+        wait_for(lambda: d.status().get("parked") == 0, what="the deleted frame no longer waiting")
+        assert (small_disk / "filler").exists()  # the disk is still full
+    finally:
+        assert d.stop() == 0
+
+
 def test_a_status_file_on_a_disk_that_was_full_catches_up_once_there_is_room(tmp_path, tiny_model, small_disk):
     """A failed write of the status was taken as written: once space was back an idle daemon's status
     kept the counts of before the disk filled (1 done with 3 maps on disk), for good."""

@@ -10,6 +10,7 @@ and several unusable predictions in a row put a health error in the status.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -104,6 +105,10 @@ class Accounts:
         elif result.retryable and not daemon.stopping and self._park(job):
             with self._lock:
                 again = self._parked_versions.get(job.source) == job.signature
+                if not again and len(self._parked_versions) >= MOST_PARKED:
+                    # Frames parked and deleted since (taken back, then gone before their turn): forgotten, or
+                    # once this is full every parked frame is counted failed again at every look, for good.
+                    self._parked_versions = {s: v for s, v in self._parked_versions.items() if os.path.lexists(s)}
                 if not again and len(self._parked_versions) < MOST_PARKED:
                     self._parked_versions[job.source] = job.signature
             if again:
@@ -209,7 +214,13 @@ class Accounts:
         """Hand the parked frames of each folder that can be written again back to the watcher (main loop)."""
         if self._daemon.watcher is None:
             return
-        for source in self._parked.due():
+        taken, gone = self._parked.due()
+        if gone:
+            with self._lock:
+                for source in gone:
+                    self._parked_versions.pop(source, None)
+            self._report.touch()
+        for source in taken:
             self._hand_back(source)
 
     def count_failure(self, line: str, *, clip: bool = False) -> None:

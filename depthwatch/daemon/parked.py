@@ -104,21 +104,30 @@ class Parked:
             entry.pause = FIRST_LOOK_S
             entry.room = LEAST_ROOM_BYTES
 
-    def due(self) -> list[Path]:
-        """The parked frames of the folders that look writable now, taken out of the lot.
+    def due(self) -> tuple[list[Path], list[Path]]:
+        """(the parked frames of the folders that look writable now, those found gone), both taken out of the lot.
 
-        A folder that does not is looked at again after a longer pause; so is one
-        whose frames come back here (it looked writable, but writing failed again):
-        its entry, with its pause, stays until a map is written there (`written`)
-        or it has had no frame for FORGET_AFTER_S.
+        A folder that does not look writable is looked at again after a longer
+        pause; so is one whose frames come back here (it looked writable, but
+        writing failed again): its entry, with its pause, stays until a map is
+        written there (`written`) or it has had no frame for FORGET_AFTER_S. A
+        frame deleted meanwhile (a render cleared to make room) is no longer
+        waiting: before, it was counted as waiting for as long as its folder
+        stayed unwritable, and kept for good.
         """
         now = time.monotonic()
         with self._lock:
-            looks = [(folder, entry) for folder, entry in self._folders.items() if entry.sources and entry.next_look <= now]
+            looks = [(folder, entry, list(entry.sources)) for folder, entry in self._folders.items() if entry.sources and entry.next_look <= now]
         taken: list[Path] = []
-        for folder, entry in looks:
+        gone: list[Path] = []
+        for folder, entry, sources in looks:
+            missing = {source for source in sources if not os.path.lexists(source)}
             ok = looks_writable(folder, entry.room)
             with self._lock:
+                missing &= entry.sources
+                entry.sources -= missing
+                self._count -= len(missing)
+                gone.extend(missing)
                 entry.next_look = now + entry.pause
                 entry.pause = min(LONGEST_LOOK_S, entry.pause * 2)
                 if ok:
@@ -128,4 +137,4 @@ class Parked:
         with self._lock:
             for folder in [f for f, e in self._folders.items() if not e.sources and now - e.next_look > FORGET_AFTER_S]:
                 del self._folders[folder]
-        return taken
+        return taken, gone
