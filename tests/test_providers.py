@@ -335,3 +335,27 @@ def test_an_unwritable_cache_costs_the_cache_not_the_model(tmp_path, caplog):
         info = engine.wait_ready(60)
     assert info.providers == (COREML, CPU) and info.compiled is None
     assert any(m.startswith(f"cannot use the compiled-model cache in {blocked / 'coreml'} (") for m in caplog.messages)
+
+
+def test_check_providers_on_a_busy_machine_remembers_the_choice_as_busy(tmp_path):
+    """`check --providers` (and `once`, a farm worker) stored a measurement contended by other processes
+    as a quiet one: a slower engine picked under load served every later start, never measured again."""
+    from onnx_models import slow_model
+
+    model = slow_model(tmp_path / "conv.onnx", layers=6, size=64, channels=16)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "DEPTHWATCH_"))}
+    env.update(HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache"), XDG_CONFIG_HOME=str(tmp_path / "config"))
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "depthwatch", "check", "--model", str(model), "--profile", "midas-v21-small", "--providers"],
+            capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
+        )
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    assert done.returncode == 0, done.stderr
+    assert "the measurement ran while other processes kept" in done.stderr, done.stderr[-2000:]
+    (record,) = json.loads((tmp_path / "cache" / "depthwatch" / "providers.json").read_text()).values()
+    assert record["busy"] is True

@@ -292,6 +292,74 @@ def test_int8_is_kept_where_its_maps_are_faithful_and_refused_where_not(tmp_path
     assert "refused int8 on CPU: its maps correlate" in done.stdout, done.stdout
 
 
+def test_a_damaged_int8_file_in_the_cache_is_made_again_not_served(tmp_path, cache_home, caplog):
+    """A cached int8 file damaged after it was written (a disk error, a sync cut short) that still parsed
+    was served unchecked, its maps unlike the model's, said "ok"; one that did not parse sent the engine
+    to the CPU at fp32 for good, said "did not take the model"."""
+    caplog.set_level(logging.INFO, logger="depthwatch")
+    model = conv_model(tmp_path / "conv.onnx")
+    frame = np.random.default_rng(5).random((1, 3, 64, 64), dtype=np.float32)
+    with Engine(spec(model, ("cpu",), INT8)) as engine:
+        good = engine.infer(frame, engine.wait_ready(120).generation).result(60).prediction
+    (made,) = list((cache_home / "int8").rglob(quantize.FILE))
+    data = bytearray(made.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 4096] = bytes(4096)  # the weights in the middle zeroed: a valid graph still
+    made.write_bytes(bytes(data))
+    caplog.clear()
+    with Engine(spec(model, ("cpu",), INT8)) as engine:
+        info = engine.wait_ready(120)
+        again = engine.infer(frame, info.generation).result(60).prediction
+    assert info.precision == INT8
+    said = [m for m in caplog.messages if "in the cache is damaged (its sha256 is not the one written); removed, made again" in m]
+    assert len(said) == 1 and str(made) in said[0], caplog.messages
+    assert any(m.startswith("quantizing conv.onnx to int8") for m in caplog.messages)
+    assert np.corrcoef(good.ravel(), again.ravel())[0, 1] > 0.999  # the file made again, not the damaged one
+
+
+def test_int8_that_cannot_be_made_for_a_full_cache_serves_fp32_rather_than_nothing(tmp_path, small_disk, monkeypatch, caplog):
+    """A full (or read-only) cache made the quantization fail, and the model was refused: `once`, `check`
+    and the daemon (with int8 remembered, its file gone) exited 78, the fp32 model never served."""
+    caplog.set_level(logging.INFO, logger="depthwatch")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(small_disk))
+    model = conv_model(tmp_path / "conv.onnx")
+    with open(small_disk / "filler", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(bytes(4096))
+        except OSError:
+            pass  # full
+    with Engine(spec(model, ("cpu",), INT8)) as engine:
+        info = engine.wait_ready(120)
+        assert engine.infer(np.zeros((1, 3, 64, 64), np.float32), info.generation).result(60).prediction.shape == (64, 64)
+    assert info.precision == FP32
+    said = [m for m in caplog.messages if "CPU serves conv.onnx at fp32" in m]
+    assert len(said) == 1 and ("No space left on device" in said[0] or "cannot use the int8 cache" in said[0]), caplog.messages
+    assert [p.name for p in small_disk.rglob("*.dwtmp")] == []
+
+
+def test_a_quantization_ends_where_it_is_told_to_with_nothing_left(tmp_path):
+    """A stop waited for the whole quantization (12 s of a 41 MB model, past the shutdown's timeout, a
+    model-sized temporary left), and a frame dropped meanwhile waited for all of it (a minute)."""
+    model = conv_model(tmp_path / "conv.onnx")
+    cache_root, state = tmp_path / "int8", tmp_path / "state"
+    tensors = [np.random.default_rng(i).random((1, 3, 64, 64), dtype=np.float32) for i in range(4)]
+    looked = []
+
+    class FrameWaiting(Exception):
+        pass
+
+    def check() -> None:
+        looked.append(len(looked))
+        if len(looked) == 4:  # between two calibration images
+            raise FrameWaiting()
+
+    with pytest.raises(FrameWaiting):  # as it was raised, not a failed quantization
+        quantize.int8_model(model, cache_root, state, "image", tensors, check=check)
+    folder = quantize._target(model, cache_root, state).parent
+    assert sorted(p.name for p in folder.iterdir()) == ["depthwatch-entry.json"]  # no temporary, no half a model
+    assert quantize.int8_model(model, cache_root, state, "image", tensors, check=lambda: None).is_file()
+
+
 def padded_conv_model(path: Path) -> Path:
     """Each Conv behind a Pad of its own, as TensorFlow's exports write `same` padding (FastDepth has 19)."""
     import onnx

@@ -43,10 +43,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from depthwatch.errors import ModelError
-from depthwatch.model import caches, providers
+from depthwatch.model import caches, providers, quantize
 from depthwatch.model import precision as precisions
 from depthwatch.model.failures import first_line
 from depthwatch.model.gauges import give_back_freed_memory
@@ -54,11 +54,14 @@ from depthwatch.model.hardware import machine
 from depthwatch.model.spec import ModelSpec
 from depthwatch.model.trials import Trial, Variant, fastest, reference, unfaithful
 
+if TYPE_CHECKING:
+    from depthwatch.model.measurement import Measurement
+
 # The decision's lines have always come from the engine's logger: filters and tests keep working.
 log = logging.getLogger("depthwatch.model.engine")
 
 #: Measures a model's variants now, before its first frame (the engine, on its inference thread).
-MeasureNow = Callable[[ModelSpec, list[Variant]], list[Trial]]
+MeasureNow = Callable[[ModelSpec, list[Variant]], "Measurement"]
 
 #: Decisions remembered at most.
 MAX_DECISIONS = 64
@@ -159,6 +162,7 @@ def decide(
     decisions = Decisions(spec.state_dir() / "providers.json")
     known = decisions.get(key) if mode != "always" else None
     remembered: tuple[Variant, str, list[Trial], list[str]] | None = None
+    why = "never measured"
     if known is not None and known["provider"] in names:
         chosen = (known["provider"], str(known.get("precision", precisions.FP32)))
         log.info(
@@ -170,7 +174,16 @@ def decide(
             ", on a busy machine: measuring again in idle time" if known.get("busy") and mode == "background" else "",
         )
         remembered = chosen, "remembered", [], [str(r) for r in known.get("refused", [])]
-        if not (known.get("busy") and mode == "background"):
+        again = known.get("busy") and mode == "background"
+        why = "measured on a busy machine"
+        if chosen[1] == precisions.INT8 and mode == "background" and not _int8_at_hand(spec):
+            # Its int8 file gone from the cache (cleaned, pruned, damaged): quantized again before `ready` took a
+            # minute for a large model. fp32 on that provider serves now; int8 is measured again in idle time.
+            log.info("the int8 model of %s is not in the cache: %s serves at fp32 now, and int8 is measured again in idle time",
+                     spec.path.name, providers.short(chosen[0]))
+            remembered = (chosen[0], precisions.FP32), "remembered", [], remembered[3]
+            again, why = True, "its int8 model was not in the cache"
+        if not again:
             return (*remembered, None)
     variants: list[Variant] = []
     notes: dict[str, str] = {}
@@ -187,16 +200,21 @@ def decide(
             log.warning("precision %s: %s", spec.precision, notes[variants[0][0]])
         return variants[0], "", [], [], None
     if mode == "background":
-        why = "measured on a busy machine" if remembered is not None else "never measured"
         plan = Plan(spec, variants, notes, key, decisions, why)
         if remembered is not None:
             return (*remembered, plan)
         return reference(variants), "", [], [], plan
-    trials = measure_now(spec, variants)
+    measured = measure_now(spec, variants)
+    trials = measured.trials or []
     give_back_freed_memory()
     chosen, refused = report(spec, trials, variants, notes)
+    if measured.busy:  # remembered as such, as the daemon's own measurement is: measured again by its next start
+        log.warning(
+            "the measurement ran while other processes kept %.1f cores busy; its choice serves, and the daemon's next "
+            "start measures again in idle time", measured.others or 0.0,
+        )
     if len(variants) > 1:
-        decisions.put(key, spec.path, chosen, trials)
+        decisions.put(key, spec.path, chosen, trials, busy=measured.busy)
     return chosen, "measured", trials, refused, None
 
 
@@ -220,3 +238,11 @@ def report(
 def _at(precision: str, variants: list[Variant]) -> str:
     """" at bf16" where precision was part of the choice; nothing where every variant ran fp32."""
     return "" if all(p == precisions.FP32 for _, p in variants) else f" at {precision}"
+
+
+def _int8_at_hand(spec: ModelSpec) -> bool:
+    """Whether the int8 file of `spec` is in the cache as it was written (see `quantize.cached`)."""
+    try:
+        return quantize.cached(spec.path, spec.state_dir() / "int8", spec.state_dir()) is not None
+    except ModelError:
+        return False

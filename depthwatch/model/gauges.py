@@ -132,6 +132,17 @@ class CpuLoad:
     def begin(self) -> None:
         self._at = (time.monotonic(), _system_busy_s() or 0.0, _process_cpu_s())
 
+    def taken(self) -> tuple[float, float] | None:
+        """(seconds of the span, CPU seconds other processes took in it), where /proc/stat can say; None elsewhere.
+
+        Summed over many spans, these give the load of runs shorter than the
+        clock tick /proc/stat counts in (10 ms), which one span alone reads as 0.
+        """
+        busy = _system_busy_s()
+        if self._at is None or busy is None:
+            return None
+        return time.monotonic() - self._at[0], max(0.0, (busy - self._at[1]) - (_process_cpu_s() - self._at[2]))
+
     def others(self) -> float | None:
         if self._at is None:
             return None

@@ -96,8 +96,14 @@ class SessionMaking:
             start = time.perf_counter()  # the load time is the serving session's, not the measurement's
         if spec.providers == "auto" or provider != wanted[0]:
             wanted = _with_cpu(provider)  # an explicit list keeps its order (and its fallbacks) as given
+        model_file = path
+        if precision == precisions.INT8:
+            try:
+                model_file = self._int8_file(spec)
+            except ModelError as exc:  # a full or read-only cache: the model serves all the same (before: exit 78)
+                log.warning("%s; %s serves %s at fp32", exc, providers.short(provider), path.name)
+                precision = precisions.FP32
         chain, compiled, pins = ort.provider_chain(wanted, spec, precision)
-        model_file = self._int8_file(spec) if precision == precisions.INT8 else path
         session = self._create(model_file, ort.session_options(spec, pins=pins), chain, spec, precision)
         applied = tuple(session.get_providers())
         if applied[0] != provider:
@@ -140,7 +146,7 @@ class SessionMaking:
         floor = model_input_size(contract, spec.profile, (1, 1))
         return ModelInfo(spec, contract, applied, generation, load_s, min_frame_size=floor, **more)
 
-    def _measure_now(self, spec: ModelSpec, variants: list[Variant]) -> list[Trial]:
+    def _measure_now(self, spec: ModelSpec, variants: list[Variant]) -> Measurement:
         """Measure `variants` before the model's first frame (batch work, `check --providers`); see `choice.decide`."""
         with tempfile.TemporaryDirectory(prefix="depthwatch-trace-") as folder:
             trace_prefix = str(Path(folder) / "trace") if self._measure == "always" else None
@@ -149,7 +155,7 @@ class SessionMaking:
                 spec.path.name, BUDGET_S, ", ".join(f"{providers.short(p)} {q}" for p, q in in_order(variants)),
             )
             try:
-                trials = measure(
+                measured = measure(
                     variants, self._measured_session(spec, trace_prefix), self._measured_run(spec),
                     probe=self._measured_probe(spec), trace_nodes=trace_prefix is not None,
                 )
@@ -158,12 +164,12 @@ class SessionMaking:
             except Exception as exc:  # the reference itself failed: the model is unusable
                 raise ModelError(f"cannot load model {spec.path}: {first_line(exc)}{FIX_MODEL}") from None
         self.measurements += 1
-        return trials
+        return measured
 
     def _measured_session(self, spec: ModelSpec, trace_prefix: str | None) -> Callable[[Variant, bool], Session]:
         def create(variant: Variant, traced: bool) -> Session:
             provider, precision = variant
-            model_file = self._int8_file(spec) if precision == precisions.INT8 else spec.path
+            model_file = self._int8_file(spec, preemptible=True) if precision == precisions.INT8 else spec.path
             if provider == providers.OPENVINO:
                 return _openvino_session(spec, precision, model_file)
             chain, _, pins = ort.provider_chain(_with_cpu(provider), spec, precision)
@@ -213,8 +219,13 @@ class SessionMaking:
             with self._lock:
                 self._side_run = None
 
-    def _int8_file(self, spec: ModelSpec) -> Path:
-        """The int8 model of `spec`: cached, or quantized now on probe images (see `quantize`)."""
+    def _int8_file(self, spec: ModelSpec, preemptible: bool = False) -> Path:
+        """The int8 model of `spec`: cached, or quantized now on probe images (see `quantize`).
+
+        A quantization is stopped by a stop (EngineStopped), and a `preemptible`
+        one (the idle-time measurement's) by a live frame too (Preempted: it is
+        made again later), between its steps and its calibration images.
+        """
         root, state = spec.state_dir() / "int8", spec.state_dir()
         cached = quantize.cached(spec.path, root, state)
         if cached is not None:
@@ -231,7 +242,25 @@ class SessionMaking:
             seconds = time.perf_counter() - start
             del reference
         tensors = precisions.probe_tensors(contract, spec.profile, quantize.calibration_count(seconds))
-        return quantize.int8_model(spec.path, root, state, contract.input_name, tensors)
+        preemptible = preemptible and self._measurement is not None  # before the first load nothing waits
+        flag = ort.run_options()  # no run's: a flag the engine raises as it does a side run's (`_side`)
+        with self._lock:
+            if self._closed:
+                raise EngineStopped("the inference engine was stopped")
+            self._side_run = (flag, preemptible)
+
+        def check() -> None:
+            if flag.terminate:
+                if self._closed:
+                    raise EngineStopped("the inference engine was stopped")
+                if preemptible:
+                    raise Preempted()
+
+        try:
+            return quantize.int8_model(spec.path, root, state, contract.input_name, tensors, check=check)
+        finally:
+            with self._lock:
+                self._side_run = None
 
     def _create(
         self, path: Path, options: Any, chain: list[tuple[str, dict[str, Any]]], spec: ModelSpec, precision: str

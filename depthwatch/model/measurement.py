@@ -40,13 +40,13 @@ class Preempted(Exception):
     """A measured run was stopped to let a frame through; the step is done again later."""
 
 
-def measure(candidates: Sequence[Variant], create: Create, run: Run, **options: Any) -> list[Trial]:
-    """The whole measurement at once (`depthwatch check --providers`); `options` as `Measurement` takes them."""
+def measure(candidates: Sequence[Variant], create: Create, run: Run, **options: Any) -> Measurement:
+    """The whole measurement at once (`depthwatch check --providers`), done; `options` as `Measurement` takes them."""
     measurement = Measurement(candidates, create, run, **options)
     while measurement.step():
         pass
     assert measurement.trials is not None
-    return measurement.trials
+    return measurement
 
 
 class Measurement:
@@ -105,7 +105,7 @@ class Measurement:
         self.trials: list[Trial] | None = None
         #: Seconds of work done so far (loads, runs and probes; not the waits between steps).
         self.spent = 0.0
-        #: Cores other processes kept busy during the timed runs (median; None: not known here).
+        #: Cores other processes kept busy during the timed runs (over all of them; None: not known here).
         self.others: float | None = None
         self._create, self._run, self._probe = create, run, probe
         self._budget, self._runs, self._trace = budget_s, max(1, runs), trace_nodes
@@ -113,6 +113,8 @@ class Measurement:
         self._offer = offer
         self._load = CpuLoad()
         self._loads: list[float] = []
+        #: (seconds, CPU seconds of other processes) over the timed runs, where /proc/stat can say.
+        self._spans = (0.0, 0.0)
         self._steps = self._measure()
 
     @property
@@ -130,8 +132,11 @@ class Measurement:
             return True
         except StopIteration as done:
             self.trials = done.value
-            known = [x for x in self._loads if x is not None]
-            self.others = statistics.median(known) if known else None
+            if self._spans[0] > 0:  # the timed runs together: a 1 ms run alone reads 0 on a 10 ms clock tick
+                self.others = self._spans[1] / self._spans[0]
+            else:
+                known = [x for x in self._loads if x is not None]
+                self.others = statistics.median(known) if known else None
             return False
         finally:
             self.spent += time.perf_counter() - start
@@ -186,9 +191,12 @@ class Measurement:
                 if adopted is not None:
                     session, load_s = adopted
                 else:
-                    start = time.perf_counter()
-                    session = self._create(variant, self._trace)
-                    load_s = time.perf_counter() - start
+                    def create() -> tuple[Any, float]:
+                        start = time.perf_counter()
+                        return self._create(variant, self._trace), time.perf_counter() - start
+
+                    # Done again while a frame preempts it (an int8 variant's quantization, between its images).
+                    session, load_s = yield from self._again(create)
                     applied = list(session.get_providers())
                     if not applied or applied[0] != provider:
                         return Trial(provider, precision, load_s, error=f"it did not take the model (ran on {', '.join(applied)})"), None, None
@@ -253,5 +261,9 @@ class Measurement:
                 yield
                 continue
             ms = (time.perf_counter() - t0) * 1000
-            self._loads.append(self._load.others())
+            taken = self._load.taken()
+            if taken is not None:
+                self._spans = (self._spans[0] + taken[0], self._spans[1] + taken[1])
+            else:
+                self._loads.append(self._load.others())
             return ms

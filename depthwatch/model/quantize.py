@@ -31,11 +31,13 @@ CoreML's compiled models are (see `caches`).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import logging
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,19 +98,68 @@ def _target(model: Path, cache_root: Path, state_dir: Path) -> Path:
 
 
 def cached(model: Path, cache_root: Path, state_dir: Path) -> Path | None:
-    """The int8 model of `model` made earlier with today's settings, or None."""
+    """The int8 model of `model` made earlier with today's settings, as it was written; or None.
+
+    A file that is not the one written (a disk error, a copy or a sync cut
+    short, a hand's edit) is removed, with one line: before, a damaged file
+    that still parsed was served (maps correlating 0.45 with the good ones,
+    said "ok"), and one that did not sent the engine to the CPU at fp32 for
+    good, said "did not take the model". Its size and sha256 are kept beside
+    it when it is written (`_DIGEST`); a file from before that is trusted once
+    and its digest kept from then on.
+    """
     if not offered():
         raise ModelError("int8 needs the onnx package (pip install onnx)")
     target = _target(model, cache_root, state_dir)
-    return target if target.is_file() else None
+    if not target.is_file():
+        return None
+    why = _damaged(target)
+    if why is None:
+        return target
+    log.warning("int8: %s in the cache is damaged (%s); removed, made again", target, why)
+    for path in (target, target.with_name(_DIGEST)):
+        with contextlib.suppress(OSError):
+            path.unlink()
+    return None
 
 
-def int8_model(model: Path, cache_root: Path, state_dir: Path, input_name: str, tensors: list[np.ndarray]) -> Path:
+#: Beside the int8 file: its size and sha256 when it was written.
+_DIGEST = FILE + ".json"
+
+
+def _file_digest(path: Path) -> dict[str, Any]:
+    with open(path, "rb") as f:
+        return {"size": os.fstat(f.fileno()).st_size, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
+
+
+def _damaged(target: Path) -> str | None:
+    """Why the int8 file at `target` is not the one written, or None."""
+    kept = caches.read_json(target.with_name(_DIGEST))
+    try:
+        if not kept:  # from before digests were kept, or its digest lost: trusted, and kept from now on
+            caches.write_json(target.with_name(_DIGEST), _file_digest(target))
+            return None
+        size = os.stat(target).st_size
+        if size != kept.get("size"):
+            return f"{size} bytes where {kept.get('size')} were written"
+        if _file_digest(target) != kept:
+            return "its sha256 is not the one written"
+    except OSError as exc:
+        return f"it cannot be read: {exc.strerror or exc}"
+    return None
+
+
+def int8_model(
+    model: Path, cache_root: Path, state_dir: Path, input_name: str, tensors: list[np.ndarray], check: Callable[[], None] | None = None
+) -> Path:
     """The int8 model of `model`: from the cache, or quantized now on `tensors` (its input, one frame each).
 
     Raises ModelError with one line when it cannot be made (a graph that is
     already quantized, a graph the tools cannot read); the caller drops the
-    int8 variant and serves fp32.
+    int8 variant and serves fp32. `check()` is called between the steps of a
+    quantization and before each calibration image: what it raises (a stop,
+    a frame waiting) ends the quantization, temporaries removed, and goes up
+    as it is.
     """
     target = cached(model, cache_root, state_dir) or _target(model, cache_root, state_dir)
     if target.is_file():
@@ -117,7 +168,7 @@ def int8_model(model: Path, cache_root: Path, state_dir: Path, input_name: str, 
         raise ModelError("the model is quantized already")
     _sweep(target.parent)
     log.info("quantizing %s to int8 on %d probe images (once; kept in %s)", model.name, len(tensors), target.parent)
-    _quantize(model, target, input_name, tensors)
+    _quantize(model, target, input_name, tensors, check=check)
     return target
 
 
@@ -166,17 +217,34 @@ class _QuantizerChatter(logging.Filter):
 
 
 def _quantize(
-    model: Path, target: Path, input_name: str, tensors: list[np.ndarray], *, reduce_range: bool = False, ends_in_fp32: bool = True
+    model: Path, target: Path, input_name: str, tensors: list[np.ndarray], *, reduce_range: bool = False, ends_in_fp32: bool = True,
+    check: Callable[[], None] | None = None,
 ) -> None:
-    """`model` quantized into `target`; the keywords are depthwatch's choice, other values for benchmarks.realint8."""
+    """`model` quantized into `target`; the keywords are depthwatch's choice, other values for benchmarks.realint8.
+
+    `check` (see `int8_model`): before, a stop waited for the whole quantization
+    (12 s of a 41 MB model, past the shutdown's timeout, its model-sized
+    temporaries left), and a frame dropped meanwhile waited a minute.
+    """
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    ended: list[BaseException] = []  # what `check` raised: it goes up as it is, not as a failed quantization
+
+    def look() -> None:
+        if check is not None:
+            try:
+                check()
+            except BaseException as exc:
+                ended.append(exc)
+                raise
 
     class Probes(CalibrationDataReader):  # type: ignore[misc]
         def __init__(self) -> None:
             self._feeds = iter([{input_name: t} for t in tensors])
 
         def get_next(self) -> dict[str, Any] | None:
+            look()
             return next(self._feeds, None)
 
     # Written under temporary names in the entry's folder, then renamed: another
@@ -203,7 +271,9 @@ def _quantize(
             source = prepared
         except Exception as exc:  # the preparation is advice, not a need
             log.debug("int8: %s quantized without the preparation step (%s)", model.name, exc)
+        look()
         source, kept = _ends(source, prepared) if ends_in_fp32 else (source, [])
+        look()
         # Its calibration model goes to a temporary folder of its own, removed when it returns.
         quantize_static(
             source,
@@ -216,10 +286,14 @@ def _quantize(
             activation_type=QuantType.QUInt8,
             weight_type=QuantType.QInt8,
         )
+        digest = _file_digest(Path(temporary))
         os.replace(temporary, target)
+        caches.write_json(target.with_name(_DIGEST), digest)  # without it, the file is trusted as it is (see `cached`)
     except ModelError:
         raise
     except Exception as exc:  # onnxruntime and onnx raise many types for graphs they cannot take
+        if ended:
+            raise ended[0] from None
         text = (str(exc).strip() or type(exc).__name__).splitlines()[0][:200]
         raise ModelError(f"could not quantize {model.name} to int8: {text}") from None
     finally:
