@@ -316,6 +316,32 @@ def test_a_damaged_int8_file_in_the_cache_is_made_again_not_served(tmp_path, cac
     assert np.corrcoef(good.ravel(), again.ravel())[0, 1] > 0.999  # the file made again, not the damaged one
 
 
+def test_a_remembered_int8_choice_whose_file_is_gone_serves_fp32_at_once_and_makes_int8_in_idle_time(tmp_path, cache_home, caplog):
+    """The int8 file of a remembered int8 choice gone from the cache (cleaned, pruned, damaged): the
+    daemon quantized it again before `ready` (a minute for a 41 MB model), a frame dropped meanwhile waiting."""
+    caplog.set_level(logging.INFO, logger="depthwatch")
+    model = conv_model(tmp_path / "conv.onnx")
+    with Engine(spec(model, ("cpu",))) as engine:  # measured now, as `check --providers` does: int8 made
+        engine.wait_ready(120)
+    index = cache_home / "providers.json"
+    decisions = json.loads(index.read_text())
+    (key,) = decisions
+    decisions[key].update(precision=INT8, busy=False)  # remembered: int8
+    index.write_text(json.dumps(decisions))
+    (made,) = list((cache_home / "int8").rglob(quantize.FILE))
+    made.unlink()
+    caplog.clear()
+    with Engine(spec(model, ("cpu",)), measure_providers="background") as engine:
+        info = engine.wait_ready(120)
+        assert info.precision == FP32 and info.chosen_by == "remembered"
+        assert not any(m.startswith("quantizing") for m in caplog.messages)  # nothing made before ready
+        assert any("the int8 model of conv.onnx is not in the cache: CPU serves at fp32 now" in m for m in caplog.messages)
+        assert engine.infer(np.zeros((1, 3, 64, 64), np.float32), info.generation).result(60).prediction.shape == (64, 64)
+        wait_for(lambda: not engine.measuring, timeout=120, what="the idle-time measurement")
+    assert made.is_file()  # made again, in idle time
+    assert json.loads(index.read_text())[key]["measured"]  # and measured again
+
+
 def test_int8_that_cannot_be_made_for_a_full_cache_serves_fp32_rather_than_nothing(tmp_path, small_disk, monkeypatch, caplog):
     """A full (or read-only) cache made the quantization fail, and the model was refused: `once`, `check`
     and the daemon (with int8 remembered, its file gone) exited 78, the fp32 model never served."""
