@@ -359,3 +359,28 @@ def test_check_providers_on_a_busy_machine_remembers_the_choice_as_busy(tmp_path
     assert "the measurement ran while other processes kept" in done.stderr, done.stderr[-2000:]
     (record,) = json.loads((tmp_path / "cache" / "depthwatch" / "providers.json").read_text()).values()
     assert record["busy"] is True
+
+
+def test_a_cache_entry_two_copies_of_a_model_share_stays_when_one_copy_changes(tmp_path):
+    """Two projects' copies of one model share its compiled (or int8) entry; the marker named the last
+    user only, so changing one copy removed the entry from under the other, whose next start made it
+    again before `ready` (a minute of quantizing for a large model)."""
+    root = tmp_path / "int8"
+    first, second = tmp_path / "a" / "m.onnx", tmp_path / "b" / "m.onnx"
+    for path in (first, second):
+        path.parent.mkdir()
+        brightness_model(path)
+    digest = caches.model_digest(first, tmp_path)
+    assert caches.model_digest(second, tmp_path) == digest
+    shared = caches.open_entry(root, first, digest, "1.0", {}).path
+    assert caches.open_entry(root, second, digest, "1.0", {}).path == shared
+    (shared / "model.int8.onnx").write_bytes(b"made once")
+    brightness_model(second, scale=2.0)  # the second project's copy changed
+    changed = caches.model_digest(second, tmp_path)
+    assert changed != digest
+    caches.open_entry(root, second, changed, "1.0", {})
+    assert (shared / "model.int8.onnx").read_bytes() == b"made once"  # still the first copy's
+    assert caches.open_entry(root, first, digest, "1.0", {}).existed
+    first.unlink()  # no copy left that uses it: removed
+    caches.open_entry(root, second, changed, "1.0", {})
+    assert not shared.exists()

@@ -103,19 +103,32 @@ def open_entry(root: Path, model: Path, digest: str, runtime_version: str, optio
 
     Stale: an entry for the same model path under another key (the model
     changed, onnxruntime was upgraded, or the options differ), an entry whose
-    model file is gone, and the least recently used beyond MAX_ENTRIES.
+    model files are all gone, and the least recently used beyond MAX_ENTRIES.
+    An entry names every model path that used it (two projects' copies of one
+    model share it): one of them changed leaves it to the others (before, it
+    was removed from under them, and the next start of theirs made it again
+    before `ready`).
     """
     model = Path(os.path.abspath(model))
     key = cache_key(digest, runtime_version, options)
     entry = root / key
     existed = entry.is_dir() and any(p.name != MARKER for p in entry.iterdir())
     entry.mkdir(parents=True, exist_ok=True)
+    users = sorted(set(_users(read_json(entry / MARKER))) | {str(model)})
     write_json(
         entry / MARKER,
-        {"model": str(model), "sha256": digest, "onnxruntime": runtime_version, "options": options, "used": time.time()},
+        {"model": str(model), "models": users, "sha256": digest, "onnxruntime": runtime_version, "options": options, "used": time.time()},
     )
-    prune(root, keep=key)
+    prune(root, keep=key, model=str(model))
     return CompiledFolder(entry, existed)
+
+
+def _users(info: dict[str, Any]) -> list[str]:
+    """The model paths an entry's marker names (one, before markers named them all)."""
+    users = info.get("models")
+    if isinstance(users, list):
+        return [str(u) for u in users]
+    return [str(info["model"])] if info.get("model") else []
 
 
 def entries(root: Path) -> list[tuple[Path, dict[str, Any]]]:
@@ -130,23 +143,27 @@ def entries(root: Path) -> list[tuple[Path, dict[str, Any]]]:
     return found
 
 
-def prune(root: Path, keep: str) -> list[Path]:
-    """Remove stale entries (see open_entry); `keep` is the entry in use now. Returns what went."""
+def prune(root: Path, keep: str, model: str | None = None) -> list[Path]:
+    """Remove stale entries (see open_entry); `keep` is the entry in use now, by `model`. Returns what went."""
     found = entries(root)
-    current = next((info for path, info in found if path.name == keep), {})
+    if model is None:
+        model = next((info.get("model") for path, info in found if path.name == keep), None)
     doomed: list[Path] = []
     live: list[tuple[Path, dict[str, Any]]] = []
     for path, info in found:
         if path.name == keep:
             continue
-        model = info.get("model")
-        if model == current.get("model") or not model or not Path(model).is_file():
+        users = _users(info)
+        others = [u for u in users if u != model and Path(u).is_file()]
+        if not others:
             doomed.append(path)
-        else:
-            live.append((path, info))
+            continue
+        if len(others) != len(users):  # `model` (or a file gone) no longer uses it; the others still do
+            write_json(path / MARKER, {**info, "model": others[-1], "models": others})
+        live.append((path, info))
     live.sort(key=lambda item: item[1].get("used", 0), reverse=True)
     doomed += [path for path, _ in live[MAX_ENTRIES - 1 :]]
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
-        log.info("removed the stale compiled model %s", path.name)
+        log.info("removed the stale cache entry %s/%s", root.name, path.name)
     return doomed
