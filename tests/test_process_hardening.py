@@ -780,3 +780,36 @@ def test_a_second_daemon_on_one_status_file_neither_clears_nor_reads_the_first_o
         restarted.open()
         restarted.close()
     assert "frame.jpg: the model was running on it when the last run ended without stopping" in caplog.text, caplog.text
+
+
+def test_a_log_file_on_a_full_disk_says_how_many_lines_are_missing_not_a_traceback_each(tmp_path, tiny_model, small_disk):
+    """$DEPTHWATCH_LOG_FILE (the LaunchAgent's) on a full disk: each line became Python's 30-line
+    "--- Logging error ---" on stderr, and once there was room the log went on with no word of the gap."""
+    log_file = small_disk / "depthwatch.log"
+    d = DaemonProcess(tmp_path, tiny_model, wrapper=("env", f"DEPTHWATCH_LOG_FILE={log_file}"))
+    d.start()
+    try:
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: d.counts().get("done") == 1, what="the first map")
+        with open(log_file, "ab") as f:  # its last page filled, so the next line needs a new one
+            f.write(b"#" * (4095 - log_file.stat().st_size % 4096) + b"\n")
+        filler = small_disk / "filler"
+        with open(filler, "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\0" * 4096)
+            except OSError:
+                pass  # full
+        for n, corner in enumerate(("top-right", "bottom-left", "bottom-right"), 2):
+            write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame(bright=corner)))
+            wait_for(lambda n=n: d.counts().get("done") == n, what=f"map {n}")
+        filler.unlink()
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: "log line(s) are missing before this one: the log file could not be written" in log_file.read_text(),
+                 what="the gap said in the log")
+    finally:
+        assert d.stop() == 0
+    stderr = d.log()
+    assert "Logging error" not in stderr and "Traceback" not in stderr, stderr[-2000:]
+    assert stderr.count("cannot write the log file") == 1, stderr[-2000:]
+    assert "No space left on device" in log_file.read_text()

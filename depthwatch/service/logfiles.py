@@ -36,7 +36,45 @@ ROTATE_KEEP = 5
 
 def rotating_handler(path: Path) -> logging.Handler:
     """The standard library's rotating handler on `path`; OSError if it cannot be opened for appending."""
-    return logging.handlers.RotatingFileHandler(path, maxBytes=ROTATE_BYTES, backupCount=ROTATE_KEEP, encoding="utf-8")
+    return _LogFile(path, maxBytes=ROTATE_BYTES, backupCount=ROTATE_KEEP, encoding="utf-8")
+
+
+class _LogFile(logging.handlers.RotatingFileHandler):
+    """The rotating log file, where a line that cannot be written (a full disk) is counted, not lost unsaid.
+
+    The standard handler printed Python's 30-line "--- Logging error ---" for
+    each such line on stderr (under launchd a file on the same full disk, never
+    rotated), and once the disk had room the log went on as if nothing had been
+    missed. Now stderr gets one line when the writing stops, and the log's
+    first line after says how many lines are missing and why.
+    """
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._lost = 0
+        self._why = ""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        exc = sys.exc_info()[1]
+        why = (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__) if exc is not None else "unknown"
+        if not self._lost:
+            with contextlib.suppress(OSError, ValueError):
+                print(f"depthwatch: cannot write the log file {self.baseFilename} ({why}); its lines are counted until it can", file=sys.stderr)
+        self._lost += 1
+        self._why = why
+
+    def emit(self, record: logging.LogRecord) -> None:
+        lost = self._lost
+        if lost:
+            notice = logging.LogRecord(
+                record.name, logging.WARNING, __file__, 0,
+                "%d log line(s) are missing before this one: the log file could not be written (%s)", (lost, self._why), None,
+            )
+            super().emit(notice)
+            if self._lost > lost:  # still cannot: counted (the one more is this record's), said once it can
+                return
+            self._lost = 0
+        super().emit(record)
 
 
 def show(files: Sequence[Path], lines: int, *, follow: bool, interval: float = 0.25) -> int:
