@@ -7,6 +7,7 @@ temporary folder, so the daemons here keep their status files there.
 from __future__ import annotations
 
 import os
+import json
 import re
 import signal
 import subprocess
@@ -89,7 +90,10 @@ def test_status_shows_a_hand_started_daemon_and_exits_3_once_it_stopped(tmp_path
         assert datetime.fromisoformat(started.group(1)).tzinfo is not None
         assert shown["config"] == "built-in defaults"
         assert shown["status file"].startswith(str(status_files[0]))
-        assert shown["model"] == f"{tiny_model} (profile midas-v21-small; providers CPUExecutionProvider)"
+        # The precision too (fp32 or int8, as auto measured): the status file had it, the line did not.
+        precision = json.loads(status_files[0].read_text())["precision"]
+        assert precision in ("fp32", "int8")
+        assert shown["model"] == f"{tiny_model} (profile midas-v21-small; providers CPUExecutionProvider at {precision})"
         assert shown["watching"] == str(watch)
         assert shown["frames"].startswith("1 done, 0 failed, 0 superseded")
         assert shown["last frame"].startswith(f"{watch / 'frame.jpg'} (")

@@ -119,7 +119,8 @@ def _show(path: Path) -> bool:
     ]
     if data.get("model"):
         providers = ", ".join(data.get("providers") or []) or "?"
-        rows.append(("model", f"{data['model']} (profile {data.get('profile')}; providers {providers})"))
+        precision = f" at {data['precision']}" if isinstance(data.get("precision"), str) else ""
+        rows.append(("model", f"{data['model']} (profile {data.get('profile')}; providers {providers}{precision})"))
     if data.get("watching"):
         rows.append(("watching", ", ".join(data["watching"])))
     if data.get("waiting_for") and running:  # a stopped daemon waits for nothing (an old file may say so)
