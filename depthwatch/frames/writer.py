@@ -124,7 +124,12 @@ _MOUNTS: dict[Path, tuple[Path, ...]] = {}
 
 
 def _configured_folder(folder: Path, roots: tuple[Path, ...]) -> Path | None:
-    return next((root for root in roots if folder == root or root in folder.parents), None)
+    text = os.fspath(folder)
+    for root in roots:
+        top = os.fspath(root)
+        if text == top or text.startswith(top.rstrip(os.sep) + os.sep):
+            return root
+    return None
 
 
 def _on_its_drive(top: Path) -> None:
