@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -619,6 +620,19 @@ def test_a_frame_the_process_keeps_ending_on_is_named_then_set_aside_until_it_ch
         assert not (d.watch / "frame.jpg.error.json").exists()
     finally:
         d.close()
+
+
+def test_an_output_folder_never_written_to_is_made_with_its_parents(tmp_path):
+    """The drive check refused a new output folder whose parent was missing too (~/Depth/ProjectX/ with
+    neither there yet), for good: only a folder written on a mount that is gone waits."""
+    from depthwatch.frames.writer import ensure_folder
+
+    folder = tmp_path / "Depth" / "ProjectX"
+    ensure_folder(folder, (folder,))
+    assert folder.is_dir()
+    shutil.rmtree(tmp_path / "Depth")  # an old output tree cleared: made again, on the same disk
+    ensure_folder(folder, (folder,))
+    assert folder.is_dir()
 
 
 def test_a_parked_frame_deleted_while_its_disk_stays_full_is_no_longer_waiting(tmp_path, tiny_model, small_disk):

@@ -97,51 +97,46 @@ def ensure_folder(folder: Path, roots: tuple[Path, ...] = ()) -> None:
     """Outputs may go to a folder of their own (output.template 'depth/{stem}.png'): make it.
 
     Not created through a link that now leads outside `roots` (a folder outside
-    is a write too), and not where the configured folder it lies in was on a
-    drive that is gone: made with its parents, a cache drive's folder came back
-    on the system disk once the drive was ejected, its maps landed there, said
-    done, and the drive kept the last version's when it returned (and where
-    the mount point went with the drive, the folder made took its name, so the
-    drive came back under another). A retryable OutputError then: the frame
-    waits until the drive is back.
+    is a write too), and not where the drive it was written on is gone: made
+    with its parents, a cache drive's folder came back on the system disk once
+    the drive was ejected, its maps landed there, said done, and the drive kept
+    the last version's when it came back (and where the mount point went with
+    the drive, the folder made took its name, so the drive came back under
+    another). So the mount point each output folder lies on is noted when a
+    map is first written there; while it is no longer mounted, a retryable
+    OutputError: the frame waits until the drive is back. A folder never
+    written to is made as configured, parents and all.
     """
-    top = _configured_folder(folder, roots)
-    if top is not None:
-        _on_its_drive(top)
-    if not folder.is_dir():
+    there = folder.is_dir()  # first: an automounted share is mounted by this look
+    mount = _MOUNTS.get(folder)
+    if mount is not None and not os.path.ismount(mount):
+        raise OutputError(f"{shown(mount)} is no longer mounted (its drive ejected?); the map is made once it is back", retryable=True)
+    if not there:
         if roots and not inside(folder, roots):
             raise _outside(folder)
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise OutputError(f"cannot create the output folder {shown(folder)}: {exc.strerror or exc}") from None
-    if top is not None and top not in _MOUNTS:
-        _MOUNTS[top] = tuple(p for p in (top, top.parent) if os.path.ismount(p))
+    if mount is None:
+        if len(_MOUNTS) >= _MOST_FOLDERS:
+            _MOUNTS.clear()  # a template with a folder per clip: noted again as maps are written
+        _MOUNTS[folder] = _mount_point(folder)
 
 
-#: For each configured folder outputs go to: which of it and its parent were mount points when it was first written to.
-_MOUNTS: dict[Path, tuple[Path, ...]] = {}
+#: The mount point each output folder was first written on (the nearest mount at or above it).
+_MOUNTS: dict[Path, str] = {}
+_MOST_FOLDERS = 4096
 
 
-def _configured_folder(folder: Path, roots: tuple[Path, ...]) -> Path | None:
-    text = os.fspath(folder)
-    for root in roots:
-        top = os.fspath(root)
-        if text == top or text.startswith(top.rstrip(os.sep) + os.sep):
-            return root
-    return None
-
-
-def _on_its_drive(top: Path) -> None:
-    """OutputError (retryable) if the configured folder `top` is not on the drive it was first seen on."""
-    gone = next((mount for mount in _MOUNTS.get(top, ()) if not os.path.ismount(mount)), None)
-    if gone is not None:
-        raise OutputError(f"{shown(gone)} is no longer mounted (its drive ejected?); the map is made once it is back", retryable=True)
-    if not os.path.isdir(top) and not os.path.isdir(top.parent):
-        raise OutputError(
-            f"the output folder {shown(top)} is not there, nor is {shown(top.parent)} (a drive not mounted?); "
-            "the map is made once it is", retryable=True,
-        )
+def _mount_point(folder: Path) -> str:
+    path = os.path.abspath(folder)
+    while not os.path.ismount(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
 
 
 def atomic_write(
