@@ -88,17 +88,18 @@ def own_tag() -> str:
 
 @functools.cache
 def own_host() -> str:
-    """Six hex digits for this machine and pid namespace (container): where a temporary file's pid can be asked.
+    """Six hex digits for this machine (or container): where a temporary file's pid can be asked.
 
     Two containers sharing a volume, or two hosts sharing a folder over NFS,
     each have a pid 1 (and pids of their own): asked of this machine's
     processes, a writer there looked dead, and its file in flight was removed.
+    The host name tells them apart: Docker, Podman and Kubernetes give each
+    container its own, kept across its restarts (a pid namespace's number is
+    not: a restarted container took its own leftovers for another's, kept an
+    hour). Containers sharing the host's name (host networking) are judged by
+    pid, as before.
     """
-    try:
-        namespace = os.stat("/proc/self/ns/pid").st_ino
-    except OSError:  # no /proc (macOS): the host alone
-        namespace = 0
-    return hashlib.blake2b(f"{os.uname().nodename}\0{namespace}".encode(), digest_size=3).hexdigest()
+    return hashlib.blake2b(os.uname().nodename.encode(), digest_size=3).hexdigest()
 
 
 #: How long a temporary file written on another machine (or in another container) must lie untouched before it

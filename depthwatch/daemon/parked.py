@@ -121,7 +121,8 @@ class Parked:
         taken: list[Path] = []
         gone: list[Path] = []
         for folder, entry, sources in looks:
-            missing = {source for source in sources if not os.path.lexists(source)}
+            # Deleted: its folder is there, the frame is not (a share that is away hides both: kept).
+            missing = {source for source in sources if not os.path.lexists(source) and os.path.isdir(source.parent)}
             ok = looks_writable(folder, entry.room)
             with self._lock:
                 missing &= entry.sources

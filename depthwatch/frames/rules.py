@@ -393,12 +393,15 @@ def map_is_current(source: Path, output: Path, made_with: str | None = None, mod
         if output.is_dir():  # a clip's image sequence: its frames' record, which names the clip's version
             record = _a_frames_record(output)
             if record is not None and "size" in record:
-                return provenance.same_version(record, frame)
+                return (record.get("size"), record.get("mtime_ns")) == (frame.st_size, frame.st_mtime_ns)
             return output.stat().st_mtime_ns >= frame.st_mtime_ns
         if video.is_clip_name(output):  # a depth clip: the version its comment names; before it named one, by time
+            # Size and mtime, not the inode: a clip is hours of work to map again, and a share that
+            # gives new inodes at each reconnect, a copy with `cp -a`, or a farm worker's view of the
+            # file would have it mapped again with nothing changed.
             made = clipwrite.made_from(output)
             if made is not None:
-                return made == (frame.st_size, frame.st_mtime_ns, frame.st_ino)
+                return made[:2] == (frame.st_size, frame.st_mtime_ns)
             return output.stat().st_mtime_ns >= frame.st_mtime_ns
         record = provenance.read(output)
         if record is not None:
