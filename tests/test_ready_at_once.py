@@ -608,3 +608,45 @@ def test_the_daemon_starts_with_a_damaged_digest_record(tmp_path):
         assert d.stop() == 0
     finally:
         d.close()
+
+
+def test_an_int8_file_is_hashed_once_a_process_not_at_every_look(tmp_path, monkeypatch):
+    """Each start hashed the whole int8 file twice before `ready` (the choice, then the load)."""
+    model = conv_model(tmp_path / "conv.onnx")
+    cache_root, state = tmp_path / "int8", tmp_path / "state"
+    tensors = [np.random.default_rng(i).random((1, 3, 64, 64), dtype=np.float32) for i in range(2)]
+    made = quantize.int8_model(model, cache_root, state, "image", tensors)
+    quantize._VERIFIED.clear()  # as a new process finds it
+    hashed = []
+    real = quantize._file_digest
+    monkeypatch.setattr(quantize, "_file_digest", lambda path: hashed.append(path) or real(path))
+    assert quantize.cached(model, cache_root, state) == made
+    assert quantize.cached(model, cache_root, state) == made
+    assert len(hashed) == 1
+    made.write_bytes(made.read_bytes()[:-1] + b"\0")  # changed since: looked at again, and found damaged
+    assert quantize.cached(model, cache_root, state) is None and not made.exists()
+
+
+def test_frames_that_keep_cutting_a_quantization_short_leave_it_for_the_next_start_said(tmp_path):
+    """A quantization made in idle time was started over at every frame: a steady trickle of frames kept
+    it from ever finishing, and nothing said so (the next start measured nothing again)."""
+    from depthwatch.model.measurement import MOST_CUT_SHORT, Measurement, Preempted
+
+    tries = []
+
+    class Session:
+        def get_providers(self) -> list[str]:
+            return [CPU]
+
+    def create(variant, traced):
+        if variant[1] == INT8:
+            tries.append(variant)
+            raise Preempted()  # as `SessionMaking._int8_file` does when a frame comes while it quantizes
+        return Session()
+
+    measurement = Measurement([(CPU, FP32), (CPU, INT8)], create, lambda session: None, budget_s=60.0)
+    while measurement.step():
+        pass
+    int8 = next(t for t in measurement.trials if t.precision == INT8)
+    assert len(tries) == MOST_CUT_SHORT and not int8.ok and "cut short by frames" in int8.error
+    assert measurement.busy  # remembered as busy: the next start measures again

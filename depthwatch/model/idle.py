@@ -158,7 +158,9 @@ class IdleMeasuring(SessionMaking):
         serving = (info.providers[0], info.precision)
         trials = measurement.trials
         chosen, refused = choice.report(plan.spec, trials, plan.variants, plan.notes, was=serving)
-        if measurement.busy:
+        if measurement.cut_short:
+            log.info("frames kept coming while a variant was made (int8, quantized between them); the next start measures again")
+        elif measurement.busy:
             log.info(
                 "the measurement ran while other processes kept %.1f cores busy; the next start measures again",
                 measurement.others or 0.0,

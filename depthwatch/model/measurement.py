@@ -36,6 +36,10 @@ Run = Callable[[Any], None]
 Probe = Callable[[Any], list[np.ndarray]]
 
 
+#: Times a variant's making (an int8 quantization) is started over for frames before it is left for the next start.
+MOST_CUT_SHORT = 3
+
+
 class Preempted(Exception):
     """A measured run was stopped to let a frame through; the step is done again later."""
 
@@ -115,12 +119,14 @@ class Measurement:
         self._loads: list[float] = []
         #: (seconds, CPU seconds of other processes) over the timed runs, where /proc/stat can say.
         self._spans = (0.0, 0.0)
+        #: A variant's making (its int8 quantization) was cut short by frames MOST_CUT_SHORT times.
+        self.cut_short = False
         self._steps = self._measure()
 
     @property
     def busy(self) -> bool:
-        """Whether other processes kept the CPUs busy while the runs were timed."""
-        return self.others is not None and self.others > BUSY_CORES
+        """Whether other processes kept the CPUs busy while the runs were timed, or frames kept a variant from being made."""
+        return self.cut_short or (self.others is not None and self.others > BUSY_CORES)
 
     def step(self) -> bool:
         """Do one step of work; False once the measurement is over (`trials` then holds its figures)."""
@@ -195,8 +201,19 @@ class Measurement:
                         start = time.perf_counter()
                         return self._create(variant, self._trace), time.perf_counter() - start
 
-                    # Done again while a frame preempts it (an int8 variant's quantization, between its images).
-                    session, load_s = yield from self._again(create)
+                    # Done again while a frame preempts it (an int8 variant's quantization, between its images),
+                    # a few times: frames that keep coming would have it started over for good, unsaid.
+                    cut = 0
+                    while True:
+                        try:
+                            session, load_s = create()
+                            break
+                        except Preempted:
+                            cut += 1
+                            if cut >= MOST_CUT_SHORT:
+                                self.cut_short = True  # remembered as busy: the next start measures again
+                                return Trial(provider, precision, error=f"its preparation was cut short by frames {cut} times"), None, None
+                            yield
                     applied = list(session.get_providers())
                     if not applied or applied[0] != provider:
                         return Trial(provider, precision, load_s, error=f"it did not take the model (ran on {', '.join(applied)})"), None, None

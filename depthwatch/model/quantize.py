@@ -31,13 +31,14 @@ CoreML's compiled models are (see `caches`).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import importlib.util
 import logging
 import os
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -113,14 +114,43 @@ def cached(model: Path, cache_root: Path, state_dir: Path) -> Path | None:
     target = _target(model, cache_root, state_dir)
     if not target.is_file():
         return None
-    why = _damaged(target)
-    if why is None:
+    try:
+        st = os.stat(target)
+    except OSError:
+        return None
+    seen = (st.st_size, st.st_mtime_ns, st.st_ino)
+    if _VERIFIED.get(str(target)) == seen:  # checked already by this process, unchanged since: not hashed again
         return target
-    log.warning("int8: %s in the cache is damaged (%s); removed, made again", target, why)
-    for path in (target, target.with_name(_DIGEST)):
-        with contextlib.suppress(OSError):
-            path.unlink()
+    with _entry_locked(target.parent):  # never between another's rename of the file and the write of its digest
+        why = _damaged(target)
+        if why is None:
+            _VERIFIED[str(target)] = seen
+            return target
+        log.warning("int8: %s in the cache is damaged (%s); removed, made again", target, why)
+        for path in (target, target.with_name(_DIGEST)):
+            with contextlib.suppress(OSError):
+                path.unlink()
     return None
+
+
+#: The int8 files this process found as written: (size, mtime_ns, inode) when checked.
+_VERIFIED: dict[str, tuple[int, int, int]] = {}
+
+
+@contextlib.contextmanager
+def _entry_locked(folder: Path) -> Iterator[None]:
+    """The cache entry's folder locked (flock on it): a file and its digest are replaced, and read, as one."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        yield  # cannot lock: as before
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 #: Beside the int8 file: its size and sha256 when it was written.
@@ -287,8 +317,9 @@ def _quantize(
             weight_type=QuantType.QInt8,
         )
         digest = _file_digest(Path(temporary))
-        os.replace(temporary, target)
-        caches.write_json(target.with_name(_DIGEST), digest)  # without it, the file is trusted as it is (see `cached`)
+        with _entry_locked(target.parent):
+            os.replace(temporary, target)
+            caches.write_json(target.with_name(_DIGEST), digest)  # without it, the file is trusted as it is (see `cached`)
     except ModelError:
         raise
     except Exception as exc:  # onnxruntime and onnx raise many types for graphs they cannot take
