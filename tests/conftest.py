@@ -91,6 +91,23 @@ def write_by_rename(path: Path, data: bytes) -> None:
     tmp.replace(path)
 
 
+def fill_disk(disk: Path) -> Path:
+    """Fill the filesystem `disk` is on with one file (returned, to remove for room again)."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(bytes(65536))
+        except OSError:
+            pass
+        try:  # the last blocks, smaller than the chunk
+            while True:
+                f.write(bytes(512))
+        except OSError:
+            pass  # full
+    return filler
+
+
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A real, small filesystem: a 1 MiB tmpfs (needs root, as in CI), for full-disk cases."""

@@ -28,7 +28,7 @@ pytest.importorskip("av", reason="clips need the video extra: pip install -e '.[
 
 from benchmarks.clips import pan_clip_frames, photos, write_clip  # noqa: E402
 from benchmarks.frames import pan_frames  # noqa: E402
-from conftest import FASTDEPTH, quadrant_frame, write_by_rename  # noqa: E402
+from conftest import FASTDEPTH, fill_disk, quadrant_frame, write_by_rename  # noqa: E402
 from daemon_process import DaemonProcess, wait_for  # noqa: E402
 from depthwatch.imaging import video  # noqa: E402
 from test_clips import probe  # noqa: E402
@@ -282,13 +282,7 @@ def test_a_clip_that_met_a_full_disk_is_made_again_when_there_is_room(tmp_path: 
     """Disk full mid-clip: one line, no temporary file; the clip is parked and redone once space is back."""
     d = _daemon(tmp_path, clip_template=f"{small_disk}/{{stem}}_depth.mov")
     write_clip(tmp_path / "D004.mov", pan_clip_frames(SIZE, 24, step=5), codec="prores")
-    filler = small_disk / "filler"
-    with open(filler, "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(bytes(4096))
-        except OSError:
-            pass  # full
+    filler = fill_disk(small_disk)
     output = small_disk / "D004_depth.mov"
     try:
         d.start()

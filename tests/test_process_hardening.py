@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import jpeg_bytes, quadrant_frame, write_by_rename
+from conftest import fill_disk, jpeg_bytes, quadrant_frame, write_by_rename
 from daemon_process import DaemonProcess, wait_for
 
 from depthwatch.daemon.locks import EX_TEMPFAIL
@@ -460,13 +460,7 @@ def test_a_frame_whose_tries_ran_out_on_a_full_disk_is_made_once_space_is_back(t
         frame = jpeg_bytes(quadrant_frame(320, 180, "bottom-right"))
         write_by_rename(small_disk / "frame.jpg", frame)
         wait_for(lambda: d.counts().get("done") == 2, what="the second map")
-        filler = small_disk / "filler"
-        with open(filler, "wb", buffering=0) as f:
-            try:
-                while True:
-                    f.write(b"\0" * 4096)
-            except OSError:
-                pass  # full
+        filler = fill_disk(small_disk)
         stale = depth.read_bytes()
         with open(small_disk / "frame.jpg", "r+b") as f:
             f.write(frame)  # rewritten in place: needs no new space, so it lands even now
@@ -645,12 +639,7 @@ def test_a_parked_frame_deleted_while_its_disk_stays_full_is_no_longer_waiting(t
     try:
         frame = small_disk / "render_0001.jpg"
         frame.write_bytes(jpeg_bytes(quadrant_frame(320, 180)))  # before the disk fills: the frame is there, its map is not
-        with open(small_disk / "filler", "wb", buffering=0) as f:
-            try:
-                while True:
-                    f.write(b"\0" * 4096)
-            except OSError:
-                pass  # full
+        fill_disk(small_disk)
         os.utime(frame)  # looked at again: its map cannot be written
         wait_for(lambda: d.status().get("parked") == 1, what="the frame parked")
         frame.unlink()
@@ -670,13 +659,7 @@ def test_a_status_file_on_a_disk_that_was_full_catches_up_once_there_is_room(tmp
     try:
         write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
         wait_for(lambda: d.counts().get("done") == 1, what="the first map counted")
-        filler = small_disk / "filler"
-        with open(filler, "wb", buffering=0) as f:
-            try:
-                while True:
-                    f.write(b"\0" * 4096)
-            except OSError:
-                pass  # full
+        filler = fill_disk(small_disk)
         for n, corner in enumerate(("top-right", "bottom-left")):
             write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame(bright=corner)))
             wait_for(lambda n=n: d.log().count("frame.jpg -> depth.jpg") == n + 2, what=f"map {n + 2}")
@@ -749,13 +732,7 @@ def _black_box(status: Path, frame: Path, then: str) -> subprocess.Popen:
 def test_a_full_disk_under_the_status_file_costs_the_black_box_not_the_process(tmp_path, small_disk):
     """The note was a file mapped into memory: on a full disk the first frame's note was a store into
     a page with no block, and the process died of SIGBUS with no line, at every restart."""
-    with open(small_disk / "filler", "wb") as filler:
-        try:
-            while True:
-                filler.write(bytes(65536))
-                filler.flush()
-        except OSError:
-            pass
+    fill_disk(small_disk)
     frame = tmp_path / "frame.jpg"
     frame.write_bytes(b"x")
     box = _black_box(small_disk / "daemon.status.json", frame, "end")
@@ -807,13 +784,7 @@ def test_a_log_file_on_a_full_disk_says_how_many_lines_are_missing_not_a_traceba
         wait_for(lambda: d.counts().get("done") == 1, what="the first map")
         with open(log_file, "ab") as f:  # its last page filled, so the next line needs a new one
             f.write(b"#" * (4095 - log_file.stat().st_size % 4096) + b"\n")
-        filler = small_disk / "filler"
-        with open(filler, "wb", buffering=0) as f:
-            try:
-                while True:
-                    f.write(b"\0" * 4096)
-            except OSError:
-                pass  # full
+        filler = fill_disk(small_disk)
         for n, corner in enumerate(("top-right", "bottom-left", "bottom-right"), 2):
             write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame(bright=corner)))
             wait_for(lambda n=n: d.counts().get("done") == n, what=f"map {n}")

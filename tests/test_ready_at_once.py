@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 import pytest
-from conftest import jpeg_bytes, quadrant_frame, write_by_rename
+from conftest import fill_disk, jpeg_bytes, quadrant_frame, write_by_rename
 from daemon_process import DaemonProcess, wait_for
 from onnx_models import brightness_model, cancelling_model, slow_model
 from test_providers import CPU, CPU_DELAY, CUDA, FAST, SLOW, COREML, Machine, StandIn, spec
@@ -348,12 +348,7 @@ def test_int8_that_cannot_be_made_for_a_full_cache_serves_fp32_rather_than_nothi
     caplog.set_level(logging.INFO, logger="depthwatch")
     monkeypatch.setenv("XDG_CACHE_HOME", str(small_disk))
     model = conv_model(tmp_path / "conv.onnx")
-    with open(small_disk / "filler", "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(bytes(4096))
-        except OSError:
-            pass  # full
+    fill_disk(small_disk)
     with Engine(spec(model, ("cpu",), INT8)) as engine:
         info = engine.wait_ready(120)
         assert engine.infer(np.zeros((1, 3, 64, 64), np.float32), info.generation).result(60).prediction.shape == (64, 64)

@@ -14,7 +14,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from conftest import jpeg_bytes, quadrant_frame, write_by_rename
+from conftest import fill_disk, jpeg_bytes, quadrant_frame, write_by_rename
 from daemon_process import DaemonProcess, privileges, wait_for
 from onnx_models import failing_model, spec_for
 
@@ -382,13 +382,7 @@ def test_full_disk_leaves_nothing_half_written_and_retries(tmp_path, tiny_model,
         frame = jpeg_bytes(quadrant_frame(320, 180, "bottom-right"))
         write_by_rename(small_disk / "frame.jpg", frame)  # the frame fits; then nothing else does
         wait_for(lambda: d.counts().get("done") == 2, what="the second map")
-        filler = small_disk / "filler"
-        with open(filler, "wb", buffering=0) as f:
-            try:
-                while True:
-                    f.write(b"\0" * 4096)
-            except OSError:
-                pass  # full
+        filler = fill_disk(small_disk)
         after = depth.read_bytes()
         with open(small_disk / "frame.jpg", "r+b") as f:
             f.write(frame)  # rewritten in place: needs no new space, so it lands even now
