@@ -174,8 +174,9 @@ def decide(
             ", on a busy machine: measuring again in idle time" if known.get("busy") and mode == "background" else "",
         )
         remembered = chosen, "remembered", [], [str(r) for r in known.get("refused", [])]
-        again = known.get("busy") and mode == "background"
-        why = "measured on a busy machine"
+        again = bool(known.get("busy")) and mode == "background"
+        if again:
+            why = "measured on a busy machine"
         if chosen[1] == precisions.INT8 and mode == "background" and not _int8_at_hand(spec):
             # Its int8 file gone from the cache (cleaned, pruned, damaged): quantized again before `ready` took a
             # minute for a large model. fp32 on that provider serves now; int8 is measured again in idle time.
