@@ -263,8 +263,10 @@ def test_folders_beyond_the_inotify_watch_limit_are_said_and_scanned_not_silentl
         wait_for(lambda: line.format(watch) in d.log(), what="the limit said")
         for i, shot in enumerate([*shots, late]):
             wait_for(lambda: (shot / f"frame{i}_depth.jpg").exists(), what=f"the frame in {shot.name}")
-        # The watch folder and two shots are watched; six shots and the late folder are not.
-        wait_for(lambda: d.status().get("unwatched") == {str(watch): 7}, what="the status to count them")
+        # Three watches: the watch folder and at most two shots are watched (watchdog 7 gives a recursive
+        # watch up at the first folder over the limit; depthwatch then watches the folder itself alone),
+        # so 7 to all 9 of the shots and the late folder are not, and the status counts them.
+        wait_for(lambda: 7 <= d.status().get("unwatched", {}).get(str(watch), 0) <= 9, what="the status to count them")
         wait_for(lambda: d.counts().get("failed") == 1, what="the broken frame failed")
         # Scanned like a watch sees: a frame that fails is not tried (and counted) again at every scan.
         write_by_rename(late / "after.jpg", jpeg_bytes(quadrant_frame()))

@@ -14,6 +14,7 @@ own list (`coverage`), said once, and scanned every few seconds instead.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -99,8 +100,10 @@ class WatchFolders:
         try:
             watch = self._observer.schedule(self._handler, str(real), recursive=self.rules.recursive)
         except OSError as exc:
-            log.warning("cannot watch %s (%s); will retry", shown(root), exc.strerror or exc)
-            return False
+            watch = self._watch_top_only(root, real, exc)
+            if watch is None:
+                log.warning("cannot watch %s (%s); will retry", shown(root), exc.strerror or exc)
+                return False
         st = root.stat()
         self._watches[root] = (watch, (st.st_dev, st.st_ino))
         self._lost.discard(root)
@@ -110,6 +113,22 @@ class WatchFolders:
             ", ".join(self.rules.patterns), " (recursive)" if self.rules.recursive else "",
         )
         return True
+
+    def _watch_top_only(self, root: Path, real: Path, exc: OSError) -> Any:
+        """A recursive watch the kernel's watch limit cut short: watch the folder itself, scan the rest.
+
+        watchdog adds a recursive watch folder by folder and gives the whole watch up at the
+        first folder over the limit, so a tree with more folders than the limit allows was
+        never watched at all (a warning every second, no frame ever mapped). Its own folder
+        takes one watch; the folders under it are then found unwatched and scanned
+        (`_check_coverage`), and said once.
+        """
+        if not (self.rules.recursive and exc.errno == errno.ENOSPC):
+            return None
+        try:
+            return self._observer.schedule(self._handler, str(real), recursive=False)
+        except OSError:
+            return None
 
     @property
     def waiting_for(self) -> list[Path]:
