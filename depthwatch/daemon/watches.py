@@ -100,7 +100,7 @@ class WatchFolders:
         try:
             watch = self._observer.schedule(self._handler, str(real), recursive=self.rules.recursive)
         except OSError as exc:
-            watch = self._watch_top_only(root, real, exc)
+            watch = self._watch_top_only(real, exc)
             if watch is None:
                 log.warning("cannot watch %s (%s); will retry", shown(root), exc.strerror or exc)
                 return False
@@ -114,7 +114,7 @@ class WatchFolders:
         )
         return True
 
-    def _watch_top_only(self, root: Path, real: Path, exc: OSError) -> Any:
+    def _watch_top_only(self, real: Path, exc: OSError) -> Any:
         """A recursive watch the kernel's watch limit cut short: watch the folder itself, scan the rest.
 
         watchdog adds a recursive watch folder by folder and gives the whole watch up at the
