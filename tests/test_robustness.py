@@ -263,7 +263,7 @@ def test_folders_beyond_the_inotify_watch_limit_are_said_and_scanned_not_silentl
         wait_for(lambda: line.format(watch) in d.log(), what="the limit said")
         for i, shot in enumerate([*shots, late]):
             wait_for(lambda: (shot / f"frame{i}_depth.jpg").exists(), what=f"the frame in {shot.name}")
-        # Three watches: the watch folder and at most two shots are watched (watchdog 7 gives a recursive
+        # Three watches: the watch folder and at most two shots are watched (watchdog gives a recursive
         # watch up at the first folder over the limit; depthwatch then watches the folder itself alone),
         # so 7 to all 9 of the shots and the late folder are not, and the status counts them.
         wait_for(lambda: 7 <= d.status().get("unwatched", {}).get(str(watch), 0) <= 9, what="the status to count them")
