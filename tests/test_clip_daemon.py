@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -131,18 +132,22 @@ def test_clip_job_beside_live_frames(tmp_path: Path) -> None:
 def test_sigterm_mid_clip_leaves_nothing_and_the_next_start_maps_it(tmp_path: Path) -> None:
     d = _daemon(tmp_path)
     source = d.watch / "B002.mov"
-    # Larger frames, so the job lasts long enough to be caught in the middle: caught at a fifth,
-    # it has some 96 frames of the real model (seconds, even on a loaded machine) left to run.
-    count = write_clip(tmp_path / "B002.mov", pan_clip_frames((480, 270), 120, step=4, shot=40), codec="prores")
+    count = write_clip(tmp_path / "B002.mov", pan_clip_frames((320, 180), 60, step=4, shot=20), codec="prores")
     try:
         d.start()
         os.rename(tmp_path / "B002.mov", source)
-        wait_for(lambda: ((d.status().get("clip") or {}).get("done") or 0) >= 24, what="the clip a fifth of the way")
-        shown = subprocess.run(
-            [sys.executable, "-m", "depthwatch", "status", "--status", str(d.status_path)], capture_output=True, text=True, timeout=60
-        ).stdout
-        assert re.search(r"clip: +B002\.mov -> B002_depth\.mov: \d+/120 frames, [\d.]+ fps", shown), shown
+        wait_for(lambda: ((d.status().get("clip") or {}).get("done") or 0) >= 12, what="the clip a fifth of the way")
+        # Held (SIGSTOP) while `status` looks, so that the SIGTERM below finds the clip in the middle,
+        # some 48 frames of the real model to go, however slowly `status` starts on a loaded machine.
+        os.kill(d.proc.pid, signal.SIGSTOP)
+        try:
+            shown = subprocess.run(
+                [sys.executable, "-m", "depthwatch", "status", "--status", str(d.status_path)], capture_output=True, text=True, timeout=60
+            ).stdout
+        finally:
+            os.kill(d.proc.pid, signal.SIGCONT)
         assert d.stop() == 0
+        assert re.search(r"clip: +B002\.mov -> B002_depth\.mov: \d+/60 frames, [\d.]+ fps", shown), shown
         assert not (d.watch / "B002_depth.mov").exists() and d.temp_files() == []
         assert "stopped by the daemon's shutdown" in d.log()
         d.start()
@@ -445,6 +450,8 @@ def test_a_clip_for_the_depth_clip_in_progress_is_refused_not_cancelling_it(tmp_
     ), line
     assert "a newer version of the clip arrived" not in log
     assert probe(out / "A_depth.mov")["frames"] == long
+
+
 def test_a_finished_depth_sequence_folder_is_no_failed_frame_under_pattern_star(tmp_path: Path, tiny_model: Path) -> None:
     """watch.patterns ["*"]: before, every clip mapped to a sequence added a failure ("shot_depth: is a
     folder, not an image file"), set the last error, and wrote shot_depth.error.json into the user's folder."""

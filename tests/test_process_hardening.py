@@ -610,8 +610,9 @@ def test_a_frame_the_process_keeps_ending_on_is_named_then_set_aside_until_it_ch
         d.start()  # set aside across starts, without a run of its own
         wait_for(lambda: d.counts().get("failed") == 1, what="the frame set aside again")
         write_by_rename(frame, jpeg_bytes(quadrant_frame(bright="bottom-right")))  # replaced: a frame like any other
-        wait_for(lambda: (d.watch / "depth.jpg").exists(), timeout=120, what="the new version's map")
-        assert not (d.watch / "frame.jpg.error.json").exists()
+        # Counted done once its map is written and its record removed (the map lands a moment before).
+        wait_for(lambda: d.counts().get("done") == 1, timeout=120, what="the new version mapped")
+        assert (d.watch / "depth.jpg").exists() and not (d.watch / "frame.jpg.error.json").exists()
     finally:
         d.close()
 

@@ -261,6 +261,8 @@ def test_folders_beyond_the_inotify_watch_limit_are_said_and_scanned_not_silentl
         (late / "broken.jpg").write_bytes(b"not a picture")
         line = "folder(s) under {} are not watched: the system's limit on inotify watches is reached (user.max_inotify_watches = 3"
         wait_for(lambda: line.format(watch) in d.log(), what="the limit said")
+        # The watch line says what is watched: the folder alone, not a recursive watch.
+        assert f"watching {watch} for *.jpg (recursive, but only this folder is watched: the system's limit on inotify" in d.log()
         for i, shot in enumerate([*shots, late]):
             wait_for(lambda: (shot / f"frame{i}_depth.jpg").exists(), what=f"the frame in {shot.name}")
         # Three watches: the watch folder and at most two shots are watched (watchdog gives a recursive
@@ -275,6 +277,34 @@ def test_folders_beyond_the_inotify_watch_limit_are_said_and_scanned_not_silentl
         assert scans and scans[-1].split("scanned: ")[1].startswith("1 frame(s)"), scans  # the new frame alone
         assert d.counts()["failed"] == 1
         assert "Traceback" not in d.log()
+    finally:
+        assert d.stop() == 0
+
+
+def test_a_watch_folder_refused_for_the_inotify_limit_is_said_once_and_scanned_not_waited_for(tmp_path, tiny_model):
+    """A watch folder the kernel's inotify limit refused was said to be refused for "No space left on
+    device" every second, the status said it was gone, and no frame in it was ever mapped."""
+    d = DaemonProcess(
+        tmp_path, tiny_model, wrapper=_watch_limit(0),
+        watch={"patterns": ["*.jpg"], "incomplete_timeout_s": 1}, output={"template": "{stem}_depth.jpg"},
+    ).start()
+    try:
+        line = (f"cannot watch {d.watch} (the system's limit on inotify watches is reached (user.max_inotify_watches = 0)); "
+                "frames in it are found by a scan every 5 s")
+        wait_for(lambda: line in d.log(), what="the limit said")
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: (d.watch / "frame_depth.jpg").exists(), what="the frame mapped by a scan")
+        write_by_rename(d.watch / "second.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: (d.watch / "second_depth.jpg").exists(), what="a second frame, at a later scan")
+        status = d.status()
+        assert status["waiting_for"] == [] and status["unwatched"] == {str(d.watch): 1}, status
+        shown = subprocess.run(
+            [sys.executable, "-m", "depthwatch", "status", "--status", str(d.status_path)], capture_output=True, text=True, timeout=60
+        ).stdout
+        assert f"1 folder(s) of {d.watch} (the system's inotify watch limit" in shown and "gone" not in shown, shown
+        log = d.log()
+        assert log.count(f"cannot watch {d.watch}") == 1, log  # not once a second
+        assert "No space left on device" not in log
     finally:
         assert d.stop() == 0
 

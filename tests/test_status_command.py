@@ -15,6 +15,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+import yaml
 from conftest import jpeg_bytes, quadrant_frame, write_by_rename
 from daemon_process import wait_for
 
@@ -113,7 +114,6 @@ def test_status_tells_the_truth_about_a_daemon_whose_config_file_now_holds_a_bad
     """The daemon runs on in its last good config; `status -c config.yaml` (and `status` beside it) still
     shows it, with the edit's error, where it exited 78 (or said "not running"). And a frame named with
     a newline cannot add lines of its own to what status prints (a forged "last error: none")."""
-    import yaml
 
     watch = tmp_path / "shots"
     watch.mkdir()
@@ -142,6 +142,27 @@ def test_status_tells_the_truth_about_a_daemon_whose_config_file_now_holds_a_bad
             assert shown["last frame"].startswith(f"{watch}/x\\nlast error:   none\\nhealth:"), shown["last frame"]  # escaped, as the log has it
             assert [line for line in done.stdout.splitlines() if line.startswith(("last error", "health"))] == ["last error:   none"]
         assert "not valid YAML" in depthwatch(tmp_path, "status", "-c", str(config)).stderr
+    finally:
+        assert daemon.stop() == 0
+        daemon.close()
+
+
+def test_an_edit_naming_a_model_that_cannot_be_loaded_is_shown_once(tmp_path, tiny_model):
+    """The status showed the same line twice, as "config error" and again as "model error"."""
+    config = tmp_path / "config.yaml"
+    settings = {"model": {"path": str(tiny_model), "profile": "midas-v21-small"}, "watch": {"folders": [str(tmp_path)]}}
+    config.write_text(yaml.safe_dump(settings))
+    daemon = HandStarted(tmp_path, "-c", str(config))
+    try:
+        daemon.wait_ready()
+        missing = tmp_path / "missing.onnx"
+        settings["model"]["path"] = str(missing)
+        config.write_text(yaml.safe_dump(settings))
+        wait_for(lambda: f"keeping model {tiny_model}" in daemon.log(), what="the daemon to refuse the edit")
+        done = depthwatch(tmp_path, "status", "-c", str(config))
+        shown = rows(done.stdout)
+        assert str(missing) in shown["config error"], done.stdout
+        assert done.stdout.count(str(missing)) == 1 and "model error" not in shown, done.stdout
     finally:
         assert daemon.stop() == 0
         daemon.close()

@@ -128,7 +128,7 @@ def _show(path: Path) -> bool:
     if data.get("unwatched") and running:
         rows.append((
             "not watched",
-            "; ".join(f"{count} folder(s) under {root}" for root, count in data["unwatched"].items())
+            "; ".join(f"{count} folder(s) of {root}" for root, count in data["unwatched"].items())
             + " (the system's inotify watch limit: scanned every few seconds instead)",
         ))
     rows.append((
@@ -151,7 +151,7 @@ def _show(path: Path) -> bool:
     rows.append(("last error", counts.get("last_error") or "none"))
     if data.get("config_error"):
         rows.append(("config error", data["config_error"]))
-    if data.get("model_error"):
+    if data.get("model_error") and data["model_error"] != data.get("config_error"):  # one failed edit: said once
         rows.append(("model error", data["model_error"]))
     if data.get("health_error"):
         rows.append(("health", data["health_error"]))

@@ -67,6 +67,11 @@ class WatchFolders:
         self._suspects: dict[Path, set[Path]] = {}
         self._folders_came = True
         self._next_look = 0.0
+        #: Watch folders the observer refused, and why: said once, not at every retry.
+        self._refused: dict[Path, str] = {}
+        #: Watch folders refused for the inotify watch limit -> when they are scanned next: not
+        #: gone, so their frames are found by a scan until a watch can be had.
+        self._over_limit: dict[Path, float] = {}
 
     def start(self) -> None:
         self._new_observer()
@@ -79,6 +84,7 @@ class WatchFolders:
         self._real.clear()
         self.unwatched.clear()
         self._suspects.clear()
+        self._over_limit.clear()
         self._folders_came = True
         if observer is not None:
             observer.stop()
@@ -97,22 +103,45 @@ class WatchFolders:
         self._real.pop(root, None)
         if real != root:
             self._real[root] = real  # before the first event can come
+        how = " (recursive)" if self.rules.recursive else ""
         try:
             watch = self._observer.schedule(self._handler, str(real), recursive=self.rules.recursive)
         except OSError as exc:
             watch = self._watch_top_only(real, exc)
             if watch is None:
-                log.warning("cannot watch %s (%s); will retry", shown(root), exc.strerror or exc)
+                self._refused_now(root, exc)
                 return False
+            how = (
+                f" (recursive, but only this folder is watched: {_refusal(exc)}; "
+                f"the folders under it are scanned every {COVERAGE_S:.0f} s)"
+            )
+        self._refused.pop(root, None)
+        if self._over_limit.pop(root, None) is not None:
+            self.unwatched.pop(root, None)
         st = root.stat()
         self._watches[root] = (watch, (st.st_dev, st.st_ino))
         self._lost.discard(root)
         self._folders_came = True
         log.info(
             "watching %s%s for %s%s", shown(root), f" (a link to {shown(real)})" if real != root else "",
-            ", ".join(self.rules.patterns), " (recursive)" if self.rules.recursive else "",
+            ", ".join(self.rules.patterns), how,
         )
         return True
+
+    def _refused_now(self, root: Path, exc: OSError) -> None:
+        """Say why `root` cannot be watched, once; at the inotify limit, scan it until it can be."""
+        reason = _refusal(exc)
+        over = exc.errno == errno.ENOSPC
+        if self._refused.get(root) != reason:  # the retry every second is silent
+            then = (
+                f"frames in it are found by a scan every {COVERAGE_S:.0f} s until it can be; raise the limit "
+                f"(sudo sysctl {_limit()[0]}=524288) or set watch.observer: polling" if over else "will retry"
+            )
+            log.warning("cannot watch %s (%s); %s", shown(root), reason, then)
+        self._refused[root] = reason
+        if over and root not in self._over_limit:
+            self._over_limit[root] = 0.0
+            self.unwatched[root] = [root]
 
     def _watch_top_only(self, real: Path, exc: OSError) -> Any:
         """A recursive watch the kernel's watch limit cut short: watch the folder itself, scan the rest.
@@ -133,7 +162,7 @@ class WatchFolders:
     @property
     def waiting_for(self) -> list[Path]:
         """The watch folders not watched now (missing, gone, replaced and not back yet): no frame comes from them."""
-        return [root for root in self.rules.roots if root not in self._watches]
+        return [root for root in self.rules.roots if root not in self._watches and root not in self._over_limit]
 
     def as_watched(self, raw: str | bytes) -> Path:
         """An event's path, under the watch folder it was seen through (a link's folder is watched as itself)."""
@@ -178,7 +207,21 @@ class WatchFolders:
                 self._real.pop(root, None)
             if ino is not None and self._watch(root):
                 self._scan_later(root)
+            elif root in self._over_limit:
+                self._scan_over_limit(root, present=ino is not None)
         self._check_coverage()
+
+    def _scan_over_limit(self, root: Path, present: bool) -> None:
+        """A watch folder the inotify limit keeps unwatched: scanned every few seconds while it is there."""
+        if not present:  # gone meanwhile: waited for like any folder that went
+            del self._over_limit[root]
+            self.unwatched.pop(root, None)
+            self._refused.pop(root, None)
+            return
+        now = time.monotonic()
+        if now >= self._over_limit[root]:
+            self._over_limit[root] = now + COVERAGE_S
+            self._scan_later(root, quiet=True)
 
     def _check_coverage(self) -> None:
         """Find the folders a recursive inotify watch misses (the kernel's watch limit), say so once, scan them."""
@@ -211,10 +254,22 @@ class WatchFolders:
                 self.unwatched.pop(root, None)
 
 
+def _limit() -> tuple[str, int | None]:
+    """The inotify watch limit that applies here: its name and value (None where it cannot be read)."""
+    return coverage.watch_limit() or ("fs.inotify.max_user_watches", None)
+
+
+def _refusal(exc: OSError) -> str:
+    """Why the observer refused a folder, in words: inotify's ENOSPC is its watch limit, not a full disk."""
+    if exc.errno == errno.ENOSPC:
+        name, value = _limit()
+        return f"the system's limit on inotify watches is reached ({name}{f' = {value}' if value is not None else ''})"
+    return exc.strerror or str(exc)
+
+
 def _limit_reached(root: Path, count: int) -> str:
     """The one line that says a watch folder is watched only in part, and what to do."""
-    limit = coverage.watch_limit()
-    name, value = limit if limit else ("fs.inotify.max_user_watches", None)
+    name, value = _limit()
     now = f" ({name} = {value}, shared by every program of this user)" if value is not None else ""
     return (
         f"{count} folder(s) under {shown(root)} are not watched: the system's limit on inotify watches is reached{now}; "
