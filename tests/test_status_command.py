@@ -148,7 +148,7 @@ def test_status_tells_the_truth_about_a_daemon_whose_config_file_now_holds_a_bad
 
 
 def test_an_edit_naming_a_model_that_cannot_be_loaded_is_shown_once(tmp_path, tiny_model):
-    """The status showed the same line twice, as "config error" and again as "model error"."""
+    """The status showed the same line twice, as "config error" and again as "model error": it is the model's."""
     config = tmp_path / "config.yaml"
     settings = {"model": {"path": str(tiny_model), "profile": "midas-v21-small"}, "watch": {"folders": [str(tmp_path)]}}
     config.write_text(yaml.safe_dump(settings))
@@ -161,8 +161,8 @@ def test_an_edit_naming_a_model_that_cannot_be_loaded_is_shown_once(tmp_path, ti
         wait_for(lambda: f"keeping model {tiny_model}" in daemon.log(), what="the daemon to refuse the edit")
         done = depthwatch(tmp_path, "status", "-c", str(config))
         shown = rows(done.stdout)
-        assert str(missing) in shown["config error"], done.stdout
-        assert done.stdout.count(str(missing)) == 1 and "model error" not in shown, done.stdout
+        assert str(missing) in shown["model error"], done.stdout
+        assert done.stdout.count(str(missing)) == 1 and "config error" not in shown, done.stdout
     finally:
         assert daemon.stop() == 0
         daemon.close()

@@ -149,9 +149,9 @@ def _show(path: Path) -> bool:
     latency = counts.get("last_latency_ms")
     rows.append(("last frame", f"{last} ({latency} ms)" if last else "none yet"))
     rows.append(("last error", counts.get("last_error") or "none"))
-    if data.get("config_error"):
+    if data.get("config_error") and data["config_error"] != data.get("model_error"):  # an edit's model: said once, below
         rows.append(("config error", data["config_error"]))
-    if data.get("model_error") and data["model_error"] != data.get("config_error"):  # one failed edit: said once
+    if data.get("model_error"):
         rows.append(("model error", data["model_error"]))
     if data.get("health_error"):
         rows.append(("health", data["health_error"]))
