@@ -77,7 +77,9 @@ def _interrupted(args: argparse.Namespace, how: str = "Ctrl-C") -> str:
         return f"interrupted ({how})"
     from depthwatch.imaging.video import is_clip_name
 
-    if getattr(args, "join", False) or (getattr(args, "frames", None) and any(is_clip_name(Path(i)) for i in args.inputs)):
+    if getattr(args, "join", False):  # the segments are its input: they go only once the depth clip is whole
+        return f"interrupted ({how}): no partial depth clip stays, and the segments stay until a join ends; the same command again joins them"
+    if getattr(args, "frames", None) and any(is_clip_name(Path(i)) for i in args.inputs):
         return f"interrupted ({how}): nothing of this task stays (its partial segment is removed); run it again"
     if getattr(args, "farm", None):
         again = "maps every frame again (--force)" if getattr(args, "force", False) else "maps only the frames still missing"

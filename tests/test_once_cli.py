@@ -357,6 +357,23 @@ def test_a_sequence_cut_into_range_tasks_gets_the_maps_one_run_gives(tmp_path):
         assert np.abs(whole - task).max() <= 257, n  # within one 8-bit level
 
 
+def test_a_cancelled_join_says_its_segments_stay():
+    """A join cancelled by a farm manager said "nothing of this task stays (its partial segment is
+    removed)", as a range task does: a join makes no segment, and the segments it joins stay."""
+    from depthwatch.cli import _interrupted, build_parser
+
+    said = {
+        " ".join(argv): _interrupted(build_parser().parse_args(["once", *argv]), "SIGTERM")
+        for argv in (["A.mov", "--join", "-o", "A_depth.mov"], ["A.mov", "--frames", "1001-1100"], ["shots", "--farm", "tcp://h:8786"])
+    }
+    assert said == {
+        "A.mov --join -o A_depth.mov": "interrupted (SIGTERM): no partial depth clip stays, and the segments stay until a join ends; "
+        "the same command again joins them",
+        "A.mov --frames 1001-1100": "interrupted (SIGTERM): nothing of this task stays (its partial segment is removed); run it again",
+        "shots --farm tcp://h:8786": "interrupted (SIGTERM): the maps written so far stay; the same command again maps only the frames still missing",
+    }
+
+
 def test_a_range_task_cancelled_with_sigterm_leaves_nothing_and_says_so(tmp_path):
     """Farm managers cancel and requeue a task with SIGTERM: a range task ended where it stood, said
     nothing, and left its partial segment (megabytes to gigabytes on shared storage) for good."""
