@@ -114,7 +114,6 @@ def test_status_tells_the_truth_about_a_daemon_whose_config_file_now_holds_a_bad
     """The daemon runs on in its last good config; `status -c config.yaml` (and `status` beside it) still
     shows it, with the edit's error, where it exited 78 (or said "not running"). And a frame named with
     a newline cannot add lines of its own to what status prints (a forged "last error: none")."""
-
     watch = tmp_path / "shots"
     watch.mkdir()
     config = tmp_path / "config.yaml"
