@@ -281,6 +281,56 @@ def test_folders_beyond_the_inotify_watch_limit_are_said_and_scanned_not_silentl
         assert d.stop() == 0
 
 
+def _raise_watch_limit(daemon: DaemonProcess, watches: int) -> None:
+    """What a user does when told to: raise the limit (here, that of the daemon's own user namespace)."""
+    script = f"echo {watches} > /proc/sys/user/max_inotify_watches"
+    subprocess.run(["nsenter", "--target", str(daemon.proc.pid), "--user", "sh", "-c", script], check=True, timeout=60)
+
+
+def test_a_recursive_watch_cut_short_by_the_inotify_limit_is_watched_whole_once_the_limit_is_raised(tmp_path, tiny_model):
+    """The limit's warning said "raise it and restart depthwatch": raised, nothing changed until a
+    restart, and the folders under the watch folder were scanned every 5 s instead of watched."""
+    watch = tmp_path / "watch"
+    shots = [watch / f"shot{i}" for i in range(6)]
+    for shot in shots:
+        shot.mkdir(parents=True)
+    d = DaemonProcess(
+        tmp_path, tiny_model, wrapper=_watch_limit(3),
+        watch={"recursive": True, "patterns": ["*.jpg"], "incomplete_timeout_s": 1}, output={"template": "{stem}_depth.jpg"},
+    ).start()
+    try:
+        unwatched = lambda: d.status().get("unwatched", {}).get(str(watch), 0)  # noqa: E731
+        # Refused whole (7 folders, 3 watches): the folder alone is watched, the six shots are scanned.
+        wait_for(lambda: unwatched() == 6, what="the six shots counted as not watched")
+        _raise_watch_limit(d, 10)
+        wait_for(lambda: f"watching {watch} whole now: the limit on inotify watches allows it" in d.log(), what="the whole tree watched")
+        wait_for(lambda: unwatched() == 0, what="the status to count none")
+        wait_for(lambda: f"every folder under {watch} is watched again" in d.log(), what="it said")
+        scans = d.log().count("not watched, scanned")
+        for i, shot in enumerate(shots):
+            write_by_rename(shot / f"frame{i}.jpg", jpeg_bytes(quadrant_frame()))
+        for i, shot in enumerate(shots):
+            wait_for(lambda: (shot / f"frame{i}_depth.jpg").exists(), what=f"the frame in {shot.name}")
+        assert d.log().count("not watched, scanned") == scans  # seen by the watch, not found by a scan
+
+        # Watched whole, then folders made beyond the limit (10 watches: 3 of these 5 fit) ...
+        later = [watch / f"later{i}" for i in range(5)]
+        for folder in later:
+            folder.mkdir()
+        wait_for(lambda: unwatched() == 2, what="two later folders counted as not watched")
+        # ... are watched when it is raised again: the watch made anew, the tree scanned once.
+        _raise_watch_limit(d, 100)
+        wait_for(lambda: unwatched() == 0, what="the later folders watched")
+        assert d.log().count(f"watching {watch} for *.jpg (recursive)\n") == 1, d.log()  # the new watch, whole
+        for i, folder in enumerate(later):
+            write_by_rename(folder / f"late{i}.jpg", jpeg_bytes(quadrant_frame()))
+        for i, folder in enumerate(later):
+            wait_for(lambda: (folder / f"late{i}_depth.jpg").exists(), what=f"the frame in {folder.name}")
+        assert "Traceback" not in d.log()
+    finally:
+        assert d.stop() == 0
+
+
 def test_a_watch_folder_refused_for_the_inotify_limit_is_said_once_and_scanned_not_waited_for(tmp_path, tiny_model):
     """A watch folder the kernel's inotify limit refused was said to be refused for "No space left on
     device" every second, the status said it was gone, and no frame in it was ever mapped."""

@@ -9,7 +9,8 @@ the frames it brought. A watch folder that is (or lies under) a symlink is
 watched through its real folder, and its events' paths are put back under
 the watch folder (`as_watched`). Under a recursive inotify watch, the folders
 the kernel does not watch (its limit on watches reached) are found from its
-own list (`coverage`), said once, and scanned every few seconds instead.
+own list (`coverage`), said once, and scanned every few seconds instead, until
+the limit lets the whole tree be watched (`_watch_whole`): no restart needed.
 """
 
 from __future__ import annotations
@@ -72,6 +73,11 @@ class WatchFolders:
         #: Watch folders refused for the inotify watch limit -> when they are scanned next: not
         #: gone, so their frames are found by a scan until a watch can be had.
         self._over_limit: dict[Path, float] = {}
+        #: Recursive watch folders the limit left watched in part -> the limit's value then: a
+        #: recursive watch is tried again when it is raised (and, for one whose folder alone is
+        #: watched, every few seconds: other programs may give watches back).
+        self._partial: dict[Path, int | None] = {}
+        self._next_try = 0.0
 
     def start(self) -> None:
         self._new_observer()
@@ -85,6 +91,7 @@ class WatchFolders:
         self.unwatched.clear()
         self._suspects.clear()
         self._over_limit.clear()
+        self._partial.clear()
         self._folders_came = True
         if observer is not None:
             observer.stop()
@@ -113,8 +120,11 @@ class WatchFolders:
                 return False
             how = (
                 f" (recursive, but only this folder is watched: {_refusal(exc)}; "
-                f"the folders under it are scanned every {COVERAGE_S:.0f} s)"
+                f"the folders under it are scanned every {COVERAGE_S:.0f} s until the limit allows more)"
             )
+            self._partial[root] = _limit()[1]
+        else:
+            self._partial.pop(root, None)
         self._refused.pop(root, None)
         if self._over_limit.pop(root, None) is not None:
             self.unwatched.pop(root, None)
@@ -199,17 +209,64 @@ class WatchFolders:
                 continue
             if current is not None:
                 log.warning("watch folder %s disappeared or was replaced; watching it again when it is back", shown(root))
-                try:
-                    self._observer.unschedule(current[0])
-                except Exception:  # the emitter may already be gone with its folder
-                    pass
+                self._unschedule(current[0])
                 del self._watches[root]
                 self._real.pop(root, None)
+                self._partial.pop(root, None)
             if ino is not None and self._watch(root):
                 self._scan_later(root)
             elif root in self._over_limit:
                 self._scan_over_limit(root, present=ino is not None)
+        self._watch_whole()
         self._check_coverage()
+
+    def _watch_whole(self) -> None:
+        """Watch a recursive watch folder whole that the inotify limit left watched in part, once the limit allows.
+
+        One whose folder alone is watched (the limit refused the recursive watch) gets a
+        recursive watch beside it, tried every few seconds and when the limit is raised:
+        watchdog gives a refused recursive watch's folders back, so a try that fails
+        costs nothing, and one that works replaces the single-folder watch with no
+        moment unwatched. One watched whole but for the folders made after the limit
+        was reached is watched anew when the limit is raised (not before: that would
+        give up the watches it has for a try that fails). Either way the folder is
+        scanned once after, for what came while its folders were not watched.
+        """
+        if not self._partial:
+            return
+        now = time.monotonic()
+        value = _limit()[1]
+        raised = [root for root, then in self._partial.items() if value is not None and (then is None or value > then)]
+        due = now >= self._next_try
+        if due:
+            self._next_try = now + COVERAGE_S
+        for root in tuple(self._partial):
+            current = self._watches.get(root)
+            if current is None or not (root in raised or (due and current[0].is_recursive is False)):
+                continue
+            self._partial[root] = value
+            if current[0].is_recursive:  # watched anew: its watch holds watches the new one needs
+                self._unschedule(current[0])
+                del self._watches[root]
+                if self._watch(root):
+                    self._scan_later(root)
+                continue
+            try:
+                whole = self._observer.schedule(self._handler, str(self._real.get(root, root)), recursive=True)
+            except OSError:
+                continue  # still over the limit: said once already
+            self._unschedule(current[0])
+            self._watches[root] = (whole, current[1])
+            del self._partial[root]
+            self._folders_came = True
+            log.info("watching %s whole now: the limit on inotify watches allows it", shown(root))
+            self._scan_later(root)
+
+    def _unschedule(self, watch: Any) -> None:
+        try:
+            self._observer.unschedule(watch)
+        except Exception:  # the emitter may already be gone with its folder
+            pass
 
     def _scan_over_limit(self, root: Path, present: bool) -> None:
         """A watch folder the inotify limit keeps unwatched: scanned every few seconds while it is there."""
@@ -250,8 +307,11 @@ class WatchFolders:
                 log.info("every folder under %s is watched again", shown(root))
             if lasting:
                 self.unwatched[root] = lasting
+                self._partial.setdefault(root, _limit()[1])
             else:
                 self.unwatched.pop(root, None)
+                if self._watches[root][0].is_recursive:
+                    self._partial.pop(root, None)
 
 
 def _limit() -> tuple[str, int | None]:
@@ -274,5 +334,5 @@ def _limit_reached(root: Path, count: int) -> str:
     return (
         f"{count} folder(s) under {shown(root)} are not watched: the system's limit on inotify watches is reached{now}; "
         f"frames in them are found by a scan every {COVERAGE_S:.0f} s instead. Raise it (sudo sysctl {name}=524288) "
-        "and restart depthwatch, or set watch.observer: polling"
+        "and they are watched, no restart needed; or set watch.observer: polling"
     )
