@@ -44,6 +44,10 @@ SCALE_PULL = 0.02
 FIDELITY = 0.95
 MOVING_PX = 0.75
 MIN_MOVING = 64
+#: Where the pull is ramped in, in MOVING_PX: from no pull at the first speed to the whole pull at the
+#: second, so no seam shows where the moving pixels end. Live from half MOVING_PX; the planner passes
+#: its own (`planner.BATCH_RAMP`).
+RAMP = (0.5, 1.0)
 
 
 def nearness_clip(clip: tuple[float, float] | None, output_kind: str) -> tuple[float, float] | None:
@@ -168,7 +172,13 @@ def blend(aligned: np.ndarray, carried: np.ndarray, trust: np.ndarray, span: flo
     return weight
 
 
-def keep_shape(filtered: np.ndarray, aligned: np.ndarray, motion: Motion | None, least: float = FIDELITY) -> np.ndarray:
+def keep_shape(
+    filtered: np.ndarray,
+    aligned: np.ndarray,
+    motion: Motion | None,
+    least: float = FIDELITY,
+    ramp: tuple[float, float] = RAMP,
+) -> np.ndarray:
     """`filtered` with its moving pixels pulled towards `aligned` just enough to correlate `least` with it there.
 
     Why: the filter carries each pixel's last map along the flow, which holds a
@@ -177,7 +187,7 @@ def keep_shape(filtered: np.ndarray, aligned: np.ndarray, motion: Motion | None,
     and trust gates limit that on average; this bounds it frame by frame, on
     the worst frames, where the gates cannot see it. The pull is the least
     share `t` of (aligned - filtered) that brings the correlation on the moving
-    pixels to `least`, applied to them alone (ramped in from half MOVING_PX),
+    pixels to `least`, applied to them alone (ramped in over `ramp`),
     so a frame whose subject already keeps its shape, and every still pixel,
     is left as it was. Correlation, not difference: the shot's scale and
     shift, which the filter is there to keep, do not count against it.
@@ -207,9 +217,10 @@ def keep_shape(filtered: np.ndarray, aligned: np.ndarray, motion: Motion | None,
     for _ in range(20):
         mid = (low + high) / 2
         low, high = (low, mid) if correlation(mid) >= least else (mid, high)
-    ramp = np.clip((speed - np.float32(MOVING_PX / 2)) * np.float32(2 / MOVING_PX), 0.0, 1.0)
-    ramp *= np.float32(high)
-    return filtered + ramp * (aligned - filtered)
+    start, full = ramp[0] * MOVING_PX, ramp[1] * MOVING_PX
+    share = np.clip((speed - np.float32(start)) * np.float32(1 / (full - start)), 0.0, 1.0)
+    share *= np.float32(high)
+    return filtered + share * (aligned - filtered)
 
 
 def stretch(aligned: np.ndarray, lo: float, hi: float) -> np.ndarray:
