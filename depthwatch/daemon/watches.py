@@ -74,10 +74,8 @@ class WatchFolders:
         #: gone, so their frames are found by a scan until a watch can be had.
         self._over_limit: dict[Path, float] = {}
         #: Recursive watch folders the limit left watched in part -> the limit's value then: a
-        #: recursive watch is tried again when it is raised (and, for one whose folder alone is
-        #: watched, every few seconds: other programs may give watches back).
+        #: recursive watch is tried again when it is raised.
         self._partial: dict[Path, int | None] = {}
-        self._next_try = 0.0
 
     def start(self) -> None:
         self._new_observer()
@@ -120,7 +118,7 @@ class WatchFolders:
                 return False
             how = (
                 f" (recursive, but only this folder is watched: {_refusal(exc)}; "
-                f"the folders under it are scanned every {COVERAGE_S:.0f} s until the limit allows more)"
+                f"the folders under it are scanned every {COVERAGE_S:.0f} s until the limit is raised)"
             )
             self._partial[root] = _limit()[1]
         else:
@@ -223,26 +221,21 @@ class WatchFolders:
     def _watch_whole(self) -> None:
         """Watch a recursive watch folder whole that the inotify limit left watched in part, once the limit allows.
 
-        One whose folder alone is watched (the limit refused the recursive watch) gets a
-        recursive watch beside it, tried every few seconds and when the limit is raised:
-        watchdog gives a refused recursive watch's folders back, so a try that fails
-        costs nothing, and one that works replaces the single-folder watch with no
-        moment unwatched. One watched whole but for the folders made after the limit
-        was reached is watched anew when the limit is raised (not before: that would
-        give up the watches it has for a try that fails). Either way the folder is
-        scanned once after, for what came while its folders were not watched.
+        Tried when the limit's value rises (what the warning asks for), not on a timer:
+        a try takes every watch the limit has left while it walks the tree, and another
+        program of the user's asking for one meanwhile would be refused. One whose
+        folder alone is watched (the limit refused the recursive watch) gets a recursive
+        watch beside it (watchdog gives a refused one's watches back), which then
+        replaces the single-folder watch with no moment unwatched. One watched whole but
+        for the folders made after the limit was reached is watched anew. Either way the
+        folder is scanned once after, for what came while its folders were not watched.
         """
         if not self._partial:
             return
-        now = time.monotonic()
         value = _limit()[1]
-        raised = [root for root, then in self._partial.items() if value is not None and (then is None or value > then)]
-        due = now >= self._next_try
-        if due:
-            self._next_try = now + COVERAGE_S
-        for root in tuple(self._partial):
+        for root, then in tuple(self._partial.items()):
             current = self._watches.get(root)
-            if current is None or not (root in raised or (due and current[0].is_recursive is False)):
+            if current is None or value is None or (then is not None and value <= then):
                 continue
             self._partial[root] = value
             if current[0].is_recursive:  # watched anew: its watch holds watches the new one needs
