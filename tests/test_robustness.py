@@ -241,18 +241,24 @@ def _watch_limit(watches: int) -> tuple[str, ...]:
     return ("unshare", "--user", "--map-root-user", "sh", "-c", script, "sh")
 
 
+def _recursive_over_the_limit(tmp_path: Path, model: Path, shots: int, watches: int) -> tuple[Path, list[Path], DaemonProcess]:
+    """A running daemon watching `watch/` recursively (its `shots` shot folders made first), allowed `watches` watches."""
+    watch = tmp_path / "watch"
+    folders = [watch / f"shot{i:02d}" for i in range(shots)]
+    for folder in folders:
+        folder.mkdir(parents=True)
+    d = DaemonProcess(
+        tmp_path, model, wrapper=_watch_limit(watches),
+        watch={"recursive": True, "patterns": ["*.jpg"], "incomplete_timeout_s": 1}, output={"template": "{stem}_depth.jpg"},
+    ).start()
+    return watch, folders, d
+
+
 def test_folders_beyond_the_inotify_watch_limit_are_said_and_scanned_not_silently_dropped(tmp_path, tiny_model):
     """watchdog skips a folder it cannot watch without a word: the frames of a recursive watch's
     folders beyond the user's inotify limit (8192 on many systems, shared with every program)
     were never mapped, and the daemon said it was watching."""
-    watch = tmp_path / "watch"
-    shots = [watch / f"shot{i:02d}" for i in range(8)]
-    for shot in shots:
-        shot.mkdir(parents=True)
-    d = DaemonProcess(
-        tmp_path, tiny_model, wrapper=_watch_limit(3),
-        watch={"recursive": True, "patterns": ["*.jpg"], "incomplete_timeout_s": 1}, output={"template": "{stem}_depth.jpg"},
-    ).start()
+    watch, shots, d = _recursive_over_the_limit(tmp_path, tiny_model, shots=8, watches=3)
     try:
         late = watch / "late"
         late.mkdir()  # a folder made while running, beyond the limit too
@@ -290,14 +296,7 @@ def _raise_watch_limit(daemon: DaemonProcess, watches: int) -> None:
 def test_a_recursive_watch_cut_short_by_the_inotify_limit_is_watched_whole_once_the_limit_is_raised(tmp_path, tiny_model):
     """The limit's warning said "raise it and restart depthwatch": raised, nothing changed until a
     restart, and the folders under the watch folder were scanned every 5 s instead of watched."""
-    watch = tmp_path / "watch"
-    shots = [watch / f"shot{i}" for i in range(6)]
-    for shot in shots:
-        shot.mkdir(parents=True)
-    d = DaemonProcess(
-        tmp_path, tiny_model, wrapper=_watch_limit(3),
-        watch={"recursive": True, "patterns": ["*.jpg"], "incomplete_timeout_s": 1}, output={"template": "{stem}_depth.jpg"},
-    ).start()
+    watch, shots, d = _recursive_over_the_limit(tmp_path, tiny_model, shots=6, watches=3)
     try:
         unwatched = lambda: d.status().get("unwatched", {}).get(str(watch), 0)  # noqa: E731
         # Refused whole (7 folders, 3 watches): the folder alone is watched, the six shots are scanned.
