@@ -300,7 +300,8 @@ class WatchFolders:
                 log.info("every folder under %s is watched again", shown(root))
             if lasting:
                 self.unwatched[root] = lasting
-                self._partial.setdefault(root, _limit()[1])
+                if root not in self._partial:  # the limit's value when it first fell short, read once
+                    self._partial[root] = _limit()[1]
             else:
                 self.unwatched.pop(root, None)
                 if self._watches[root][0].is_recursive:
