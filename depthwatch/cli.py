@@ -20,23 +20,47 @@ from pathlib import Path
 from depthwatch import __version__
 from depthwatch.errors import DepthwatchError
 
+# numpy's BLAS (OpenBLAS) starts a thread per core as it loads, each busy for a moment: about
+# 0.05 s of CPU at every start for nothing, since depthwatch multiplies only short vectors, and
+# the cores belong to the inference. One thread, unless the user's environment says otherwise.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 #: Subcommands, each a module in depthwatch.commands with HELP, add_arguments() and main().
 COMMANDS = ("run", "once", "worker", "check", "status", "models", "service")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for `argv`: with the subcommand it names, only that one's module is imported.
+
+    Why: a command module brings in what it runs (run, once, worker and check:
+    numpy, OpenCV, the config's checks; about 0.2 s of CPU at every start), and
+    `depthwatch status` needs none of it. The other subcommands are still
+    known by name, so a misspelt one is refused with the list; the help that
+    lists them all (no subcommand named) imports every module for its line,
+    as does `argv` None.
+    """
     parser = argparse.ArgumentParser(
         prog="depthwatch",
         description="Watch folders for video frames and write their depth maps next to them.",
     )
     parser.add_argument("--version", action="version", version=f"depthwatch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    named = None if argv is None else _named_command(argv)
     for name in COMMANDS:
+        if named is not None and name != named:
+            sub.add_parser(name)
+            continue
         module = importlib.import_module(f"depthwatch.commands.{name}")
         command = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(command)
         command.set_defaults(func=module.main)
     return parser
+
+
+def _named_command(argv: Sequence[str]) -> str | None:
+    """The subcommand `argv` runs (its first word that is not an option), if it is one of COMMANDS."""
+    first = next((arg for arg in argv if not arg.startswith("-")), None)
+    return first if first in COMMANDS else None
 
 
 def setup_logging(level: str = "info") -> bool:
@@ -89,7 +113,8 @@ def _interrupted(args: argparse.Namespace, how: str = "Ctrl-C") -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     to_file = setup_logging(getattr(args, "log_level", None) or "info")
     if args.command == "once" and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)  # the daemon and the worker handle their own
