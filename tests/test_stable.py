@@ -518,7 +518,9 @@ def on_footage(model: Path, segment: footage.Segment) -> dict[str, tuple[float, 
 #: live and batch, the moving pixels' median and 10th percentile floor): the targets, 0.32x / 0.23x
 #: and 0.95 / 0.88, met on each (the animation's batch p10 was 0.880 before the planner's finer flow, 0.883
 #: with it, 0.885 with its medium preset and narrower agreement; the street's batch warp error 0.229x -> 0.217x).
-#: The same street reframed (zoom 1.3) misses, live and batch (its maps wash out): docs/stable.md, "Still missed".
+#: The same street reframed (zoom 1.3) misses live (its maps wash out), and in batch its median is just under 0.95
+#: at this size from raw frames (0.948; 0.953 from JPEG frames as `once` reads them): docs/stable.md, "The planner's
+#: flow at the thumbnail".
 KINDS = {
     "street, static camera, people walking": (footage.Segment("bikes", 76, 136), (0.32, 0.23), (0.95, 0.88)),
     "handheld": (footage.Segment("carphone_pristine", 0, 60), (0.32, 0.23), (0.95, 0.88)),
@@ -553,6 +555,19 @@ def test_moving_subjects_follow_their_own_frame_while_the_scene_holds(fastdepth,
         assert contrast >= (CONTRAST_FLOOR_LIVE if mode == "live" else CONTRAST_FLOOR_BATCH), (mode, contrast)
 
 
+def test_the_planner_follows_a_walker_with_the_flow_at_the_thumbnail(fastdepth):
+    """The street (static camera, people walking), batch: the planner's flow at the thumbnail itself
+    (`motion.BATCH_FLOW_SCALE`), not half of it, carries the walkers' maps where they went, so the
+    floor under moving pixels (`planner.BATCH_FIDELITY`) can be higher for the same flicker. The worst
+    tenth of frames on moving pixels: 0.931 with the flow at half the thumbnail, 0.951 with it; the
+    warp error 0.180x both ways."""
+    street = footage.Segment("bikes", 76, 136)
+    ratio, moving, contrast = on_footage(fastdepth, street)["batch"]
+    print(f"batch: warp error {ratio:.3f}x, moving pixels median {np.median(moving):.3f}, p10 {np.percentile(moving, 10):.3f}")
+    assert np.percentile(moving, 10) >= 0.94 and np.median(moving) >= 0.95
+    assert ratio <= 0.23 and contrast >= CONTRAST_FLOOR_BATCH
+
+
 def test_a_shot_whose_scale_drifts_keeps_its_contrast(fastdepth):
     """The tests' street shot reframed (zoom 1.3, left): the fit's scale, chained frame to frame, halves
     through the shot, and the shot's grey range, which stays put, washed the maps out (0.61 of the bare
@@ -561,7 +576,7 @@ def test_a_shot_whose_scale_drifts_keeps_its_contrast(fastdepth):
     """
     crop = footage.Segment("bikes", 76, 136, zoom=1.3, fx=0.2)
     for (mode, (ratio, moving, contrast)), least in zip(on_footage(fastdepth, crop).items(), (0.67, 0.83)):
-        print(f"{mode}: contrast {contrast:.2f}, warp error {ratio:.3f}x, moving pixels p10 {np.percentile(moving, 10):.3f}")
+        print(f"{mode}: contrast {contrast:.2f}, warp error {ratio:.3f}x, moving pixels median {np.median(moving):.3f}, p10 {np.percentile(moving, 10):.3f}")
         assert contrast >= least, (mode, contrast)
         assert ratio <= (0.32 if mode == "live" else 0.23) and np.percentile(moving, 10) >= 0.85, mode
 

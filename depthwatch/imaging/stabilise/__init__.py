@@ -14,10 +14,11 @@ How, for each frame after a shot's first (the same steps live and offline):
    grey thumbnail (THUMB_WIDTH wide, the frame's own aspect) and this one's,
    forward and backward. A pixel whose flow comes back to where it started
    (`consistent`) is a scene point seen in both frames; the rest is occluded,
-   coming into view, or moving too fast to follow. Down to half the thumbnail with
-   the medium preset (`motion.FLOW_SCALE`, `motion.FLOW_PRESET`), live and offline alike;
-   live without its variational refinement (`motion.LIVE_REFINEMENT`), which costs about
-   what the quarter-scale fast flow it replaced did; offline with it, about 2 ms more a frame.
+   coming into view, or moving too fast to follow. With the medium preset
+   (`motion.FLOW_PRESET`): live down to half the thumbnail (`motion.FLOW_SCALE`) and
+   without its variational refinement (`motion.LIVE_REFINEMENT`), which costs about
+   what the quarter-scale fast flow it replaced did; offline down to the thumbnail
+   itself (`motion.BATCH_FLOW_SCALE`) and refined, about 6 ms more a frame.
 2. Cut (`motion.Motion.score`): a bad alignment alone is not a cut. A cut is a frame
    that the flow cannot explain (most pixels inconsistent, and the previous
    frame warped by the flow leaves a large photometric residual) AND whose
@@ -52,7 +53,8 @@ How, for each frame after a shot's first (the same steps live and offline):
    uncovers take the new prediction, so nothing lags or ghosts. Offline, a backward pass pulls each map towards the
    LAG frames after it as well. Last (`alignment.keep_shape`), the pixels that move are pulled
    back towards the frame's own map where the filter left them correlating less than FIDELITY
-   with it: the lag is bounded frame by frame, so the gates can hold the still scene harder.
+   (offline `planner.BATCH_FIDELITY`) with it: the lag is bounded frame by frame, so the
+   gates can hold the still scene harder.
 5. The grey range is the frame statistic (min and max, or `clip_percent`
    percentiles) of the filtered map; live it follows the shot through an
    exponential moving average, offline it is the mean over the frames around it.

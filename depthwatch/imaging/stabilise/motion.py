@@ -19,11 +19,20 @@ import numpy as np
 
 #: The colour thumbnail motion and cuts are measured on: this wide, the frame's own aspect.
 THUMB_WIDTH = 160
-#: DIS optical flow down to half the thumbnail (DIS's finest pyramid level 1, not the preset's 2),
-#: with the medium preset (larger patches, more iterations), live and offline alike. A subject's
-#: edges and the scene behind it are followed where the quarter-scale fast flow smeared them, so
-#: the carried map lands where the scene went and a moving subject takes its own frame's map.
+#: DIS optical flow with the medium preset (larger patches, more iterations), live down to half the
+#: thumbnail (DIS's finest pyramid level 1, the preset's own). A subject's edges and the scene behind
+#: it are followed where the quarter-scale fast flow smeared them, so the carried map lands where the
+#: scene went and a moving subject takes its own frame's map.
 FLOW_SCALE = 1
+#: Offline down to the thumbnail itself (level 0): the planner's two passes carry every map along
+#: the flow twice, so a flow twice as fine on a walker's limbs and a car's edges shows twice. On
+#: twenty-nine real clips, with planner.BATCH_FIDELITY and BATCH_RAMP chosen with it: every clip
+#: inside the batch targets (worst warp error 0.229x, lowest median and worst tenth on moving
+#: pixels 0.953 and 0.885; were 0.229x, 0.936 and 0.868; the street crop at 320x180 is still under
+#: them, 0.920 and 0.877). The planner's cost a frame at 1080p: 8.5 -> 13.0 ms, 16 -> 25 ms of CPU
+#: (docs/stable.md, "The planner's flow at the thumbnail"). Live it would cost 4 ms on every frame
+#: for 0.011x on the worst clip: not kept.
+BATCH_FLOW_SCALE = 0
 FLOW_PRESET = cv2.DISOPTICAL_FLOW_PRESET_MEDIUM
 #: Live, without the variational refinement at each level (the preset's 5 iterations): it is about
 #: half the flow's cost at half the thumbnail, and live the maps are as good without it. With
@@ -67,14 +76,19 @@ BATCH_SCORE = 0.8
 #: Offline: a jump cut (the same set-up a moment later: an interview trimmed, a take shortened)
 #: keeps the colours and much of the picture, so it scores under a cut; but the flow fails on
 #: that one frame far more than on the frames around it, where motion fails it on a run of
-#: frames. A frame whose `Motion.failure` is JUMP_FAILURE or more and JUMP_STAND_OUT times the
-#: mean of its LOOKAHEAD neighbours' on each side is a cut. Chosen on real footage (the edits of
+#: frames. A frame whose `Motion.failure` is JUMP_FAILURE or more (the planner's own floor since
+#: its flow became finer: BATCH_JUMP_FAILURE) and JUMP_STAND_OUT times the mean of its LOOKAHEAD
+#: neighbours' on each side is a cut. Chosen on real footage (the edits of
 #: benchmarks.cuts and the clips of benchmarks.stable, about 6,000 frames): the jumps fail 0.13 or
 #: more and stand out 2.6-13x; nothing else failing 0.12 or more stands out over 2.2x (under the
 #: floor, frames that hardly fail stand out up to 3.0x). `python -m benchmarks.cuts --jumps`;
 #: docs/stable.md, "Jump cuts". Live a jump is no cut (see `is_new_picture` and JUMP_LIVE).
 JUMP_FAILURE = 0.12
 JUMP_STAND_OUT = 2.4
+#: The planner's own floor, since its flow is finer (BATCH_FLOW_SCALE) and fails less: one jump of
+#: benchmarks.cuts' failed 0.111 with it (0.131 at half the thumbnail). With 0.10 the jumps found are
+#: as before, and nothing else failing 0.10 or more stands out over 2.03x (was 2.15x at 0.12).
+BATCH_JUMP_FAILURE = 0.10
 #: Live, with no frame after to compare: a frame (JUMP_FAILURE or more) whose residual and whose
 #: failure are both JUMP_LIVE times the median of the shot's last JUMP_HISTORY frames' (at least
 #: JUMP_KNOWN of them) jumped (`is_jump`): an edit's jump cut, or an editor scrubbing to another
@@ -155,7 +169,7 @@ def _dis(live: bool) -> Any:
     dis = getattr(_flow, name, None)
     if dis is None:
         dis = cv2.DISOpticalFlow_create(FLOW_PRESET)
-        dis.setFinestScale(FLOW_SCALE)
+        dis.setFinestScale(FLOW_SCALE if live else BATCH_FLOW_SCALE)
         if live:
             dis.setVariationalRefinementIterations(LIVE_REFINEMENT)
         setattr(_flow, name, dis)
@@ -388,7 +402,7 @@ def is_cut(motions: Mapping[int, Motion | None], t: int) -> bool:
     LOOKAHEAD frames on each side: a cut is one frame the flow cannot explain,
     where fast motion makes several in a row. And a jump cut, whose content
     hardly changes, is one whose flow fails JUMP_STAND_OUT times more than
-    its neighbours' (JUMP_FAILURE or more).
+    its neighbours' (BATCH_JUMP_FAILURE or more).
     """
     motion = motions.get(t)
     if motion is None:
@@ -399,7 +413,7 @@ def is_cut(motions: Mapping[int, Motion | None], t: int) -> bool:
     if s >= BATCH_SCORE and s >= STAND_OUT * _mean_around(motions, t, "score"):
         return True
     failure = motion.failure
-    return failure >= JUMP_FAILURE and failure >= JUMP_STAND_OUT * _mean_around(motions, t, "failure")
+    return failure >= BATCH_JUMP_FAILURE and failure >= JUMP_STAND_OUT * _mean_around(motions, t, "failure")
 
 
 def failure_stand_out(motions: Mapping[int, Motion | None], t: int) -> float:
