@@ -72,7 +72,7 @@ def test_a_model_edit_undone_while_it_loads_leaves_the_model_in_service(tmp_path
 
     from depthwatch.frames import provenance
 
-    slow = slow_model(tmp_path / "slow.onnx", seconds=1.5)  # its load's warm-up run: a second and a half
+    slow = slow_model(tmp_path / "slow.onnx", seconds=1.5)  # a second and a half a frame; its warm-up (zeros) may be quicker
     d = DaemonProcess(tmp_path, tiny_model).start()
     try:
         edit(d, lambda c: c["model"].update(path=str(slow)))
@@ -81,7 +81,7 @@ def test_a_model_edit_undone_while_it_loads_leaves_the_model_in_service(tmp_path
         loads(d, 3)
         # Withdrawn while it loaded (the usual case), or swapped in just before the edit was read and
         # then swapped out again: either way, the model the config names ends up in service.
-        wait_for(lambda: "not using slow.onnx: the config no longer names it; keeping tiny.onnx" in d.log() or "now using tiny.onnx" in d.log(),
+        wait_for(lambda: "not using slow.onnx: the config no longer names it; keeping tiny.onnx" in d.log() or "now using model tiny.onnx" in d.log(),
                  what="the model the config names, in service")
         status = d.status()
         assert status["model"] == str(tiny_model) and status.get("model_error") is None and status.get("config_error") is None
