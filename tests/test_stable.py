@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import cv2
@@ -381,6 +383,32 @@ def test_work_done_ahead_of_the_model_gives_the_very_same_maps_also_when_the_sho
         assert (again.shot.shot, again.shot.started) == (made.shot.shot, made.shot.started) == (1, "new" if k == 0 else "")
         assert plain.landed(out, made.shot) and early.landed(out, again.shot)
     assert stale.shot.since is not None and stale.shot.since is not early.state(out)
+
+
+def test_an_idle_worker_beside_the_frame_changes_who_does_the_work_never_the_map():
+    """`beside` (the pipeline's idle worker) encodes half the JPEG: same bytes, same shot."""
+    photo = cv2.resize(data.astronaut()[:, :, ::-1], (480, 270), interpolation=cv2.INTER_AREA)
+    yy, xx = np.mgrid[0:64, 0:64].astype(np.float32)
+    options = render.RenderOptions()
+    out = Path("depth.jpg")
+    plain, shared = stabilise.Stabiliser(), stabilise.Stabiliser()
+    ran_beside = []
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="idle-worker") as pool:
+
+        def beside(fn):
+            return pool.submit(lambda: ran_beside.append(threading.current_thread().name) or fn())
+
+        for k in range(4):
+            frame = codec.Decoded(np.ascontiguousarray(np.roll(photo, 4 * k, axis=1)), (1920, 1080), "jpeg")
+            depth = (2.0 + 2.0 * (1 - yy / 64) + 0.5 * np.sin((xx - k) / 9.0)) * (1 + 0.03 * k)
+            made = render.depth_map(depth, DEPTH, frame, ext=".jpg", options=options,
+                                    stable=render.Stable(plain, out, 1, k + 1))
+            again = render.depth_map(depth, DEPTH, frame, ext=".jpg", options=options,
+                                     stable=render.Stable(shared, out, 1, k + 1), beside=beside)
+            assert again.data == made.data, k
+            assert plain.landed(out, made.shot) and shared.landed(out, again.shot)
+    assert len(ran_beside) == 4  # offered: the JPEG's lower strip, each frame
+    assert all(name.startswith("idle-worker") for name in ran_beside)
 
 
 def planned(frames: list[tuple[np.ndarray, np.ndarray]], **kwargs) -> list[tuple[int, np.ndarray, bool]]:

@@ -52,6 +52,7 @@ from depthwatch.frames.result import Result
 from depthwatch.frames.settings import Settings
 from depthwatch.frames.writer import atomic_write, ensure_folder
 from depthwatch.imaging import normalise, stabilise, tensor
+from depthwatch.imaging.beside import Beside
 from depthwatch.imaging.render import Stable, ahead, depth_map
 from depthwatch.logtext import shown
 from depthwatch.model.contract import NHWC
@@ -96,6 +97,7 @@ class Pipeline:
         self._held_slots = threading.Semaphore(self.held_in_flight)
         #: Images in memory in flight, by their future (see `cancel`).
         self._held: dict[Future[Result], FrameInFlight] = {}
+        self._workers = workers
         self._pool = ThreadPoolExecutor(
             max_workers=workers,
             thread_name_prefix="depthwatch-worker",
@@ -406,6 +408,7 @@ class Pipeline:
                 stable=self._stable(frame, info),
                 lap=frame.lap,
                 ahead=frame.ahead,
+                beside=self._spare_worker(),
             )
             frame.decoded = None
             if job.output is None:  # an image in memory: the map goes back to whoever asked
@@ -420,6 +423,17 @@ class Pipeline:
             frame.future.set_result(result)
         except Exception as exc:
             self._fail(frame, exc)
+
+    def _spare_worker(self) -> Beside | None:
+        """A worker with nothing to do, when this frame is the only one in flight (else None).
+
+        Why: a frame on its own (an editor's drop, an API request) leaves the
+        other workers idle while its map is encoded; with a burst every worker
+        has a frame of its own, and splitting work would only add hand-offs.
+        """
+        if self._workers < 2 or self._pending > 1:
+            return None
+        return self._pool.submit
 
     def _write(self, frame: FrameInFlight, output: Path, encoded: bytes) -> None:
         """The map (and its sidecar) onto disk, unless a newer job's map got there first."""

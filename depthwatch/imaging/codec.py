@@ -20,7 +20,8 @@ import numpy as np
 import simplejpeg
 
 from depthwatch.errors import FrameError
-from depthwatch.imaging import exr, formats, plates
+from depthwatch.imaging import exr, formats, jpegstrips, plates
+from depthwatch.imaging.beside import Beside
 from depthwatch.imaging.formats import OUTPUT_FORMATS
 from depthwatch.logtext import amount
 
@@ -276,13 +277,16 @@ def encode(
     exr_options: ExrOptions = ExrOptions(),
     exr_windows: exr.Windows | None = None,
     exr_frame: exr.FrameMeta | None = None,
+    beside: Beside | None = None,
 ) -> bytes:
     """Encode a depth map for an output whose name ends in `ext`, at the depth the format holds.
 
     uint8, uint16 or float32 maps (float in [0, 1]); JPEG takes 8 bits, PNG up to
     16, TIFF keeps float32 as it is (no quantisation), EXR too (channel Z, float32
     or half: `exr.encode`), with an EXR frame's data and display windows if given,
-    and a clip's frame's timecode, rate and pixel aspect (`exr_frame`).
+    and a clip's frame's timecode, rate and pixel aspect (`exr_frame`). A grey
+    JPEG restarts at every block row and may be encoded in two strips, one on
+    another thread (`beside`; see `jpegstrips`): the same bytes either way.
     """
     kind = OUTPUT_FORMATS.get(ext.lower())
     if kind is None:
@@ -300,6 +304,11 @@ def encode(
         depth = on_display_window(depth, exr_windows)
     if kind == ".jpg":
         depth = _as_integer(depth, 8)
+        if depth.ndim == 2:
+            try:
+                return jpegstrips.encode(depth, jpeg_quality, beside)
+            except ValueError:
+                raise FrameError("could not encode the depth map as .jpg") from None
         params = [cv2.IMWRITE_JPEG_QUALITY, int(jpeg_quality)]
     elif kind == ".png":
         depth = _as_integer(depth, 16)

@@ -23,6 +23,7 @@ import cv2
 import numpy as np
 
 from depthwatch.imaging import codec, normalise, refine, stabilise
+from depthwatch.imaging.beside import Beside
 from depthwatch.imaging.levels import Levels
 from depthwatch.imaging.levels import apply as apply_levels
 
@@ -123,6 +124,7 @@ def depth_map(
     stable: Stable | None = None,
     lap: Callable[[str], None] | None = None,
     ahead: Ahead | None = None,
+    beside: Beside | None = None,
 ) -> DepthMap:
     """The whole chain for one frame: `prediction` (model resolution) -> the bytes of a map named `*ext`.
 
@@ -133,7 +135,10 @@ def depth_map(
     normalising is skipped. `stable`: normalise against the output's shot so
     far instead of this frame alone. `lap(stage)` is called as each of
     normalise, render and encode ends (stage timings). `ahead`: this frame's
-    `ahead`, made while the model ran.
+    `ahead`, made while the model ran. `beside`: an idle thread that may encode
+    half the map (`codec.encode`); the bytes are the same without it. (The
+    refine guide made there while this one normalises measured no gain: the
+    shot's flow already keeps both cores busy.)
     """
     guide = frame.image
     shot = None
@@ -166,6 +171,7 @@ def depth_map(
         exr_options=encoding.exr,
         exr_windows=frame.windows,
         exr_frame=frame.exr_frame,
+        beside=beside,
     )
     if lap is not None:
         lap("encode")
