@@ -3,10 +3,10 @@
 Why: a frame on its own (an editor's drop, an API request) goes through its
 stages one after another on one worker while the other core waits. Some of
 that work splits in two (a JPEG's upper and lower strips: `jpegstrips`), and
-the pipeline's idle worker can do one half. Waiting on a
-pool's future from a pool thread could wait for ever (every worker waiting on
-work queued behind it), so the caller never waits for work that has not
-started: `take` runs it on the spot unless another thread already has it.
+the pipeline's idle worker can do one half. Waiting on a pool's future from a
+pool thread could wait for ever (every worker waiting on work queued behind
+it), so the caller never waits for work that has not started: `take` runs it
+on the spot unless another thread already has it.
 """
 
 from __future__ import annotations
