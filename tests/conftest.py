@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +22,14 @@ import pytest
 # depthwatch/__init__.py): the tests import onnxruntime before depthwatch. A test that checks
 # depthwatch switches it off itself takes the variable out of its daemon's environment.
 os.environ["ORT_DISABLE_TELEMETRY"] = "1"
+
+# A suite started in the background by a non-interactive shell (`pytest &` in a script, a CI
+# runner) inherits SIGINT ignored, and every program it starts would too: `once` then rightly
+# keeps it ignored, as a background job should, and the tests that press Ctrl-C saw exit 0.
+# Those tests stand for an editor at a terminal, whose programs start with SIGINT at its default.
+# (`service logs -f` takes Ctrl-C whatever it inherits: tests/test_launchd.py checks both ways.)
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The test helpers beside this file, and the repository root for `benchmarks` (whose
 # daemon harness the tests share), however pytest was started.

@@ -389,6 +389,26 @@ def test_a_dead_writers_temporary_sequence_folder_is_swept(tmp_path: Path) -> No
     assert (tmp_path / ".notes.dwtmp").exists()
 
 
+@pytest.mark.parametrize("kind", [("mov", "no_such_encoder"), ("no_such_container", "prores_aw")], ids=["encoder", "container"])
+def test_a_clip_writer_that_cannot_start_leaves_no_file(tmp_path: Path, kind: tuple[str, str]) -> None:
+    """The writer creates its file first; one that cannot start (an encoder or a container FFmpeg refuses,
+    or a farm manager's SIGTERM arriving meanwhile) had no caller to remove it yet: a range task cancelled
+    that way left its partial segment (seen on a loaded AVX2 machine, one run in three)."""
+    from depthwatch.imaging import clipwrite
+    from depthwatch.imaging.video import ClipInfo
+
+    container, encoder = kind
+    info = ClipInfo(96, 64, Fraction(24), 10, None, None, "prores")
+    target = tmp_path / ".segment.part"
+    with pytest.raises(Exception):
+        clipwrite.ClipWriter(target, clipwrite.Kind(container, encoder, "yuv422p10le"), info)
+    assert list(tmp_path.iterdir()) == []
+    # Its name is free again: a writer made next there starts.
+    writer = clipwrite.ClipWriter(target, clipwrite.KINDS[".mov"], info)
+    writer.abort()
+    assert target.exists()
+
+
 def test_the_farm_clients_sweep_takes_a_killed_joins_temporary_sequence_folder_and_only_depthwatchs_files(
     tmp_path: Path,
 ) -> None:

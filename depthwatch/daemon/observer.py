@@ -14,7 +14,16 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirMovedEvent,
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
@@ -44,6 +53,21 @@ def trusts_close_events(observer: Any) -> bool:
     except ImportError:  # not Linux
         return False
     return isinstance(observer, InotifyObserver)
+
+
+#: The events the watcher acts on where close events are trusted (`Watcher.on_event`). Asked of
+#: inotify alone, the kernel sends no others: every frame the daemon reads (open, close without
+#: writing), every map it writes (open, each write's modify) and every folder it syncs raised events
+#: that watchdog's threads turned into objects, grouped and queued, only for the handler to drop
+#: them. Not asked for, watchdog's threads spend 1.0-1.15 ms of CPU a frame in a burst of 1080p
+#: frames, where they spent 1.8-2.0 (600 frames, a fast model, three runs each).
+TRUSTED_EVENTS = (FileCreatedEvent, FileClosedEvent, FileMovedEvent, DirCreatedEvent, DirMovedEvent, DirDeletedEvent)
+
+
+def wanted_events(observer: Any) -> list[type[FileSystemEvent]] | None:
+    """The `event_filter` to schedule watches with on `observer`: None (every event) where the
+    watcher settles files by their changes (polling, FSEvents), which a modify event moves on."""
+    return list(TRUSTED_EVENTS) if trusts_close_events(observer) else None
 
 
 def start_observer(config: WatchConfig) -> Any:

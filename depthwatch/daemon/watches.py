@@ -28,7 +28,7 @@ from watchdog.events import FileSystemEventHandler
 
 from depthwatch.config import WatchConfig
 from depthwatch.daemon import coverage
-from depthwatch.daemon.observer import start_observer, trusts_close_events
+from depthwatch.daemon.observer import start_observer, trusts_close_events, wanted_events
 from depthwatch.frames.rules import Rules
 from depthwatch.logtext import shown
 
@@ -110,7 +110,7 @@ class WatchFolders:
             self._real[root] = real  # before the first event can come
         how = " (recursive)" if self.rules.recursive else ""
         try:
-            watch = self._observer.schedule(self._handler, str(real), recursive=self.rules.recursive)
+            watch = self._schedule(real, self.rules.recursive)
         except OSError as exc:
             watch = self._watch_top_only(real, exc)
             if watch is None:
@@ -163,7 +163,7 @@ class WatchFolders:
         if not (self.rules.recursive and exc.errno == errno.ENOSPC):
             return None
         try:
-            return self._observer.schedule(self._handler, str(real), recursive=False)
+            return self._schedule(real, False)
         except OSError:
             return None
 
@@ -245,7 +245,7 @@ class WatchFolders:
                     self._scan_later(root)
                 continue
             try:
-                whole = self._observer.schedule(self._handler, str(self._real.get(root, root)), recursive=True)
+                whole = self._schedule(self._real.get(root, root), True)
             except OSError:
                 continue  # still over the limit: said once already
             self._unschedule(current[0])
@@ -254,6 +254,9 @@ class WatchFolders:
             self._folders_came = True
             log.info("watching %s whole now: the limit on inotify watches allows it", shown(root))
             self._scan_later(root)
+
+    def _schedule(self, folder: Path, recursive: bool) -> Any:
+        return self._observer.schedule(self._handler, str(folder), recursive=recursive, event_filter=wanted_events(self._observer))
 
     def _unschedule(self, watch: Any) -> None:
         try:

@@ -108,17 +108,20 @@ def make_range(job: ClipJob, spec: set[int], engine: Engine, settings: Settings,
         planned = ((k, image, normalise.frame(p, kind_out, clip_percent)) for k, image, p in frames)
     options = replace(settings.render, bits=16)
     temp = segments.part_for(target)
-    writer = clipwrite.ClipWriter(temp, kind, replace(meta, timecode=None))
-    try:
+    writer: clipwrite.ClipWriter | None = None
+    try:  # the writer made inside: a SIGTERM as it returns still finds its file removed
+        writer = clipwrite.ClipWriter(temp, kind, replace(meta, timecode=None))
         for k, image, nearness in planned:
             if a <= k < b:
                 writer.write(meta.stored(render.render(nearness, meta.shown_size, options, guide=image)))
             if k == b - 1:
                 break  # the margin after the range has done its part: no more decoding
         writer.close()
+        writer = None
         os.replace(temp, target)
     except BaseException:
-        writer.abort()
+        if writer is not None:
+            writer.abort()
         temp.unlink(missing_ok=True)
         raise
     return f"{shown(job.source.name)}: {numbers}: segment written ({b - a} frames, planned from frames {settings.first_frame + lo}-{settings.first_frame + hi - 1})"

@@ -198,7 +198,8 @@ class ClipWriter:
     """Encodes depth maps (uint16 [H, W], 0 = far unless inverted) into one clip file.
 
     `close()` flushes the encoder and finishes the container; `abort()` drops it
-    (the caller removes the file). Either way the file is closed.
+    (the caller removes the file). Either way the file is closed. A writer
+    whose constructor raises has removed the file it created.
     """
 
     def __init__(
@@ -220,13 +221,17 @@ class ClipWriter:
         if kind.pix_fmt == "yuv420p" and h % 2:
             raise FrameError(f"{kind.label} needs an even height, and the clip is {w}x{h}; write .mov or .mkv instead")
         try:
-            self._file = _SyncedFile(open(path, "xb"))
+            raw = open(path, "xb")
         except OSError as exc:
             raise OutputError(f"cannot create {path.name} in {path.parent}: {exc.strerror or exc}") from None
+        # From here the file is this writer's own: a writer that does not start (a codec refused, or the
+        # SIGTERM a farm manager cancels a task with, arriving now) removes it, as no caller holds it yet.
         try:
+            self._file = _SyncedFile(raw)
             self._container = av.open(self._file, "w", format=kind.container)
         except BaseException:
-            self._file.close()
+            raw.close()
+            path.unlink(missing_ok=True)
             raise
         try:
             stream = self._container.add_stream(kind.codec, rate=info.rate, options=dict(kind.options))
@@ -255,8 +260,11 @@ class ClipWriter:
             self._stream = stream
             self._time_base = stream.time_base
         except BaseException:
-            self._container.close()
-            self._file.close()
+            try:
+                self._container.close()
+            finally:
+                self._file.close()
+                path.unlink(missing_ok=True)
             raise
 
     def write(self, depth: np.ndarray) -> None:
