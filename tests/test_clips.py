@@ -400,7 +400,7 @@ def test_a_clip_writer_that_cannot_start_leaves_no_file(tmp_path: Path, kind: tu
     container, encoder = kind
     info = ClipInfo(96, 64, Fraction(24), 10, None, None, "prores")
     target = tmp_path / ".segment.part"
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match="no_such"):  # FFmpeg's refusal, as PyAV raises it
         clipwrite.ClipWriter(target, clipwrite.Kind(container, encoder, "yuv422p10le"), info)
     assert list(tmp_path.iterdir()) == []
     # Its name is free again: a writer made next there starts.
