@@ -61,13 +61,10 @@ def trusts_close_events(observer: Any) -> bool:
 #: that watchdog's threads turned into objects, grouped and queued, only for the handler to drop
 #: them. Not asked for, watchdog's threads spend 1.0-1.15 ms of CPU a frame in a burst of 1080p
 #: frames, where they spent 1.8-2.0 (600 frames, a fast model, three runs each).
-TRUSTED_EVENTS = (FileCreatedEvent, FileClosedEvent, FileMovedEvent, DirCreatedEvent, DirMovedEvent, DirDeletedEvent)
-
-
-def wanted_events(observer: Any) -> list[type[FileSystemEvent]] | None:
-    """The `event_filter` to schedule watches with on `observer`: None (every event) where the
-    watcher settles files by their changes (polling, FSEvents), which a modify event moves on."""
-    return list(TRUSTED_EVENTS) if trusts_close_events(observer) else None
+#: Elsewhere (polling, FSEvents) the watcher settles files by their changes, and takes every event.
+TRUSTED_EVENTS: list[type[FileSystemEvent]] = [
+    FileCreatedEvent, FileClosedEvent, FileMovedEvent, DirCreatedEvent, DirMovedEvent, DirDeletedEvent,
+]
 
 
 def start_observer(config: WatchConfig) -> Any:

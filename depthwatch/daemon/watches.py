@@ -28,7 +28,7 @@ from watchdog.events import FileSystemEventHandler
 
 from depthwatch.config import WatchConfig
 from depthwatch.daemon import coverage
-from depthwatch.daemon.observer import start_observer, trusts_close_events, wanted_events
+from depthwatch.daemon.observer import TRUSTED_EVENTS, start_observer, trusts_close_events
 from depthwatch.frames.rules import Rules
 from depthwatch.logtext import shown
 
@@ -256,7 +256,8 @@ class WatchFolders:
             self._scan_later(root)
 
     def _schedule(self, folder: Path, recursive: bool) -> Any:
-        return self._observer.schedule(self._handler, str(folder), recursive=recursive, event_filter=wanted_events(self._observer))
+        wanted = TRUSTED_EVENTS if self.trust_close else None  # polling settles files by every change
+        return self._observer.schedule(self._handler, str(folder), recursive=recursive, event_filter=wanted)
 
     def _unschedule(self, watch: Any) -> None:
         try:
