@@ -46,9 +46,9 @@ How, for each frame after a shot's first (the same steps live and offline):
 4. Temporal filter: the aligned map is pulled towards the warped previous map
    on consistent pixels where the two agree (weight up to CARRY, falling off
    where they differ by more than AGREE of the shot's range), as far as each
-   pixel is trusted (`motion._trust`: less where the flow is fast, MOVE_PX, and where
-   the previous frame warped by the flow does not match this one, MISMATCH;
-   live, also where the pixel moves on its own, not with the camera, OWN_PX).
+   pixel is trusted (`motion._trust`: less where the previous frame warped by the flow
+   does not match this one, MISMATCH; offline, also where the flow is fast, MOVE_PX;
+   live, where the pixel moves on its own, not with the camera, OWN_PX).
    The model's own frame-to-frame noise averages out on the still scene;
    occluded pixels, a moving subject whose flow is off and the background it
    uncovers take the new prediction, so nothing lags or ghosts. Offline, a backward pass pulls each map towards the

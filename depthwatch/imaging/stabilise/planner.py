@@ -41,7 +41,7 @@ RANGE_WINDOW = 50
 #: MOVING_PX, not from 0.5 to 1.0 as live. A slow pixel's carried map lags by little, and the backward
 #: pass already halves the lag, so pulling the slowest pixels to their own frame's map bought little
 #: shape for a map that trembles with the model's noise (docs/stable.md, "The floor's ramp in batch").
-#: And the floor is higher than live's (0.9625, not alignment.FIDELITY's 0.95): with the flow at the
+#: And the floor is 0.9625, not the 0.95 live had then (alignment.FIDELITY, since 0.9625 too, for its own reason): with the flow at the
 #: thumbnail itself (motion.BATCH_FLOW_SCALE) the carried map lands closer, which leaves room under
 #: the warp error target for the street crop, whose walker the filter still held at 0.936 (median)
 #: and 0.868 (worst tenth) on moving pixels. On twenty-nine real clips, with that flow: 0.960 and
