@@ -588,8 +588,8 @@ def test_a_pan_holds_live_and_what_moves_keeps_its_shape(fastdepth):
     thumbnail pixels a frame), reframed and played backwards: the live clips' worst kind. Live, the
     carry used to fall with the flow's speed (`motion.MOVE_PX`) on every pixel of the pan, so the map
     flickered there: 0.430x the bare model's warp error. Now the floor under moving pixels
-    (`alignment.keep_shape`) alone holds back the lag live, and the pan holds: 0.383x, with the
-    moving pixels at 0.964 / 0.941 (docs/stable.md, "The live carry on a panning picture")."""
+    (`alignment.keep_shape`) alone holds back the lag live, and the pan holds: 0.392x, with the
+    moving pixels at 0.964 / 0.951 (docs/stable.md, "The live carry on a panning picture")."""
     clip = footage.edit([footage.Segment("bikes", 30, 76, zoom=1.2, fx=0.65)], SIZE)
     frames = clip.frames[::-1]
     predictions = predict(fastdepth, frames)
@@ -603,7 +603,7 @@ def test_a_pan_holds_live_and_what_moves_keeps_its_shape(fastdepth):
     contrast = footage.contrast(live, bare)
     print(f"live: warp error {ratio:.3f}x, moving pixels median {np.median(moving):.3f}, "
           f"p10 {np.percentile(moving, 10):.3f}, contrast {contrast:.2f}")
-    assert ratio <= 0.40
+    assert ratio <= 0.41
     assert np.median(moving) >= 0.95 and np.percentile(moving, 10) >= 0.88
     assert contrast >= CONTRAST_FLOOR_LIVE
 
@@ -611,9 +611,10 @@ def test_a_pan_holds_live_and_what_moves_keeps_its_shape(fastdepth):
 def test_the_planner_follows_a_walker_with_the_flow_at_the_thumbnail(fastdepth):
     """The street (static camera, people walking), batch: the planner's flow at the thumbnail itself
     (`motion.BATCH_FLOW_SCALE`), not half of it, carries the walkers' maps where they went, so the
-    floor under moving pixels (`planner.BATCH_FIDELITY`) can be higher for the same flicker. The worst
+    floor under moving pixels (`alignment.keep_shape`) can hold them for the same flicker. The worst
     tenth of frames on moving pixels: 0.931 with the flow at half the thumbnail, 0.951 with it; the
-    warp error 0.180x both ways."""
+    warp error 0.180x both ways (0.948 and 0.174x since the floor is judged on the pixels the flow
+    follows both ways, at 0.95)."""
     street = footage.Segment("bikes", 76, 136)
     ratio, moving, contrast = on_footage(fastdepth, street)["batch"]
     print(f"batch: warp error {ratio:.3f}x, moving pixels median {np.median(moving):.3f}, p10 {np.percentile(moving, 10):.3f}")
@@ -788,3 +789,37 @@ def test_a_lagging_subject_is_pulled_to_its_own_shape_and_nothing_else_moves():
     still = speed <= alignment.MOVING_PX / 2
     assert np.array_equal(kept[still], lagging[still])
     assert alignment.keep_shape(own, own, moved) is own
+
+
+def test_the_floor_is_judged_on_the_moving_pixels_the_flow_follows_both_ways():
+    """Off the consistent pixels the filter carries nothing (their trust is 0), so the filtered map is
+    the frame's own there. Counted in the floor's correlation, those pixels hid the lag on the rest:
+    the subject below, lagging on the half of it the flow follows and its own map on the other half,
+    correlated over 0.95 over all its moving pixels and was left as it was, though the half the shared
+    measure counts did not follow the frame's own at all. Judged on that half, it is pulled to
+    FIDELITY there."""
+    from depthwatch.imaging.stabilise import alignment
+    from depthwatch.imaging.stabilise.motion import Motion
+
+    h, w = 90, 160
+    own = np.tile(np.linspace(0.1, 0.3, w, dtype=np.float32), (h, 1))  # this frame's map: a far wall
+    ramp = np.linspace(0.0, 1.0, 50, dtype=np.float32)
+    own[20:70, 30:80] = 0.2 + 0.7 * ramp  # the subject: deep on its left half, a little on its right
+    own[20:70, 80:130] = 0.6 + 0.05 * ramp
+    backward = np.zeros((h, w, 2), np.float32)
+    backward[20:70, 30:130, 0] = -3.0  # a subject moving 3 thumbnail pixels a frame
+    consistent = np.ones((h, w), bool)
+    consistent[20:70, 30:80] = False  # the flow followed only the right half of it both ways
+    moved = Motion(backward, consistent, -backward, consistent.astype(np.float32), 0.0, 0.0, 0.0)
+    followed = (slice(20, 70), slice(80, 130))
+    filtered = own.copy()
+    filtered[followed] = 0.6 + 0.05 * np.roll(ramp, 25)  # a lag: that half's slope half a subject behind
+    moving = np.zeros((h, w), bool)
+    moving[20:70, 30:130] = True
+    assert np.corrcoef(filtered[moving], own[moving])[0, 1] > alignment.FIDELITY  # all of it: looks kept
+    assert np.corrcoef(filtered[followed].ravel(), own[followed].ravel())[0, 1] < 0  # the half measured: not
+    kept = alignment.keep_shape(filtered, own, moved)
+    r = float(np.corrcoef(kept[followed].ravel(), own[followed].ravel())[0, 1])
+    assert r >= alignment.FIDELITY - 1e-3, r
+    assert np.array_equal(kept[~moving], filtered[~moving])  # nothing that does not move changes
+

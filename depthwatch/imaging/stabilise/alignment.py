@@ -27,8 +27,10 @@ MIN_CONSISTENT = 0.05
 #: frame: the gates no longer have to hold it back on every frame for the sake of the worst ones,
 #: so the still scene holds more (on twenty-two real clips, with SCALE_PULL: the worst warp error
 #: 0.408x -> 0.343x of the bare model's, the lowest worst tenth on moving pixels 0.889 -> 0.896;
-#: docs/stable.md, "A floor under the moving subjects").
-CARRY = 0.97
+#: docs/stable.md, "A floor under the moving subjects"). 0.98 since the live carry no longer falls
+#: with the flow's speed (`motion.MOVE_PX`): on twenty-nine real clips and three street shots at
+#: 320x180, 0.319x against 0.321x at 0.97 (docs/stable.md, "The live carry on a panning picture").
+CARRY = 0.98
 AGREE = 2.0
 #: Each frame the shot's scale (what the fit multiplies the model's own map by) is pulled this share
 #: of the way, in log, back towards the model's own (1). Why: chained frame to frame, the fit's scale
@@ -40,10 +42,12 @@ SCALE_PULL = 0.02
 #: A moving subject keeps its own shape (`keep_shape`): on the pixels that move, a map correlates at
 #: least FIDELITY with the frame's own (aligned) map. Moving: MOVING_PX thumbnail pixels a frame or
 #: more (the shared measure's 1.5 px at 320 wide, at the thumbnail's 160); below MIN_MOVING such
-#: pixels at the map's resolution a frame has no moving subject to keep. Live 0.9625 (was 0.95) since
-#: the carry no longer falls with the flow's speed there (`motion.MOVE_PX`): this floor alone holds
-#: the lag on what moves, and the still scene and a pan hold more (the planner's: BATCH_FIDELITY).
-FIDELITY = 0.9625
+#: pixels at the map's resolution a frame has no moving subject to keep. Live and offline alike:
+#: judged on the moving pixels the flow follows both ways (as the shared measure counts them), the
+#: floor holds what moves at 0.95 where it took 0.9625 offline before, when pixels off the flow,
+#: already equal to the frame's own map, counted too (docs/stable.md, "The live carry on a
+#: panning picture").
+FIDELITY = 0.95
 MOVING_PX = 0.75
 MIN_MOVING = 64
 #: Where the pull is ramped in, in MOVING_PX: from no pull at the first speed to the whole pull at the
@@ -189,7 +193,8 @@ def keep_shape(
     and trust gates limit that on average; this bounds it frame by frame, on
     the worst frames, where the gates cannot see it. The pull is the least
     share `t` of (aligned - filtered) that brings the correlation on the moving
-    pixels to `least`, applied to them alone (ramped in over `ramp`),
+    pixels the flow follows both ways (as the shared measure counts them) to
+    `least`, applied to every moving pixel alone (ramped in over `ramp`),
     so a frame whose subject already keeps its shape, and every still pixel,
     is left as it was. Correlation, not difference: the shot's scale and
     shift, which the filter is there to keep, do not count against it.
@@ -199,7 +204,10 @@ def keep_shape(
     h, w = filtered.shape
     speed = cv2.magnitude(motion.backward[..., 0], motion.backward[..., 1])
     speed = cv2.resize(speed, (w, h), interpolation=cv2.INTER_LINEAR)
-    moving = speed > MOVING_PX
+    # Judged on the moving pixels the flow follows both ways: off them nothing was carried (the
+    # trust is 0 there), so they match the aligned map already and would hide a lag on the rest.
+    consistent = cv2.resize(motion.consistent.view(np.uint8), (w, h), interpolation=cv2.INTER_NEAREST)
+    moving = (speed > MOVING_PX) & consistent.view(bool)
     if cv2.countNonZero(moving.view(np.uint8)) < MIN_MOVING:
         return filtered
     f = filtered[moving].astype(np.float64)

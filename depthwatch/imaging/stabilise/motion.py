@@ -26,7 +26,7 @@ THUMB_WIDTH = 160
 FLOW_SCALE = 1
 #: Offline down to the thumbnail itself (level 0): the planner's two passes carry every map along
 #: the flow twice, so a flow twice as fine on a walker's limbs and a car's edges shows twice. On
-#: twenty-nine real clips, with planner.BATCH_FIDELITY and BATCH_RAMP chosen with it: every clip
+#: twenty-nine real clips, with the floor (0.9625 then) and planner.BATCH_RAMP chosen with it: every clip
 #: inside the batch targets (worst warp error 0.229x, lowest median and worst tenth on moving
 #: pixels 0.953 and 0.885; were 0.229x, 0.936 and 0.868; the street crop at 320x180 is still under
 #: them, 0.920 and 0.877). The planner's cost a frame at 1080p: 8.5 -> 13.0 ms, 16 -> 25 ms of CPU
@@ -104,9 +104,10 @@ REFITS = 2
 #: (thumbnail pixels a frame), so what moves follows its own frame and does not lag. Live the
 #: carry does not fall with speed: `alignment.keep_shape` bounds a moving subject's lag frame by
 #: frame there, and the falloff also cut the carry on every pixel of a panning picture. Without it
-#: (and with alignment.FIDELITY 0.9625, was 0.95), on twenty-nine real clips, the worst live warp
-#: error 0.343x -> 0.314x of the bare model's, the lowest median and worst tenth on moving pixels
-#: 0.954 / 0.894 -> 0.955 / 0.902 (docs/stable.md, "The live carry on a panning picture").
+#: (with alignment.CARRY 0.98 and the floor judged on the pixels the flow follows both ways), on
+#: twenty-nine real clips and three street shots at 320x180, the worst live warp error 0.343x ->
+#: 0.319x of the bare model's, the lowest median and worst tenth on moving pixels 0.930 / 0.862 ->
+#: 0.954 / 0.888 (docs/stable.md, "The live carry on a panning picture").
 MOVE_PX = 6.0
 #: Where the previous frame warped by the flow differs from this one by this much (grey,
 #: 0-255), the previous map is trusted half as much (see `_trust`).

@@ -41,14 +41,10 @@ RANGE_WINDOW = 50
 #: MOVING_PX, not from 0.5 to 1.0 as live. A slow pixel's carried map lags by little, and the backward
 #: pass already halves the lag, so pulling the slowest pixels to their own frame's map bought little
 #: shape for a map that trembles with the model's noise (docs/stable.md, "The floor's ramp in batch").
-#: And the floor is 0.9625, not the 0.95 live had then (alignment.FIDELITY, since 0.9625 too, for its own reason): with the flow at the
-#: thumbnail itself (motion.BATCH_FLOW_SCALE) the carried map lands closer, which leaves room under
-#: the warp error target for the street crop, whose walker the filter still held at 0.936 (median)
-#: and 0.868 (worst tenth) on moving pixels. On twenty-nine real clips, with that flow: 0.960 and
-#: (0.7, 1.1) gave 0.227x, 0.949 and 0.880; 0.965 and (0.9, 1.3) 0.230x, 0.954 and 0.891; these
-#: 0.229x, 0.953 and 0.885 (docs/stable.md, "The planner's flow at the thumbnail").
+#: The floor itself is live's (alignment.FIDELITY): from stop 54 to 58 it was 0.9625 here, while
+#: pixels off the flow counted in it (docs/stable.md, "The planner's flow at the thumbnail" and
+#: "The live carry on a panning picture").
 BATCH_RAMP = (0.8, 1.2)
-BATCH_FIDELITY = 0.9625
 
 
 @dataclass(frozen=True)
@@ -191,7 +187,7 @@ class _Planner:
             smooth = _smoothed(filtered, [f.motion for f in run[1:]], hi - lo, carry) if len(run) > 1 and carry > 0 else head.filtered
             assert smooth is not None and head.aligned is not None
             if not head.first:
-                smooth = keep_shape(smooth, head.aligned, head.motion, BATCH_FIDELITY, BATCH_RAMP)
+                smooth = keep_shape(smooth, head.aligned, head.motion, ramp=BATCH_RAMP)
             yield head.key, stretch(smooth, lo, hi), head.first
             self.before.append(head.bounds)
             self.pending.popleft()
