@@ -588,8 +588,8 @@ def test_a_pan_holds_live_and_what_moves_keeps_its_shape(fastdepth):
     thumbnail pixels a frame), reframed and played backwards: the live clips' worst kind. Live, the
     carry used to fall with the flow's speed (`motion.MOVE_PX`) on every pixel of the pan, so the map
     flickered there: 0.430x the bare model's warp error. Now the floor under moving pixels
-    (`alignment.keep_shape`) alone holds back the lag live, and the pan holds: 0.392x, with the
-    moving pixels at 0.964 / 0.951 (0.396x with the predictions of AVX2's int8 kernels, QEMU's
+    (`alignment.keep_shape`) alone holds back the lag live, and the pan holds: 0.391x, with the
+    moving pixels at 0.963 / 0.950 (0.395x with the predictions of AVX2's int8 kernels, QEMU's
     Haswell; docs/stable.md, "The live carry on a panning picture")."""
     clip = footage.edit([footage.Segment("bikes", 30, 76, zoom=1.2, fx=0.65)], SIZE)
     frames = clip.frames[::-1]

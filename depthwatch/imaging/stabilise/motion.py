@@ -104,10 +104,10 @@ REFITS = 2
 #: (thumbnail pixels a frame), so what moves follows its own frame and does not lag. Live the
 #: carry does not fall with speed: `alignment.keep_shape` bounds a moving subject's lag frame by
 #: frame there, and the falloff also cut the carry on every pixel of a panning picture. Without it
-#: (with alignment.CARRY 0.98 and the floor judged on the pixels the flow follows both ways), on
+#: (with alignment.CARRY 0.99 and the floor judged on the pixels the flow follows both ways), on
 #: twenty-nine real clips and three street shots at 320x180, the worst live warp error 0.343x ->
-#: 0.319x of the bare model's, the lowest median and worst tenth on moving pixels 0.930 / 0.862 ->
-#: 0.954 / 0.888 (docs/stable.md, "The live carry on a panning picture").
+#: 0.316x of the bare model's, the lowest median and worst tenth on moving pixels 0.930 / 0.862 ->
+#: 0.954 / 0.887 (docs/stable.md, "The live carry on a panning picture").
 MOVE_PX = 6.0
 #: Where the previous frame warped by the flow differs from this one by this much (grey,
 #: 0-255), the previous map is trusted half as much (see `_trust`).
