@@ -517,13 +517,19 @@ def test_once_runs_the_model_a_bounded_number_of_frames_ahead_of_the_planner(tmp
 # -- more real footage: moving subjects, handheld, dark shots, black, fades and a dissolve ----------
 
 
-def live_and_batch(predictions: list[np.ndarray], frames: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """The daemon's maps (its Stabiliser, frame by frame) and `once`'s (the shot planner), in process."""
-    s, out, live = stabilise.Stabiliser(), Path("depth.jpg"), []
+def live_outcomes(predictions: list[np.ndarray], frames: list[np.ndarray]) -> list[stabilise.ShotMap]:
+    """The daemon's Stabiliser over the frames one by one, each map landing before the next."""
+    s, out, outcomes = stabilise.Stabiliser(), Path("depth.jpg"), []
     for i, (p, f) in enumerate(zip(predictions, frames)):
         outcome = s.map(out, p, DEPTH, f, key=0, seq=i + 1)
         assert s.landed(out, outcome)
-        live.append(outcome.map)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def live_and_batch(predictions: list[np.ndarray], frames: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The daemon's maps (its Stabiliser, frame by frame) and `once`'s (the shot planner), in process."""
+    live = [o.map for o in live_outcomes(predictions, frames)]
     items = ((i, stabilise.summarise(p, DEPTH, f), p) for i, (p, f) in enumerate(zip(predictions, frames)))
     return live, [m for _i, m, _first in stabilise.stabilised(items, DEPTH)]
 
@@ -595,11 +601,9 @@ def test_a_pan_holds_live_and_what_moves_keeps_its_shape(fastdepth):
     frames = clip.frames[::-1]
     predictions = predict(fastdepth, frames)
     bare = [normalise.frame(p, DEPTH) for p in predictions]
-    s, out, live = stabilise.Stabiliser(), Path("depth.jpg"), []
-    for i, (p, f) in enumerate(zip(predictions, frames)):
-        outcome = s.map(out, p, DEPTH, f, key=0, seq=i + 1)
-        assert s.landed(out, outcome) and outcome.started == ("new" if i == 0 else "")  # one shot
-        live.append(outcome.map)
+    outcomes = live_outcomes(predictions, frames)
+    assert [o.started for o in outcomes] == ["new"] + [""] * (len(frames) - 1)  # one shot
+    live = [o.map for o in outcomes]
     ratio, moving = figures(live, bare, footage.flows(frames), ())
     contrast = footage.contrast(live, bare)
     print(f"live: warp error {ratio:.3f}x, moving pixels median {np.median(moving):.3f}, "
