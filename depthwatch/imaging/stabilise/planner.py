@@ -43,7 +43,8 @@ RANGE_WINDOW = 50
 #: shape for a map that trembles with the model's noise (docs/stable.md, "The floor's ramp in batch").
 #: The floor itself is live's (alignment.FIDELITY): from stop 54 to 58 it was 0.9625 here, while
 #: pixels off the flow counted in it (docs/stable.md, "The planner's flow at the thumbnail" and
-#: "The live carry on a panning picture").
+#: "The live carry on a panning picture"). The ramp's share counts in the floor's correlation as it
+#: is applied (docs/stable.md, "A pull where the map lags").
 BATCH_RAMP = (0.8, 1.2)
 
 
