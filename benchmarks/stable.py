@@ -259,6 +259,42 @@ def fresh(size: tuple[int, int] = (256, 144)) -> list[Any]:
     return [_as_read(edit) for edit in edits]
 
 
+def opencv_samples(folder: Any) -> list[Any]:
+    """Footage no setting was chosen on, from OpenCV's own samples: `vtest.avi` (a shopping mall seen
+    from a static camera, people walking; 768x576, 795 frames at 10 fps) and `tree.avi` (a tree
+    through a window, a hand waved in front at the end; 320x240, 68 frames), as JPEG frames decoded
+    again. They are not in the wheels: `folder` is `opencv/samples/data` of the opencv-python sdist,
+    which comes from the package registry (docs/stable.md, "A pull where the map lags")."""
+    from pathlib import Path
+
+    import cv2
+
+    def read(name: str, size: tuple[int, int], start: int = 0, stop: int | None = None, step: int = 1,
+             crop: tuple[slice, slice] | None = None) -> list[Any]:
+        capture, frames, i = cv2.VideoCapture(str(Path(folder) / name)), [], 0
+        while True:
+            ok, frame = capture.read()
+            if not ok:
+                break
+            if i >= start and (stop is None or i < stop) and (i - start) % step == 0:
+                frames.append(cv2.resize(frame if crop is None else frame[crop], size, interpolation=cv2.INTER_AREA))
+            i += 1
+        capture.release()
+        if not frames:
+            raise FileNotFoundError(f"no frames read from {Path(folder) / name}")
+        return frames
+
+    centre = (slice(96, 480), slice(128, 640))
+    edits = [
+        footage.Edit(read("vtest.avi", (320, 240), 0, 250), (), "vtest 0-249 (a mall, static camera, people walking), 320x240"),
+        footage.Edit(read("vtest.avi", (320, 240), 250, 500), (), "vtest 250-499, 320x240"),
+        footage.Edit(read("vtest.avi", (256, 192), 500)[::-1], (), "vtest 500-794 backwards, 256x192"),
+        footage.Edit(read("vtest.avi", (320, 240), 0, 400, 2, centre), (), "vtest every 2nd frame, centre zoom 1.5, 320x240"),
+        footage.Edit(read("tree.avi", (320, 240)), (), "tree.avi, 320x240"),
+    ]
+    return [_as_read(edit) for edit in edits]
+
+
 def _as_read(edit: Any) -> Any:
     """The edit as `once` reads it from disk: each frame a JPEG (quality 90) decoded again."""
     import cv2
@@ -316,11 +352,12 @@ if __name__ == "__main__":
     parser.add_argument("--model", default="../shared/models/fastdepth_224_nyu_int8.onnx")
     parser.add_argument("--held-out", action="store_true", help="the clips no setting was tuned on (`held_out`), not the usual ones")
     parser.add_argument("--fresh", action="store_true", help="the clips made after stop 44's choice (`fresh`), not the usual ones")
+    parser.add_argument("--samples", metavar="DIR", help="OpenCV's sample clips in DIR (`opencv_samples`), not the usual ones")
     args = parser.parse_args()
     from depthwatch.model.hardware import machine
 
     print(f"machine: {machine()}")  # the costs below are this CPU's (its features named), the figures any CPU's
-    which = held_out() if args.held_out else fresh() if args.fresh else None
+    which = held_out() if args.held_out else fresh() if args.fresh else opencv_samples(args.samples) if args.samples else None
     for name, modes in figures(args.model, which).items():
         for mode, (ratio, median, p10, contrast) in modes.items():
             print(f"{name:40s} {mode:5s} warp error {ratio:.3f}x, moving pixels median {median:.3f}, p10 {p10:.3f}, contrast {contrast:.2f}")
