@@ -623,8 +623,8 @@ def test_the_street_reframed_keeps_its_walkers_in_batch_at_the_measures_width(fa
     as `once` reads them). The floor was judged on the thumbnail's moving pixels, a wider set than the
     measure's, and held there at 0.950 with a pull that took the slower pixels short of it; now the
     ramp's share counts, the pull goes where the map lags and the floor is 0.955: 0.951 / 0.937,
-    0.199x (docs/stable.md, "A pull where the map lags"). The bound is set 0.002 under the figure,
-    for the few thousandths another CPU's int8 kernels move a clip's figures."""
+    0.199x (docs/stable.md, "A pull where the map lags"). The bound is 0.002 under the figure; the
+    predictions are the same to the bit on AVX2's int8 kernels (QEMU's Haswell)."""
     clip = footage.edit([footage.Segment("bikes", 76, 136, zoom=1.3, fx=0.2)], (320, 180))
     predictions = predict(fastdepth, clip.frames)
     bare = [normalise.frame(p, DEPTH) for p in predictions]
