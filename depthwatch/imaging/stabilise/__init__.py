@@ -54,8 +54,8 @@ How, for each frame after a shot's first (the same steps live and offline):
    uncovers take the new prediction, so nothing lags or ghosts. Offline, a backward pass pulls each map towards the
    LAG frames after it as well. Last (`alignment.keep_shape`), the pixels that move are pulled
    back towards the frame's own map where the filter left them correlating less than FIDELITY
-   with it (on the moving pixels the flow follows both ways): the lag is bounded frame by frame, so the
-   gates can hold the still scene harder.
+   with it (on the moving pixels the flow follows both ways), each the more the further it is from it
+   (the lag, not the noise): the lag is bounded frame by frame, so the gates can hold the still scene harder.
 5. The grey range is the frame statistic (min and max, or `clip_percent`
    percentiles) of the filtered map; live it follows the shot through an
    exponential moving average, offline it is the mean over the frames around it.
