@@ -220,22 +220,29 @@ def keep_shape(
     if pull is None:
         return filtered
     gap = aligned - filtered
-    if pull.scale > 0:  # a pixel's pull grows with how far its map is from the frame's own
-        weight = np.abs(gap)
-        weight *= np.float32(pull.gain / pull.scale)
-        np.minimum(weight, np.float32(1), out=weight)
-        share *= weight
-    share *= gap
-    share += filtered
-    return share
+    taken = pull.taken(share, gap)
+    taken *= gap
+    taken += filtered
+    return taken
 
 
 @dataclass(frozen=True)
 class _Pull:
-    """How hard `keep_shape` pulls: pixel by pixel min(1, gain x |gap| / scale) of the ramp's share."""
+    """How hard `keep_shape` pulls: pixel by pixel min(1, gain x |gap| / scale) of the ramp's share
+    (scale 0: the whole share)."""
 
     gain: float
     scale: float
+
+    def taken(self, share: np.ndarray, gap: np.ndarray) -> np.ndarray:
+        """The share of its gap each pixel is pulled (a new array, `share`'s type)."""
+        if not self.scale > 0:
+            return share.copy()
+        weight = np.abs(gap).astype(share.dtype, copy=False)
+        weight *= share.dtype.type(self.gain / self.scale)
+        np.minimum(weight, 1, out=weight)
+        weight *= share
+        return weight
 
 
 def _least_pull(filtered: np.ndarray, aligned: np.ndarray, share: np.ndarray, least: float) -> _Pull | None:
@@ -269,25 +276,24 @@ def _least_pull(filtered: np.ndarray, aligned: np.ndarray, share: np.ndarray, le
     if correlation(f) >= least:
         return None
     gap = aligned.astype(np.float64) - f
+    share = share.astype(np.float64)
     reach = share * gap  # what the whole ramp's share moves each pixel by
     scale = float(np.sqrt(np.mean(np.square(reach))))
     if not scale > 0 or correlation(f + reach) < least:
         return _Pull(1.0, 0.0)  # the whole ramp's share, where even that falls short
-    relative = np.abs(gap) / scale
 
-    def pulled(gain: float) -> np.ndarray:
-        x = relative * gain
-        np.minimum(x, 1.0, out=x)
-        x *= reach
+    def correlation_at(gain: float) -> float:
+        x = _Pull(gain, scale).taken(share, gap)
+        x *= gap
         x += f
-        return x
+        return correlation(x)
 
     # The log of the gain, to within 1%: at e^-6 the pull is a fraction of a percent, at e^6 every
     # pixel that differs by more than a fraction of a percent of the typical gap takes its whole share.
     low, high = -6.0, 6.0
     for _ in range(10):
         mid = (low + high) / 2
-        low, high = (low, mid) if correlation(pulled(float(np.exp(mid)))) >= least else (mid, high)
+        low, high = (low, mid) if correlation_at(float(np.exp(mid))) >= least else (mid, high)
     return _Pull(float(np.exp(high)), scale)
 
 
