@@ -14,12 +14,13 @@ How, for each frame after a shot's first (the same steps live and offline):
    grey thumbnail (THUMB_WIDTH wide, the frame's own aspect) and this one's,
    forward and backward. A pixel whose flow comes back to where it started
    (`consistent`) is a scene point seen in both frames; the rest is occluded,
-   coming into view, or moving too fast to follow. With the medium preset
-   (`motion.FLOW_PRESET`): live down to half the thumbnail (`motion.FLOW_SCALE`) and
-   without its variational refinement (`motion.LIVE_REFINEMENT`), which costs about
-   what the quarter-scale fast flow it replaced did; offline down to the thumbnail
-   itself (`motion.BATCH_FLOW_SCALE`) and refined, which costs the planner about
-   4.5 ms a 1080p frame more than half the thumbnail did.
+   coming into view, or moving too fast to follow. Down to the thumbnail itself
+   (`motion.FLOW_SCALE`), so what moves on a few of its pixels (leaves, a hand) is
+   seen: live with the fast preset (`motion.LIVE_PRESET`) and without its
+   variational refinement (`motion.LIVE_REFINEMENT`), about 1.5 ms a frame more
+   than the medium preset at half the thumbnail; offline with the medium preset
+   (`motion.BATCH_PRESET`), refined, which costs the planner about 4.5 ms a 1080p
+   frame more than half the thumbnail did.
 2. Cut (`motion.Motion.score`): a bad alignment alone is not a cut. A cut is a frame
    that the flow cannot explain (most pixels inconsistent, and the previous
    frame warped by the flow leaves a large photometric residual) AND whose

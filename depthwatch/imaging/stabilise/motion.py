@@ -19,29 +19,32 @@ import numpy as np
 
 #: The colour thumbnail motion and cuts are measured on: this wide, the frame's own aspect.
 THUMB_WIDTH = 160
-#: DIS optical flow with the medium preset (larger patches, more iterations), live down to half the
-#: thumbnail (DIS's finest pyramid level 1, the preset's own). A subject's edges and the scene behind
-#: it are followed where the quarter-scale fast flow smeared them, so the carried map lands where the
-#: scene went and a moving subject takes its own frame's map.
-FLOW_SCALE = 1
-#: Offline down to the thumbnail itself (level 0): the planner's two passes carry every map along
-#: the flow twice, so a flow twice as fine on a walker's limbs and a car's edges shows twice. On
-#: twenty-nine real clips, with the floor (0.9625 then) and planner.BATCH_RAMP chosen with it: every clip
-#: inside the batch targets (worst warp error 0.229x, lowest median and worst tenth on moving
-#: pixels 0.953 and 0.885; were 0.229x, 0.936 and 0.868; the street crop at 320x180 is still under
-#: them, 0.920 and 0.877). The planner's cost a frame at 1080p: 8.5 -> 13.0 ms, 16 -> 25 ms of CPU
-#: (docs/stable.md, "The planner's flow at the thumbnail"). Live it would cost 4 ms on every frame
-#: for 0.011x on the worst clip: not kept.
-BATCH_FLOW_SCALE = 0
-FLOW_PRESET = cv2.DISOPTICAL_FLOW_PRESET_MEDIUM
+#: The flow (OpenCV's DIS) is measured down to the thumbnail itself (DIS's finest pyramid level 0),
+#: live and offline. Offline: the planner's two passes carry every map along the flow twice, so a
+#: flow twice as fine on a walker's limbs and a car's edges shows twice. On twenty-nine real clips,
+#: with the floor (0.9625 then) and planner.BATCH_RAMP chosen with it: every clip inside the batch
+#: targets (worst warp error 0.229x, lowest median and worst tenth on moving pixels 0.953 and 0.885;
+#: were 0.229x, 0.936 and 0.868 at half the thumbnail). The planner's cost a frame at 1080p: 8.5 ->
+#: 13.0 ms (docs/stable.md, "The planner's flow at the thumbnail"). Live since stop 61 too (see
+#: LIVE_PRESET): at half the thumbnail (80 pixels wide) the live flow did not see what moves on a
+#: few pixels only, leaves stirring in a tree (OpenCV's tree.avi: the moving pixels' worst tenth 0.865).
+FLOW_SCALE = 0
+#: Offline: the medium preset (larger patches, more iterations), with its variational refinement:
+#: the planner's narrower agreement and backward pass were tuned on the refined flow.
+BATCH_PRESET = cv2.DISOPTICAL_FLOW_PRESET_MEDIUM
+#: Live: the fast preset, without the variational refinement (LIVE_REFINEMENT). The medium preset at
+#: the whole thumbnail would double the stabiliser's cost a frame (3.6 -> 6.9 ms at 1080p); the fast
+#: one adds 1.5-1.7 ms to the followed-shot path (3.4 -> 5.0 ms; CPU 6.0 -> 9.0, OpenCV runs DIS on
+#: every core), 1.4-1.6 ms over the stabiliser as issue #34 was filed, which allows 2 ms
+#: (`benchmarks.stable.per_frame`: 3.5 ms then, on the same machine). Against the medium preset
+#: at half the thumbnail, on thirty-two real clips and five more no setting was chosen on (OpenCV's
+#: samples): the worst live warp error 0.313x -> 0.300x of the bare model's, the lowest worst tenth on
+#: moving pixels 0.894 -> 0.910 (the tree 0.865 -> 0.886), the lowest median 0.956 -> 0.956; the cuts
+#: found are the same (docs/stable.md, "The live flow at the whole thumbnail").
+LIVE_PRESET = cv2.DISOPTICAL_FLOW_PRESET_FAST
 #: Live, without the variational refinement at each level (the preset's 5 iterations): it is about
-#: half the flow's cost at half the thumbnail, and live the maps are as good without it. With
-#: the live blend's agreement at 0.4 of the map's own range (then alignment.AGREE; live.Stabiliser.map),
-#: against the quarter-scale fast flow, on twenty-two real clips: the moving pixels' worst tenth rises
-#: on twenty (bikes 0.920 -> 0.952; the lowest of them 0.862 -> 0.889), the median on all, the warp
-#: error falls on seventeen (bikes 0.309 -> 0.291x; five rise, by 0.018x at most), for about the
-#: cost of the flow it replaces (docs/stable.md, "The live flow at half the thumbnail"). Offline the
-#: planner keeps it: its narrower agreement and backward pass were tuned on the refined flow.
+#: half the flow's cost, and live the maps are as good without it (docs/stable.md, "The live flow at
+#: half the thumbnail").
 LIVE_REFINEMENT = 0
 #: Forward-backward check: a pixel is consistent when |f + b| <= CONSISTENT_REL * (|f| + |b|)
 #: (squared) + CONSISTENT_PX^2, the usual test (Sundaram, Brox, Keutzer 2010).
@@ -85,7 +88,7 @@ BATCH_SCORE = 0.8
 #: docs/stable.md, "Jump cuts". Live a jump is no cut (see `is_new_picture` and JUMP_LIVE).
 JUMP_FAILURE = 0.12
 JUMP_STAND_OUT = 2.4
-#: The planner's own floor, since its flow is finer (BATCH_FLOW_SCALE) and fails less: one jump of
+#: The planner's own floor, since its flow is finer (the thumbnail itself, refined) and fails less: one jump of
 #: benchmarks.cuts' failed 0.111 with it (0.131 at half the thumbnail). With 0.10 the jumps found are
 #: as before, and nothing else failing 0.10 or more stands out over 2.03x (was 2.15x at 0.12).
 BATCH_JUMP_FAILURE = 0.10
@@ -174,8 +177,8 @@ def _dis(live: bool) -> Any:
     name = "live" if live else "offline"
     dis = getattr(_flow, name, None)
     if dis is None:
-        dis = cv2.DISOpticalFlow_create(FLOW_PRESET)
-        dis.setFinestScale(FLOW_SCALE if live else BATCH_FLOW_SCALE)
+        dis = cv2.DISOpticalFlow_create(LIVE_PRESET if live else BATCH_PRESET)
+        dis.setFinestScale(FLOW_SCALE)
         if live:
             dis.setVariationalRefinementIterations(LIVE_REFINEMENT)
         setattr(_flow, name, dis)
