@@ -25,9 +25,9 @@ THUMB_WIDTH = 160
 #: with the floor (0.9625 then) and planner.BATCH_RAMP chosen with it: every clip inside the batch
 #: targets (worst warp error 0.229x, lowest median and worst tenth on moving pixels 0.953 and 0.885;
 #: were 0.229x, 0.936 and 0.868 at half the thumbnail). The planner's cost a frame at 1080p: 8.5 ->
-#: 13.0 ms (docs/stable.md, "The planner's flow at the thumbnail"). Live since stop 61 too (see
-#: LIVE_PRESET): at half the thumbnail (80 pixels wide) the live flow did not see what moves on a
-#: few pixels only, leaves stirring in a tree (OpenCV's tree.avi: the moving pixels' worst tenth 0.865).
+#: 13.0 ms (docs/stable.md, "The planner's flow at the thumbnail"). Live too (see LIVE_PRESET): at
+#: half the thumbnail (80 pixels wide) the live flow did not see what moves on a few pixels only,
+#: leaves stirring in a tree (OpenCV's tree.avi: the moving pixels' worst tenth 0.865 live).
 FLOW_SCALE = 0
 #: Offline: the medium preset (larger patches, more iterations), with its variational refinement:
 #: the planner's narrower agreement and backward pass were tuned on the refined flow.
