@@ -89,6 +89,19 @@ def per_frame(
     return {"ms_a_frame": round(wall, 2), "cpu_ms_a_frame": round(cpu, 2), "frames": len(images)}
 
 
+def flow_settings(path: str = "live") -> str:
+    """The flow a path measures with, in words (the cost line names it: a new default says what it costs)."""
+    import cv2
+
+    from depthwatch.imaging.stabilise import motion
+
+    names = {getattr(cv2, f"DISOPTICAL_FLOW_PRESET_{n}"): n.lower() for n in ("ULTRAFAST", "FAST", "MEDIUM")}
+    live = path == "live"
+    preset = names.get(motion.LIVE_PRESET if live else motion.BATCH_PRESET, "?")
+    refined = "no refinement" if live and motion.LIVE_REFINEMENT == 0 else "refined"
+    return f"DIS {preset}, {refined}, down to {motion.THUMB_WIDTH >> motion.FLOW_SCALE} px wide"
+
+
 def moving_figure(out: Any, model: Any, before: Any, clip: Any = None, width: int = 192, path: str = "live") -> int:
     """docs/stable_moving.png and stable_moving_flow.png: a moving subject, before and after (a row each): the frame, the bare
     model's map, the live map, and their difference past the tone curve (x4); the frame shown is the one whose live map
@@ -362,4 +375,4 @@ if __name__ == "__main__":
         for mode, (ratio, median, p10, contrast) in modes.items():
             print(f"{name:40s} {mode:5s} warp error {ratio:.3f}x, moving pixels median {median:.3f}, p10 {p10:.3f}, contrast {contrast:.2f}")
     for path in ("live", "batch"):
-        print(f"cost a frame, {path} (1080p):", per_frame(path=path))
+        print(f"cost a frame, {path} (1080p, {flow_settings(path)}):", per_frame(path=path))
