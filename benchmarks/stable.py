@@ -99,7 +99,10 @@ def flow_settings(path: str = "live") -> str:
     live = path == "live"
     preset = names.get(motion.LIVE_PRESET if live else motion.BATCH_PRESET, "?")
     refined = "no refinement" if live and motion.LIVE_REFINEMENT == 0 else "refined"
-    return f"DIS {preset}, {refined}, down to {motion.THUMB_WIDTH >> motion.FLOW_SCALE} px wide"
+    said = f"DIS {preset}, {refined}, down to {motion.THUMB_WIDTH >> motion.FLOW_SCALE} px wide"
+    if live:
+        said += f"; a possible cut judged first on DIS {names.get(motion.CUT_PRESET, '?')} at {motion.THUMB_WIDTH >> motion.CUT_FLOW_SCALE} px"
+    return said
 
 
 def moving_figure(out: Any, model: Any, before: Any, clip: Any = None, width: int = 192, path: str = "live") -> int:

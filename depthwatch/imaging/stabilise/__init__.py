@@ -29,7 +29,8 @@ How, for each frame after a shot's first (the same steps live and offline):
    pixels consistent, or leave a small residual; only a new picture fails all three.
    A punch-in (a closer take of the same moment) passes them, since the flow explains
    it as a zoom: the camera's fitted scale jumping by 1.2x in one frame is a cut too
-   (`motion.ZOOM_CUT`; a camera zooms far slower).
+   (`motion.ZOOM_CUT`; a camera zooms far slower). Live, a frame that may be a cut is
+   judged on a coarser flow first (`motion.CUT_PRESET`): a cut needs none to follow.
    Live (the daemon) decides on the frame itself; offline, where the frames
    after are known, a frame that nearly scores as a cut is one if it stands
    out from its neighbours (a burst of fast motion does not), and so is a jump

@@ -42,6 +42,16 @@ BATCH_PRESET = cv2.DISOPTICAL_FLOW_PRESET_MEDIUM
 #: moving pixels 0.894 -> 0.910 (the tree 0.865 -> 0.886), the lowest median 0.956 -> 0.956; the cuts
 #: found are the same (docs/stable.md, "The live flow at the whole thumbnail").
 LIVE_PRESET = cv2.DISOPTICAL_FLOW_PRESET_FAST
+#: Live, a frame that may be a cut (its content changed by CUT_CONTENT or more: under it, nothing is a
+#: cut) is judged first on the coarser flow the live cut test used until LIVE_PRESET came: the medium
+#: preset at half the thumbnail (DIS's level 1), unrefined. A cut needs no flow to follow, so only a
+#: frame that is no cut pays for the finer one: a cut frame costs what it did (the editor jumping from
+#: shot to shot waits at each one: 1.9 ms a 1080p frame, 3.4 with the finer flow); the 3.9% of
+#: frames that change that much without a cut (fast pans, on 37 real clips) pay both, about 0.8 ms
+#: more. The cuts found and every map are the same either way (`benchmarks.cuts`, the 37 clips):
+#: this is cost alone (docs/stable.md, "The live flow at the whole thumbnail").
+CUT_FLOW_SCALE = 1
+CUT_PRESET = cv2.DISOPTICAL_FLOW_PRESET_MEDIUM
 #: Live, without the variational refinement at each level (the preset's 5 iterations): it is about
 #: half the flow's cost, and live the maps are as good without it (docs/stable.md, "The live flow at
 #: half the thumbnail").
@@ -172,16 +182,24 @@ _DECIMATED = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.float32))
 _flow = threading.local()
 
 
-def _dis(live: bool) -> Any:
-    """One DIS instance of each kind per thread (it keeps buffers; the worker threads measure at once)."""
-    name = "live" if live else "offline"
-    dis = getattr(_flow, name, None)
+#: The flows by use: (preset, finest level, variational refinement iterations; None: the preset's own).
+_FLOWS = {
+    "live": (LIVE_PRESET, FLOW_SCALE, LIVE_REFINEMENT),
+    "cut": (CUT_PRESET, CUT_FLOW_SCALE, LIVE_REFINEMENT),
+    "offline": (BATCH_PRESET, FLOW_SCALE, None),
+}
+
+
+def _dis(kind: str) -> Any:
+    """One DIS instance of each kind (`_FLOWS`) per thread (it keeps buffers; the worker threads measure at once)."""
+    dis = getattr(_flow, kind, None)
     if dis is None:
-        dis = cv2.DISOpticalFlow_create(LIVE_PRESET if live else BATCH_PRESET)
-        dis.setFinestScale(FLOW_SCALE)
-        if live:
-            dis.setVariationalRefinementIterations(LIVE_REFINEMENT)
-        setattr(_flow, name, dis)
+        preset, level, refinement = _FLOWS[kind]
+        dis = cv2.DISOpticalFlow_create(preset)
+        dis.setFinestScale(level)
+        if refinement is not None:
+            dis.setVariationalRefinementIterations(refinement)
+        setattr(_flow, kind, dis)
     return dis
 
 
@@ -248,12 +266,26 @@ def measure(before: np.ndarray, after: np.ndarray, *, live: bool = False) -> Mot
     `live`: the daemon's (with the motion segmentation, `Motion.still`); else the
     planner's (with the trust the other way, `Motion.forward_trust`, for its backward
     pass). Each leaves out what only the other uses: about 0.5 ms a frame either way.
+    Live, a frame that may be a cut is judged on a coarser flow first (CUT_PRESET).
     """
     if before.size == 0 or after.size == 0 or before.shape != after.shape:
         return None
     g0 = cv2.cvtColor(before, cv2.COLOR_BGR2GRAY)
     g1 = cv2.cvtColor(after, cv2.COLOR_BGR2GRAY)
-    dis = _dis(live)
+    h0 = cv2.cvtColor(before, cv2.COLOR_BGR2HSV)
+    h1 = cv2.cvtColor(after, cv2.COLOR_BGR2HSV)
+    content = float(cv2.absdiff(h0, h1).mean())
+    if live and content >= CUT_CONTENT:
+        judged = _measured(g0, g1, content, "cut")
+        if judged.score >= 1.0:
+            return judged
+    return _measured(g0, g1, content, "live" if live else "offline")
+
+
+def _measured(g0: np.ndarray, g1: np.ndarray, content: float, kind: str) -> Motion:
+    """`measure` with the flow of `kind` (`_FLOWS`) between the grey thumbnails, their content change known."""
+    live = kind != "offline"
+    dis = _dis(kind)
     forward = dis.calc(g0, g1, None)
     backward = dis.calc(g1, g0, None)
     h, w = g1.shape
@@ -289,9 +321,6 @@ def measure(before: np.ndarray, after: np.ndarray, *, live: bool = False) -> Mot
         fx, fy = gx + forward[..., 0], gy + forward[..., 1]
         ahead = cv2.remap(g1, fx, fy, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
         forward_trust = _trust(forward, _checked(forward, backward, fx, fy), cv2.absdiff(ahead, g0))
-    h0 = cv2.cvtColor(before, cv2.COLOR_BGR2HSV)
-    h1 = cv2.cvtColor(after, cv2.COLOR_BGR2HSV)
-    content = float(cv2.absdiff(h0, h1).mean())
     return Motion(
         backward, consistent, forward, trust, inconsistent, residual, content, c0 < FLAT <= c1, still, forward_trust, _zoom(fit)
     )
