@@ -90,19 +90,22 @@ def per_frame(
 
 
 def flow_settings(path: str = "live") -> str:
-    """The flow a path measures with, in words (the cost line names it: a new default says what it costs)."""
+    """The flow a path measures with, in words, from `motion.FLOWS` (the cost line names it: a new
+    default says what it costs)."""
     import cv2
 
     from depthwatch.imaging.stabilise import motion
 
     names = {getattr(cv2, f"DISOPTICAL_FLOW_PRESET_{n}"): n.lower() for n in ("ULTRAFAST", "FAST", "MEDIUM")}
-    live = path == "live"
-    preset = names.get(motion.LIVE_PRESET if live else motion.BATCH_PRESET, "?")
-    refined = "no refinement" if live and motion.LIVE_REFINEMENT == 0 else "refined"
-    said = f"DIS {preset}, {refined}, down to {motion.THUMB_WIDTH >> motion.FLOW_SCALE} px wide"
-    if live:
-        said += f"; a possible cut judged first on DIS {names.get(motion.CUT_PRESET, '?')} at {motion.THUMB_WIDTH >> motion.CUT_FLOW_SCALE} px"
-    return said
+
+    def said(kind: str) -> str:
+        preset, level, refinement = motion.FLOWS[kind]
+        refined = "no refinement" if refinement == 0 else "refined"
+        return f"DIS {names.get(preset, '?')}, {refined}, down to {motion.THUMB_WIDTH >> level} px wide"
+
+    if path != "live":
+        return said("offline")
+    return f"{said('live')}; a possible cut judged first on {said('cut')}"
 
 
 def moving_figure(out: Any, model: Any, before: Any, clip: Any = None, width: int = 192, path: str = "live") -> int:

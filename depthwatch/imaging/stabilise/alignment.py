@@ -219,11 +219,7 @@ def keep_shape(
     pull = _least_pull(filtered[moving], aligned[moving], share[moving], least)
     if pull is None:
         return filtered
-    gap = aligned - filtered
-    taken = pull.taken(share, gap)
-    taken *= gap
-    taken += filtered
-    return taken
+    return pull.applied(filtered, share, aligned - filtered)
 
 
 @dataclass(frozen=True)
@@ -243,6 +239,13 @@ class _Pull:
         np.minimum(weight, 1, out=weight)
         weight *= share
         return weight
+
+    def applied(self, filtered: np.ndarray, share: np.ndarray, gap: np.ndarray) -> np.ndarray:
+        """`filtered` with each pixel moved its `taken` share of `gap` (a new array)."""
+        moved = self.taken(share, gap)
+        moved *= gap
+        moved += filtered
+        return moved
 
 
 def _least_pull(filtered: np.ndarray, aligned: np.ndarray, share: np.ndarray, least: float) -> _Pull | None:
@@ -283,10 +286,7 @@ def _least_pull(filtered: np.ndarray, aligned: np.ndarray, share: np.ndarray, le
         return _Pull(1.0, 0.0)  # the whole ramp's share, where even that falls short
 
     def correlation_at(gain: float) -> float:
-        x = _Pull(gain, scale).taken(share, gap)
-        x *= gap
-        x += f
-        return correlation(x)
+        return correlation(_Pull(gain, scale).applied(f, share, gap))
 
     # The log of the gain, to within 1%: at e^-6 the pull is a fraction of a percent, at e^6 every
     # pixel that differs by more than a fraction of a percent of the typical gap takes its whole share.

@@ -183,7 +183,7 @@ _flow = threading.local()
 
 
 #: The flows by use: (preset, finest level, variational refinement iterations; None: the preset's own).
-_FLOWS = {
+FLOWS = {
     "live": (LIVE_PRESET, FLOW_SCALE, LIVE_REFINEMENT),
     "cut": (CUT_PRESET, CUT_FLOW_SCALE, LIVE_REFINEMENT),
     "offline": (BATCH_PRESET, FLOW_SCALE, None),
@@ -191,10 +191,10 @@ _FLOWS = {
 
 
 def _dis(kind: str) -> Any:
-    """One DIS instance of each kind (`_FLOWS`) per thread (it keeps buffers; the worker threads measure at once)."""
+    """One DIS instance of each kind (`FLOWS`) per thread (it keeps buffers; the worker threads measure at once)."""
     dis = getattr(_flow, kind, None)
     if dis is None:
-        preset, level, refinement = _FLOWS[kind]
+        preset, level, refinement = FLOWS[kind]
         dis = cv2.DISOpticalFlow_create(preset)
         dis.setFinestScale(level)
         if refinement is not None:
@@ -283,7 +283,7 @@ def measure(before: np.ndarray, after: np.ndarray, *, live: bool = False) -> Mot
 
 
 def _measured(g0: np.ndarray, g1: np.ndarray, content: float, kind: str) -> Motion:
-    """`measure` with the flow of `kind` (`_FLOWS`) between the grey thumbnails, their content change known."""
+    """`measure` with the flow of `kind` (`FLOWS`) between the grey thumbnails, their content change known."""
     live = kind != "offline"
     dis = _dis(kind)
     forward = dis.calc(g0, g1, None)
