@@ -53,12 +53,18 @@ def yield_to_inference(niceness: int) -> None:
     throughput 21 -> 25 frames/s on two cores at niceness 10; see docs/benchmarks.md).
     Linux applies nice to single threads; elsewhere this does nothing. The
     thread gets its name in the operating system too (see `threadnames`).
+
+    The steps count from the process's own niceness (its first thread's, which
+    the inference thread is started with), not from the thread that starts
+    this one: a thread pool starts a worker from whichever thread hands it
+    work, another worker included, and a thread starts with its creator's
+    niceness, so counting from there put the second worker at 19.
     """
     name_this_thread()
     if not sys.platform.startswith("linux") or niceness <= 0:
         return
     try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness))
+        base = os.getpriority(os.PRIO_PROCESS, os.getpid())  # on Linux: the first thread's alone
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, base + niceness))
     except OSError:
         pass

@@ -333,20 +333,29 @@ def test_once_reports_each_failed_file_on_one_line_and_exits_non_zero(tmp_path, 
 
 
 def test_workers_yield_to_the_inference_thread(tmp_path, tiny_model):
+    """Both workers the same steps behind the inference thread, also the one a worker starts.
+
+    A frame alone has its map's JPEG encoded in two strips, the lower one handed
+    to the pool by the first worker: the pool starts the second worker from the
+    first, whose niceness it starts with (it used to end at base + 14).
+    """
     import os
     import sys
 
     if not sys.platform.startswith("linux"):
         pytest.skip("per-thread nice is a Linux feature")
     source = tmp_path / "frame.png"
-    cv2.imwrite(str(source), quadrant_frame())
+    cv2.imwrite(str(source), cv2.resize(quadrant_frame(), (640, 360)))
     with Engine(spec_for(tiny_model)) as engine:
         pipeline = Pipeline(engine, workers=2, niceness=7)
-        assert pipeline.process(Job(source, tmp_path / "depth.png"), Settings()).ok
-        base = os.getpriority(os.PRIO_PROCESS, engine.thread.native_id)
-        workers = [t for t in threading.enumerate() if t.name.startswith("depthwatch-worker")]
-        assert workers and all(os.getpriority(os.PRIO_PROCESS, t.native_id) == min(19, base + 7) for t in workers)
-        pipeline.close()
+        try:
+            assert pipeline.process(Job(source, tmp_path / "depth.jpg"), Settings()).ok
+            base = os.getpriority(os.PRIO_PROCESS, engine.thread.native_id)
+            workers = [t for t in threading.enumerate() if t.name.startswith("depthwatch-worker")]
+            assert len(workers) == 2  # the second started by the first, for the map's lower strip
+            assert [os.getpriority(os.PRIO_PROCESS, t.native_id) for t in workers] == [min(19, base + 7)] * 2
+        finally:
+            pipeline.close()
 
 
 def test_a_newer_job_for_the_same_output_abandons_the_older_one(tmp_path, tiny_model):
