@@ -302,20 +302,39 @@ def _reduction(shape: tuple[int, ...], size: tuple[int, int]) -> int:
 # -- 1. ceiling: bare session.run on pre-decoded, pre-resized inputs ------------------------
 
 
-def ceiling(plan: Plan, captured: sessions.Captured) -> dict[str, Any]:
+def ceiling(plan: Plan, captured: sessions.Captured, single: sessions.Captured | None = None) -> dict[str, Any]:
+    """The bare run loop: frames a second; with `single`, what the engine's threads cost in CPU.
+
+    `single`: the same model and engine with one intra-op thread. Each repeat
+    runs the loop on the engine's own threads, then on one, and takes the
+    process's CPU a run for both (nothing else of this process runs then):
+    `threads_cpu_ratio` is the median of the repeats' ratios, measured in
+    turn so that a busy moment moves both sides. The limit counts a run's CPU
+    on one thread; `report.one_run_fps` says what the ratio leaves.
+    """
+    sides = [captured] if single is None else [captured, single]
     tensors = _tensors(plan, captured)
     contract = captured.info.contract
-    session, feed_name, names = captured.session, contract.input_name, [contract.output_name]
-    for t in tensors[:WARM_UP]:
-        session.run(names, {feed_name: t})
-    runs = []
+    feed_name, names = contract.input_name, [contract.output_name]
+    for side in sides:
+        for t in tensors[:WARM_UP]:
+            side.session.run(names, {feed_name: t})
+    runs: list[float] = []
+    cpu: list[list[float]] = [[] for _ in sides]
     for _ in range(plan.repeats):
-        start = time.perf_counter()
-        for i in range(plan.count):
-            session.run(names, {feed_name: tensors[i % len(tensors)]})
-        runs.append(plan.count / (time.perf_counter() - start))
+        for k, side in enumerate(sides):
+            start, cpu_start = time.perf_counter(), time.process_time()
+            for i in range(plan.count):
+                side.session.run(names, {feed_name: tensors[i % len(tensors)]})
+            if k == 0:
+                runs.append(plan.count / (time.perf_counter() - start))
+            cpu[k].append((time.process_time() - cpu_start) * 1000 / plan.count)
     fps = median(runs)
-    return {"fps": fps, "ms_per_frame": 1000 / fps, "runs_fps": runs, "frames": plan.count}
+    result = {"fps": fps, "ms_per_frame": 1000 / fps, "runs_fps": runs, "frames": plan.count, "cpu_ms_per_frame": median(cpu[0])}
+    if single is not None:
+        result["single_cpu_ms_per_frame"] = median(cpu[1])
+        result["threads_cpu_ratio"] = median([a / b for a, b in zip(cpu[0], cpu[1])])
+    return result
 
 
 def parallel_ceiling(plan: Plan, single: sessions.Captured, threads: int) -> dict[str, Any]:

@@ -91,6 +91,18 @@ def test_quick_benchmark_runs_every_scenario(tmp_path: Path) -> None:
         assert _positive(s[name]["fps"]), name
     if not results["machine"]["accelerated"]:
         assert _positive(s["parallel_ceiling"]["fps"])
+        # One inference at a time: a run's CPU on the engine's threads, and the bound that leaves,
+        # never above the bare loop; the burst is held to the limit with that bound beside it.
+        assert _positive(s["ceiling"]["cpu_ms_per_frame"]) and _positive(s["ceiling"]["threads_cpu_ratio"])
+        d = results["derived"]
+        assert 0 < d["one_run_fps"] <= s["ceiling"]["fps"] and _positive(d["one_run_vs_limit"])
+        assert _positive(d["one_run_ort_fps"]) and _positive(d["one_run_ort_vs_limit_ort"])
+        assert f"one inference at a time ({results['engine']['chosen']})" in stdout
+        limits = [t for t in results["targets"] if t["target"].startswith("burst vs machine limit")]
+        assert [t["target"] for t in limits] == [
+            f"burst vs machine limit ({e})" for e in dict.fromkeys((results["engine"]["chosen"], "CPU fp32"))
+        ]
+        assert all("one inference at a time allows" in t["goal"] and t["met"] is not None for t in limits)
         side = s["side_by_side"]  # the limit's two loops, alone and at once
         if results["machine"]["cores"] >= 2:
             for key in ("infer_ms_alone", "infer_ms_beside", "image_cpu_ms_alone", "image_cpu_ms_beside"):
@@ -243,3 +255,25 @@ def test_the_real_network_made_fp32_goes_through_autos_int8_gate(tmp_path: Path,
     assert all(_positive(ms) for engine in result["int8 ms a run"].values() for ms in engine.values())
     if x86 and not emulate and not avx2_kernels:
         pytest.skip("int8 on AVX2's kernels not checked: qemu-x86_64 is not installed (apt-get install qemu-user)")
+
+
+def test_one_inference_at_a_time_is_the_limit_with_what_the_engines_threads_cost() -> None:
+    """The bound the burst is reported beside: the limit's run CPU grown by the threads' ratio, never above the bare loop."""
+    from benchmarks import report
+
+    results = {
+        "machine": {"cores": 2, "accelerated": False},
+        "scenarios": {
+            "costs": {"infer_cpu_ms": 30.0, "image_cpu_ms": 10.0},
+            "ceiling": {"fps": 60.0, "threads_cpu_ratio": 1.1},
+        },
+    }
+    assert report.limit_fps(results, 60.0) == pytest.approx(2000 / 40)
+    assert report.one_run_fps(results) == pytest.approx(2000 / (33 + 10))  # below the limit, by the threads' cost
+    results["scenarios"]["ceiling"]["fps"] = 40.0
+    assert report.one_run_fps(results) == 40.0  # and never above the bare loop
+    del results["scenarios"]["ceiling"]["threads_cpu_ratio"]
+    assert report.one_run_fps(results) is None  # not measured: no bound claimed
+    results["machine"]["accelerated"] = True
+    results["scenarios"]["ceiling"]["threads_cpu_ratio"] = 1.1
+    assert report.one_run_fps(results) is None  # beside an accelerator the limit is the bare loop itself
