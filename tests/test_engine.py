@@ -337,7 +337,7 @@ def test_workers_yield_to_the_inference_thread(tmp_path, tiny_model):
 
     A frame alone has its map's JPEG encoded in two strips, the lower one handed
     to the pool by the first worker: the pool starts the second worker from the
-    first, whose niceness it starts with (it used to end at base + 14).
+    first, whose niceness it starts with (counted from there, it would end at base + 14).
     """
     import os
     import sys
