@@ -230,19 +230,15 @@ class _Pull:
     gain: float
     scale: float
 
-    def taken(self, share: np.ndarray, gap: np.ndarray) -> np.ndarray:
-        """The share of its gap each pixel is pulled (a new array, `share`'s type)."""
-        if not self.scale > 0:
-            return share.copy()
-        weight = np.abs(gap).astype(share.dtype, copy=False)
-        weight *= share.dtype.type(self.gain / self.scale)
-        np.minimum(weight, 1, out=weight)
-        weight *= share
-        return weight
-
     def applied(self, filtered: np.ndarray, share: np.ndarray, gap: np.ndarray) -> np.ndarray:
-        """`filtered` with each pixel moved its `taken` share of `gap` (a new array)."""
-        moved = self.taken(share, gap)
+        """`filtered` with each pixel moved its pulled share of `gap` (a new array, `share`'s type)."""
+        if self.scale > 0:
+            moved = np.abs(gap).astype(share.dtype, copy=False)
+            moved *= share.dtype.type(self.gain / self.scale)
+            np.minimum(moved, 1, out=moved)
+            moved *= share
+        else:
+            moved = share.copy()
         moved *= gap
         moved += filtered
         return moved
