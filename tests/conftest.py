@@ -36,7 +36,7 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from daemon_process import DaemonProcess, wait_for  # noqa: E402
+from daemon_process import DaemonProcess, machine_factor, wait_for  # noqa: E402
 from onnx_models import brightness_model  # noqa: E402
 
 #: The shared material (the real FastDepth model): $DEPTHWATCH_SHARED, else ../shared beside the checkout.
@@ -54,6 +54,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Each test's time limit (pytest-timeout) stretched by the machine's load as the test starts.
+
+    The limit is there to end a test that hangs, not to time one: the suite beside
+    two busy loops runs several times slower, and a fixed limit would fail a
+    daemon that is only slow. Runs before pytest-timeout reads the marker.
+    """
+    marker = item.get_closest_marker("timeout")
+    if marker is not None:
+        base = marker.args[0] if marker.args else marker.kwargs.get("timeout")
+    else:
+        base = item.config.getini("timeout")
+    if base:
+        factor = machine_factor()
+        if factor > 1.0:
+            item.add_marker(pytest.mark.timeout(float(base) * factor), append=False)
+    yield
 
 @pytest.fixture
 def tiny_model(tmp_path: Path, _user_folders_of_its_own: None, _tiny_models_engines: Path) -> Path:

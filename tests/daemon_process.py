@@ -46,16 +46,60 @@ def assert_one_process(trace: Path) -> None:
     assert not processes, processes
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = TIMEOUT, what: str = "condition") -> Any:
-    """Poll `condition` until it returns something truthy; fail loudly after `timeout`."""
-    deadline = time.monotonic() + timeout
+def machine_factor() -> float:
+    """How many times slower than a quiet machine this one runs now: runnable tasks per core, at least 1.
+
+    A fixed wait is a wall-clock limit in disguise: the suite beside two busy
+    loops, or beside another suite, runs several times slower, and a wait that
+    holds on a quiet machine fails there for no fault of the daemon's.
+    """
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # no load average on this platform: take the machine as quiet
+        return 1.0
+    return max(1.0, load / (os.cpu_count() or 1))
+
+
+def wait_for(
+    condition: Callable[[], Any],
+    timeout: float = TIMEOUT,
+    what: str = "condition",
+    *,
+    progress: Callable[[], Any] | None = None,
+    log: Callable[[], str] | None = None,
+) -> Any:
+    """Poll `condition` until it returns something truthy; fail loudly once it cannot be coming.
+
+    `timeout` is what a quiet machine needs; it stretches with the machine's load
+    (`machine_factor`), looked at afresh at every poll. With `progress`, it counts
+    from the last time `progress()` changed, so a long job that keeps moving is
+    waited for however slow the machine, and one that stops moving fails as soon.
+    A failure carries the tail of `log()` (the daemon's log): the reason a wait
+    failed is in it, and it is gone once the test's folder is.
+    """
+    started = last_move = time.monotonic()
+    seen = progress() if progress is not None else None
     while True:
         value = condition()
         if value is not None and (isinstance(value, np.ndarray) or value):
             return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        now = time.monotonic()
+        if progress is not None:
+            moved = progress()
+            if moved != seen:
+                seen, last_move = moved, now
+        if now - last_move > timeout * machine_factor():
+            still = f" ({now - last_move:.0f} s without progress)" if progress is not None else ""
+            message = f"timed out after {now - started:.0f} s waiting for {what}{still}"
+            if log is not None:
+                tail = log().splitlines()[-LOG_LINES_SHOWN:]
+                message += f"\nthe daemon's log, its last {len(tail)} lines:\n" + "\n".join(tail)
+            raise AssertionError(message)
         time.sleep(0.02)
+
+
+#: Lines of the daemon's log a failed wait shows.
+LOG_LINES_SHOWN = 80
 
 
 class DaemonProcess(harness.DaemonProcess):
@@ -96,15 +140,36 @@ class DaemonProcess(harness.DaemonProcess):
         super().__init__(root, config, prefix=[*privileges(restricted), *wrapper])
 
     def start(self, wait: bool = True, timeout: float = TIMEOUT) -> DaemonProcess:
-        """Start it and wait for `running`; a daemon that never gets there is stopped before the test fails."""
+        """Start it and wait for `running`; a daemon that never gets there is stopped before the test fails.
+
+        `timeout` is for a quiet machine, stretched by its load as `wait_for` stretches it.
+        """
         try:
-            super().start(wait, timeout)
+            super().start(wait, timeout * machine_factor())
         except BaseException as exc:
             self.close()
             if isinstance(exc, harness.BenchError):
                 raise AssertionError(str(exc)) from None
             raise
         return self
+
+    def wait_for(self, condition: Callable[[], Any], timeout: float = TIMEOUT, what: str = "condition") -> Any:
+        """`wait_for` on this daemon: `timeout` counts from its last progress, and a failure shows its log.
+
+        Progress is anything its status file says it has done or is doing: the
+        counts, the queue, the clip's frames. A clip of hundreds of frames on a
+        loaded machine is waited for as long as it keeps moving.
+        """
+        return wait_for(condition, timeout, what, progress=self.progress, log=self.log)
+
+    def progress(self) -> tuple[Any, ...]:
+        """What the daemon has done so far, as its status file says: changes whenever it gets anything done."""
+        status = self.status()
+        clip = status.get("clip") or {}
+        return (
+            status.get("state"), status.get("pid"), tuple(sorted((status.get("counts") or {}).items(), key=str)),
+            status.get("queue_depth"), status.get("in_progress"), clip.get("done"), clip.get("phase"),
+        )
 
     def temp_files(self) -> list[str]:
         return sorted(p.name for p in self.watch.rglob("*") if p.name.endswith(".dwtmp"))

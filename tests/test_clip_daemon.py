@@ -68,7 +68,7 @@ def _live_latency(d: DaemonProcess, frame: bytes) -> float:
     before = _signature(output)
     start = time.perf_counter()
     write_by_rename(d.watch / "frame.jpg", frame)
-    wait_for(lambda: _signature(output) != before, what="the live frame's map")
+    d.wait_for(lambda: _signature(output) != before, what="the live frame's map")
     return time.perf_counter() - start
 
 
@@ -96,7 +96,7 @@ def test_clip_job_beside_live_frames(tmp_path: Path) -> None:
             _live_latency(d, frame)
         target = d.watch / "A001.mov"
         _slow_copy(source.read_bytes(), target)
-        wait_for(lambda: (d.status().get("clip") or {}).get("done"), what="the clip job to start")
+        d.wait_for(lambda: (d.status().get("clip") or {}).get("done"), what="the clip job to start")
         output = d.watch / "A001_depth.mov"
         during = []
         for frame in frames:
@@ -105,9 +105,9 @@ def test_clip_job_beside_live_frames(tmp_path: Path) -> None:
             during.append(bool(clip and d.status().get("clip")))  # the clip was in progress before and after
             if output.exists():
                 assert video.is_complete(output, output.stat().st_size), "a partial depth clip under the final name"
-        wait_for(lambda: output.exists(), timeout=120, what="the depth clip")
+        d.wait_for(lambda: output.exists(), timeout=120, what="the depth clip")
         assert video.is_complete(output, output.stat().st_size)
-        wait_for(lambda: d.counts().get("clips") == 1, what="the clip to be counted")
+        d.wait_for(lambda: d.counts().get("clips") == 1, what="the clip to be counted")
         log = d.log()
         # The daemon's own latency per frame (found complete -> map written), in drop order.
         totals = [t["total"] for t in d.frame_timings()]
@@ -138,7 +138,7 @@ def test_sigterm_mid_clip_leaves_nothing_and_the_next_start_maps_it(tmp_path: Pa
     try:
         d.start()
         os.rename(tmp_path / "B002.mov", source)
-        wait_for(
+        d.wait_for(
             lambda: ((d.status().get("clip") or {}).get("done") or 0) >= 1 or (d.watch / "B002_depth.mov").exists(),
             what="the clip under way",
         )
@@ -157,7 +157,7 @@ def test_sigterm_mid_clip_leaves_nothing_and_the_next_start_maps_it(tmp_path: Pa
         assert not (d.watch / "B002_depth.mov").exists() and d.temp_files() == []
         assert "stopped by the daemon's shutdown" in d.log()
         d.start()
-        wait_for(lambda: (d.watch / "B002_depth.mov").exists(), timeout=120, what="the clip mapped after the restart")
+        d.wait_for(lambda: (d.watch / "B002_depth.mov").exists(), timeout=120, what="the clip mapped after the restart")
     finally:
         d.stop()
     assert probe(d.watch / "B002_depth.mov")["frames"] == count
@@ -173,11 +173,11 @@ def test_clip_rewritten_mid_job_starts_over(tmp_path: Path) -> None:
     try:
         d.start()
         os.rename(first, target)
-        wait_for(lambda: (d.status().get("clip") or {}).get("done"), what="the clip job to start")
+        d.wait_for(lambda: (d.status().get("clip") or {}).get("done"), what="the clip job to start")
         os.rename(second, target)  # an editor exports again over it
         output = d.watch / "C003_depth.mkv"
-        wait_for(lambda: output.exists(), timeout=120, what="the depth clip of the new version")
-        wait_for(lambda: d.counts().get("clips") == 1, what="the clip to be counted")
+        d.wait_for(lambda: output.exists(), timeout=120, what="the depth clip of the new version")
+        d.wait_for(lambda: d.counts().get("clips") == 1, what="the clip to be counted")
         log = d.log()
     finally:
         d.stop()
@@ -207,10 +207,10 @@ def test_bad_clips_in_the_daemon(tmp_path: Path) -> None:
                 i += 512
                 time.sleep(0.1)  # the writer's pace
                 assert time.monotonic() < deadline + 30, d.log()[-2000:]
-        wait_for(lambda: d.counts().get("clips_failed", 0) >= 4, what="four bad clips reported")
+        d.wait_for(lambda: d.counts().get("clips_failed", 0) >= 4, what="four bad clips reported")
         # The daemon keeps going: a live frame still gets its map.
         write_by_rename(d.watch / "frame.jpg", pan_frames(photos()[0], (160, 96), 1, 1)[0])
-        wait_for(lambda: (d.watch / "depth.jpg").exists(), what="a frame after the bad clips")
+        d.wait_for(lambda: (d.watch / "depth.jpg").exists(), what="a frame after the bad clips")
         log = d.log()
     finally:
         d.stop()
@@ -243,10 +243,10 @@ def test_two_clips_for_one_depth_clip_get_one_line(tmp_path: Path) -> None:
     try:
         d.start()
         os.rename(tmp_path / "A.mp4", d.watch / "A.mp4")
-        wait_for(lambda: d.counts().get("clips") == 1, timeout=120, what="A.mp4's depth clip")
+        d.wait_for(lambda: d.counts().get("clips") == 1, timeout=120, what="A.mp4's depth clip")
         made = _signature(output)
         os.rename(tmp_path / "A.mov", d.watch / "A.mov")
-        wait_for(lambda: d.counts().get("clips_failed") == 1, what="A.mov refused")
+        d.wait_for(lambda: d.counts().get("clips_failed") == 1, what="A.mov refused")
         assert not d.counts().get("failed")  # a clip, not a frame (before: "frames: 0 done, 1 failed")
         shown = subprocess.run([sys.executable, "-m", "depthwatch", "status", "--status", str(d.status_path)],
                                capture_output=True, text=True, timeout=60).stdout
@@ -270,16 +270,16 @@ def test_depth_clips_are_known_by_their_mark_live_and_at_restart(tmp_path: Path)
     try:
         d.start()
         os.rename(tmp_path / "A.mov", d.watch / "A.mov")
-        wait_for(lambda: d.counts().get("clips") == 1, timeout=120, what="A.mov's depth clip")
+        d.wait_for(lambda: d.counts().get("clips") == 1, timeout=120, what="A.mov's depth clip")
         write_by_rename(d.watch / "copy.mov", (d.watch / "A_depth.mov").read_bytes())
-        wait_for(lambda: "clip copy.mov: is a depth clip depthwatch made; not taken as a clip" in d.log(), what="the copy refused")
+        d.wait_for(lambda: "clip copy.mov: is a depth clip depthwatch made; not taken as a clip" in d.log(), what="the copy refused")
         assert d.stop() == 0
         _clip_template(d, "{stem}_matte.mov")
         d.start()
-        wait_for(lambda: d.counts().get("clips") == 1, timeout=120, what="A.mov mapped under the new template")
-        wait_for(lambda: "clip A_depth.mov: is a depth clip depthwatch made" in d.log(), what="the old depth clip left alone")
-        wait_for(lambda: d.log().count("clip copy.mov: is a depth clip depthwatch made") == 2, what="the copy left alone")
-        wait_for(lambda: not d.status().get("clip") and not d.status().get("clips_waiting"), what="the clip thread idle")
+        d.wait_for(lambda: d.counts().get("clips") == 1, timeout=120, what="A.mov mapped under the new template")
+        d.wait_for(lambda: "clip A_depth.mov: is a depth clip depthwatch made" in d.log(), what="the old depth clip left alone")
+        d.wait_for(lambda: d.log().count("clip copy.mov: is a depth clip depthwatch made") == 2, what="the copy left alone")
+        d.wait_for(lambda: not d.status().get("clip") and not d.status().get("clips_waiting"), what="the clip thread idle")
         counts = d.counts()
     finally:
         d.stop()
@@ -298,14 +298,14 @@ def test_a_clip_that_met_a_full_disk_is_made_again_when_there_is_room(tmp_path: 
     try:
         d.start()
         os.rename(tmp_path / "D004.mov", d.watch / "D004.mov")
-        wait_for(lambda: d.counts().get("clips_failed") == 1, timeout=120, what="the full disk reported")
+        d.wait_for(lambda: d.counts().get("clips_failed") == 1, timeout=120, what="the full disk reported")
         line = _errors(d.log())[-1]
         assert "D004.mov: cannot" in line and "No space left on device" in line, line
         assert line.endswith(f"; made again once {small_disk} can be written"), line
         assert [p.name for p in small_disk.iterdir()] == ["filler"]  # no temporary file left
         filler.unlink()
-        wait_for(lambda: output.exists(), timeout=120, what="the depth clip once there is room")
-        wait_for(lambda: d.counts().get("clips") == 1, what="the clip counted")
+        d.wait_for(lambda: output.exists(), timeout=120, what="the depth clip once there is room")
+        d.wait_for(lambda: d.counts().get("clips") == 1, what="the clip counted")
     finally:
         d.stop()
     assert probe(output)["frames"] == 24
@@ -442,10 +442,10 @@ def test_a_clip_for_the_depth_clip_in_progress_is_refused_not_cancelling_it(tmp_
     try:
         d.start()
         os.rename(tmp_path / "long.mov", d.watch / "a" / "A.mov")
-        wait_for(lambda: ((d.status().get("clip") or {}).get("done") or 0) >= 2, timeout=120, what="a/A.mov being mapped")
+        d.wait_for(lambda: ((d.status().get("clip") or {}).get("done") or 0) >= 2, timeout=120, what="a/A.mov being mapped")
         os.rename(tmp_path / "short.mov", d.watch / "b" / "A.mov")
-        wait_for(lambda: d.counts().get("clips_failed") == 1, what="b/A.mov refused")
-        wait_for(lambda: d.counts().get("clips") == 1, timeout=180, what="a/A.mov's depth clip")
+        d.wait_for(lambda: d.counts().get("clips_failed") == 1, what="b/A.mov refused")
+        d.wait_for(lambda: d.counts().get("clips") == 1, timeout=180, what="a/A.mov's depth clip")
         log = d.log()
     finally:
         d.stop()
@@ -470,10 +470,10 @@ def test_a_finished_depth_sequence_folder_is_no_failed_frame_under_pattern_star(
     try:
         d.start()
         os.rename(source, d.watch / "shot.mp4")
-        wait_for(lambda: d.counts().get("clips") == 1, timeout=120, what="the depth sequence")
+        d.wait_for(lambda: d.counts().get("clips") == 1, timeout=120, what="the depth sequence")
         # A frame dropped after it gets its map: by then the sequence's folder has been looked at.
         write_by_rename(d.watch / "z.png", cv2.imencode(".png", quadrant_frame())[1].tobytes())
-        wait_for(lambda: d.counts().get("done") == 1, what="the last frame's map")
+        d.wait_for(lambda: d.counts().get("done") == 1, what="the last frame's map")
         counts, log = d.counts(), d.log()
     finally:
         d.stop()
@@ -510,16 +510,16 @@ def test_a_recursive_watch_never_takes_its_own_sequences_or_depth_clips_for_inpu
     try:
         d.start()
         os.rename(source, d.watch / "shot.mp4")
-        wait_for(lambda: d.counts().get("clips") == 1, timeout=120, what="the depth sequence")
+        d.wait_for(lambda: d.counts().get("clips") == 1, timeout=120, what="the depth sequence")
         (d.watch / "shot_depth" / "my_comp.nk").write_text("Root {}\n")  # saved beside the frames
         write_clip(source, pan_clip_frames(SIZE, count, step=6, shot=15), codec="h264")
         os.rename(source, d.watch / "shot.mp4")  # exported again: the sequence is made again
-        wait_for(lambda: d.counts().get("clips") == 2, timeout=120, what="the second depth sequence")
+        d.wait_for(lambda: d.counts().get("clips") == 2, timeout=120, what="the second depth sequence")
         os.rename(graded, d.watch / "graded.mp4")
-        wait_for(lambda: "clip graded.mp4: is a depth clip depthwatch made" in d.log(), what="the depth clip passed over")
+        d.wait_for(lambda: "clip graded.mp4: is a depth clip depthwatch made" in d.log(), what="the depth clip passed over")
         # A frame dropped after all that gets its map: what came before it has been looked at.
         write_by_rename(d.watch / "z.png", cv2.imencode(".png", quadrant_frame())[1].tobytes())
-        wait_for(lambda: (d.watch / "z_depth.png").exists() and d.counts().get("done") == 1, what="the last frame's map")
+        d.wait_for(lambda: (d.watch / "z_depth.png").exists() and d.counts().get("done") == 1, what="the last frame's map")
         counts = d.counts()
         log = d.log()
     finally:
