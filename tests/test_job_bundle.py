@@ -152,7 +152,7 @@ def test_a_clips_tasks_each_alone_in_any_order_one_twice_then_the_join_twice_mak
     # The chunks as OpenJD cuts the step, read from a run whose command only says its arguments.
     dry = run_step(folder, "Map", values(folder, DepthwatchCommand="echo"))
     assert dry.returncode == 0, dry.stdout + dry.stderr
-    chunks = re.findall(r"once \S+ --frames (\S+)", dry.stdout)
+    chunks = re.findall(r"once \S+ --frames=(\S+)", dry.stdout)
     assert len(chunks) == 3 and chunks[0].startswith("0-") and chunks[-1].endswith("-39"), chunks
     # A join before its segments are made fails with one line, and a non-zero exit, for the farm to retry.
     early = run_step(folder, "Join", params)

@@ -271,7 +271,7 @@ def main(args: argparse.Namespace) -> int:
             _refuse_replacing(rules_for((s.parent for s in sources), config.output.template).jobs_for(sources)[0])
         collect = partial(collect_inputs, template=config.output.template, clip_template=config.output.clip_template)
         return jobbundle.write_for(Path(args.job_bundle), config, clip_jobs, clip_refused, sources, args.output,
-                                   chunk=args.chunk, timeline=args.timeline, collect=collect)
+                                   chunk=args.chunk, timeline=args.timeline, collect=collect, left_out=left_out)
     if clips and (args.frames or args.join):  # a farm manager's own tasks (farm.managed)
         from depthwatch.farm import managed
 

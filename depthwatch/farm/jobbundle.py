@@ -9,7 +9,8 @@ code, before any file is written.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,11 @@ def write_for(
     chunk: int | None,
     timeline: bool,
     collect: Callable[[list[str]], list[Path]],
+    left_out: Sequence[str] = (),
 ) -> int:
     """`once`'s inputs (`clips`: the clips' jobs, `refused`: a line for each clip it refused; `frames`: the
-    stills and numbered frames) as one job, written into `folder`; 0. `collect`: `once`'s frames of a folder."""
+    stills and numbered frames) as one job, written into `folder`; 0. `collect`: `once`'s frames of a folder;
+    `left_out`: its lines on files of an input folder left out, said once the job is not refused."""
     if refused:
         raise FrameError(refused[0])  # the clip's line, and the exit once gives it
     if (clips and frames) or len(clips) > 1:
@@ -48,6 +51,8 @@ def write_for(
     model = model_of(config)
     size = chunk or CHUNK
     job = clip_job(clips[0], output, config, model, size, timeline) if clips else frames_job(frames, output, config, model, size, collect)
+    for line in left_out:
+        print(line, file=sys.stderr)
     written = write(folder, job)
     steps = f"{jobtemplate.tasks(job)} range task(s) of up to {size} frames" + (" then a join" if job.clip else "")
     print(
