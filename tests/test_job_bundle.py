@@ -168,7 +168,12 @@ def test_a_clips_tasks_each_alone_in_any_order_one_twice_then_the_join_twice_mak
     joined = run_step(folder, "Join", params)
     assert joined.returncode == 0 and f"{FRAMES} frames joined" in joined.stdout, joined.stdout + joined.stderr
     made = out.read_bytes()
-    again = run_step(folder, "Join", params)  # the join requeued: done already, and the depth clip stays
+    assert not (out.parent / ".A001_depth.mov.farm").exists()
+    # A range task requeued after the join, then the join requeued: done already, the depth clip as it was,
+    # and the segment that task made again goes.
+    late = run_step(folder, "Map", params, "--task-param", f"Range={chunks[0]}")
+    assert late.returncode == 0 and (out.parent / ".A001_depth.mov.farm").is_dir(), late.stdout + late.stderr
+    again = run_step(folder, "Join", params)
     assert again.returncode == 0 and "already joined" in again.stdout, again.stdout + again.stderr
     assert out.read_bytes() == made
     assert not (out.parent / ".A001_depth.mov.farm").exists()
@@ -189,12 +194,15 @@ def test_a_folders_step_run_by_openjd_makes_local_onces_maps(shot: Path, tmp_pat
     folder = bundle(tmp_path, str(shot / "plates"), "-o", str(maps / "{stem}_depth.png"), "-c", str(shot / "config.yaml"), "--chunk", "13")
     done = run_step(folder, "Map", values(folder, DepthwatchCommand=DEPTHWATCH))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert re.findall(r"Range\(CHUNK\[INT\]\) = (\S+)", done.stdout)[0].startswith("1001-"), done.stdout
     assert done.stdout.count("openjd_progress: 100.0") == 2, done.stdout  # 26 frames in 2 tasks, each to its end
     local = once(tmp_path, str(shot / "plates"), "-o", str(tmp_path / "local" / "{stem}_depth.png"), "-c", str(shot / "config.yaml"))
     assert local.returncode == 0, local.stderr
     names = sorted(p.name for p in (tmp_path / "local").glob("*.png"))
     assert len(names) == 26 and sorted(p.name for p in maps.glob("*.png")) == names
+    chunks = re.findall(r"Range\(CHUNK\[INT\]\) = (\S+)", done.stdout)
+    assert chunks == ["1001-1013", "1014-1026"], done.stdout  # cut by OpenJD over the frame numbers
+    again = run_step(folder, "Map", values(folder, DepthwatchCommand=DEPTHWATCH), "--task-param", f"Range={chunks[-1]}")
+    assert again.returncode == 0, again.stdout + again.stderr  # a task run twice: its maps written again, the same
     for name in names:
         mine, theirs = (cv2.imread(str(f / name), cv2.IMREAD_UNCHANGED) for f in (maps, tmp_path / "local"))
         assert np.array_equal(mine, theirs), name
