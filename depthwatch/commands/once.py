@@ -35,6 +35,7 @@ from typing import Any
 from depthwatch.commands.common import add_config_arguments, config_from_args
 from depthwatch.config import OutputConfig, WatchConfig
 from depthwatch.errors import ConfigError, DepthwatchError, FrameError, InputError
+from depthwatch.farm.jobtemplate import CHUNK
 from depthwatch.frames import provenance
 from depthwatch.frames.replacing import map_refusal_at
 from depthwatch.frames.rules import Claims, Rules
@@ -87,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--job-bundle", metavar="DIR", help="map nothing: write into DIR an Open Job Description job bundle of range tasks "
         "(and a join, for a clip) that a farm runs: deadline bundle submit DIR, or openjd run (see docs/farm.md)",
     )
-    parser.add_argument("--chunk", metavar="FRAMES", type=int, help="with --job-bundle: frames per task (default 100, about a minute on a CPU node)")
+    parser.add_argument("--chunk", metavar="FRAMES", type=int, help=f"with --job-bundle: frames per task (default {CHUNK}, about a minute on a CPU node)")
     parser.add_argument("--openjd", action="store_true", help="print OpenJD's progress and status lines (a job bundle's tasks pass it)")
     parser.add_argument(
         "--timeline", action="store_true", help="beside each depth clip, a timeline with the clip on V1 and its depth clip on V2 (.otio, .fcpxml)"
