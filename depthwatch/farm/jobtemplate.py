@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from depthwatch.imaging.normalise import MODES
+
 #: Frames a task maps, by default: about a minute of work on a CPU node. A range task decodes
 #: and runs the model on up to 53 frames past each edge of its range too (the shot planner's
 #: view), and renders and encodes its own: measured on 2 shared cores (1080p ProRes, FastDepth
@@ -48,7 +50,7 @@ JOIN_STEP = "Join"
 #: once's options a bundle carries as job parameters (their values this run's, from the
 #: command line or the config): (option, parameter, OpenJD type, allowed values).
 OPTIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
-    ("normalise", "Normalise", "STRING", ("stable", "frame")),
+    ("normalise", "Normalise", "STRING", MODES),
     ("refine", "Refine", "STRING", ("edges", "none")),
     ("near", "Near", "STRING", ()),
     ("far", "Far", "STRING", ()),
