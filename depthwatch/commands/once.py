@@ -28,12 +28,14 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from depthwatch.commands.common import add_config_arguments, config_from_args
 from depthwatch.config import OutputConfig, WatchConfig
 from depthwatch.errors import ConfigError, DepthwatchError, FrameError, InputError
+from depthwatch.farm.jobtemplate import CHUNK
 from depthwatch.frames import provenance
 from depthwatch.frames.replacing import map_refusal_at
 from depthwatch.frames.rules import Claims, Rules
@@ -82,6 +84,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "maps already up to date are skipped, so running it again resumes an interrupted job",
     )
     parser.add_argument("--force", action="store_true", help="with --farm: map every frame, even those up to date")
+    parser.add_argument(
+        "--job-bundle", metavar="DIR", help="map nothing: write into DIR an Open Job Description job bundle of range tasks "
+        "(and a join, for a clip) that a farm runs: deadline bundle submit DIR, or openjd run (see docs/farm.md)",
+    )
+    parser.add_argument("--chunk", metavar="FRAMES", type=int, help=f"with --job-bundle: frames per task (default {CHUNK}, about a minute on a CPU node)")
+    parser.add_argument("--openjd", action="store_true", help="print OpenJD's progress and status lines (a job bundle's tasks pass it)")
     parser.add_argument(
         "--timeline", action="store_true", help="beside each depth clip, a timeline with the clip on V1 and its depth clip on V2 (.otio, .fcpxml)"
     )
@@ -206,6 +214,10 @@ def main(args: argparse.Namespace) -> int:
     from depthwatch.model import catalogue
     from depthwatch.model.engine import Engine
 
+    if args.job_bundle and (args.farm or args.frames or args.join or args.force):
+        raise ConfigError("--job-bundle writes the whole job's tasks: drop --farm, --frames, --join and --force")
+    if args.chunk is not None and (not args.job_bundle or args.chunk < 1):
+        raise ConfigError("--chunk goes with --job-bundle and takes a number of frames, 1 or more")
     if args.force and not args.farm:
         raise ConfigError("--force goes with --farm (local once always maps every frame); drop it or add --farm ADDRESS")
     if args.farm and (args.model or args.profile):
@@ -253,12 +265,20 @@ def main(args: argparse.Namespace) -> int:
         except FrameError as exc:
             raise ConfigError(str(exc)) from None
     clip_jobs, clip_refused = _clip_jobs(clips, config)  # ConfigError, before any work, for a clash
+    if args.job_bundle:  # the job written for a farm to run (farm.jobbundle), nothing mapped
+        from depthwatch.farm import jobbundle
+
+        if sources:  # outputs that clash are said now, not by every task
+            _refuse_replacing(rules_for((s.parent for s in sources), config.output.template).jobs_for(sources)[0])
+        collect = partial(collect_inputs, template=config.output.template, clip_template=config.output.clip_template)
+        return jobbundle.write_for(Path(args.job_bundle), config, clip_jobs, clip_refused, sources, args.output,
+                                   chunk=args.chunk, timeline=args.timeline, collect=collect, left_out=left_out)
     if clips and (args.frames or args.join):  # a farm manager's own tasks (farm.managed)
         from depthwatch.farm import managed
 
         for line in clip_refused:
             print(f"depthwatch: {line}", file=sys.stderr)
-        return 1 if managed.run(clip_jobs, args.frames, args.join, config) or clip_refused else 0
+        return 1 if managed.run(clip_jobs, args.frames, args.join, config, task=args.openjd) or clip_refused else 0
     if clips and not sources:
         _say(left_out)
         if args.farm:
@@ -278,7 +298,7 @@ def main(args: argparse.Namespace) -> int:
     if not args.farm:  # the farm client sweeps what its workers left, once its job is over
         _sweep_left_behind(job.output for job in jobs)
     began = time.monotonic()
-    progress = _progress(len(sources))
+    progress = _progress(len(sources), args.openjd)
     for line in failures:
         progress.write(f"depthwatch: {line}", file=sys.stderr)
         progress.update(1)
@@ -643,7 +663,11 @@ def _summary(frames: int, failed: int, began: float, up_to_date: int = 0) -> Non
     print(f"{done} depth map{'s' if done != 1 else ''} written{already}, {failed} failed, in {time.monotonic() - began:.1f} s")
 
 
-def _progress(total: int):  # noqa: ANN202 - tqdm or its stand-in
+def _progress(total: int, openjd: bool = False):  # noqa: ANN202 - tqdm or its stand-in
     from tqdm import tqdm
 
+    if openjd:  # a job bundle's task: OpenJD's lines for the farm's monitor
+        from depthwatch.farm.taskprogress import TaskProgress
+
+        return TaskProgress(total)
     return tqdm(total=total, unit="frame", disable=total < 10 or not sys.stderr.isatty(), file=sys.stderr)

@@ -27,6 +27,7 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from depthwatch.clips.job import ClipJob
@@ -35,6 +36,7 @@ from depthwatch.farm import segments
 from depthwatch.farm.clipindex import ClipIndex
 from depthwatch.farm.clipindex import read as read_index
 from depthwatch.farm.cliptasks import ClipRange, inferred
+from depthwatch.farm.taskprogress import TaskProgress
 from depthwatch.files import sha256_of
 from depthwatch.frames import timeline
 from depthwatch.frames.job import signature_of
@@ -67,9 +69,14 @@ def frames_of(spec: set[int], first_frame: int, count: int) -> tuple[int, int]:
     return lo - first_frame, hi - first_frame + 1
 
 
-def make_range(job: ClipJob, spec: set[int], engine: Engine, settings: Settings, index: ClipIndex) -> str:
-    """The segment of the frames `spec` names, into the depth clip's segments folder; a line saying what was done."""
-    kind = _kind(job)
+def make_range(
+    job: ClipJob, spec: set[int], engine: Engine, settings: Settings, index: ClipIndex, on_frame: Callable[[], None] | None = None
+) -> str:
+    """The segment of the frames `spec` names, into the depth clip's segments folder; a line saying what was done.
+
+    `on_frame`: called as each frame of the range is written (a job bundle's task reports its progress).
+    """
+    kind = depth_clip_kind(job)
     a, b = frames_of(spec, settings.first_frame, len(index))
     with video.Clip(job.source) as clip:
         meta = clip.info
@@ -114,6 +121,8 @@ def make_range(job: ClipJob, spec: set[int], engine: Engine, settings: Settings,
         for k, image, nearness in planned:
             if a <= k < b:
                 writer.write(meta.stored(render.render(nearness, meta.shown_size, options, guide=image)))
+                if on_frame is not None:
+                    on_frame()
             if k == b - 1:
                 break  # the margin after the range has done its part: no more decoding
         writer.close()
@@ -127,14 +136,18 @@ def make_range(job: ClipJob, spec: set[int], engine: Engine, settings: Settings,
     return f"{shown(job.source.name)}: {numbers}: segment written ({b - a} frames, planned from frames {settings.first_frame + lo}-{settings.first_frame + hi - 1})"
 
 
-def join(job: ClipJob, settings: Settings, model: Path) -> int:
+def join(job: ClipJob, settings: Settings, model: Path, requeued: bool = False) -> int:
     """The range tasks' segments joined into the depth clip, in place only whole; its frames.
 
     Only segments of this version of the clip, these settings and this model
     count; they must cover every frame once, or nothing is written (one line
-    saying which frames are missing).
+    saying which frames are missing). `requeued`: a job bundle's join, which
+    runs only once all its range tasks are through, so segments missing while
+    the depth clip in place was made from this version of the clip mean this
+    join ran before (a farm running it again): it is done, and the segments a
+    range task run again since then left are removed. Returns 0 then.
     """
-    _kind(job)
+    depth_clip_kind(job)
     if settings.timeline:
         timeline.check(job.sequence)  # before the work, as local once and the farm client do
     index = read_index(job.source)
@@ -171,6 +184,9 @@ def join(job: ClipJob, settings: Settings, model: Path) -> int:
                     f"(frames {n0 + over[0]}-{n0 + b - 1} are in both): the range tasks must cover every frame once; "
                     "run them again as ranges that do not overlap, then join"
                 )
+            if requeued and os.path.isfile(job.final) and clipwrite.made_from(job.final) == signature_of(job.source):
+                segments.remove_folder(folder)
+                return 0
             raise FrameError(
                 f"no segment of frames {n0 + k}-{n0 + end - 1} for this version of the clip, these settings and this model "
                 f"in {shown(folder)}; run their range task (once CLIP --frames {n0 + k}-{n0 + end - 1}) and join again"
@@ -195,7 +211,7 @@ def join(job: ClipJob, settings: Settings, model: Path) -> int:
     return written
 
 
-def _kind(job: ClipJob) -> clipwrite.Kind:
+def depth_clip_kind(job: ClipJob) -> clipwrite.Kind:
     kind = segments.segment_kind(job.output)
     if kind is None:
         raise ConfigError(
@@ -205,8 +221,12 @@ def _kind(job: ClipJob) -> clipwrite.Kind:
     return kind
 
 
-def run(jobs: list[ClipJob], frames: str | None, do_join: bool, config: Any) -> int:
-    """`once CLIP --frames A-B` (make one range's segment) or `once CLIP --join`; the clips that failed."""
+def run(jobs: list[ClipJob], frames: str | None, do_join: bool, config: Any, task: bool = False) -> int:
+    """`once CLIP --frames A-B` (make one range's segment) or `once CLIP --join`; the clips that failed.
+
+    `task`: run as a job bundle's task (`--openjd`): OpenJD's progress and status lines as it
+    goes, and a join run again once done says so and succeeds.
+    """
     from depthwatch.errors import DepthwatchError
     from depthwatch.frames import sequences
     from depthwatch.model import catalogue
@@ -217,9 +237,16 @@ def run(jobs: list[ClipJob], frames: str | None, do_join: bool, config: Any) -> 
     if do_join:
         for job in jobs:
             try:
-                written = join(job, settings, spec.path)
+                if task:
+                    print(f"openjd_status: joining the segments of {shown(job.source.name)}", flush=True)
+                written = join(job, settings, spec.path, requeued=task)
                 beside = " (and its timelines, .otio and .fcpxml)" if settings.timeline else ""
-                print(f"depthwatch: {shown(job.source.name)} -> {shown(job.final.name)}{beside}: {written} frames joined")
+                if written == 0:
+                    print(f"depthwatch: {shown(job.source.name)} -> {shown(job.final.name)}: already joined", flush=True)
+                else:
+                    print(f"depthwatch: {shown(job.source.name)} -> {shown(job.final.name)}{beside}: {written} frames joined", flush=True)
+                if task:
+                    print("openjd_progress: 100.0", flush=True)
             except DepthwatchError as exc:
                 print(f"depthwatch: {shown(job.source)}: {exc}", file=sys.stderr)
                 failed += 1
@@ -231,14 +258,18 @@ def run(jobs: list[ClipJob], frames: str | None, do_join: bool, config: Any) -> 
         raise ConfigError(f"--frames: {exc}") from None
     indexes = []
     for job in jobs:  # a range the clip does not have is a typing mistake: said before the model loads
-        _kind(job)
+        depth_clip_kind(job)
         indexes.append(read_index(job.source))
         frames_of(wanted, settings.first_frame, len(indexes[-1]))
     with Engine(spec) as engine:
         engine.wait_ready()
         for job, index in zip(jobs, indexes):
+            a, b = frames_of(wanted, settings.first_frame, len(index))
+            progress = TaskProgress(b - a, "frames of the range written") if task else None
             try:
-                print(f"depthwatch: {make_range(job, wanted, engine, settings, index)}")
+                print(f"depthwatch: {make_range(job, wanted, engine, settings, index, progress.update if progress else None)}", flush=True)
+                if progress is not None and progress.done < progress.total:  # its segment was already made
+                    progress.update(progress.total - progress.done)
             except (DepthwatchError, OSError) as exc:
                 why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
                 print(f"depthwatch: {shown(job.source)}: {why}", file=sys.stderr)
