@@ -1,0 +1,143 @@
+"""Frames and requests shaped to hurt: a thin strip, a map no JPEG can hold, a name no file can have,
+a folder under a frame's name, a body exactly at the API's limit. Each against the real daemon,
+command or listener: one line (or the work done), the daemon alive, its memory small."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import zlib
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from conftest import jpeg_bytes, quadrant_frame, write_by_rename
+from daemon_process import DaemonProcess, wait_for
+from onnx_models import brightness_model
+
+from depthwatch.imaging.stabilise import motion
+from depthwatch.model.contract import MAX_ASPECT, Contract, model_input_size
+from depthwatch.model.profiles import PROFILES
+
+#: The issue's strip: 1 x 70000 pixels, 0.07 megapixels, far under daemon.max_megapixels.
+STRIP = 70_000
+#: The daemon's peak resident memory with such a strip mapped stays under this (it grew past 3 GB).
+PEAK_RSS = 1 << 30
+
+
+def strip_png(width: int, height: int, seed: int = 0) -> bytes:
+    rng = np.random.default_rng((width, height, seed))
+    ok, buf = cv2.imencode(".png", rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+    assert ok
+    return buf.tobytes()
+
+
+def error_lines(d: DaemonProcess) -> list[str]:
+    return [line for line in d.log().splitlines() if " ERROR " in line]
+
+
+def idle(d: DaemonProcess) -> bool:
+    status = d.status()
+    return status.get("queue_depth") == 0 and status.get("in_progress") == 0
+
+
+def held_small(d: DaemonProcess, condition):
+    """`condition`, waited for while the daemon's peak memory is watched: one over PEAK_RSS is
+    killed at once (a strip that grows it does so by gigabytes a second), and the test fails."""
+
+    def check():
+        peak = d.peak_rss()
+        if peak > PEAK_RSS:
+            d.kill()
+            raise AssertionError(f"the daemon's peak RSS reached {peak / 2**20:.0f} MiB")
+        return condition()
+
+    return check
+
+
+# -- every size derived from a frame is bounded --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("size", "most"),
+    [((1, STRIP), (1, motion.THUMB_HEIGHT)), ((STRIP, 1), (motion.THUMB_WIDTH, 1)), ((1, 1), (1, 1))],
+)
+def test_a_thumbnail_fits_its_box_and_never_has_more_pixels_than_the_frame(size, most):
+    w, h = size
+    tw, th = motion.thumbnail_size(w, h)
+    assert (tw, th) == most
+    assert tw <= motion.THUMB_WIDTH and th <= motion.THUMB_HEIGHT and tw * th <= w * h
+    assert motion.thumbnail(np.zeros((h, w, 3), np.uint8)).shape == (th, tw, 3)
+
+
+def test_a_frame_of_ordinary_shape_keeps_its_thumbnail():
+    assert motion.thumbnail_size(1920, 1080) == (160, 90)
+    assert motion.thumbnail_size(1080, 1920) == (160, 284)
+    assert motion.thumbnail_size(3840, 1600) == (160, 67)
+
+
+def test_a_strips_model_input_fits_the_box_and_an_ordinary_frame_keeps_its_own():
+    profile = PROFILES["midas-v21-small"]  # a dynamic model's side: 256, multiples of 32
+    dynamic = Contract("image", np.float32, "NCHW", None, None, "depth", (1, "h", "w"))
+    for frame in ((1, STRIP), (STRIP, 1), (1, 1)):
+        w, h = model_input_size(dynamic, profile, frame)
+        assert max(w, h) <= MAX_ASPECT * 256 and min(w, h) <= 256, (frame, w, h)
+    assert model_input_size(dynamic, profile, (1920, 1080)) == (448, 256)
+    assert model_input_size(dynamic, profile, (6000, 1000)) == (1536, 256)  # a 6:1 panorama keeps its aspect
+
+
+def test_the_flow_on_thumbnails_too_small_for_it_is_no_motion_and_never_ends_the_process():
+    """The cut test's flow (DIS medium at level 1) ends the process on a thumbnail 12-15 pixels
+    high: a 2000 x 160 frame's. Run apart, so a crash fails this test and not the suite."""
+    code = textwrap.dedent(
+        """
+        import numpy as np
+        from depthwatch.imaging.stabilise import motion
+        rng = np.random.default_rng(1)
+        for h in (1, 7, 12, 13, 15):
+            a, b = (rng.integers(0, 256, (h, 160, 3), dtype=np.uint8) for _ in range(2))
+            assert motion.measure(a, b, live=True) is None and motion.measure(a, b) is None, h
+        a, b = (rng.integers(0, 256, (16, 160, 3), dtype=np.uint8) for _ in range(2))
+        assert motion.measure(a, b, live=True) is not None
+        print("held")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "held", (done.returncode, done.stderr[-2000:])
+
+
+@pytest.fixture
+def dynamic_model(tmp_path: Path) -> Path:
+    """The brightness model with a dynamic height and width: its input follows the frame's aspect."""
+    return brightness_model(tmp_path / "dynamic.onnx", size=None)
+
+
+@pytest.mark.parametrize("normalise", ["stable", "frame"])
+def test_a_thin_strip_is_mapped_with_little_memory(tmp_path, dynamic_model, normalise):
+    d = DaemonProcess(
+        tmp_path, dynamic_model, providers=["cpu"],
+        watch={"patterns": ["*.png"]},
+        output={"template": "{stem}_depth.png", "normalise": normalise, "refine": "edges", "error_sidecar": True},
+    ).start()
+    try:
+        for name, (w, h) in (("tall.png", (1, STRIP)), ("wide.png", (STRIP, 1)), ("band.png", (2000, 156))):
+            write_by_rename(d.watch / name, strip_png(w, h))
+        # A second version of the band: its thumbnail (160 x 12) against the first's, through the cut test.
+        wait_for(held_small(d, lambda: (d.watch / "band_depth.png").exists()), what="the band's map")
+        write_by_rename(d.watch / "band.png", strip_png(2000, 156, seed=1))
+        wait_for(held_small(d, lambda: d.counts().get("done", 0) + d.counts().get("failed", 0) >= 4 and idle(d)), what="four maps")
+        counts, peak = d.counts(), d.peak_rss()
+        assert d.proc.poll() is None
+    finally:
+        stopped = d.stop()  # killed already if it grew too large: that failure is the one to see
+    assert stopped == 0
+    print(f"peak RSS {peak / 2**20:.0f} MiB")
+    assert peak < PEAK_RSS
+    assert counts.get("done") == 4 and not counts.get("failed"), (counts, error_lines(d))
+    for name, (w, h) in (("tall_depth.png", (1, STRIP)), ("wide_depth.png", (STRIP, 1)), ("band_depth.png", (2000, 156))):
+        depth = cv2.imread(str(d.watch / name), cv2.IMREAD_UNCHANGED)
+        assert depth is not None and depth.shape == (h, w), (name, None if depth is None else depth.shape)
+    assert not d.temp_files()
