@@ -141,3 +141,80 @@ def test_a_thin_strip_is_mapped_with_little_memory(tmp_path, dynamic_model, norm
         depth = cv2.imread(str(d.watch / name), cv2.IMREAD_UNCHANGED)
         assert depth is not None and depth.shape == (h, w), (name, None if depth is None else depth.shape)
     assert not d.temp_files()
+
+
+# -- a map no JPEG can hold --------------------------------------------------------------------------------
+
+
+def test_a_frame_taller_than_a_jpeg_can_be_gets_one_line_before_the_model(tmp_path, tiny_model):
+    d = DaemonProcess(
+        tmp_path, tiny_model, watch={"patterns": ["*.png"]}, output={"template": "{stem}_depth.jpg", "error_sidecar": True}
+    ).start()
+    try:
+        write_by_rename(d.watch / "tall.png", strip_png(1, STRIP))
+        wait_for(lambda: d.counts().get("failed") == 1, what="the tall frame refused")
+        write_by_rename(d.watch / "frame.png", strip_png(64, 48))
+        wait_for(lambda: d.counts().get("done") == 1 and idle(d), what="a frame after it mapped")
+        assert d.proc.poll() is None
+    finally:
+        assert d.stop() == 0
+    lines = error_lines(d)
+    assert len(lines) == 1, lines
+    assert lines[0].endswith(
+        f"tall.png: its map would be 1 x {STRIP} px, taller than a JPEG can be (65,535): "
+        "choose a PNG or TIFF output.template (or once -o)"
+    ), lines
+    assert "internal error" not in d.log() and "Traceback" not in d.log()
+    assert not (d.watch / "tall_depth.jpg").exists() and not d.temp_files()
+    assert (d.watch / "tall.png.error.json").is_file()
+
+
+def test_once_refuses_a_jpeg_map_taller_or_wider_than_a_jpeg_can_be_in_one_line(tmp_path, tiny_model):
+    (tmp_path / "tall.png").write_bytes(strip_png(1, STRIP))
+    (tmp_path / "wide.png").write_bytes(strip_png(STRIP, 1))
+    done = subprocess.run(
+        [sys.executable, "-m", "depthwatch", "once", "tall.png", "wide.png", "-o", "{stem}_depth.jpg",
+         "--model", str(tiny_model), "--profile", "midas-v21-small"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert done.returncode != 0, done.stderr
+    assert f"tall.png: its map would be 1 x {STRIP} px, taller than a JPEG can be (65,535)" in done.stderr, done.stderr
+    assert f"wide.png: its map would be {STRIP} x 1 px, wider than a JPEG can be (65,535)" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".onnx")) == ["tall.png", "wide.png"]
+
+
+# -- the API ---------------------------------------------------------------------------------------------------
+
+
+HTTP_TIMEOUT = 60
+
+
+@pytest.fixture
+def requests():
+    """The HTTP client, and the API's server: both come with the `api` extra."""
+    pytest.importorskip("waitress")
+    return pytest.importorskip("requests")
+
+
+def test_the_api_answers_a_map_no_jpeg_can_hold_with_a_4xx_and_one_line(api_daemon, requests):
+    d = api_daemon(watch={"patterns": ["*.png"]}, output={"template": "{stem}_depth.jpg"})
+    post = lambda **kw: requests.post(f"{d.url}/predict", timeout=HTTP_TIMEOUT, **kw)  # noqa: E731
+    tall = strip_png(1, STRIP)
+    answer = post(data=tall, headers={"Content-Type": "image/png"})
+    assert answer.status_code == 422, (answer.status_code, answer.text)
+    assert answer.text == (
+        f"the image/png body cannot be used: its map would be 1 x {STRIP} px, taller than a JPEG can be (65,535): "
+        "ask for format=png\n"
+    )
+    answer = post(params={"format": "png"}, data=tall, headers={"Content-Type": "image/png"})
+    assert answer.status_code == 200, answer.text
+    assert cv2.imdecode(np.frombuffer(answer.content, np.uint8), cv2.IMREAD_UNCHANGED).shape == (STRIP, 1)
+
+    write_by_rename(d.watch / "tall.png", tall)
+    wait_for(lambda: d.counts().get("failed") == 1, what="the watcher to refuse the tall frame")
+    answer = post(params={"frame": "tall.png"})
+    assert answer.status_code == 422, (answer.status_code, answer.text)
+    assert "tall.png: its map would be 1 x 70000 px, taller than a JPEG can be" in answer.text
+    assert "internal error" not in d.log() and "Traceback" not in d.log()
+    assert d.proc.poll() is None
