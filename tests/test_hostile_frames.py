@@ -218,3 +218,17 @@ def test_the_api_answers_a_map_no_jpeg_can_hold_with_a_4xx_and_one_line(api_daem
     assert "tall.png: its map would be 1 x 70000 px, taller than a JPEG can be" in answer.text
     assert "internal error" not in d.log() and "Traceback" not in d.log()
     assert d.proc.poll() is None
+
+
+def test_the_api_refuses_a_frame_name_no_file_can_have_in_one_line(api_daemon, requests):
+    d = api_daemon()
+    post = lambda **kw: requests.post(f"{d.url}/predict", timeout=HTTP_TIMEOUT, **kw)  # noqa: E731
+    for name in ("a" * 252 + ".png", "sub/" + "b" * 300 + ".png"):
+        answer = post(params={"frame": name})
+        assert answer.status_code == 403, (len(name), answer.status_code, answer.text)
+        assert answer.text.count("\n") == 1, answer.text
+        assert "is not a file name: a name in it is 256 bytes" in answer.text or "304 bytes" in answer.text, answer.text
+    answer = post(params={"frame": "/".join(["c" * 200] * 30) + ".png"})  # each name fits, the path does not
+    assert answer.status_code == 403 and answer.text.count("\n") == 1, (answer.status_code, answer.text[-200:])
+    assert "internal error" not in d.log() and "Traceback" not in d.log()
+    assert d.proc.poll() is None
