@@ -232,3 +232,31 @@ def test_the_api_refuses_a_frame_name_no_file_can_have_in_one_line(api_daemon, r
     assert answer.status_code == 403 and answer.text.count("\n") == 1, (answer.status_code, answer.text[-200:])
     assert "internal error" not in d.log() and "Traceback" not in d.log()
     assert d.proc.poll() is None
+
+
+def _png_of_exactly(size: int) -> bytes:
+    """A real PNG of exactly `size` bytes: a small frame with a tEXt chunk that pads it out."""
+    png = cv2.imencode(".png", quadrant_frame(64, 48))[1].tobytes()
+    pad = size - len(png) - 12
+    assert pad >= 0
+    chunk = b"tEXt" + b"pad\x00" + b"x" * (pad - 4)
+    chunk = len(chunk[4:]).to_bytes(4, "big") + chunk + zlib.crc32(chunk).to_bytes(4, "big")
+    iend = png.rindex(b"IEND") - 4
+    out = png[:iend] + chunk + png[iend:]
+    assert len(out) == size
+    return out
+
+
+def test_a_body_of_exactly_max_body_mb_is_taken_and_one_byte_more_is_refused(api_daemon, requests):
+    limit = 65_536
+    d = api_daemon(api={"max_body_mb": limit / 2**20})
+    post = lambda data: requests.post(  # noqa: E731
+        f"{d.url}/predict", params={"format": "png"}, data=data, headers={"Content-Type": "image/png"}, timeout=HTTP_TIMEOUT
+    )
+    exactly = _png_of_exactly(limit)
+    assert cv2.imdecode(np.frombuffer(exactly, np.uint8), cv2.IMREAD_COLOR).shape == (48, 64, 3)
+    answer = post(exactly)
+    assert answer.status_code == 200, (answer.status_code, answer.text)
+    answer = post(_png_of_exactly(limit + 1))
+    assert answer.status_code == 413, (answer.status_code, answer.text)
+    assert answer.text == "the body is over api.max_body_mb (0.0625 MB); send a smaller image or raise api.max_body_mb\n"
