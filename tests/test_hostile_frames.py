@@ -260,3 +260,31 @@ def test_a_body_of_exactly_max_body_mb_is_taken_and_one_byte_more_is_refused(api
     answer = post(_png_of_exactly(limit + 1))
     assert answer.status_code == 413, (answer.status_code, answer.text)
     assert answer.text == "the body is over api.max_body_mb (0.0625 MB); send a smaller image or raise api.max_body_mb\n"
+
+
+# -- a folder is not a frame ------------------------------------------------------------------------------
+
+
+def test_a_folder_under_a_frames_name_in_a_recursive_watch_is_a_folder(tmp_path, tiny_model):
+    d = DaemonProcess(
+        tmp_path, tiny_model, watch={"patterns": ["a*"], "recursive": True},
+        output={"template": "{stem}_depth.png", "error_sidecar": True},
+    )
+    (d.watch / "a000_day1").mkdir()  # there at the start: the start-up scan meets it
+    d.start()
+    try:
+        (d.watch / "a001_day2").mkdir()
+        os.makedirs(d.watch / "elsewhere" / "a002_day3")
+        os.rename(d.watch / "elsewhere" / "a002_day3", d.watch / "a002_day3")  # moved in
+        write_by_rename(d.watch / "a001_day2" / "a001.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: d.counts().get("done") == 1 and idle(d), what="the frame inside the folder mapped")
+        write_by_rename(d.watch / "a003.jpg", jpeg_bytes(quadrant_frame()))  # after the folders' events
+        wait_for(lambda: d.counts().get("done") == 2 and idle(d), what="a frame beside the folders")
+        counts = d.counts()
+    finally:
+        assert d.stop() == 0
+    assert not counts.get("failed") and counts.get("last_error") is None, counts
+    assert not error_lines(d), error_lines(d)
+    assert "is a folder" not in d.log()
+    assert not list(d.watch.rglob("*.error.json"))
+    assert (d.watch / "a001_day2" / "a001_depth.png").is_file()
