@@ -62,14 +62,16 @@ def held_small(d: DaemonProcess, condition):
 
 
 @pytest.mark.parametrize(
-    ("size", "most"),
-    [((1, STRIP), (1, motion.THUMB_HEIGHT)), ((STRIP, 1), (motion.THUMB_WIDTH, 1)), ((1, 1), (1, 1))],
+    ("size", "thumb"),
+    [((1, STRIP), (1, motion.THUMB_HEIGHT)), ((STRIP, 1), (motion.THUMB_WIDTH, 1)), ((1, 1), (160, 160)), ((9, 100_000), (1, 640))],
 )
-def test_a_thumbnail_fits_its_box_and_never_has_more_pixels_than_the_frame(size, most):
+def test_a_thumbnail_fits_its_box_whatever_the_frames_shape(size, thumb):
+    """Bounded by both sides: at most THUMB_WIDTH x THUMB_HEIGHT (102,400) pixels, where a strip's
+    thumbnail 160 wide was 11.2 million rows."""
     w, h = size
     tw, th = motion.thumbnail_size(w, h)
-    assert (tw, th) == most
-    assert tw <= motion.THUMB_WIDTH and th <= motion.THUMB_HEIGHT and tw * th <= w * h
+    assert (tw, th) == thumb
+    assert 1 <= tw <= motion.THUMB_WIDTH and 1 <= th <= motion.THUMB_HEIGHT
     assert motion.thumbnail(np.zeros((h, w, 3), np.uint8)).shape == (th, tw, 3)
 
 
@@ -77,6 +79,7 @@ def test_a_frame_of_ordinary_shape_keeps_its_thumbnail():
     assert motion.thumbnail_size(1920, 1080) == (160, 90)
     assert motion.thumbnail_size(1080, 1920) == (160, 284)
     assert motion.thumbnail_size(3840, 1600) == (160, 67)
+    assert motion.thumbnail_size(64, 48) == (160, 120)  # small frames scaled up to the box, as the flow's units want
 
 
 def test_a_strips_model_input_fits_the_box_and_an_ordinary_frame_keeps_its_own():

@@ -143,19 +143,16 @@ CAMERA_PIXELS = 1024
 
 
 def thumbnail_size(width: int, height: int) -> tuple[int, int]:
-    """(width, height) of a frame's thumbnail: its aspect kept, inside THUMB_WIDTH x THUMB_HEIGHT,
-    and never more pixels than the frame has (a frame smaller than that is its own thumbnail).
+    """(width, height) of a frame's thumbnail: its aspect kept, inside THUMB_WIDTH x THUMB_HEIGHT.
 
     Why both sides: the thumbnail's size comes from the frame's aspect, and a
-    hostile strip's aspect is anything; bounded by a box and by the frame
-    itself, the thumbnail (and the flow, trust and maps made at its size) stays
-    small whatever the frame's shape.
+    hostile strip's aspect is anything; inside the box, the thumbnail (and the
+    flow and trust measured at its size) has at most 102,400 pixels whatever
+    the frame's shape. A frame smaller than the box is scaled up to it, as the
+    flow's units (CONSISTENT_PX, OWN_PX, MOVE_PX) are thumbnail pixels.
     """
     scale = min(THUMB_WIDTH / width, THUMB_HEIGHT / height)
-    tw, th = max(1, round(width * scale)), max(1, round(height * scale))
-    if tw * th > width * height:
-        return width, height
-    return tw, th
+    return max(1, round(width * scale)), max(1, round(height * scale))
 
 
 def thumbnail(image: np.ndarray) -> np.ndarray:
