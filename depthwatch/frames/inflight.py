@@ -46,7 +46,7 @@ _INSTEAD = "choose a PNG or TIFF output.template (or once -o)"
 _INSTEAD_HELD = "ask for format=png"
 
 
-def map_size(decoded: codec.Decoded) -> tuple[int, int]:
+def _map_size(decoded: codec.Decoded) -> tuple[int, int]:
     """The (width, height) of a decoded frame's map: the frame's, or an EXR's display window (`codec.on_display_window`)."""
     windows = decoded.windows
     if windows is None or windows.plain:
@@ -143,7 +143,7 @@ class FrameInFlight:
             checked_format=self.job.format,
             exr_colour=self.settings.exr.colour,
         )
-        codec.check_map_size(map_size(self.decoded), self.job.map_ext, _INSTEAD_HELD if self.job.output is None else _INSTEAD)
+        codec.check_map_size(_map_size(self.decoded), self.job.map_ext, _INSTEAD_HELD if self.job.output is None else _INSTEAD)
         if self.decoded.not_finite:
             log.warning(
                 "%s: %d NaN or infinite values in the EXR were made finite before the model "

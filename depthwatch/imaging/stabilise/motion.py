@@ -25,7 +25,7 @@ THUMB_WIDTH = 160
 THUMB_HEIGHT = 4 * THUMB_WIDTH
 #: The flow (OpenCV's DIS) is measured only on thumbnails at least this many pixels on each side:
 #: under 8 it raises, and with the cut test's preset at level 1 a thumbnail 12-15 pixels high and
-#: 160 wide ends the process (a segmentation fault in OpenCV 4.x and 5.x). From 16 up every flow
+#: 160 wide ends the process (a segmentation fault, OpenCV 5.1). From 16 up every flow
 #: of `FLOWS` was seen to hold, at any length up to 5000.
 MIN_FLOW_SIDE = 16
 #: The flow (OpenCV's DIS) is measured down to the thumbnail itself (DIS's finest pyramid level 0),
