@@ -277,7 +277,7 @@ class PredictApp:
         """`frame=NAME` as a frame inside a watch folder; 403 for anything that leads outside."""
         if not name or "\x00" in name:
             raise Refused(403, f"frame={shown(name)!s} is not a file name")
-        longest = max(len(os.fsencode(part)) for part in Path(name).parts)
+        longest = max((len(os.fsencode(part)) for part in Path(name).parts), default=0)
         if longest > NAME_MAX:
             raise Refused(403, f"frame={shown(name)} is not a file name: a name in it is {longest} bytes, over the {NAME_MAX} a file name can have")
         if os.path.isabs(name):
