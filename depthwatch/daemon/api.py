@@ -279,7 +279,9 @@ class PredictApp:
             raise Refused(403, f"frame={shown(name)!s} is not a file name")
         longest = max((len(os.fsencode(part)) for part in Path(name).parts), default=0)
         if longest > NAME_MAX:
-            raise Refused(403, f"frame={shown(name)} is not a file name: a name in it is {longest} bytes, over the {NAME_MAX} a file name can have")
+            raise Refused(
+                403, f"frame={shown(name)} is not a file name: a name in it is {longest} bytes, over the {NAME_MAX} a file name can have"
+            )
         if os.path.isabs(name):
             candidates = [Path(os.path.abspath(name))]
         else:
