@@ -63,6 +63,8 @@ _CHECK_S = 0.1
 IMAGE_TYPES = {"image/jpeg": formats.JPEG, "image/jpg": formats.JPEG, "image/png": formats.PNG}
 ANSWER_FORMATS = {"jpg": (".jpg", None), "jpeg": (".jpg", None), "png": (".png", None), "png8": (".png", 8), "png16": (".png", 16)}
 _GLOB = set("*?[")
+#: The longest file name (each part of a path), in bytes, on the file systems of macOS and Linux.
+NAME_MAX = 255
 
 StartResponse = Callable[..., Any]
 
@@ -275,6 +277,11 @@ class PredictApp:
         """`frame=NAME` as a frame inside a watch folder; 403 for anything that leads outside."""
         if not name or "\x00" in name:
             raise Refused(403, f"frame={shown(name)!s} is not a file name")
+        longest = max((len(os.fsencode(part)) for part in Path(name).parts), default=0)
+        if longest > NAME_MAX:
+            raise Refused(
+                403, f"frame={shown(name)} is not a file name: a name in it is {longest} bytes, over the {NAME_MAX} a file name can have"
+            )
         if os.path.isabs(name):
             candidates = [Path(os.path.abspath(name))]
         else:
@@ -284,7 +291,10 @@ class PredictApp:
         inside = [path for path in candidates if _contained(path, rules)]
         if not inside:
             raise Refused(403, f"frame={shown(name)} is outside the watch folders")
-        path = next((p for p in inside if p.exists()), inside[0])
+        try:
+            path = next((p for p in inside if p.exists()), inside[0])
+        except OSError as exc:  # a path longer than the system takes (ENAMETOOLONG), a loop of links
+            raise Refused(403, f"frame={shown(name)} is not a file name: {exc.strerror or exc}") from None
         if not rules.link_allowed(path):
             raise Refused(403, f"{path} is a symlink to outside its watch folder")
         if rules.is_own_file(path):

@@ -145,7 +145,7 @@ class ApiServer:
             threads=THREADS,
             channel_timeout=CHANNEL_TIMEOUT_S,
             connection_limit=CONNECTION_LIMIT,
-            max_request_body_size=self.app.max_body,
+            max_request_body_size=self.app.max_body + 1,  # waitress refuses this size or more: the limit itself is allowed
             # Read on while a request runs, so a client hanging up is seen (waitress.client_disconnected).
             channel_request_lookahead=1,
             clear_untrusted_proxy_headers=True,

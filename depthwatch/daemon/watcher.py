@@ -189,8 +189,8 @@ class Watcher:
         if event.is_directory:
             if kind in ("created", "moved"):
                 self._folders.folder_came()
-                if self.rules.is_frame(path):
-                    self.poke(path, Mode.NOW)  # a folder under a frame's name: the settler reports it
+                if self.rules.is_frame(path) and not self.rules.recursive:
+                    self.poke(path, Mode.NOW)  # a folder under a frame's name: the settler reports it (recursive: a folder to look in)
                 if self.rules.recursive and not self.rules.is_own_file(path):  # not a sequence depthwatch writes
                     self.scan_later(path, moved_in=True)  # files moved in with a folder raise no events of their own
             return
@@ -452,6 +452,8 @@ class Watcher:
 
     def _not_a_file(self, path: Path, st: os.stat_result) -> None:
         """A FIFO, folder, socket or device under a frame's name: one report per file, never read."""
+        if stat.S_ISDIR(st.st_mode) and self.rules.recursive:
+            return  # in a recursive watch a folder is where frames go, never a frame
         key, what = str(path), (st.st_ino, stat.S_IFMT(st.st_mode), 0)
         if self._special.get(key) == what:
             return  # this very file was reported already (a write to a FIFO raises events too)

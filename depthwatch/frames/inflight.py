@@ -41,6 +41,20 @@ log = logging.getLogger("depthwatch.frames")
 OWN_SIDECAR = json_refusal(frozenset({"source", "width", "height", "source_bytes", "source_mtime", "model", "providers", "ms"}))
 
 
+#: What to do about a map its format cannot hold: a frame on disk, and an image sent to the API.
+_INSTEAD = "choose a PNG or TIFF output.template (or once -o)"
+_INSTEAD_HELD = "ask for format=png"
+
+
+def _map_size(decoded: codec.Decoded) -> tuple[int, int]:
+    """The (width, height) of a decoded frame's map: the frame's, or an EXR's display window (`codec.on_display_window`)."""
+    windows = decoded.windows
+    if windows is None or windows.plain:
+        return decoded.size
+    x0, y0, x1, y1 = windows.display
+    return x1 - x0 + 1, y1 - y0 + 1
+
+
 @dataclass(frozen=True)
 class MadeFrom:
     """One frame version's bytes, the settings and the model a map was made with."""
@@ -129,6 +143,7 @@ class FrameInFlight:
             checked_format=self.job.format,
             exr_colour=self.settings.exr.colour,
         )
+        codec.check_map_size(_map_size(self.decoded), self.job.map_ext, _INSTEAD_HELD if self.job.output is None else _INSTEAD)
         if self.decoded.not_finite:
             log.warning(
                 "%s: %d NaN or infinite values in the EXR were made finite before the model "

@@ -268,6 +268,25 @@ def _cv_reason(exc: cv2.error) -> str:
     return lines[-1].strip() if lines else "unknown error"
 
 
+#: A JPEG's width and height are 16-bit numbers in its frame header (SOF): no JPEG is larger.
+JPEG_MAX_SIDE = 65_535
+
+
+def check_map_size(size: tuple[int, int], ext: str, instead: str) -> None:
+    """FrameError if a map of (width, height) `size` cannot be written as `ext`; `instead`: what to do.
+
+    Why before the work: the frame's size is known once it is decoded, so a map
+    no JPEG can hold is refused in one line before the model runs, not met as an
+    overflow in the encoder after it.
+    """
+    if OUTPUT_FORMATS.get(ext.lower()) != ".jpg":
+        return
+    w, h = size
+    for side, name in ((h, "taller"), (w, "wider")):
+        if side > JPEG_MAX_SIDE:
+            raise FrameError(f"its map would be {w} x {h} px, {name} than a JPEG can be ({JPEG_MAX_SIDE:,}): {instead}")
+
+
 def encode(
     depth: np.ndarray,
     ext: str,
@@ -303,6 +322,7 @@ def encode(
     if exr_windows is not None and not exr_windows.plain:
         depth = on_display_window(depth, exr_windows)
     if kind == ".jpg":
+        check_map_size((depth.shape[1], depth.shape[0]), kind, "write it as a PNG or TIFF")
         depth = _as_integer(depth, 8)
         if depth.ndim == 2:
             try:

@@ -19,6 +19,12 @@ if TYPE_CHECKING:
 
 NCHW, NHWC = "NCHW", "NHWC"
 
+#: A frame's long side goes to the model at most this many times the profile's side: a frame up
+#: to 8:1 (panoramas included) keeps its aspect with its short side at the side; a longer strip
+#: fits this box instead, so its tensor (and the prediction, the refine guide's grid and the maps
+#: made at its size) stays bounded whatever the frame's shape (`model_input_size`).
+MAX_ASPECT = 8
+
 _DTYPES = {
     "tensor(float)": np.float32,
     "tensor(float16)": np.float16,
@@ -96,7 +102,12 @@ def depth_map(output: np.ndarray) -> np.ndarray:
 
 
 def model_input_size(contract: Contract, profile: Profile, frame_size: tuple[int, int]) -> tuple[int, int]:
-    """(width, height) of the tensor the model takes for a frame of `frame_size`."""
+    """(width, height) of the tensor the model takes for a frame of `frame_size`.
+
+    A dynamic model with `keep_aspect` gets the frame's aspect, its short side at
+    the profile's side, inside a box of side x MAX_ASPECT * side: a 1 x 70000
+    strip would otherwise ask for a tensor 17.9 million rows tall.
+    """
     if contract.fixed_size:
         return contract.fixed_size
     side = profile.input_size
@@ -110,7 +121,7 @@ def model_input_size(contract: Contract, profile: Profile, frame_size: tuple[int
         w = h = side
     else:
         fw, fh = frame_size
-        scale = side / min(fw, fh)
+        scale = min(side / min(fw, fh), MAX_ASPECT * side / max(fw, fh))
         w, h = fw * scale, fh * scale
     w = fixed_w or max(m, int(round(w / m)) * m)
     h = fixed_h or max(m, int(round(h / m)) * m)

@@ -19,6 +19,15 @@ import numpy as np
 
 #: The colour thumbnail motion and cuts are measured on: this wide, the frame's own aspect.
 THUMB_WIDTH = 160
+#: ... and at most this tall: a portrait frame up to 1:4 is THUMB_WIDTH wide, a taller strip fits
+#: this height instead. Each side is bounded, so a 1 x 70000 strip gets a thumbnail of a few hundred
+#: pixels, not 160 x 11.2 million (`thumbnail_size`).
+THUMB_HEIGHT = 4 * THUMB_WIDTH
+#: The flow (OpenCV's DIS) is measured only on thumbnails at least this many pixels on each side:
+#: under 8 it raises, and with the cut test's preset at level 1 a thumbnail 12-15 pixels high and
+#: 160 wide ends the process (a segmentation fault, OpenCV 5.1). From 16 up every flow
+#: of `FLOWS` was seen to hold, at any length up to 5000.
+MIN_FLOW_SIDE = 16
 #: The flow (OpenCV's DIS) is measured down to the thumbnail itself (DIS's finest pyramid level 0),
 #: live and offline. Offline: the planner's two passes carry every map along the flow twice, so a
 #: flow twice as fine on a walker's limbs and a car's edges shows twice. On twenty-nine real clips,
@@ -133,16 +142,28 @@ OWN_FLOOR = 0.5
 CAMERA_PIXELS = 1024
 
 
+def thumbnail_size(width: int, height: int) -> tuple[int, int]:
+    """(width, height) of a frame's thumbnail: its aspect kept, inside THUMB_WIDTH x THUMB_HEIGHT.
+
+    Why both sides: the thumbnail's size comes from the frame's aspect, and a
+    hostile strip's aspect is anything; inside the box, the thumbnail (and the
+    flow and trust measured at its size) has at most 102,400 pixels whatever
+    the frame's shape. A frame smaller than the box is scaled up to it, as the
+    flow's units (CONSISTENT_PX, OWN_PX, MOVE_PX) are thumbnail pixels.
+    """
+    scale = min(THUMB_WIDTH / width, THUMB_HEIGHT / height)
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
 def thumbnail(image: np.ndarray) -> np.ndarray:
-    """The image at THUMB_WIDTH (its aspect kept), BGR: every k-th pixel to about twice the size, then area.
+    """The image at `thumbnail_size` (its aspect kept), BGR: every k-th pixel to about twice the size, then area.
 
     About 0.1 ms for a 1920x1080 image, where one bilinear or area resize of it
     costs 1 ms or more; the last halving by area keeps the aliasing that would
     throw the flow off.
     """
     h, w = image.shape[:2]
-    tw = THUMB_WIDTH
-    th = max(8, int(round(h * tw / w)))
+    tw, th = thumbnail_size(w, h)
     step = min(w // (2 * tw), h // (2 * th))
     if step >= 2:
         image = _every(image, step)
@@ -261,14 +282,15 @@ class Motion:
 
 
 def measure(before: np.ndarray, after: np.ndarray, *, live: bool = False) -> Motion | None:
-    """The motion from thumbnail `before` to `after` (None if either is unknown or they differ in size).
+    """The motion from thumbnail `before` to `after` (None if either is unknown, they differ in size,
+    or a side is under MIN_FLOW_SIDE: the flow cannot be measured there).
 
     `live`: the daemon's (with the motion segmentation, `Motion.still`); else the
     planner's (with the trust the other way, `Motion.forward_trust`, for its backward
     pass). Each leaves out what only the other uses: about 0.5 ms a frame either way.
     Live, a frame that may be a cut is judged on a coarser flow first (CUT_PRESET).
     """
-    if before.size == 0 or after.size == 0 or before.shape != after.shape:
+    if before.size == 0 or after.size == 0 or before.shape != after.shape or min(before.shape[:2]) < MIN_FLOW_SIDE:
         return None
     g0 = cv2.cvtColor(before, cv2.COLOR_BGR2GRAY)
     g1 = cv2.cvtColor(after, cv2.COLOR_BGR2GRAY)
