@@ -230,3 +230,25 @@ def test_numbers_yaml_reads_as_written_and_a_folder_named_with_a_dollar_are_take
     config = configuration.parse(text, tmp_path / "config.yaml")
     assert (config.output.gamma, config.output.first_frame, config.output.jpeg_quality) == (2.5, 0, 80)
     assert config.watch.folders == (tmp_path / "a$DEPTHWATCH_UNSET_IN_TESTS",)
+
+
+@pytest.mark.parametrize("how", ["user config folder", "-c"])
+def test_a_config_linked_to_dev_zero_is_refused_at_start_in_one_line(tmp_path, how):
+    """The config is read bounded, like a frame: a link to /dev/zero is refused with exit 78 before a byte
+    is read. In the user's folder it stops the search (before, the search went on to ./config.yaml or
+    the built-in defaults, which watch another folder, without a word)."""
+    xdg = tmp_path / "xdg"
+    (xdg / "depthwatch").mkdir(parents=True)
+    config = xdg / "depthwatch" / "config.yaml"
+    config.symlink_to("/dev/zero")
+    env = {k: v for k, v in os.environ.items() if k != configuration.ENV_VAR}
+    env["XDG_CONFIG_HOME"] = str(xdg)
+    args = ["-c", str(config)] if how == "-c" else []
+    done = subprocess.run(
+        [sys.executable, "-m", "depthwatch", "run", *args],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env, check=False,
+    )
+    assert done.returncode == EX_CONFIG, done.stderr
+    fix = "check the -c path" if how == "-c" else "put the config file itself there, or name one with -c CONFIG"
+    assert done.stderr.splitlines() == [f"depthwatch: config file {config} is a character device, not a file; {fix}"]
+    assert not (tmp_path / "tmp").exists()  # the built-in defaults' watch folder
