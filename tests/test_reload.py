@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -317,3 +318,28 @@ def test_a_config_linked_to_a_device_or_grown_past_its_limit_is_refused_and_the_
         assert d.status()["config_error"] is None
     finally:
         assert d.stop() == 0
+
+
+def test_maps_of_earlier_templates_are_said_in_one_line_per_edit(tmp_path, tiny_model):
+    """Each template edit scans the watch folder again, and meets every map an earlier template made
+    (they match the patterns, and carry depthwatch's record): one line says how many, not one each
+    (50, then 100, then 150 warnings for 50 frames)."""
+    frames = 6
+    d = DaemonProcess(tmp_path, tiny_model, watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_a.jpg"}).start()
+    try:
+        for i in range(frames):
+            write_by_rename(d.watch / f"f{i}.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: d.counts().get("done") == frames, what="the first template's maps")
+        edit(d, lambda c: c["output"].update(template="{stem}_b.jpg"))
+        loads(d, 2)
+        wait_for(lambda: d.counts().get("done") == 2 * frames, what="the second template's maps")
+        edit(d, lambda c: c["output"].update(template="{stem}_c.jpg"))
+        loads(d, 3)
+        wait_for(lambda: d.counts().get("done") == 3 * frames, what="the third template's maps")
+        assert d.counts()["failed"] == 0
+    finally:
+        assert d.stop() == 0
+    lines = [line for line in d.log().splitlines() if "depthwatch's record" in line]
+    said = r"(\d+) files carry depthwatch's record \(depth maps, or images saved from them\), \S*/f\d_[ab]\.jpg among them; not taken as frames$"
+    counts = [int(m.group(1)) for m in (re.search(said, line) for line in lines) if m]
+    assert counts == [frames, 2 * frames], "\n".join(lines)
