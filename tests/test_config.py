@@ -249,6 +249,10 @@ def test_a_config_linked_to_dev_zero_is_refused_at_start_in_one_line(tmp_path, h
         capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env, check=False,
     )
     assert done.returncode == EX_CONFIG, done.stderr
-    fix = "check the -c path" if how == "-c" else "put the config file itself there, or name one with -c CONFIG"
-    assert done.stderr.splitlines() == [f"depthwatch: config file {config} is a character device, not a file; {fix}"]
+    if how == "-c":
+        expected = f"config file {config} is a character device, not a file; check the -c path"
+    else:
+        expected = f"{config} exists but is not a config file: it is a character device, not a file; fix or remove it, or pass -c CONFIG"
+    assert done.stderr.splitlines() == [f"depthwatch: {expected}"]
     assert not (tmp_path / "tmp").exists()  # the built-in defaults' watch folder
+

@@ -58,9 +58,7 @@ def find(explicit: str | os.PathLike[str] | None = None, platform: str | None = 
 def _refuse_what_is_there(path: Path) -> None:
     """ConfigError if something other than a file sits where a config is looked for."""
     if os.path.lexists(path):
-        raise ConfigError(
-            f"config file {path} {why_not_a_file(path)}; put the config file itself there, or name one with -c CONFIG"
-        )
+        raise ConfigError(f"{path} exists but is not a config file: it {why_not_a_file(path)}; fix or remove it, or pass -c CONFIG")
 
 
 def _is_file(path: Path, instead: str) -> bool:
