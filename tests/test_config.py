@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -256,3 +257,17 @@ def test_a_config_linked_to_dev_zero_is_refused_at_start_in_one_line(tmp_path, h
     assert done.stderr.splitlines() == [f"depthwatch: {expected}"]
     assert not (tmp_path / "tmp").exists()  # the built-in defaults' watch folder
 
+
+def test_the_repository_config_points_to_pages_that_exist():
+    """A comment in config.yaml that sends the reader elsewhere names a page of docs/ that is there, or a
+    section the README has (before: 'see README, "HTTP API"', a section the README does not have)."""
+    comments = " ".join(
+        line.split("#", 1)[1].strip() for line in (REPO / "config.yaml").read_text().splitlines() if line.lstrip().startswith("#")
+    )
+    pages = re.findall(r"\bdocs/[\w./-]+\.md", comments)
+    assert pages, "config.yaml names no page of docs/"
+    for page in pages:
+        assert (REPO / page).is_file(), page
+    headings = {line.lstrip("#").strip() for line in (REPO / "README.md").read_text().splitlines() if line.startswith("#")}
+    for mention in re.finditer(r"\bREADME\b(?:, \"([^\"]+)\")?", comments):
+        assert mention.group(1) in headings, f"config.yaml sends the reader to {mention.group(0)!r}, which has no such section"
