@@ -54,7 +54,7 @@ def load(path: Path | None, *, running: bool = False) -> Config:
     """
     if path is None:
         return defaults()
-    data = read_bounded(path)
+    data = _read_bounded(path)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -69,7 +69,7 @@ def load(path: Path | None, *, running: bool = False) -> Config:
     return parse(text, path)
 
 
-def read_bounded(path: Path) -> bytes:
+def _read_bounded(path: Path) -> bytes:
     """The config file's bytes: a regular file of at most `MAX_BYTES`, opened without blocking.
 
     ConfigError, one line, for anything else at the path (a FIFO, a device, a
