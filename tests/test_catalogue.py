@@ -188,7 +188,8 @@ def test_resolve_names_the_fetch_command_for_a_missing_catalogue_model(tmp_path)
         catalogue.resolve(ModelConfig(path="midas-v21-large", folder=tmp_path), tmp_path)
     assert str(caught.value) == (
         f"model 'midas-v21-large' is not installed ({tmp_path / 'model-f6b98070.onnx'} is missing); "
-        "fetch it with `depthwatch models fetch midas-v21-large` or set model.path to an .onnx file"
+        "fetch it with `depthwatch models fetch midas-v21-large`, or run an .onnx depth model you have "
+        "with `--model PATH` (or model.path)"
     )
     assert caught.value.exit_code == 78
 
@@ -206,7 +207,8 @@ def test_run_without_the_default_model_says_which_command_fetches_it(tmp_path, c
     assert done.returncode == 78
     assert done.stderr == (
         f"depthwatch: model 'midas-v21-small' is not installed ({missing} is missing); "
-        "fetch it with `depthwatch models fetch midas-v21-small` or set model.path to an .onnx file\n"
+        "fetch it with `depthwatch models fetch midas-v21-small`, or run an .onnx depth model you have "
+        "with `--model PATH` (or model.path)\n"
     )
     assert not missing.parent.exists()  # nothing was downloaded, nor a folder made for it
 

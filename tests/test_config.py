@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -230,3 +231,43 @@ def test_numbers_yaml_reads_as_written_and_a_folder_named_with_a_dollar_are_take
     config = configuration.parse(text, tmp_path / "config.yaml")
     assert (config.output.gamma, config.output.first_frame, config.output.jpeg_quality) == (2.5, 0, 80)
     assert config.watch.folders == (tmp_path / "a$DEPTHWATCH_UNSET_IN_TESTS",)
+
+
+@pytest.mark.parametrize("how", ["user config folder", "-c"])
+def test_a_config_linked_to_dev_zero_is_refused_at_start_in_one_line(tmp_path, how):
+    """The config is read bounded, like a frame: a link to /dev/zero is refused with exit 78 before a byte
+    is read. In the user's folder it stops the search (before, the search went on to ./config.yaml or
+    the built-in defaults, which watch another folder, without a word)."""
+    xdg = tmp_path / "xdg"
+    (xdg / "depthwatch").mkdir(parents=True)
+    config = xdg / "depthwatch" / "config.yaml"
+    config.symlink_to("/dev/zero")
+    env = {k: v for k, v in os.environ.items() if k != configuration.ENV_VAR}
+    env["XDG_CONFIG_HOME"] = str(xdg)
+    args = ["-c", str(config)] if how == "-c" else []
+    done = subprocess.run(
+        [sys.executable, "-m", "depthwatch", "run", *args],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env, check=False,
+    )
+    assert done.returncode == EX_CONFIG, done.stderr
+    if how == "-c":
+        expected = f"config file {config} is a character device, not a file; check the -c path"
+    else:
+        expected = f"{config} exists but is not a config file: it is a character device, not a file; fix or remove it, or pass -c CONFIG"
+    assert done.stderr.splitlines() == [f"depthwatch: {expected}"]
+    assert not (tmp_path / "tmp").exists()  # the built-in defaults' watch folder
+
+
+def test_the_repository_config_points_to_pages_that_exist():
+    """A comment in config.yaml that sends the reader elsewhere names a page of docs/ that is there, or a
+    section the README has (before: 'see README, "HTTP API"', a section the README does not have)."""
+    comments = " ".join(
+        line.split("#", 1)[1].strip() for line in (REPO / "config.yaml").read_text().splitlines() if line.lstrip().startswith("#")
+    )
+    pages = re.findall(r"\bdocs/[\w./-]+\.md", comments)
+    assert pages, "config.yaml names no page of docs/"
+    for page in pages:
+        assert (REPO / page).is_file(), page
+    headings = {line.lstrip("#").strip() for line in (REPO / "README.md").read_text().splitlines() if line.startswith("#")}
+    for mention in re.finditer(r"\bREADME\b(?:, \"([^\"]+)\")?", comments):
+        assert mention.group(1) in headings, f"config.yaml sends the reader to {mention.group(0)!r}, which has no such section"

@@ -462,3 +462,50 @@ def test_a_hand_placed_copy_near_the_catalogues_size_is_adopted(model_bytes, tmp
     kept = fetch.fetch(entry, tmp_path)
 
     assert kept.downloaded == 0 and fetch.recorded_sha256(tmp_path / FILE) == sha256(model_bytes)
+
+
+def test_a_wrong_file_placed_by_hand_offline_is_refused_with_what_to_do_and_accept_keeps_it(
+    server, model_bytes, other_model_bytes, tmp_path
+):
+    """midas-v21-small's place holds another model and the network is out: exit 65 and what to do with
+    the file that is there (before: "downloading it again", then "put the file at ... yourself", exit 69,
+    with or without --accept). --accept keeps it and records its sha256; --force online replaces it."""
+    with socket.socket() as probe:  # a port nothing listens on: offline
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    offline = write_catalogue(tmp_path / "offline.yaml", f"http://127.0.0.1:{port}/m.onnx", sha=sha256(model_bytes))
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / FILE).write_bytes(other_model_bytes)
+
+    refused = cli(tmp_path, "models", "fetch", NAME, "--folder", str(folder), catalogue=offline)
+
+    assert refused.returncode == fetch.EX_DATAERR, refused.stderr
+    assert last_line(refused.stderr) == (
+        f"depthwatch: {folder / FILE} does not match the sha256 of {NAME} (the catalogue's): another model, or a "
+        f"damaged copy, and no copy to replace it could be downloaded (connection refused); remove it and fetch "
+        f"{NAME} again online, or keep it with `depthwatch models fetch {NAME} --accept`"
+    )
+    assert (folder / FILE).read_bytes() == other_model_bytes
+    assert leftovers(folder) == [FILE]
+
+    accepted = cli(tmp_path, "models", "fetch", NAME, "--folder", str(folder), "--accept", catalogue=offline)
+
+    assert accepted.returncode == 0, accepted.stderr
+    assert accepted.stdout == (
+        f"{NAME}: kept {folder / FILE} as it is ({len(other_model_bytes)} bytes, sha256 {sha256(other_model_bytes)}, "
+        f"recorded in {FILE}.sha256); `depthwatch models fetch {NAME} --force` downloads the catalogue's copy instead\n"
+    )
+    assert fetch.recorded_sha256(folder / FILE) == sha256(other_model_bytes)
+    again = cli(tmp_path, "models", "fetch", NAME, "--folder", str(folder), catalogue=offline)
+    assert again.returncode == 0, again.stderr  # the accepted file is taken for the model, offline too
+    listed = cli(tmp_path, "models", "list", "--folder", str(folder), catalogue=offline)
+    assert re.search(rf"^{NAME} \*\s+accepted\s", listed.stdout, re.M), listed.stdout
+
+    server.routes["/m.onnx"] = Route(model_bytes)
+    online = write_catalogue(tmp_path / "online.yaml", server.url("/m.onnx"), sha=sha256(model_bytes))
+    replaced = cli(tmp_path, "models", "fetch", NAME, "--folder", str(folder), "--force", catalogue=online)
+
+    assert replaced.returncode == 0, replaced.stderr
+    assert (folder / FILE).read_bytes() == model_bytes
+    assert leftovers(folder) == [FILE]  # the accepted file's record goes with it

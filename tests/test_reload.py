@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import threading
 import time
@@ -265,3 +267,79 @@ def test_settings_kept_for_the_next_start_are_said_once_and_the_status_stays_whe
     finally:
         assert d.stop() == 0
     assert d.state() == "stopped"
+
+
+def test_a_config_replaced_by_a_fifo_is_refused_and_sigterm_still_stops_the_daemon(tmp_path, tiny_model):
+    """A FIFO at the config's path, then SIGHUP: the read must not wait for a writer that never comes.
+
+    The reload runs on the main loop, which also sees SIGTERM: a read blocked there kept the daemon
+    from stopping until it was killed. The FIFO is refused in one line, and SIGTERM stops the daemon
+    cleanly, within its shutdown time (and some for a loaded machine).
+    """
+    shutdown_s = 5.0
+    d = DaemonProcess(tmp_path, tiny_model, daemon={"shutdown_timeout_s": shutdown_s}).start()
+    try:
+        fifo = tmp_path / "fifo"
+        os.mkfifo(fifo)
+        fifo.replace(d.config_path)
+        d.send(signal.SIGHUP)
+        refused = f"{d.config_path} is a FIFO (named pipe), not a config file; put the config file itself there"
+        wait_for(lambda: d.status().get("config_error") == refused, what="the FIFO refused")
+        assert f"{refused}; keeping the last good config" in d.log()
+        assert d.proc.poll() is None
+    finally:
+        code = d.stop(timeout=shutdown_s + 30)
+    assert code == 0, d.log()[-2000:]
+
+
+def test_a_config_linked_to_a_device_or_grown_past_its_limit_is_refused_and_the_last_good_one_kept(tmp_path, tiny_model):
+    """A config is read like a frame, bounded: a 2 MB file is refused before it is parsed, and a link to
+    /dev/zero without a byte read (read, it grew the daemon's memory until the process was killed)."""
+    d = DaemonProcess(tmp_path, tiny_model).start()
+    try:
+        good = d.config_path.read_text()
+        write_by_rename(d.config_path, good.replace("depth.jpg", "big.jpg").encode() + b"#" * (2 << 20) + b"\n")
+        too_big = f"{d.config_path} is 2 MB, over the 1 MB a config file may be; put the config file itself there (a few KB of settings)"
+        wait_for(lambda: d.status().get("config_error") == too_big, what="the 2 MB file refused")
+
+        link = tmp_path / "link"
+        link.symlink_to("/dev/zero")
+        link.replace(d.config_path)
+        d.send(signal.SIGHUP)
+        device = f"{d.config_path} is a character device, not a config file; put the config file itself there"
+        wait_for(lambda: d.status().get("config_error") == device, what="the link to /dev/zero refused")
+        assert d.status()["config_loads"] == 1
+
+        write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: (d.watch / "depth.jpg").exists(), what="a frame served on the last good config")
+        assert not (d.watch / "big.jpg").exists()
+        write_by_rename(d.config_path, good.replace("depth.jpg", "fixed.jpg").encode())
+        loads(d, 2)
+        assert d.status()["config_error"] is None
+    finally:
+        assert d.stop() == 0
+
+
+def test_maps_of_earlier_templates_are_said_in_one_line_per_edit(tmp_path, tiny_model):
+    """Each template edit scans the watch folder again, and meets every map an earlier template made
+    (they match the patterns, and carry depthwatch's record): one line says how many, not one each
+    (50, then 100, then 150 warnings for 50 frames)."""
+    frames = 6
+    d = DaemonProcess(tmp_path, tiny_model, watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_a.jpg"}).start()
+    try:
+        for i in range(frames):
+            write_by_rename(d.watch / f"f{i}.jpg", jpeg_bytes(quadrant_frame()))
+        wait_for(lambda: d.counts().get("done") == frames, what="the first template's maps")
+        edit(d, lambda c: c["output"].update(template="{stem}_b.jpg"))
+        loads(d, 2)
+        wait_for(lambda: d.counts().get("done") == 2 * frames, what="the second template's maps")
+        edit(d, lambda c: c["output"].update(template="{stem}_c.jpg"))
+        loads(d, 3)
+        wait_for(lambda: d.counts().get("done") == 3 * frames, what="the third template's maps")
+        assert d.counts()["failed"] == 0
+    finally:
+        assert d.stop() == 0
+    lines = [line for line in d.log().splitlines() if "depthwatch's record" in line]
+    said = r"(\d+) files carry depthwatch's record \(depth maps, or images saved from them\), \S*/f\d_[ab]\.jpg among them; not taken as frames$"
+    counts = [int(m.group(1)) for m in (re.search(said, line) for line in lines) if m]
+    assert counts == [frames, 2 * frames], "\n".join(lines)

@@ -299,3 +299,44 @@ def test_two_daemons_on_the_same_config_are_warned_about(tmp_path, tiny_model):
             if daemon is not None:
                 daemon.stop()
                 daemon.close()
+
+
+def test_status_lists_the_running_daemons_first_and_each_stopped_one_in_a_line(tmp_path):
+    """Every daemon that ever ran leaves its file in the state folder: `status` printed each in full,
+    newest first, stopped ones included, each "0 queued, 0 in progress when it stopped (the next start
+    maps them)". The running one comes first, in full; a stopped one is one line, saying what it left
+    only when it left something."""
+    from depthwatch.daemon.status import Status, write_status
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    folder = tmp_path / "state" / "depthwatch" / "daemons"
+    folder.mkdir(parents=True)
+    live = Status(pid=os.getpid(), state="running", config="/shots/live.yaml", queue_depth=0)
+    write_status(folder / "live.json", live)
+    os.utime(folder / "live.json", (1, 1))  # the oldest file: it still comes first
+    write_status(folder / "clean.json", Status(pid=int(gone.stdout), state="stopped", config="/shots/clean.yaml"))
+    write_status(folder / "left.json", Status(pid=int(gone.stdout), state="stopped", config="/shots/left.yaml",
+                                              queue_depth=2, in_progress=1))
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+
+    done = subprocess.run([sys.executable, "-m", "depthwatch", "status"], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path, env=env)
+
+    assert done.returncode == 0, done.stderr
+    blocks = done.stdout.strip().split("\n\n")
+    assert len(blocks) == 2, done.stdout
+    full = rows(blocks[0])
+    assert full["depthwatch"].startswith(f"running, pid {os.getpid()}, since ") and full["config"] == "/shots/live.yaml"
+    assert full["frames"].endswith("; 0 queued, 0 in progress"), full["frames"]
+    lines = blocks[1].splitlines()
+    assert len(lines) == 2, done.stdout
+    for line, name in zip(sorted(lines, key=lambda line: "left" in line), ("clean", "left")):
+        assert re.fullmatch(rf"depthwatch:  not running \(stopped at \S+; pid {gone.stdout.strip()} started \S+\); "
+                            rf"config /shots/{name}\.yaml; (3 frame\(s\) left for the next start; )?"
+                            rf"status file {re.escape(str(folder / name))}\.json", line), line
+    assert "left for the next start" in next(line for line in lines if "left.yaml" in line)
+    assert "left for the next start" not in next(line for line in lines if "clean.yaml" in line)
+    assert "when it stopped" not in done.stdout
+
+    clean = depthwatch(tmp_path, "status", "--status", str(folder / "clean.json"))  # one in full, on asking
+    assert rows(clean.stdout)["frames"].endswith("0 depth maps skipped"), clean.stdout

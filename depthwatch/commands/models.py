@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     fetching.add_argument(
         "--accept", action="store_true",
-        help="record a copy put in the model folder by hand even though its size is far from the catalogue's",
+        help="keep a copy put in the model folder by hand, and record its sha256, even though its size is far "
+        "from the catalogue's or its sha256 does not match",
     )
     fetching.add_argument("--no-progress", action="store_true", help="no progress bar")
     for verb in (listing, fetching):
@@ -71,7 +72,13 @@ def _fetch(args: argparse.Namespace, folder: Path) -> int:
     result = fetch.fetch(
         entry, folder, force=args.force, accept=args.accept, timeout=args.timeout, progress=None if args.no_progress else sys.stderr
     )
-    if result.downloaded or result.resumed_from:
+    if result.accepted:
+        instead = f"; `depthwatch models fetch {entry.name} --force` downloads the catalogue's copy instead" if entry.sha256 else ""
+        print(
+            f"{entry.name}: kept {result.path} as it is ({fetch.human_size(result.size)}, sha256 {result.sha256}, "
+            f"recorded in {fetch.checksum_file(result.path).name}){instead}"
+        )
+    elif result.downloaded or result.resumed_from:
         how = f"resumed at byte {result.resumed_from}, " if result.resumed_from else ""
         print(f"{entry.name}: saved {result.path} ({how}{fetch.human_size(result.size)}, sha256 {result.sha256})")
     else:
@@ -94,7 +101,15 @@ def _list(folder: Path, configured: str) -> int:
             state = "error"
             hints.append(f"{entry.name}: {exc}")
         if state == "changed":
-            hints.append(f"{entry.name} does not match its sha256: `depthwatch models fetch {entry.name}` replaces it")
+            hints.append(
+                f"{entry.name} does not match its sha256: `depthwatch models fetch {entry.name}` replaces it, "
+                "`--accept` keeps it"
+            )
+        elif state == "accepted":
+            hints.append(
+                f"{entry.name} was kept with --accept, though its sha256 is not the catalogue's: "
+                f"`depthwatch models fetch {entry.name} --force` replaces it"
+            )
         elif state == "unverified":
             hints.append(f"{entry.name} has no checksum yet: `depthwatch models fetch {entry.name}` checks it loads and records one")
         profile = PROFILES[entry.profile]

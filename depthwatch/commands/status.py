@@ -1,4 +1,9 @@
-"""`depthwatch status`: what a daemon started by hand (or by a service) is doing, from its status file."""
+"""`depthwatch status`: what a daemon started by hand (or by a service) is doing, from its status file.
+
+Without -c or --status it lists the state folder, where every daemon that
+ever ran leaves its file: the running ones first, in full, then each one not
+running in one line (`--status FILE` shows one in full).
+"""
 
 from __future__ import annotations
 
@@ -19,7 +24,8 @@ EXIT_NOT_RUNNING = 3
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-c", "--config", metavar="CONFIG",
-        help="the daemon run with this config file (default: every daemon that keeps its status in the state folder)",
+        help="the daemon run with this config file (default: every daemon that keeps its status in the state "
+        "folder, the running ones first; each one not running in one line)",
     )
     parser.add_argument("--status", metavar="FILE", help="read this status file (what `run --status FILE` wrote)")
 
@@ -60,11 +66,37 @@ def main(args: argparse.Namespace) -> int:
         if not files:
             print(f"depthwatch is not running: no status file in {folder} (a daemon writes one there as it starts)")
             return EXIT_NOT_RUNNING
+        return _list(files)
     running = 0
     for i, path in enumerate(files):
         if i:
             print()
-        running += _show(path)
+        data = _read(path)
+        running += data is not None and _show(path, data)
+    return 0 if running else EXIT_NOT_RUNNING
+
+
+def _list(files: list[Path]) -> int:
+    """Every daemon in `files`: the running ones in full, then one line for each one not running.
+
+    With none running, the first (the one this folder's config runs, else the last to
+    write) is shown in full: how it ended is what the question is about.
+    """
+    from depthwatch.daemon.status import is_running
+
+    found = [(path, data, is_running(data)) for path in files if (data := _read(path)) is not None]
+    running = [(path, data) for path, data, alive in found if alive]
+    stopped = [(path, data) for path, data, alive in found if not alive]
+    in_full = running or stopped[:1]
+    in_a_line = stopped if running else stopped[1:]
+    for i, (path, data) in enumerate(in_full):
+        if i:
+            print()
+        _show(path, data)
+    if in_a_line:
+        print()
+    for path, data in in_a_line:
+        print(_line_of_the_stopped(path, data))
     return 0 if running else EXIT_NOT_RUNNING
 
 
@@ -87,30 +119,57 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-def _show(path: Path) -> bool:
-    """Print one daemon's status; True if it is running."""
-    from depthwatch.daemon.status import clips_line, is_running, iso_time, parked_note, read_status
+def _read(path: Path) -> dict[str, Any] | None:
+    """A status file's contents; None, said in one line, where there is none or it cannot be read."""
+    from depthwatch.daemon.status import read_status
 
     try:
-        data = read_status(path)
+        return read_status(path)
     except FileNotFoundError:
         print(f"depthwatch is not running: no status file at {path} (no daemon has started with it)")
-        return False
     except (OSError, ValueError) as exc:
         print(f"depthwatch: cannot read the status file {path}: {exc}")
-        return False
-    running = is_running(data)
+    return None
+
+
+def _head(data: dict[str, Any], running: bool) -> str:
+    """Whether the daemon runs, since when, or how it ended."""
+    from depthwatch.daemon.status import iso_time
+
     pid, state = data.get("pid"), data.get("state")
     updated = float(data.get("updated") or 0)
     started = data.get("started_at") or (iso_time(float(data["started"])) if data.get("started") else "?")
     if running:
-        head = f"{state}, pid {pid}, since {started}"
-    elif state == "stopped":
-        head = f"not running (stopped at {iso_time(updated)}; pid {pid} started {started})"
-    elif state == "failed":  # it said why and exited (70): stopped in order, after a failure
-        head = f"not running (it stopped after a failure at {iso_time(updated)}; pid {pid} started {started})"
-    else:
-        head = f"not running (pid {pid} is gone without stopping cleanly; it last wrote at {iso_time(updated)}, state {state})"
+        return f"{state}, pid {pid}, since {started}"
+    if state == "stopped":
+        return f"not running (stopped at {iso_time(updated)}; pid {pid} started {started})"
+    if state == "failed":  # it said why and exited (70): stopped in order, after a failure
+        return f"not running (it stopped after a failure at {iso_time(updated)}; pid {pid} started {started})"
+    return f"not running (pid {pid} is gone without stopping cleanly; it last wrote at {iso_time(updated)}, state {state})"
+
+
+def _left(data: dict[str, Any]) -> int:
+    """Frames a daemon no longer running had queued or in hand: the next start maps them."""
+    return int(data.get("queue_depth") or 0) + int(data.get("in_progress") or 0)
+
+
+def _line_of_the_stopped(path: Path, data: dict[str, Any]) -> str:
+    """One line for a daemon not running: how it ended, its config, what it left, its status file."""
+    left = _left(data)
+    frames = f"{left} frame(s) left for the next start; " if left else ""
+    return one_line(
+        f"depthwatch:  {_head(data, running=False)}; config {data.get('config') or 'built-in defaults'}; "
+        f"{frames}status file {path}"
+    )
+
+
+def _show(path: Path, data: dict[str, Any]) -> bool:
+    """Print one daemon's status in full; True if it is running."""
+    from depthwatch.daemon.status import clips_line, is_running, parked_note
+
+    running = is_running(data)
+    head = _head(data, running)
+    updated = float(data.get("updated") or 0)
     counts: dict[str, Any] = data.get("counts") or {}
     rows = [
         ("depthwatch", head),
@@ -131,14 +190,17 @@ def _show(path: Path) -> bool:
             "; ".join(f"{count} folder(s) of {root}" for root, count in data["unwatched"].items())
             + " (the system's inotify watch limit: scanned every few seconds instead)",
         ))
-    rows.append((
-        "frames",
+    frames = (
         f"{counts.get('done', 0)} done, {counts.get('failed', 0)} failed, {counts.get('superseded', 0)} superseded, "
         f"{counts.get('incomplete', 0)} incomplete, {counts.get('retried', 0)} retried, "
-        f"{counts.get('own_maps', 0)} depth maps skipped; "
-        f"{data.get('queue_depth', 0)} queued, {data.get('in_progress', 0)} in progress"
-        f"{'' if running else ' when it stopped (the next start maps them)'}{parked_note(data)}",
-    ))
+        f"{counts.get('own_maps', 0)} depth maps skipped"
+    )
+    in_hand = f"; {data.get('queue_depth', 0)} queued, {data.get('in_progress', 0)} in progress"
+    if running:
+        frames += in_hand
+    elif _left(data):  # a daemon gone with nothing left says nothing of it
+        frames += f"{in_hand} when it stopped (the next start maps them)"
+    rows.append(("frames", frames + parked_note(data)))
     clip = data.get("clip")
     clips = clips_line(data)
     if clips:

@@ -1,8 +1,9 @@
 """Which config file is used: -c, then $DEPTHWATCH_CONFIG, then the user's folder, then ./config.yaml.
 
-A place that cannot be searched stops the search with a one-line error rather
-than falling through to the next one, which would quietly run another config
-than the one the user wrote.
+A place that cannot be searched, or that holds something other than a file
+(a FIFO, a device, a dangling link), stops the search with a one-line error
+rather than falling through to the next one, which would quietly run another
+config than the one the user wrote.
 """
 
 from __future__ import annotations
@@ -44,8 +45,20 @@ def find(explicit: str | os.PathLike[str] | None = None, platform: str | None = 
     user = paths.default_config_file(platform)
     if _is_file(user, "-c CONFIG"):
         return user
+    _refuse_what_is_there(user)
+    if not here:
+        return None
     local = Path.cwd() / LOCAL_FILE
-    return local.resolve() if here and _is_file(local, "-c CONFIG") else None
+    if _is_file(local, "-c CONFIG"):
+        return local.resolve()
+    _refuse_what_is_there(local)
+    return None
+
+
+def _refuse_what_is_there(path: Path) -> None:
+    """ConfigError if something other than a file sits where a config is looked for."""
+    if os.path.lexists(path):
+        raise ConfigError(f"{path} exists but is not a config file: it {why_not_a_file(path)}; fix or remove it, or pass -c CONFIG")
 
 
 def _is_file(path: Path, instead: str) -> bool:

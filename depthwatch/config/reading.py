@@ -8,6 +8,12 @@ silently), unknown keys get a "did you mean", and each value goes through its
 setting's check (`checks`). A setting under its old name (`sections.RENAMED`)
 is read as the new one, with one warning that says what to write instead.
 Command-line overrides (`override`) go through the same checks.
+
+The file is read like a frame, without trusting what sits at its path: a
+FIFO put there would block the read (and the daemon's main loop with it, so
+SIGTERM waits too), a link to `/dev/zero` would be read until memory runs
+out. So it is opened without blocking, checked on its descriptor (a regular
+file of at most `MAX_BYTES`) and never read past that.
 """
 
 from __future__ import annotations
@@ -25,9 +31,17 @@ from depthwatch.config.checks import did_you_mean, show
 from depthwatch.config.combinations import check_combinations
 from depthwatch.config.sections import RENAMED, SECTIONS, Config, defaults
 from depthwatch.errors import ConfigError
-from depthwatch.logtext import shown
+from depthwatch.files import kind_of
+from depthwatch.logtext import amount, shown
 
 log = logging.getLogger("depthwatch.config")
+
+#: The most a config file may hold: a hand-written one is a few KB, so anything near this
+#: is no config (a log or a frame saved under its name), and is refused rather than parsed.
+MAX_BYTES = 1 << 20
+
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 def load(path: Path | None, *, running: bool = False) -> Config:
@@ -40,10 +54,7 @@ def load(path: Path | None, *, running: bool = False) -> Config:
     """
     if path is None:
         return defaults()
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the config: {exc}") from None
+    data = _read_bounded(path)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -56,6 +67,52 @@ def load(path: Path | None, *, running: bool = False) -> Config:
             raise ConfigError(f"{path} is empty (or only comments); write its settings, or `{{}}` for the built-in defaults")
         log.warning("%s is empty (or only comments): the built-in defaults are used", shown(path))
     return parse(text, path)
+
+
+def _read_bounded(path: Path) -> bytes:
+    """The config file's bytes: a regular file of at most `MAX_BYTES`, opened without blocking.
+
+    ConfigError, one line, for anything else at the path (a FIFO, a device, a
+    folder) or a file over the limit. What is there is looked at before it is
+    opened (opening a device can have effects) and again on the descriptor
+    (it may have been swapped between the two).
+    """
+    try:
+        kind = kind_of(os.stat(path).st_mode)
+        if kind is None:
+            fd = os.open(path, os.O_RDONLY | _NONBLOCK | _CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config: {exc}") from None
+    if kind is not None:
+        raise _not_a_config(path, kind)
+    try:
+        st = os.fstat(fd)
+        kind = kind_of(st.st_mode)
+        if kind is not None:
+            raise _not_a_config(path, kind)
+        data = b""
+        if st.st_size <= MAX_BYTES:
+            chunks = []
+            left = MAX_BYTES + 1  # one byte more shows a file grown past the limit since fstat
+            while left > 0 and (chunk := os.read(fd, left)):
+                chunks.append(chunk)
+                left -= len(chunk)
+            data = b"".join(chunks)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config: {exc}") from None
+    finally:
+        os.close(fd)
+    if st.st_size > MAX_BYTES or len(data) > MAX_BYTES:
+        size = f"is {amount(st.st_size / 2**20)} MB" if st.st_size > MAX_BYTES else "grew while it was read"
+        raise ConfigError(
+            f"{path} {size}, over the {amount(MAX_BYTES / 2**20)} MB a config file may be; "
+            "put the config file itself there (a few KB of settings)"
+        )
+    return data
+
+
+def _not_a_config(path: Path, kind: str) -> ConfigError:
+    return ConfigError(f"{path} is {kind}, not a config file; put the config file itself there")
 
 
 def _line_and_column(text: str | bytes, position: int) -> tuple[int, int]:

@@ -5,7 +5,9 @@ own; a watch folder watched again, or a queue that turned frames away,
 needs a look too. Scans run on their own thread (`scan_later`), in order, so
 a big folder stalls neither watchdog's thread nor the settler; the daemon's
 start-up scan runs on the main thread (`scan_now`). What a scan finds is
-handed to the settler like an event, marked as found by a scan.
+handed to the settler like an event, marked as found by a scan. The maps an
+earlier `output.template` left match the patterns too, and every scan meets
+them all again: a scan sets them aside and says so in one line.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from cachetools import LRUCache
 
+from depthwatch.frames import provenance
 from depthwatch.frames.errorrecords import remove_error_record
 from depthwatch.frames.rules import Rules, map_is_current
 from depthwatch.logtext import shown
@@ -150,15 +153,25 @@ class Scanner:
         thread, and a SIGTERM must not wait for a folder of a hundred thousand frames).
         """
         count = 0
+        own: list[Path] = []
         for root in [folder] if folder else self.rules.roots:
             for path in self._walk(root):
                 if self._stopping or (cancelled is not None and cancelled()):
                     return count
-                if needs_output(self.rules, path):
+                if not needs_output(self.rules, path):
+                    self._tidy(path)
+                elif not self.rules.is_clip(path) and provenance.read(path) is not None:
+                    own.append(path)
+                else:
                     self._found(path)
                     count += 1
-                else:
-                    self._tidy(path)
+        if len(own) == 1:
+            log.warning("%s carries depthwatch's record (a depth map, or an image saved from one); not taken as a frame", shown(own[0]))
+        elif own:
+            log.warning(
+                "%d files carry depthwatch's record (depth maps, or images saved from them), %s among them; not taken as frames",
+                len(own), shown(own[0]),
+            )
         return count
 
     def _tidy(self, path: Path) -> None:

@@ -215,7 +215,8 @@ def resolve(model: ModelSettings, base: Path) -> ModelSpec:
         if not path.is_file():
             raise ModelError(
                 f"model {model.path!r} is not installed ({path} is missing); "
-                f"fetch it with `depthwatch models fetch {model.path}` or set model.path to an .onnx file"
+                f"fetch it with `depthwatch models fetch {model.path}`, or run an .onnx depth model you have "
+                "with `--model PATH` (or model.path)"
             )
         hint = known.profile
     else:

@@ -10,6 +10,12 @@ Where the catalogue publishes no checksum, the first download records the
 sha256 it got in `FILE.sha256` beside the model (the format `shasum -a 256 -c`
 reads), and every later check compares against that: trust on first use.
 
+A file already in the model's place that is not the model (another sha256, or
+no model at all) is replaced by a fresh download; where none can be had
+(offline), it is refused with exit 65 and what to do with it: remove it, or
+keep it with `--accept`, which records its sha256 in `FILE.sha256` so later
+checks take it for the model (until `--force` downloads the catalogue's).
+
 Exit codes (sysexits.h), each with a one-line message:
   69 EX_UNAVAILABLE  no network, the server failed or the download was cut short (retry resumes)
   65 EX_DATAERR      the bytes are wrong: size, sha256 or not a loadable ONNX model (nothing changed)
@@ -59,6 +65,17 @@ class DownloadError(DepthwatchError):
     exit_code = EX_UNAVAILABLE
 
 
+class Unreachable(DownloadError):
+    """The download could not start: offline, the host unreachable, or the server refused it.
+
+    `reason`: why, in a few words, for a message that goes on to say more.
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class IntegrityError(DepthwatchError):
     """The downloaded bytes are not the model: wrong size or sha256, or not a loadable ONNX model."""
 
@@ -88,6 +105,8 @@ class Fetched:
     downloaded: int
     #: Where this call's transfer started (non-zero: it resumed an interrupted one).
     resumed_from: int
+    #: The file was kept as it is with `accept`, though its sha256 is not the expected one.
+    accepted: bool = False
 
 
 def checksum_file(model: Path) -> Path:
@@ -147,15 +166,24 @@ def human_size(size: int) -> str:
     return f"{size} bytes"
 
 
+def accepted_sha256(entry: Entry, model: Path) -> str | None:
+    """The sha256 `--accept` recorded for a file kept in place of a model the catalogue has a checksum for."""
+    return recorded_sha256(model) if entry.sha256 is not None else None
+
+
 def state(entry: Entry, folder: Path) -> str:
-    """missing, ok (matches its checksum), changed (does not), or unverified (nothing to compare with)."""
+    """missing, ok (matches its checksum), accepted (kept with `--accept`), changed (matches
+    neither), or unverified (nothing to compare with)."""
     model = folder / entry.file
     if not model.is_file():
         return "missing"
     expected = expected_sha256(entry, model)
     if expected is None:
         return "unverified"
-    return "ok" if sha256_of(model) == expected else "changed"
+    sha256 = sha256_of(model)
+    if sha256 == expected:
+        return "ok"
+    return "accepted" if sha256 == accepted_sha256(entry, model) else "changed"
 
 
 def fetch(
@@ -172,7 +200,10 @@ def fetch(
     A copy already there that matches its checksum is kept (unless `force`); a
     hand-placed one with nothing to compare against is adopted once it loads,
     and its sha256 recorded, unless its size says it is another model (then
-    `accept` records it anyway). `progress` receives a progress bar (None: none).
+    `accept` records it anyway). One that does not match, or does not load, is
+    downloaded again; if that cannot start (offline), IntegrityError says what
+    to do with it; with `accept` it is kept, its sha256 recorded, without a
+    download. `progress` receives a progress bar (None: none).
     """
     target = folder / entry.file
     try:
@@ -180,10 +211,12 @@ def fetch(
     except OSError as exc:
         raise FolderError(f"cannot create the model folder {folder}: {_reason(exc)}; choose another with --folder or model.folder") from None
     expected = expected_sha256(entry, target)
+    wrong: str | None = None  # what is wrong with the file in the model's place, to be replaced
     if target.is_file() and not force:
         kept = _keep_existing(entry, target, expected, accept)
-        if kept is not None:
+        if isinstance(kept, Fetched):
             return kept
+        wrong = kept
     part = part_file(target)
     try:
         handle = open(part, "a+b")  # noqa: SIM115 - held open (and locked) until the rename
@@ -194,9 +227,14 @@ def fetch(
         download = _Download(entry, target, handle, timeout, progress)
         try:
             download.run()
-        except DepthwatchError:
+        except DepthwatchError as exc:
             if download.size == 0:
                 part.unlink(missing_ok=True)  # nothing to resume from
+            if wrong is not None and isinstance(exc, Unreachable):
+                raise IntegrityError(
+                    f"{wrong}, and no copy to replace it could be downloaded ({exc.reason}); remove it and fetch "
+                    f"{entry.name} again online, or keep it with `depthwatch models fetch {entry.name} --accept`"
+                ) from None
             raise
         try:
             handle.flush()
@@ -215,23 +253,31 @@ def fetch(
             raise FolderError(f"cannot put the model in place at {target}: {_reason(exc)}") from None
     if entry.sha256 is None:
         _record_checksum(target, sha256)
+    else:
+        _forget_accepted(target)  # the catalogue's own copy is there now
     log.debug("saved %s (%d bytes, sha256 %s)", target, download.size, sha256)
     return Fetched(target, sha256, download.size, download.received, download.start)
 
 
-def _keep_existing(entry: Entry, target: Path, expected: str | None, accept: bool = False) -> Fetched | None:
-    """The Fetched for a good copy already in place, or None if it must be downloaded again.
+def _keep_existing(entry: Entry, target: Path, expected: str | None, accept: bool = False) -> Fetched | str:
+    """The Fetched for a good copy already in place; else what is wrong with it, for a download to replace it.
 
     A hand-placed copy (nothing to compare its checksum with) whose size is far
-    from the catalogue's is refused rather than recorded as the truth.
+    from the catalogue's is refused rather than recorded as the truth. With
+    `accept`, a copy that does not match its sha256 is kept once it loads, and
+    its sha256 recorded.
     """
     sha256 = sha256_of(target)
     size = target.stat().st_size
     if expected is not None:
-        if sha256 == expected:
-            return Fetched(target, sha256, size, 0, 0)
-        log.warning("%s does not match its sha256 (%s); downloading it again", target, expected)
-        return None
+        if sha256 in (expected, accepted_sha256(entry, target)):
+            return Fetched(target, sha256, size, 0, 0, accepted=sha256 != expected)
+        where = "the catalogue's" if entry.sha256 is not None else f"the one recorded in {checksum_file(target).name}"
+        if not accept:
+            log.warning("%s does not match the sha256 of %s (%s); downloading it again", target, entry.name, where)
+            return f"{target} does not match the sha256 of {entry.name} ({where}): another model, or a damaged copy"
+        _adopt(entry, target, sha256)
+        return Fetched(target, sha256, size, 0, 0, accepted=True)
     doubt = size_doubt(entry, size)
     if doubt is not None and not accept:
         raise IntegrityError(
@@ -242,10 +288,30 @@ def _keep_existing(entry: Entry, target: Path, expected: str | None, accept: boo
         _load_check(entry, target)
     except IntegrityError as exc:
         log.warning("%s cannot be used (%s); downloading it again", target, exc)
-        return None
+        return f"{target} is not a usable model ({exc})"
     _record_checksum(target, sha256)
     log.debug("kept %s, which was already there; recorded its sha256 %s", target, sha256)
     return Fetched(target, sha256, size, 0, 0)
+
+
+def _adopt(entry: Entry, target: Path, sha256: str) -> None:
+    """Record the sha256 of the file in the model's place, kept with `--accept`, once it loads."""
+    try:
+        _load_check(entry, target)
+    except IntegrityError as exc:
+        raise IntegrityError(
+            f"{target} is not a usable model ({exc}); nothing was recorded. Remove it and fetch {entry.name} online"
+        ) from None
+    _record_checksum(target, sha256)
+
+
+def _forget_accepted(target: Path) -> None:
+    """Remove the record of a file kept with `--accept`, now that the catalogue's copy replaced it."""
+    record = checksum_file(target)
+    try:
+        record.unlink(missing_ok=True)
+    except OSError as exc:
+        raise FolderError(f"cannot remove {record}, which names the file replaced: {_reason(exc)}") from None
 
 
 def _check(entry: Entry, part: Path, size: int, sha256: str, expected: str | None, target: Path) -> None:
@@ -422,10 +488,11 @@ class _Download:
             dynamic_ncols=True,
         )
 
-    def _failed(self, reason: str, advice: str) -> DownloadError:
-        return DownloadError(
+    def _failed(self, reason: str, advice: str) -> Unreachable:
+        return Unreachable(
             f"cannot download {self.entry.name} from {self.entry.url}: {reason}; "
-            f"{advice} or put the file at {self.target} yourself"
+            f"{advice} or put the file at {self.target} yourself",
+            reason,
         )
 
 
