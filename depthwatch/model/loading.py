@@ -26,7 +26,7 @@ import numpy as np
 
 from depthwatch.errors import DepthwatchError, ModelError
 from depthwatch.files import why_not_a_file
-from depthwatch.model import choice, providers, quantize
+from depthwatch.model import choice, graph_ops, providers, quantize
 from depthwatch.model import precision as precisions
 from depthwatch.model.contract import Contract, depth_map, model_input_size, read_contract
 from depthwatch.model.failures import FIX_MODEL, EngineStopped, first_line
@@ -52,6 +52,14 @@ def _openvino_session(spec: ModelSpec, precision: str, path: Path) -> Session:
     from depthwatch.model.sessions.openvino import OpenVINOSession
 
     return OpenVINOSession(path, precision, threads=max(0, spec.intra_op_threads))
+
+
+def _quantized(path: Path) -> bool:
+    """Whether the graph in `path` is quantized (see `graph_ops`); a file that cannot be read so is taken as not."""
+    try:
+        return graph_ops.quantized(path)
+    except (OSError, ValueError, EOFError):
+        return False
 
 
 class SessionMaking:
@@ -133,7 +141,7 @@ class SessionMaking:
             path.name,
             info.load_seconds,
             ", ".join(applied),
-            precision,
+            info.arithmetic,
         )
         if plan is not None:
             plan = dataclasses.replace(plan, spec=spec)  # with the profile the graph chose
@@ -144,7 +152,7 @@ class SessionMaking:
     def _described(spec: ModelSpec, contract: Contract, applied: tuple[str, ...], generation: int, load_s: float, **more: Any) -> ModelInfo:
         # For a square frame the model's input is as large as it gets on the frame's short side.
         floor = model_input_size(contract, spec.profile, (1, 1))
-        return ModelInfo(spec, contract, applied, generation, load_s, min_frame_size=floor, **more)
+        return ModelInfo(spec, contract, applied, generation, load_s, min_frame_size=floor, quantized=_quantized(more.get("file") or spec.path), **more)
 
     def _measure_now(self, spec: ModelSpec, variants: list[Variant]) -> Measurement:
         """Measure `variants` before the model's first frame (batch work, `check --providers`); see `choice.decide`."""
