@@ -26,7 +26,8 @@ import onnxruntime
 import pytest
 from onnx_models import brightness_model
 
-from depthwatch.model import caches, gauges, providers
+from depthwatch.model import caches, providers
+from depthwatch.model.choosing import gauges
 from depthwatch.model.engine import Engine
 from depthwatch.model.profiles import PROFILES
 from depthwatch.model.spec import ModelSpec

@@ -11,7 +11,7 @@ import numpy as np
 
 from depthwatch.commands.common import add_config_arguments, config_from_args
 from depthwatch.model import providers as ep
-from depthwatch.model.trials import Trial
+from depthwatch.model.choosing.trials import Trial
 from depthwatch.model.spec import ModelInfo
 
 HELP = "check the config and the model: load it, show its providers and I/O, run one synthetic frame"
@@ -157,7 +157,7 @@ def provider_table(trials: Sequence[Trial], picked: tuple[str, str]) -> str:
     reference's (the CPU provider at fp32); below the threshold a variant is
     never picked, however fast.
     """
-    from depthwatch.model.precision import FAITHFUL
+    from depthwatch.model.choosing.precision import FAITHFUL
 
     cpu = next((t for t in trials if t.provider == ep.CPU), None)
     rows = [("provider", "precision", "graph share", "load", "per frame", "peak memory", "maps", "")]

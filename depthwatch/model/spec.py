@@ -18,7 +18,7 @@ from depthwatch.model.recognise import ProfileChoice
 
 if TYPE_CHECKING:
     from depthwatch.model.caches import CompiledFolder
-    from depthwatch.model.trials import Trial
+    from depthwatch.model.choosing.trials import Trial
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class ModelSpec:
     #: With `profile: auto` and a file not known by its checksum: the engine picks the
     #: profile from the graph it reads (or refuses), and `profile` is a placeholder till then.
     choose_profile: ProfileChoice | None = None
-    #: auto, fp32, bf16 or fp16 (see depthwatch.model.precision).
+    #: auto, fp32, bf16 or fp16 (see depthwatch.model.choosing.precision).
     precision: str = "auto"
 
     def coreml_root(self) -> Path:

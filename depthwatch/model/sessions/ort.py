@@ -21,7 +21,6 @@ import logging
 from typing import Any
 
 from depthwatch.model import caches, graph_inputs, providers
-from depthwatch.model import precision as precisions
 from depthwatch.model.profiles import Profile
 from depthwatch.model.spec import ModelSpec
 
@@ -85,7 +84,7 @@ def _square_side(profile: Profile) -> int | None:
 
 
 def provider_chain(
-    wanted: list[str], spec: ModelSpec, precision: str = precisions.FP32
+    wanted: list[str], spec: ModelSpec, precision: str = "fp32"
 ) -> tuple[Chain, caches.CompiledFolder | None, dict[str, int]]:
     """(provider, options) pairs, CoreML's cache folder, and the input dimensions to pin.
 
