@@ -147,7 +147,7 @@ class SessionMaker:
         if precision == precisions.INT8:
             try:
                 model_file = self._int8_file(spec)
-            except ModelError as exc:  # a full or read-only cache: the model serves all the same (before: exit 78)
+            except ModelError as exc:  # a full or read-only cache: the model serves all the same, at fp32
                 log.warning("%s; %s serves %s at fp32", exc, providers.short(provider), path.name)
                 precision = precisions.FP32
         chain, compiled, pins = ort.provider_chain(wanted, spec, precision)

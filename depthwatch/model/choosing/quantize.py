@@ -249,9 +249,9 @@ def _quantize(
 ) -> None:
     """`model` quantized into `target`; the keywords are depthwatch's choice, other values for benchmarks.realint8.
 
-    `check` (see `int8_model`): before, a stop waited for the whole quantization
-    (12 s of a 41 MB model, past the shutdown's timeout, its model-sized
-    temporaries left), and a frame dropped meanwhile waited a minute.
+    `check` (see `int8_model`): a whole quantization takes 12 s of a 41 MB model,
+    past the shutdown's timeout, and leaves model-sized temporaries if killed,
+    so a stop (and, in idle time, a frame) ends it between its steps.
     """
     ort.runtime()  # its calibration's sessions log to stderr as onnxruntime's default logger says
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
