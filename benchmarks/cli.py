@@ -105,7 +105,8 @@ def machine(applied: Sequence[str]) -> dict[str, Any]:
     import cv2
     import onnxruntime
 
-    from depthwatch.model import hardware, providers
+    from depthwatch.model import providers
+    from depthwatch.model.choosing import hardware
 
     return {
         "cores": scenarios.cores(),

@@ -138,7 +138,7 @@ def measure(
     """
     os.environ["XDG_CACHE_HOME"] = str(work / "cache")  # the engine's measurement and int8 files, here only
     os.environ["XDG_STATE_HOME"] = str(work / "state")
-    from depthwatch.model import hardware, precision, quantize
+    from depthwatch.model.choosing import hardware, precision, quantize
     from depthwatch.model.contract import read_contract
     from depthwatch.model.engine import Engine
     from depthwatch.model.profiles import PROFILES
@@ -203,7 +203,7 @@ def _engines(runtimes: tuple[str, ...] = RUNTIMES) -> dict[str, Callable[[Path],
 
 def agreements(work: Path, runtimes: tuple[str, ...] = RUNTIMES) -> dict[str, dict[str, float]]:
     """Per runtime, each variant's agreement with fp32 on the probe images, on this CPU's kernels (files from `measure`)."""
-    from depthwatch.model import precision
+    from depthwatch.model.choosing import precision
 
     tensors = list(np.load(work / "probes.npy"))
     reference = list(np.load(work / "reference.npy"))

@@ -373,7 +373,7 @@ if __name__ == "__main__":
     parser.add_argument("--fresh", action="store_true", help="the clips no setting was chosen on, made last (`fresh`), not the usual ones")
     parser.add_argument("--samples", metavar="DIR", help="OpenCV's sample clips in DIR (`opencv_samples`), not the usual ones")
     args = parser.parse_args()
-    from depthwatch.model.hardware import machine
+    from depthwatch.model.choosing.hardware import machine
 
     print(f"machine: {machine()}")  # the costs below are this CPU's (its features named), the figures any CPU's
     which = held_out() if args.held_out else fresh() if args.fresh else opencv_samples(args.samples) if args.samples else None

@@ -272,3 +272,13 @@ def constant_model(path: Path, size: int = 16, value: float = 0.5) -> Path:
         helper.make_node("Add", ["nothing", "value"], ["depth"]),
     ]
     return _save(_square_float_graph(nodes, "constant", size, inits), path)
+
+
+def unused_weight_model(path: Path) -> Path:
+    """`brightness_model` with a weight no node uses: onnxruntime warns of it on its own logger
+    ("Removing initializer ...") in every session made with its default log settings."""
+    brightness_model(path)
+    model = onnx.load(str(path))
+    model.graph.initializer.append(helper.make_tensor("unused_weight", TensorProto.FLOAT, [2], [1.0, 2.0]))
+    onnx.save(model, str(path))
+    return path

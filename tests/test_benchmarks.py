@@ -28,7 +28,7 @@ import psutil  # noqa: E402
 
 from benchmarks import realint8  # noqa: E402
 from depthwatch.frames.frameline import STAGES  # noqa: E402
-from depthwatch.model import hardware  # noqa: E402
+from depthwatch.model.choosing import hardware  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

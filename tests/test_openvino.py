@@ -43,7 +43,7 @@ from depthwatch.model.engine import Engine  # noqa: E402
 from depthwatch.model.profiles import PROFILES  # noqa: E402
 from depthwatch.model.sessions import openvino  # noqa: E402
 from depthwatch.model.spec import ModelSpec  # noqa: E402
-from depthwatch.model.trials import SWITCH  # noqa: E402
+from depthwatch.model.choosing.trials import SWITCH  # noqa: E402
 
 OPENVINO = providers.OPENVINO
 HAS_BF16 = "bf16" in openvino.reduced_precisions()
@@ -286,7 +286,8 @@ def test_no_process_is_created_with_openvino(tmp_path, tiny_model):
 
 def test_a_start_that_remembers_onnxruntime_never_imports_openvino(tmp_path, tiny_model):
     """Importing OpenVINO costs ~15 MiB of RSS: a daemon serving from onnxruntime must not pay it."""
-    from depthwatch.model import caches, choice
+    from depthwatch.model import caches
+    from depthwatch.model.choosing import choice
 
     spec = dataclasses.replace(spec_for(tiny_model), providers="auto")
     available = providers.available()

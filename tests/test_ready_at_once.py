@@ -34,12 +34,13 @@ from depthwatch import processes
 from depthwatch.config import parse
 from depthwatch.daemon.lifecycle import Daemon
 from depthwatch.errors import EX_SOFTWARE, BadPrediction, ModelChanged
-from depthwatch.model import caches, choice, gauges, hardware, providers, quantize
-from depthwatch.model import precision as precisions
+from depthwatch.model import caches, providers
+from depthwatch.model.choosing import choice, gauges, hardware, quantize
+from depthwatch.model.choosing import precision as precisions
 from depthwatch.model.engine import Engine
 from depthwatch.model.profiles import PROFILES
 from depthwatch.model.spec import ModelSpec
-from depthwatch.model.trials import SWITCH
+from depthwatch.model.choosing.trials import SWITCH
 
 INT8, FP32 = "int8", "fp32"
 
@@ -630,7 +631,7 @@ def test_an_int8_file_is_hashed_once_a_process_not_at_every_look(tmp_path, monke
 def test_frames_that_keep_cutting_a_quantization_short_leave_it_for_the_next_start_said(tmp_path):
     """A quantization made in idle time was started over at every frame: a steady trickle of frames kept
     it from ever finishing, and nothing said so (the next start measured nothing again)."""
-    from depthwatch.model.measurement import MOST_CUT_SHORT, Measurement, Preempted
+    from depthwatch.model.choosing.measurement import MOST_CUT_SHORT, Measurement, Preempted
 
     tries = []
 
@@ -641,7 +642,7 @@ def test_frames_that_keep_cutting_a_quantization_short_leave_it_for_the_next_sta
     def create(variant, traced):
         if variant[1] == INT8:
             tries.append(variant)
-            raise Preempted()  # as `SessionMaking._int8_file` does when a frame comes while it quantizes
+            raise Preempted()  # as `SessionMaker._int8_file` does when a frame comes while it quantizes
         return Session()
 
     measurement = Measurement([(CPU, FP32), (CPU, INT8)], create, lambda session: None, budget_s=60.0)

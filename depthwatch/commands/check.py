@@ -11,7 +11,7 @@ import numpy as np
 
 from depthwatch.commands.common import add_config_arguments, config_from_args
 from depthwatch.model import providers as ep
-from depthwatch.model.trials import Trial
+from depthwatch.model.choosing.trials import Trial
 from depthwatch.model.spec import ModelInfo
 
 HELP = "check the config and the model: load it, show its providers and I/O, run one synthetic frame"
@@ -74,6 +74,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"compiled:  {compiled}")
         if measuring:
             print(provider_table(info.trials, (info.providers[0], info.precision)))
+            if info.quantized:
+                print("           (the model comes quantized: its fp32 rows run its own int8 graph as it is)")
         print(f"contract:  {info.contract.describe()}")
         # A synthetic 1080p frame through the same steps as a real one: decoded at the
         # daemon's scale, the model, then the render chain for the configured output.
@@ -119,9 +121,11 @@ def _compiled(info: ModelInfo) -> str:
 
 def precision_line(setting: str, info: ModelInfo) -> str:
     """The precision the model runs at, and why, when `auto` refused a reduced one."""
-    line = info.precision if setting == "auto" else f"{info.precision} (as configured: {setting})"
+    line = info.arithmetic if setting == "auto" else f"{info.arithmetic} (as configured: {setting})"
     if setting == "auto":
         line += " (auto)"
+    if info.arithmetic != info.precision:
+        line += "; the model comes quantized and runs as it is"
     for refused in info.refused:
         line += f"; refused {refused}"
     return line
@@ -153,7 +157,7 @@ def provider_table(trials: Sequence[Trial], picked: tuple[str, str]) -> str:
     reference's (the CPU provider at fp32); below the threshold a variant is
     never picked, however fast.
     """
-    from depthwatch.model.precision import FAITHFUL
+    from depthwatch.model.choosing.precision import FAITHFUL
 
     cpu = next((t for t in trials if t.provider == ep.CPU), None)
     rows = [("provider", "precision", "graph share", "load", "per frame", "peak memory", "maps", "")]

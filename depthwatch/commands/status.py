@@ -112,6 +112,15 @@ def _clip_line(clip: dict[str, Any], stopped: bool = False) -> str:
     return f"{name} -> {output}: {done}/{total or '?'} frames, {float(clip.get('rate') or 0):.1f} fps{left}"
 
 
+def _sessions_line(data: dict[str, Any]) -> str:
+    """What was loaded: the model asked for, and every session made, the engine measurement's included."""
+    loads, made = data.get("model_loads", 0), data["sessions_made"]
+    line = f"model loaded {loads} time(s) (start, reloads); {made} session(s) made in all"
+    if made > loads:
+        line += f" ({made - loads} by the engine measurement, one at a time, in idle time)"
+    return line
+
+
 def _mtime(path: Path) -> float:
     try:
         return path.stat().st_mtime
@@ -180,6 +189,8 @@ def _show(path: Path, data: dict[str, Any]) -> bool:
         providers = ", ".join(data.get("providers") or []) or "?"
         precision = f" at {data['precision']}" if isinstance(data.get("precision"), str) else ""
         rows.append(("model", f"{data['model']} (profile {data.get('profile')}; providers {providers}{precision})"))
+    if isinstance(data.get("sessions_made"), int):
+        rows.append(("sessions", _sessions_line(data)))
     if data.get("watching"):
         rows.append(("watching", ", ".join(data["watching"])))
     if data.get("waiting_for") and running:  # a stopped daemon waits for nothing (an old file may say so)

@@ -129,6 +129,7 @@ class StatusReport:
             self.touch()
         if daemon.engine is not None:
             status.model_loads = daemon.engine.load_count
+            status.sessions_made = daemon.engine.sessions_made
         clips = daemon.clips
         progress = clips.progress if clips is not None else None
         status.clip = progress.as_dict() if progress is not None else None

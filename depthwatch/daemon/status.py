@@ -83,6 +83,8 @@ class Status:
     contract: str | None = None
     #: Loads of the model asked for (start, reloads, a rebuild on CPU).
     model_loads: int = 0
+    #: Every session made: those loads, and each one the idle-time engine measurement made, one at a time.
+    sessions_made: int = 0
     #: With `providers: auto`: whether the idle-time engine measurement is still to come or
     #: under way, and how often it moved serving to a faster engine (no load of its own).
     measuring: bool = False

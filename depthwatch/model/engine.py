@@ -1,4 +1,4 @@
-"""The one inference thread and the one ONNX Runtime session it owns.
+"""The one inference thread and the one session it serves from.
 
 Sessions on GPU back-ends are bound to the thread and process that made them
 (CoreML after fork() crashes; TensorFlow-style sessions hang when called from
@@ -8,34 +8,28 @@ every `run()` call; other threads hand it tensors and get futures back. A
 reload is a job like any other on the same queue, so two loads can never
 overlap and no frame is lost across the swap.
 
-With `providers: auto` the daemon is ready at once: it serves from the
-remembered choice, or from the reference (onnxruntime's CPU provider at fp32)
-when nothing is remembered, and measures the other engines in idle time on
-this same thread, a step at a time, pre-empted by every live frame. When a
-faster faithful engine is found it swaps to it as a reload does.
+With `providers: auto` the daemon is ready at once and measures the other
+engines in idle time on this same thread, a step at a time, pre-empted by
+every live frame (`choosing.idle`). Whatever goes wrong on this thread, it
+completes the future it was given with an error and serves the next job; the
+thread ending is itself reported (`failure`), so nobody is told "running" by
+a daemon whose engine is gone.
 
-Whatever goes wrong on this thread, it completes the future it was given
-with an error and serves the next job; the thread ending is itself reported
-(`failure`), so nobody is told "running" by a daemon whose engine is gone.
-
-This module holds the thread, its queue and its jobs (run, load, stop). How
-sessions are made is in `loading` and the idle-time measurement in `idle`,
-both mixed into `Engine`; what the thread says when something fails is in
-`failures`, and which engine to serve from is decided in `choice`.
+This module holds the thread, its queue (`jobs`) and its jobs (run, load,
+stop), and the session it serves from. Choosing and measuring engines lives
+beside it in `choosing`, as parts the engine holds, which hand it sessions: a
+`SessionMaker` makes every session, an `IdleMeasurement` the idle-time
+measurement; neither holds the engine. What fails is said by `failures`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -50,52 +44,24 @@ from depthwatch.errors import (
     Stopped,
     Superseded,
 )
-from depthwatch.model import choice, providers
-from depthwatch.model.contract import Contract, depth_map
+from depthwatch.model import providers
+from depthwatch.model.choosing.idle import IDLE_S, IdleMeasurement
+from depthwatch.model.choosing.making import SessionMaker, Tally
+from depthwatch.model.choosing.sideruns import SideRuns
+from depthwatch.model.contract import depth_map
 from depthwatch.model.failures import EngineStopped, first_line, internal, unusable
-from depthwatch.model.idle import IDLE_S, IdleMeasuring
-from depthwatch.model.loading import SessionMaking
-from depthwatch.model.measurement import Measurement
+from depthwatch.model.inference import BACKGROUND, LIVE, Inference, SessionFactory
+from depthwatch.model.jobs import STOP, Jobs
 from depthwatch.model.sessions import Session, ort
 from depthwatch.model.spec import ModelInfo, ModelSpec
-from depthwatch.model.trials import Trial
 from depthwatch.threadnames import name_this_thread
 
 log = logging.getLogger("depthwatch.model.engine")
 
-#: Called as onnxruntime.InferenceSession is: (path, sess_options=..., providers=[(name, options), ...]).
-SessionFactory = Callable[..., Session]
+__all__ = ["BACKGROUND", "LIVE", "Engine", "Inference", "SessionFactory"]
 
 
-@dataclass(frozen=True)
-class Inference:
-    """A prediction as [H, W] floats, the seconds `session.run` took, and the model that made it.
-
-    The model travels with the prediction because a swap may finish before the
-    prediction is rendered: its profile (depth or inverse depth) must be the one
-    that produced it, or the map comes out inverted.
-    """
-
-    prediction: np.ndarray
-    seconds: float
-    model: ModelInfo
-
-    @property
-    def generation(self) -> int:
-        return self.model.generation
-
-
-_STOP = object()
-
-#: Queue priorities: lower runs first. A live frame (an editor waiting on it), a model
-#: load and the HTTP API's images go before the frames of a clip job, which only
-#: fill the time the live frames leave; the stop marker goes after everything.
-LIVE = 0
-BACKGROUND = 1
-_LAST = 2
-
-
-class Engine(IdleMeasuring, SessionMaking):
+class Engine:
     """Owns the inference thread; thread-safe to call from anywhere.
 
     `start()` begins loading on the inference thread and returns at once;
@@ -110,21 +76,18 @@ class Engine(IdleMeasuring, SessionMaking):
         available_providers: Callable[[], Sequence[str]] | None = None,
         measure_providers: str = "remembered",
     ) -> None:
-        """`available_providers` stands for providers.available, onnxruntime's list and OpenVINO
-        where it is installed (tests offer stand-in accelerators through it). `measure_providers`:
-        "remembered" measures `auto` before the first load only when no earlier measurement is on
-        record (batch work: `once`, a farm worker); "background" serves at once from the remembered
-        choice or the reference and measures in idle time (the daemon); "always" measures afresh,
-        with profiling, even CPU alone (`depthwatch check --providers`)."""
+        """`available_providers` stands for providers.available (tests offer stand-in accelerators
+        through it); `measure_providers`: "remembered", "background" or "always" (see `SessionMaker`)."""
         if session_factory is None:
             session_factory = ort.factory()
         self._spec = spec
-        self._factory = session_factory
-        self._available = available_providers or providers.available
-        self._measure = measure_providers
-        # (priority, order, item): FIFO within a priority (`order` never ties, so items never compare).
-        self._jobs: queue.PriorityQueue[tuple[int, int, Any]] = queue.PriorityQueue()
-        self._order = itertools.count()
+        self._tally = Tally()  # what the engine's parts did: read by the properties below
+        self._sides = SideRuns()  # the runs that are not a frame's, which a stop or a live frame ends
+        self._maker = SessionMaker(
+            session_factory, available_providers or providers.available, measure_providers, self._sides, self._tally
+        )
+        self._idle = IdleMeasurement(self._maker, self._tally, self._now_serving)
+        self._jobs = Jobs()
         self._thread = threading.Thread(target=self._serve, name="depthwatch-inference", daemon=True)
         self._ready = threading.Event()
         self._lock = threading.Lock()
@@ -139,37 +102,15 @@ class Engine(IdleMeasuring, SessionMaking):
         self._running_background = False
         self._preempted = False
         self._interrupted = False
-        #: Serving sessions loaded for the model asked for (first load, reloads, CPU rebuild); the
-        #: sessions the measurement makes, and the one it may switch to, are not counted here.
-        self.load_count = 0
         #: Frames run through the model.
         self.run_count = 0
-        #: Provider measurements made (each times every candidate once).
-        self.measurements = 0
-        #: The idle-time measurement to make (`_plan`) or under way (inference thread only),
-        #: and when the last live job ended (monotonic), which a step waits IDLE_S after.
-        self._measurement: Measurement | None = None
-        self._plan: choice.Plan | None = None
-        #: The measurement has ended and its choice is being put in place (`idle._measured`).
-        self._concluding = False
+        #: When the last live job ended (monotonic), which an idle-time measurement step waits IDLE_S after.
         self._live_at = 0.0
-        #: A run in progress that is not a frame's (a warm-up, a measured run): its RunOptions,
-        #: which a stop always stops, and whether a live job stops it too (a measured run).
-        self._side_run: tuple[Any, bool] | None = None
         #: Why the inference thread ended while the engine was not being stopped (None: it did not).
         self.failure: str | None = None
         #: Called on the inference thread with a run's `label` just before the model runs on it, and with
         #: None after (the daemon's `blackbox`: a crash inside the runtime names its frame at the next start).
         self.black_box: Callable[[Any], None] | None = None
-        #: Seconds the last serving session's warm-up run took (the measurement's estimate).
-        self._warm_s: float | None = None
-        #: A model's contract and the seconds of one run, as an fp32 session of it showed: what
-        #: the int8 calibration feeds, and how many images it can afford (see `_int8_file`).
-        self._seen: tuple[Path, Contract, float] | None = None
-        #: Times the idle-time measurement moved serving to a faster engine (not counted in load_count).
-        self.switches = 0
-        #: A measured session the measurement kept to serve from: (session, its trial, the serving one's ms).
-        self._kept: tuple[Session, Trial, float] | None = None
 
     # -- the public side, called from any thread ---------------------------------
 
@@ -199,7 +140,15 @@ class Engine(IdleMeasuring, SessionMaking):
     @property
     def measuring(self) -> bool:
         """Whether an idle-time measurement is still to be made or under way."""
-        return self._plan is not None or self._measurement is not None or self._concluding
+        return self._idle.measuring
+
+    # What the engine's parts did: the sessions loaded for the model asked for (first load, reloads,
+    # CPU rebuild: not the measurement's, nor the one it may switch to), every session made (the
+    # measurement's too), the provider measurements made, and the measurement's switches of engine.
+    load_count = property(lambda self: self._tally.loads)
+    sessions_made = property(lambda self: self._tally.sessions_made)
+    measurements = property(lambda self: self._tally.measurements)
+    switches = property(lambda self: self._tally.switches)
 
     @property
     def alive(self) -> bool:
@@ -270,15 +219,14 @@ class Engine(IdleMeasuring, SessionMaking):
         dropped and a running inference is told to stop, rather than waited for.
         """
         with self._lock:
-            if self._side_run is not None:
-                self._side_run[0].terminate = True  # neither a warm-up nor a measurement holds a stop
+            self._sides.stop()  # neither a warm-up nor a measurement holds a stop
             if interrupt:
                 self._interrupted = True
                 if self._running is not None:
                     self._running[1].terminate = True
             if not self._closed:
                 self._closed = True
-                self._jobs.put((_LAST, next(self._order), _STOP))
+                self._jobs.put_stop()
         if self._thread.is_alive() or self._thread.ident is not None:
             self._thread.join(timeout)
         return not self._thread.is_alive()
@@ -295,13 +243,13 @@ class Engine(IdleMeasuring, SessionMaking):
             if self._closed:
                 future.set_exception(self._error or EngineStopped("the inference engine has stopped"))
                 return future
-            self._jobs.put((priority, next(self._order), (future, job)))
+            self._jobs.put(priority, (future, job))
             if priority == LIVE and self._running is not None and self._running_background:
                 # A clip's frame is running: stop it between operators and run it again after.
                 self._preempted = True
                 self._running[1].terminate = True
-            if priority == LIVE and self._side_run is not None and self._side_run[1]:
-                self._side_run[0].terminate = True  # a measured run makes way, and is run again later
+            if priority == LIVE:
+                self._sides.make_way()  # a measured run makes way, and is run again later
         return future
 
     # -- the inference thread ----------------------------------------------------
@@ -328,7 +276,7 @@ class Engine(IdleMeasuring, SessionMaking):
                     session = self._measure_step(session)
                     continue
                 priority, item = entry
-                if item is _STOP:
+                if item is STOP:
                     return
                 future, job = item
                 in_hand = future
@@ -365,27 +313,29 @@ class Engine(IdleMeasuring, SessionMaking):
             self._drain()
 
     def _take(self) -> tuple[int, Any] | None:
-        """The next job as (priority, item), or None when it is time for a measurement step instead.
+        """The next job as (priority, item), or None when it is time for a measurement step instead (see `jobs`)."""
+        return self._jobs.take(self._live_at + IDLE_S if self._idle.pending else None)
 
-        A measurement step waits until no live frame has come for IDLE_S; it goes
-        before a clip's frames (BACKGROUND), which would otherwise never leave it
-        a moment, and after every live frame.
-        """
-        while True:
-            if self._plan is None and self._measurement is None:
-                priority, _, item = self._jobs.get()
-                return priority, item
-            wait = self._live_at + IDLE_S - time.monotonic()
-            try:
-                priority, order, item = self._jobs.get(timeout=wait) if wait > 0 else self._jobs.get_nowait()
-            except queue.Empty:
-                if wait <= 0:
-                    return None
-                continue
-            if priority == BACKGROUND and wait <= 0:
-                self._jobs.put((priority, order, item))  # its own place again: clip frames keep their order
-                return None
-            return priority, item
+    # -- the parts' hands on the inference thread --------------------------------
+    def _load(self, spec: ModelSpec, generation: int) -> tuple[Session, ModelInfo]:
+        """A serving session of `spec` from the session maker; the idle-time measurement it plans is the next one."""
+        session, info, plan = self._maker.load(spec, generation)
+        self._idle.planned(plan)
+        return session, info
+
+    def _measure_step(self, session: Session) -> Session:
+        """One step of the idle-time measurement; the session to serve from after it."""
+        assert self._info is not None
+        return self._idle.step(session, self._info)
+
+    def _end_measurement(self) -> None:
+        self._idle.end()
+
+    def _now_serving(self, info: ModelInfo, switched: bool) -> None:
+        """What the idle-time measurement puts in service: `info`, of a new session when `switched`."""
+        self._info = info
+        if switched:
+            self._cpu_rebuilt = False
 
     def _drain(self) -> None:
         with self._lock:
@@ -401,47 +351,35 @@ class Engine(IdleMeasuring, SessionMaking):
             # stop, for the next start to map (they were each logged and counted as failed, and the
             # frame at fault was named by none of the lines).
             reason = Stopped(f"not mapped: the inference engine stopped on another frame before it ran ({self.failure})")
-        while True:
-            try:
-                item = self._jobs.get_nowait()[2]
-            except queue.Empty:
-                return
-            if item is not _STOP and (item[0].running() or item[0].set_running_or_notify_cancel()):
-                item[0].set_exception(reason)
+        for future, _ in self._jobs.drain():
+            if future.running() or future.set_running_or_notify_cancel():
+                future.set_exception(reason)
 
     def _swap(self, session: Session, future: Future[Any], spec: ModelSpec) -> Session:
         assert self._info is not None
         self._end_measurement()  # it was of the old model; the new one plans its own
         try:
-            new_session, info = self._load(spec, generation=self._info.generation + 1)
-        except DepthwatchError as exc:
-            log.error("keeping %s: %s", self._info.spec.path.name, exc)
-            self._settle(future, exc)
-            return session
+            new_session, info, plan = self._maker.load(spec, generation=self._info.generation + 1)
         except Exception as exc:
-            error = ModelError(internal(f"loading {spec.path.name}", exc))
+            error = exc if isinstance(exc, DepthwatchError) else ModelError(internal(f"loading {spec.path.name}", exc))
             log.error("keeping %s: %s", self._info.spec.path.name, error)
-            self._settle(future, error)
+            with self._lock:
+                self._withdrawn.discard(future)
+            future.set_exception(error)
             return session
         with self._lock:  # with `withdraw`: a reload withdrawn is never swapped in, one swapped in is not withdrawn
-            if future in self._withdrawn:
-                self._withdrawn.discard(future)
-                withdrawn = True
-            else:
-                withdrawn = False
+            withdrawn = future in self._withdrawn
+            self._withdrawn.discard(future)
+            if not withdrawn:
                 self._info = info
                 self._cpu_rebuilt = False
+                self._idle.planned(plan)  # a measurement of the model swapped in, never of one withdrawn
                 future.set_result(info)
         if withdrawn:
             log.info("not using %s: the config no longer names it; keeping %s", spec.path.name, self._info.spec.path.name)
             future.set_exception(Superseded("the config no longer names this model"))
             return session  # the new session is let go here, before the next job
         return new_session  # the old session is released as its last reference goes
-
-    def _settle(self, future: Future[Any], error: BaseException) -> None:
-        with self._lock:
-            self._withdrawn.discard(future)
-        future.set_exception(error)
 
     def _run(
         self, session: Session, future: Future[Any], tensor: np.ndarray, generation: int, priority: int = LIVE, label: Any = None
@@ -498,26 +436,15 @@ class Engine(IdleMeasuring, SessionMaking):
         return session
 
     def _requeue(self, future: Future[Any], tensor: np.ndarray, generation: int, priority: int, label: Any = None) -> None:
-        """A preempted background inference goes back in the queue, behind the live job that stopped it.
-
-        Its future is already running; it is put back as it was, so the caller sees
-        only a later result.
-        """
-        # Before the stop marker, which always comes last: work queued before a stop still runs.
-        self._jobs.put((priority, next(self._order), (future, ("run", tensor, generation, priority, label))))
+        """A preempted background inference back in the queue, behind the live job that stopped it and
+        before the stop marker; its future, already running, goes back as it was: the caller sees only a later result."""
+        self._jobs.put(priority, (future, ("run", tensor, generation, priority, label)))
 
     def _rebuild_on_cpu(self, session: Session, info: ModelInfo, exc: Exception) -> tuple[Session, ModelInfo]:
         self._cpu_rebuilt = True
-        log.warning(
-            "%s failed at run time (%s); rebuilding the session on CPU",
-            info.providers[0],
-            first_line(exc),
-        )
-        cpu_spec = dataclasses.replace(info.spec, providers=(providers.CPU,))
+        log.warning("%s failed at run time (%s); rebuilding the session on CPU", info.providers[0], first_line(exc))
         try:
-            session, rebuilt = self._load(cpu_spec, generation=info.generation)
+            session, self._info = self._load(dataclasses.replace(info.spec, providers=(providers.CPU,)), info.generation)
         except DepthwatchError as load_exc:
             log.error("could not rebuild the session on CPU: %s", load_exc)
-            return session, info
-        self._info = rebuilt
-        return session, rebuilt
+        return session, self._info or info

@@ -27,7 +27,7 @@ _DIM_VALUE, _DIM_PARAM = 1, 2
 
 
 
-def _varint(f: BinaryIO) -> int:
+def varint(f: BinaryIO) -> int:
     result = shift = 0
     while True:
         byte = f.read(1)
@@ -39,20 +39,20 @@ def _varint(f: BinaryIO) -> int:
         shift += 7
 
 
-def _fields(f: BinaryIO, end: int) -> Iterator[tuple[int, int, int]]:
+def fields(f: BinaryIO, end: int) -> Iterator[tuple[int, int, int]]:
     """(field number, value or length, start) for each field up to `end`; length-delimited
     fields are skipped after the caller has had its look at them."""
     while f.tell() < end:
-        key = _varint(f)
+        key = varint(f)
         number, wire = key >> 3, key & 7
         if wire == 0:
-            yield number, _varint(f), f.tell()
+            yield number, varint(f), f.tell()
         elif wire == 1:
             f.seek(8, 1)
         elif wire == 5:
             f.seek(4, 1)
         elif wire == 2:
-            length = _varint(f)
+            length = varint(f)
             start = f.tell()
             yield number, length, start
             f.seek(start + length)
@@ -62,11 +62,11 @@ def _fields(f: BinaryIO, end: int) -> Iterator[tuple[int, int, int]]:
 
 def _dims(f: BinaryIO, end: int) -> list[int | str | None]:
     dims: list[int | str | None] = []
-    for number, length, start in _fields(f, end):
+    for number, length, start in fields(f, end):
         if number != _SHAPE_DIM:
             continue
         dim: int | str | None = None
-        for field, value, at in _fields(f, start + length):
+        for field, value, at in fields(f, start + length):
             if field == _DIM_VALUE:
                 dim = value
             elif field == _DIM_PARAM:
@@ -77,14 +77,14 @@ def _dims(f: BinaryIO, end: int) -> list[int | str | None]:
 
 def _input(f: BinaryIO, end: int) -> tuple[str, list[int | str | None]] | None:
     name, dims = "", None
-    for number, length, start in _fields(f, end):
+    for number, length, start in fields(f, end):
         if number == _VALUE_NAME:
             name = f.read(length).decode("utf-8", "replace")
         elif number == _VALUE_TYPE:
-            for field, size, at in _fields(f, start + length):
+            for field, size, at in fields(f, start + length):
                 if field != _TYPE_TENSOR:
                     continue
-                for inner, shape_len, shape_at in _fields(f, at + size):
+                for inner, shape_len, shape_at in fields(f, at + size):
                     if inner == _TENSOR_SHAPE:
                         dims = _dims(f, shape_at + shape_len)
     return (name, dims) if dims is not None else None
@@ -97,10 +97,10 @@ def declared_inputs(path: Path) -> list[tuple[str, list[int | str | None]]]:
         f.seek(0, 2)
         size = f.tell()
         f.seek(0)
-        for number, length, start in _fields(f, size):
+        for number, length, start in fields(f, size):
             if number != _MODEL_GRAPH:
                 continue
-            for field, value_len, at in _fields(f, start + length):
+            for field, value_len, at in fields(f, start + length):
                 if field == _GRAPH_INPUT:
                     entry = _input(f, at + value_len)
                     if entry is not None:

@@ -18,7 +18,7 @@ from depthwatch.model.recognise import ProfileChoice
 
 if TYPE_CHECKING:
     from depthwatch.model.caches import CompiledFolder
-    from depthwatch.model.trials import Trial
+    from depthwatch.model.choosing.trials import Trial
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class ModelSpec:
     #: With `profile: auto` and a file not known by its checksum: the engine picks the
     #: profile from the graph it reads (or refuses), and `profile` is a placeholder till then.
     choose_profile: ProfileChoice | None = None
-    #: auto, fp32, bf16 or fp16 (see depthwatch.model.precision).
+    #: auto, fp32, bf16 or fp16 (see depthwatch.model.choosing.precision).
     precision: str = "auto"
 
     def coreml_root(self) -> Path:
@@ -67,13 +67,22 @@ class ModelInfo:
     chosen_by: str = ""
     #: The figures of the measurement this load made (empty when it made none).
     trials: tuple[Trial, ...] = ()
-    #: The arithmetic the session runs at: fp32, bf16, fp16 or int8.
+    #: The precision the engine was chosen at (the variant): fp32 (the graph as it is), bf16, fp16 or int8
+    #: (the int8 file `quantize` made). What the session computes in is `arithmetic`.
     precision: str = "fp32"
     #: The file the session runs: the model's own, or its int8 file (`quantize`).
     file: Path | None = None
     #: Why `precision: auto` kept fp32 although the hardware has a reduced precision
     #: (its maps were not faithful), one line each; empty when nothing was refused.
     refused: tuple[str, ...] = ()
+    #: The model's own graph is quantized (`graph_ops`): run as it is, it computes in int8.
+    quantized: bool = False
+
+    @property
+    def arithmetic(self) -> str:
+        """What the session computes in, as the log, `check` and `describe` say it: a quantized
+        graph run as it is computes in int8, though no precision was asked of the runtime."""
+        return "int8" if self.quantized and self.precision == "fp32" else self.precision
 
     @property
     def profile(self) -> Profile:
@@ -95,5 +104,5 @@ class ModelInfo:
     def describe(self) -> str:
         return (
             f"model {self.spec.path.name} (profile {self.profile.name}, "
-            f"providers {', '.join(self.providers)}, {self.precision}): {self.contract.describe()}"
+            f"providers {', '.join(self.providers)}, {self.arithmetic}): {self.contract.describe()}"
         )

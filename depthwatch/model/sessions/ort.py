@@ -6,6 +6,13 @@ that call. The choices are deliberate: one inter-op thread and sequential
 execution (one frame at a time, the cores shared with the image work), no
 spinning threads, no memory pattern (see `session_options`), and for CoreML a
 compiled-model cache keyed by the model's contents.
+
+onnxruntime writes its own log lines straight to the process's stderr (the
+daemon's log), colour codes and unescaped file names included, from sessions
+depthwatch does not make too (the int8 quantizer's calibration). Every error
+it has also comes back as an exception, which depthwatch says in one line of
+its own, so its logger is set to fatal alone, once, before anything else of
+onnxruntime runs (`runtime`).
 """
 
 from __future__ import annotations
@@ -14,7 +21,6 @@ import logging
 from typing import Any
 
 from depthwatch.model import caches, graph_inputs, providers
-from depthwatch.model import precision as precisions
 from depthwatch.model.profiles import Profile
 from depthwatch.model.spec import ModelSpec
 
@@ -24,28 +30,37 @@ log = logging.getLogger("depthwatch.model.engine")
 Chain = list[tuple[str, dict[str, Any]]]
 
 
-def factory() -> Any:
-    """onnxruntime.InferenceSession (imported here, so nothing imports onnxruntime before it is needed)."""
+#: onnxruntime's own severity for its log: fatal only (0 verbose, 1 info, 2 warning, 3 error, 4 fatal).
+QUIET = 4
+
+
+def runtime() -> Any:
+    """The `onnxruntime` module, its own logger quieted (see above): the one way depthwatch imports it."""
     import onnxruntime
 
-    return onnxruntime.InferenceSession
+    onnxruntime.set_default_logger_severity(QUIET)
+    return onnxruntime
+
+
+def factory() -> Any:
+    """onnxruntime.InferenceSession (imported here, so nothing imports onnxruntime before it is needed)."""
+    return runtime().InferenceSession
 
 
 def run_options() -> Any:
     """A RunOptions whose `terminate` another thread sets to stop the run between operators."""
-    import onnxruntime
-
-    return onnxruntime.RunOptions()
+    options = runtime().RunOptions()
+    options.log_severity_level = QUIET  # a run stopped by `terminate` is not an error to print
+    return options
 
 
 def session_options(spec: ModelSpec, trace_prefix: str | None = None, pins: dict[str, int] | None = None) -> Any:
-    import onnxruntime
-
+    onnxruntime = runtime()
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = max(0, spec.intra_op_threads)
     options.inter_op_num_threads = 1
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
-    options.log_severity_level = 4  # errors reach the log as our own one-line messages
+    options.log_severity_level = QUIET  # errors reach the log as our own one-line messages
     # Idle operator threads spinning would steal the cores that decode and encode frames.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     # The memory pattern is planned at the second run and allocated as one block beside
@@ -69,7 +84,7 @@ def _square_side(profile: Profile) -> int | None:
 
 
 def provider_chain(
-    wanted: list[str], spec: ModelSpec, precision: str = precisions.FP32
+    wanted: list[str], spec: ModelSpec, precision: str = "fp32"
 ) -> tuple[Chain, caches.CompiledFolder | None, dict[str, int]]:
     """(provider, options) pairs, CoreML's cache folder, and the input dimensions to pin.
 

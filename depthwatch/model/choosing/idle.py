@@ -1,12 +1,14 @@
 """The idle-time measurement: which engine is fastest here, found a step at a time between frames.
 
-A mixin of `Engine` (see `engine`): with `providers: auto` the daemon serves at
-once (from the remembered choice, or from the reference) and measures the
-other engines on its own inference thread when no live frame has come for
-IDLE_S, one step at a time, so a frame waits for one step at most (the
-engine's `_take` schedules the steps). A faster faithful engine found on the
-way is served from at once (`_offered`, `_take_offered`); at the end the choice
-is remembered (`choice.Decisions`) and, if it is not what serves, loaded.
+With `providers: auto` the daemon serves at once (from the remembered choice,
+or from the reference) and measures the other engines on its own inference
+thread when no live frame has come for IDLE_S, one step at a time, so a frame
+waits for one step at most (the engine's `_take` schedules the steps). The
+engine holds one `IdleMeasurement`, handed the session maker, the tally and
+`serve`, the one way it changes what the engine serves: a faster faithful
+engine found on the way is served from at once (`_offered`, `_take_offered`);
+at the end the choice is remembered (`choice.Decisions`) and, if it is not
+what serves, loaded.
 """
 
 from __future__ import annotations
@@ -14,17 +16,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import traceback
+from collections.abc import Callable
 
-from depthwatch.model import choice, providers
-from depthwatch.model import precision as precisions
+from depthwatch.model import providers
+from depthwatch.model.choosing import choice
+from depthwatch.model.choosing import precision as precisions
 from depthwatch.model.contract import read_contract
 from depthwatch.model.failures import first_line
-from depthwatch.model.gauges import give_back_freed_memory
-from depthwatch.model.loading import SessionMaking
-from depthwatch.model.measurement import MIN_RUNS, Measurement
+from depthwatch.model.choosing.gauges import give_back_freed_memory
+from depthwatch.model.choosing.making import SessionMaker, Tally, describe
+from depthwatch.model.choosing.measurement import MIN_RUNS, Measurement
 from depthwatch.model.sessions import Session
 from depthwatch.model.spec import ModelInfo
-from depthwatch.model.trials import Trial, fastest_trial, reference
+from depthwatch.model.choosing.trials import Trial, fastest_trial, reference
 
 log = logging.getLogger("depthwatch.model.engine")
 
@@ -34,18 +38,48 @@ IDLE_S = 1.0
 BACKGROUND_BUDGET_S = 45.0
 
 
-class IdleMeasuring(SessionMaking):
-    """The idle-time measurement of the `Engine` this is mixed into (its attributes are the engine's).
+class IdleMeasurement:
+    """The engine's idle-time measurement: planned by a load, made a step at a time on the inference thread.
 
-    A measurement's sessions are made as `SessionMaking` makes them.
+    `serve(info, switched)` puts what the measurement found in service: the
+    figures of the engine serving (`switched` False, the same session), or a
+    faster engine (`switched` True, the session `step` returns).
     """
 
-    # The engine's state these methods read and write (set in Engine.__init__).
-    _info: ModelInfo | None
-    _kept: tuple[Session, Trial, float] | None
-    _cpu_rebuilt: bool
-    _concluding: bool
-    switches: int
+    def __init__(self, maker: SessionMaker, tally: Tally, serve: Callable[[ModelInfo, bool], None]) -> None:
+        self._maker = maker
+        self._tally = tally
+        self._serve = serve
+        #: The measurement to make (`planned`), or under way; and the engine serving while a step runs.
+        self._plan: choice.Plan | None = None
+        self._measurement: Measurement | None = None
+        self._info: ModelInfo | None = None
+        #: The measurement has ended and its choice is being put in place (`_measured`).
+        self._concluding = False
+        #: A measured session kept to serve from: (session, its trial, the serving one's ms).
+        self._kept: tuple[Session, Trial, float] | None = None
+
+    @property
+    def pending(self) -> bool:
+        """Whether a step is to be taken when the engine is idle."""
+        return self._plan is not None or self._measurement is not None
+
+    @property
+    def measuring(self) -> bool:
+        """Whether a measurement is still to be made or under way, or its choice not yet in service."""
+        return self.pending or self._concluding
+
+    def planned(self, plan: choice.Plan | None) -> None:
+        """The measurement a load planned (None: none); it starts at the next step."""
+        self._plan = plan
+
+    def step(self, session: Session, info: ModelInfo) -> Session:
+        """One step, `info` being what serves from `session`; the session to serve from after it."""
+        self._info = info
+        try:
+            return self._measure_step(session)
+        finally:
+            self._info = None
 
     def _measure_step(self, session: Session) -> Session:
         """One step of the idle-time measurement; at its end, the swap to a faster faithful engine."""
@@ -58,9 +92,9 @@ class IdleMeasuring(SessionMaking):
                 serving = (info.providers[0], info.precision)
                 self._measurement = Measurement(
                     plan.variants,
-                    self._measured_session(plan.spec, None),
-                    self._measured_run(plan.spec),
-                    probe=self._measured_probe(plan.spec),
+                    self._maker.measured_session(plan.spec, None, preemptible=True),
+                    self._maker.measured_run(plan.spec, preemptible=True),
+                    probe=self._maker.measured_probe(plan.spec, preemptible=True),
                     budget_s=BACKGROUND_BUDGET_S,
                     reference=(session, info.load_seconds) if serving == reference(plan.variants) else None,
                     then=serving,
@@ -83,21 +117,22 @@ class IdleMeasuring(SessionMaking):
             if more:
                 return session
         except Exception as exc:  # a measurement that fails leaves the engine serving as it was
-            if self._closed:  # stopped in the middle of a step: nothing failed
-                self._end_measurement()
+            if self._maker.stopped:  # stopped in the middle of a step: nothing failed
+                self.end()
                 return session
             log.warning(
                 "the engine measurement for %s failed (%s); keeping %s",
                 info.spec.path.name, first_line(exc), ", ".join(info.providers),
             )
             log.debug("the measurement's traceback:\n%s", traceback.format_exc())
-            self._end_measurement()
+            self.end()
             return session
         return self._measured(session)
 
     def _run_seconds(self, info: ModelInfo) -> float:
         """About how long a run of the serving model takes: its warm-up's time, as the load measured it."""
-        return self._warm_s if self._warm_s is not None else max(info.load_seconds, 0.01)
+        warm_s = self._maker.warm_s
+        return warm_s if warm_s is not None else max(info.load_seconds, 0.01)
 
     def _offered(self, trial: Trial, session: Session, trials: list[Trial]) -> bool:
         """A faithful variant was measured: keep its session to serve from if it is now the choice (`fastest`).
@@ -124,7 +159,7 @@ class IdleMeasuring(SessionMaking):
             return session
         new_session, trial, was_ms = kept
         applied = tuple(new_session.get_providers())
-        new_info = self._described(
+        new_info = describe(
             info.spec, read_contract(new_session), applied, info.generation + 1, trial.load_s or 0.0,
             chosen_by="measured", precision=trial.precision,
         )
@@ -134,8 +169,8 @@ class IdleMeasuring(SessionMaking):
             trial.run_ms, was_ms,
         )
         self._info = new_info
-        self._cpu_rebuilt = False
-        self.switches += 1
+        self._serve(new_info, True)
+        self._tally.switches += 1
         return new_session  # the old session is released as its last reference goes
 
     def _measured(self, session: Session) -> Session:
@@ -154,7 +189,7 @@ class IdleMeasuring(SessionMaking):
         measurement, plan, info = self._measurement, self._plan, self._info
         assert measurement is not None and measurement.trials is not None and plan is not None and info is not None
         self._measurement = self._plan = None  # the swap's load below is not a measured run: nothing preempts it
-        self.measurements += 1
+        self._tally.measurements += 1
         serving = (info.providers[0], info.precision)
         trials = measurement.trials
         chosen, refused = choice.report(plan.spec, trials, plan.variants, plan.notes, was=serving)
@@ -168,21 +203,21 @@ class IdleMeasuring(SessionMaking):
         plan.decisions.put(plan.key, plan.spec.path, chosen, trials, busy=measurement.busy)
         give_back_freed_memory()
         if chosen == serving:
-            self._info = dataclasses.replace(info, chosen_by="measured", trials=tuple(trials), refused=tuple(refused))
+            self._serve(dataclasses.replace(info, chosen_by="measured", trials=tuple(trials), refused=tuple(refused)), False)
             return session
         # The fastest was measured before the variant serving had figures to beat: load it now.
         try:
-            new_session, new_info = self._load(plan.spec, info.generation + 1, variant=chosen, measured=(trials, refused))
+            new_session, new_info, _ = self._maker.load(plan.spec, info.generation + 1, variant=chosen, measured=(trials, refused))
         except Exception as exc:  # the faster engine would not load after all: keep serving
             log.warning("could not switch to %s (%s); keeping %s", chosen[0], first_line(exc), ", ".join(info.providers))
             return session
-        self._info = new_info
-        self._cpu_rebuilt = False
-        self.switches += 1
+        self._serve(new_info, True)
+        self._tally.switches += 1
         log.info("switched %s to %s", plan.spec.path.name, ", ".join(new_info.providers))
         return new_session  # the old session is released as its last reference goes
 
-    def _end_measurement(self) -> None:
+    def end(self) -> None:
+        """Drop the measurement planned or under way (a stop, a reload: it was of the model serving)."""
         if self._measurement is not None:
             self._measurement.close()
         self._measurement = self._plan = None

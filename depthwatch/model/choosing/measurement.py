@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from depthwatch.model import precision as precisions
-from depthwatch.model.gauges import BUSY_CORES, CpuLoad, PeakMemory, node_counts
-from depthwatch.model.trials import Trial, Variant, in_order, to_beat
+from depthwatch.model.choosing import precision as precisions
+from depthwatch.model.choosing.gauges import BUSY_CORES, CpuLoad, PeakMemory, node_counts
+from depthwatch.model.choosing.trials import Trial, Variant, in_order, to_beat
 
 #: Seconds of work the whole measurement may take; each variant gets an equal share of what is left.
 BUDGET_S = 90.0

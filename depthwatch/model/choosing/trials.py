@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from depthwatch.model import precision as precisions
+from depthwatch.model.choosing import precision as precisions
 
 #: A candidate: (provider, precision).
 Variant = tuple[str, str]

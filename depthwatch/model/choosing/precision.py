@@ -51,7 +51,7 @@ def candidates(provider: str, setting: str) -> tuple[list[str], str | None]:
     half its fp32 time on the trained FastDepth where onnxruntime's ran 0.9x
     (`python -m benchmarks.realint8`).
     """
-    from depthwatch.model import quantize
+    from depthwatch.model.choosing import quantize
 
     if setting == INT8 and provider not in (providers.CPU, providers.OPENVINO):
         return [FP32], f"int8 runs on onnxruntime's CPU provider and OpenVINO; {providers.short(provider)} runs fp32"

@@ -46,16 +46,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from depthwatch.errors import ModelError
-from depthwatch.model import caches, providers, quantize
-from depthwatch.model import precision as precisions
+from depthwatch.model import caches, providers
+from depthwatch.model.choosing import quantize
+from depthwatch.model.choosing import precision as precisions
 from depthwatch.model.failures import first_line
-from depthwatch.model.gauges import give_back_freed_memory
-from depthwatch.model.hardware import machine
+from depthwatch.model.choosing.gauges import give_back_freed_memory
+from depthwatch.model.choosing.hardware import machine
 from depthwatch.model.spec import ModelSpec
-from depthwatch.model.trials import Trial, Variant, fastest, reference, unfaithful
+from depthwatch.model.choosing.trials import Trial, Variant, fastest, reference, unfaithful
 
 if TYPE_CHECKING:
-    from depthwatch.model.measurement import Measurement
+    from depthwatch.model.choosing.measurement import Measurement
 
 # The decision's lines have always come from the engine's logger: filters and tests keep working.
 log = logging.getLogger("depthwatch.model.engine")

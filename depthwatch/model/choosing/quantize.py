@@ -46,7 +46,8 @@ import numpy as np
 
 from depthwatch import processes
 from depthwatch.errors import ModelError
-from depthwatch.model import caches, providers
+from depthwatch.model import caches, graph_ops, providers
+from depthwatch.model.sessions import ort
 
 log = logging.getLogger("depthwatch.model.engine")
 
@@ -59,8 +60,6 @@ CALIBRATION_S = 2.0
 #: A graph with at least this many convolutions keeps its first and last in fp32 (see above); a
 #: shallower one is quantized whole, or little of it would be int8.
 ENDS_FROM = 4
-#: Operators that mean the graph is quantized already (FastDepth int8, say).
-_QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger"}
 
 
 def offered() -> bool:
@@ -230,13 +229,11 @@ def _sweep(folder: Path) -> None:
 
 
 def already_quantized(model: Path) -> bool:
-    import onnx
-
+    """Whether `model` comes quantized (FastDepth int8, say): see `graph_ops`."""
     try:
-        graph = onnx.load(str(model), load_external_data=False).graph
-    except Exception as exc:  # onnx raises DecodeError and others for a file it cannot read
+        return graph_ops.quantized(model)
+    except (OSError, ValueError, EOFError) as exc:
         raise ModelError(f"cannot read the graph of {model.name}: {exc}") from None
-    return any(node.op_type in _QUANTIZED_OPS for node in graph.node)
 
 
 class _QuantizerChatter(logging.Filter):
@@ -252,10 +249,11 @@ def _quantize(
 ) -> None:
     """`model` quantized into `target`; the keywords are depthwatch's choice, other values for benchmarks.realint8.
 
-    `check` (see `int8_model`): before, a stop waited for the whole quantization
-    (12 s of a 41 MB model, past the shutdown's timeout, its model-sized
-    temporaries left), and a frame dropped meanwhile waited a minute.
+    `check` (see `int8_model`): a whole quantization takes 12 s of a 41 MB model,
+    past the shutdown's timeout, and leaves model-sized temporaries if killed,
+    so a stop (and, in idle time, a frame) ends it between its steps.
     """
+    ort.runtime()  # its calibration's sessions log to stderr as onnxruntime's default logger says
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
