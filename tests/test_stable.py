@@ -557,7 +557,7 @@ def test_once_runs_the_model_a_bounded_number_of_frames_ahead_of_the_planner(tmp
     """`once`'s first pass: frames taken from the list minus results given on, never over what is in flight."""
     from onnx_models import spec_for
 
-    from depthwatch.commands import once
+    from depthwatch.batch import passes
 
     frames = tmp_path / "frames"
     frames.mkdir()
@@ -580,7 +580,7 @@ def test_once_runs_the_model_a_bounded_number_of_frames_ahead_of_the_planner(tmp
         engine.wait_ready()
         pipeline = Pipeline(engine, workers=2)
         most, given = 0, 0
-        for job, summary, prediction in once._collected(pipeline, listed(), Settings(), failures.append):
+        for job, summary, prediction in passes.collected(pipeline, listed(), Settings(), failures.append):
             assert job.source == jobs[given].source and summary.thumbnail.size and prediction is not None  # in order
             assert job.signature == signature_of(job.source)  # the version the model ran on, for pass 2
             given += 1

@@ -1,4 +1,4 @@
-"""`once INPUT --job-bundle DIR`: the input checked as `once` checks it, and the job bundle written; nothing mapped.
+"""`once INPUT --job-bundle DIR`: the input checked with `once`'s own checks (`batch`), and the job bundle written; nothing mapped.
 
 The bundle is the three files a farm takes (`jobtemplate` says what each
 holds): `template.yaml`, `parameter_values.yaml` and `asset_references.yaml`.
@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from depthwatch.batch.inputs import collect_inputs, rules_for
+from depthwatch.batch.vetting import refuse_replacing
 from depthwatch.errors import ConfigError, FrameError, ModelError, OutputError
 from depthwatch.farm import jobtemplate
 from depthwatch.farm.jobtemplate import CHUNK, OPTIONS, Job, frame_ranges
@@ -36,12 +38,13 @@ def write_for(
     *,
     chunk: int | None,
     timeline: bool,
-    collect: Callable[[list[str]], list[Path]],
     left_out: Sequence[str] = (),
 ) -> int:
     """`once`'s inputs (`clips`: the clips' jobs, `refused`: a line for each clip it refused; `frames`: the
-    stills and numbered frames) as one job, written into `folder`; 0. `collect`: `once`'s frames of a folder;
-    `left_out`: its lines on files of an input folder left out, said once the job is not refused."""
+    stills and numbered frames) as one job, written into `folder`; 0. `left_out`: `once`'s lines on files of an
+    input folder left out, said once the job is not refused."""
+    if frames:  # outputs that clash are said now, not by every task
+        refuse_replacing(rules_for((f.parent for f in frames), config.output.template).jobs_for(frames)[0])
     if refused:
         raise FrameError(refused[0])  # the clip's line, and the exit once gives it
     if (clips and frames) or len(clips) > 1:
@@ -50,7 +53,7 @@ def write_for(
         )
     model = model_of(config)
     size = chunk or CHUNK
-    job = clip_job(clips[0], output, config, model, size, timeline) if clips else frames_job(frames, output, config, model, size, collect)
+    job = clip_job(clips[0], output, config, model, size, timeline) if clips else frames_job(frames, output, config, model, size)
     for line in left_out:
         print(line, file=sys.stderr)
     written = write(folder, job)
@@ -110,9 +113,7 @@ def clip_job(clip: Any, output: str | None, config: Any, model: str, chunk: int,
                _profile(config), _options(config), timeline, chunk)
 
 
-def frames_job(
-    frames: list[Path], output: str | None, config: Any, model: str, chunk: int, collect: Callable[[list[str]], list[Path]]
-) -> Job:
+def frames_job(frames: list[Path], output: str | None, config: Any, model: str, chunk: int) -> Job:
     """The job of numbered frames of one folder: the folder, or frames named from it (a sequence's files).
 
     A range task maps every frame of its folder in its range (`once DIR --frames A-B`), so frames
@@ -132,7 +133,8 @@ def frames_job(
             "tasks map frames by number; map stills with once, or name the frames of a sequence"
         )
     numbers = sorted({name.number for name in named.values() if name is not None})
-    others = [p for p in collect([str(folder)]) if p not in named and (n := sequences.parse(p)) is not None and n.number in set(numbers)]
+    folder_frames = collect_inputs([str(folder)], config.output.template, config.output.clip_template)
+    others = [p for p in folder_frames if p not in named and (n := sequences.parse(p)) is not None and n.number in set(numbers)]
     if others:
         raise ConfigError(
             f"{shown(folder)} holds other frames numbered as these ({shown(others[0].name)}"

@@ -30,13 +30,14 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
+from depthwatch.batch.inputs import frame_range
+from depthwatch.batch.taskprogress import TaskProgress
 from depthwatch.clips.job import ClipJob
 from depthwatch.errors import ConfigError, FrameError, OutputError
 from depthwatch.farm import segments
 from depthwatch.farm.clipindex import ClipIndex
 from depthwatch.farm.clipindex import read as read_index
 from depthwatch.farm.cliptasks import ClipRange, inferred
-from depthwatch.farm.taskprogress import TaskProgress
 from depthwatch.files import sha256_of
 from depthwatch.frames import timeline
 from depthwatch.frames.job import signature_of
@@ -228,7 +229,6 @@ def run(jobs: list[ClipJob], frames: str | None, do_join: bool, config: Any, tas
     goes, and a join run again once done says so and succeeds.
     """
     from depthwatch.errors import DepthwatchError
-    from depthwatch.frames import sequences
     from depthwatch.model import catalogue
 
     settings = Settings.from_config(config)
@@ -252,10 +252,7 @@ def run(jobs: list[ClipJob], frames: str | None, do_join: bool, config: Any, tas
                 failed += 1
         return failed
     assert frames is not None
-    try:
-        wanted = sequences.frame_range(frames)
-    except ValueError as exc:
-        raise ConfigError(f"--frames: {exc}") from None
+    wanted = frame_range(frames)
     indexes = []
     for job in jobs:  # a range the clip does not have is a typing mistake: said before the model loads
         depth_clip_kind(job)
