@@ -603,3 +603,49 @@ def test_a_clip_whose_output_folder_is_swapped_for_a_link_leaves_no_temporary_fi
     assert list(outside.iterdir()) == []
     assert list((d.watch / "moved").iterdir()) == []
     assert d.temp_files() == []
+
+
+@pytest.mark.parametrize("order", ["in order", "from both ends"])
+def test_a_preallocating_copier_that_closes_after_each_piece_makes_one_clip_job(tmp_path: Path, order: str) -> None:
+    """The full size first, then filled in 30 pieces, the file closed after each (as some copiers do), a moov-first
+    MP4: one clip job once it is filled, no 'damaged' line, the right depth clip. In order, its tail is zeros
+    until the last piece; from both ends, its head and tail are there long before the middle of its data."""
+    import threading
+
+    d = _daemon(tmp_path)
+    config = yaml.safe_load(d.config_path.read_text())
+    config["watch"]["incomplete_timeout_s"] = 60  # a stall of the copier under load is not its end
+    d.config_path.write_text(yaml.safe_dump(config))
+    data = _faststart(tmp_path / "fast.mp4")
+    target = d.watch / "E005.mp4"
+    pieces = 30
+    step = len(data) // pieces + 1
+    starts = list(range(0, len(data), step))
+    if order == "from both ends":
+        starts = [starts[i // 2] if i % 2 == 0 else starts[-1 - i // 2] for i in range(len(starts))]
+    assert sorted(starts) == list(range(0, len(data), step))
+
+    def copy() -> None:
+        with open(target, "wb") as f:
+            os.truncate(f.fileno(), len(data))  # preallocated: the full size, zeros
+        for at in starts:
+            with open(target, "r+b") as f:
+                f.seek(at)
+                f.write(data[at : at + step])
+            time.sleep(0.1)  # the copier's pace
+
+    copier = threading.Thread(target=copy)
+    try:
+        d.start()
+        copier.start()
+        copier.join(120)
+        wait_for(lambda: d.counts().get("clips") == 1, timeout=120, what="the depth clip")
+        wait_for(lambda: not d.status().get("clip") and not d.status().get("clips_waiting"), what="the clip thread idle")
+        log = d.log()
+    finally:
+        copier.join(120)
+        d.stop()
+    assert target.read_bytes() == data
+    assert log.count("clip E005.mp4 -> E005_depth.mov: started") == 1, log[-3000:]
+    assert _errors(log) == [] and "damaged" not in log, _errors(log)
+    assert probe(d.watch / "E005_depth.mov")["frames"] == 48

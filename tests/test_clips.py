@@ -695,6 +695,19 @@ def test_a_preallocated_copy_still_being_filled_in_is_told_apart(sources: dict[s
     assert _state(copy) == (True, True)
 
 
+def test_a_copy_filled_in_out_of_order_is_told_apart_by_its_index(sources: dict[str, Path], tmp_path: Path) -> None:
+    """Head and tail written, a piece of the middle still zeros (a parallel copier): the index says a video
+    sample there is not written yet; whole again, it is whole."""
+    mp4 = _faststart(tmp_path / "fast.mp4", 48)
+    for name, data in (("fast.mp4", mp4), ("prores.mov", sources["prores"].read_bytes())):
+        copy = tmp_path / f"holed_{name}"
+        middle = len(data) // 2
+        copy.write_bytes(data[:middle] + bytes(len(data) // 10) + data[middle + len(data) // 10 :])
+        assert _state(copy) == (True, True), name
+        copy.write_bytes(data)
+        assert _state(copy) == (True, False), name
+
+
 def test_the_box_walk_is_bounded(tmp_path: Path) -> None:
     """8 MiB of 8-byte boxes: the walk stops at MOST_TOP_BOXES and leaves it to settling (no verdict)."""
     from depthwatch.imaging import video
