@@ -215,7 +215,8 @@ def _earliest_start(container: object) -> tuple[Fraction | None, str]:
 def _display_matrix(container: object, stream: object) -> tuple[int, ...] | None:
     """The display matrix FFmpeg attaches to the first decoded frame (from the stream's side data)."""
     for frame in container.decode(stream):  # type: ignore[attr-defined]
-        for side in frame.side_data:
+        sides = frame.side_data  # a mapping from type to side data in PyAV 15 and later, a sequence before
+        for side in sides.values() if hasattr(sides, "values") else sides:
             if "DISPLAYMATRIX" in str(side.type):
                 data = bytes(side)
                 if len(data) == 36:
