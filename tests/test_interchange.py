@@ -267,6 +267,34 @@ def test_a_variable_rate_clip_with_b_frames_ends_where_its_source_ends(tmp_path:
     assert _video_end(out) == pytest.approx(_video_end(source), abs=0.0005), (_video_end(source), _video_end(out))
 
 
+@pytest.mark.parametrize("ext", [".mov", ".mkv"])
+def test_an_interlaced_clip_with_sound_keeps_its_field_order_and_its_timeline_declares_the_sound(tmp_path: Path, ext: str) -> None:
+    """A top-field-first shot with stereo sound: the depth clip is marked top field first, not progressive
+    (ffprobe), the log says what is done with the fields, and the .fcpxml's source asset declares its
+    sound (hasAudio, audioSources, audioChannels, audioRate) so Final Cut Pro opens the shot with it."""
+    import xml.etree.ElementTree as ET
+
+    pytest.importorskip("opentimelineio", reason="timelines need the timeline extra: pip install -e '.[timeline]'")
+    ffmpeg = _tool("ffmpeg", "ffmpeg")
+    source = tmp_path / "C003.mov"
+    subprocess.run([ffmpeg, "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=size=160x96:rate=25,trim=end_frame=12",
+                    "-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000,atrim=end=0.48", "-ac", "2",
+                    "-vf", "tinterlace=interleave_top,setfield=tff", "-c:v", "libx264", "-flags", "+ildct+ilme",
+                    "-x264-params", "tff=1", "-pix_fmt", "yuv420p", "-c:a", "aac", str(source)], check=True, timeout=60)
+    assert ffprobe(source, "stream=field_order")["streams"][0]["field_order"] == "tt"
+    out = tmp_path / f"C003_depth{ext}"
+    done = once(str(source), "-o", str(out), "--timeline")
+    assert ffprobe(out, "stream=field_order")["streams"][0]["field_order"] == "tt"
+    assert (
+        "clip C003.mov is interlaced (top field first): each map is made from the whole frame, both fields at once; "
+        "the depth clip is marked with the same field order"
+    ) in done.stderr
+    assets = {a.get("id"): a.attrib for a in ET.parse(out.with_suffix(".fcpxml")).getroot().iter("asset")}
+    sound = {k: assets["r2"].get(k) for k in ("hasAudio", "audioSources", "audioChannels", "audioRate")}
+    assert sound == {"hasAudio": "1", "audioSources": "1", "audioChannels": "2", "audioRate": "48000"}, assets
+    assert "hasAudio" not in assets["r3"]  # the depth clip has no sound
+
+
 def test_two_frames_at_one_time_keep_every_later_map_on_its_own_frame(tmp_path: Path) -> None:
     """Concatenating and slideshow tools write two frames at one time: the times were kept by time, so
     the pair collapsed to one and every later map was shown over the frame after its own (the depth

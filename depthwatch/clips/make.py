@@ -11,6 +11,7 @@ leaves the last good output as it was.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -26,8 +27,11 @@ from depthwatch.frames.job import signature_of
 from depthwatch.frames.settings import Settings
 from depthwatch.frames.writer import open_folder, temp_name_for
 from depthwatch.imaging import clipwrite, codec, normalise, render, sourcemeta, video
+from depthwatch.logtext import shown
 from depthwatch.model.engine import Engine
 from depthwatch.model.spec import ModelInfo
+
+log = logging.getLogger("depthwatch.clips")
 
 #: The source is checked for a rewrite every this many frames (and at the end).
 CHECK_EVERY = 24
@@ -115,6 +119,14 @@ def _make(
     refuse_replacing(job.final, settings.timeline, job.source)  # before the work, not after it
     if meta.width * meta.height > settings.max_pixels:
         raise FrameError(codec.over_pixels(meta.width, meta.height, settings.max_pixels))
+    if meta.field_order:
+        log.info(
+            "clip %s is interlaced (%s): each map is made from the whole frame, both fields at once; %s",
+            shown(job.source.name), video.describe_fields(meta.field_order),
+            "an image sequence has no field order" if job.sequence
+            else "the depth clip is marked with the same field order" if kind is not None and kind.codec != "libx264"
+            else "an .mp4 preview is progressive (write .mov or .mkv to keep the field order)",
+        )
     progress.frames = progress.total = meta.frames
     progress.phase = "mapping"
     on_progress(progress)

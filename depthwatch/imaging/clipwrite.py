@@ -33,7 +33,7 @@ import numpy as np
 from depthwatch.errors import FrameError, OutputError
 from depthwatch.imaging.exr import FrameMeta
 from depthwatch.imaging.sourcemeta import SourceMeta
-from depthwatch.imaging.video import ClipInfo, require_av
+from depthwatch.imaging.video import FIELD_ORDERS, ClipInfo, require_av
 
 
 @dataclass(frozen=True)
@@ -284,6 +284,12 @@ class ClipWriter:
                 except (AttributeError, TypeError):
                     pass
             _tag_colour(stream.codec_context, kind)
+            if info.field_order:  # an interlaced source's depth clip is laid over it as the same kind of picture
+                code = next(n for n, name in FIELD_ORDERS.items() if name == info.field_order)
+                try:
+                    stream.codec_context.field_order = code
+                except (AttributeError, TypeError, ValueError):
+                    pass  # a PyAV that cannot set it: the depth clip is marked progressive (the log says interlaced)
             # FFV1 takes the pixel aspect from each frame (PyAV's frames cannot carry one): setsar gives it.
             self._aspect = _aspect_filter(av, kind, w, h, info.sar) if kind.codec == "ffv1" and info.sar else None
             if info.timecode:

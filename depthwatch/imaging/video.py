@@ -130,6 +130,12 @@ class ClipInfo:
     expected: int = 0
     #: The display matrix (`sourcemeta`), where the job has read it: frames are turned upright by it.
     display_matrix: tuple[int, ...] | None = None
+    #: Interlaced: which field comes first, as FFmpeg names it ("tt", "bb", "tb", "bt"); "" progressive or unsaid.
+    field_order: str = ""
+    #: The clip's sound: how many audio streams, and the first one's channels and sample rate (0: none).
+    audio_streams: int = 0
+    audio_channels: int = 0
+    audio_rate: int = 0
 
     @functools.cached_property  # read for every frame a depth clip stores
     def turn(self) -> orientation.Turn | None:
@@ -217,6 +223,8 @@ class Clip:
                 codec=ctx.name,
                 comment=tags.get("comment", ""),
                 expected=_declared_frames(stream, Fraction(rate)) if declares else 0,
+                field_order=field_order_of(ctx),
+                **_sound(self._container),
             )
         except BaseException:
             self._container.close()
@@ -256,6 +264,39 @@ class Clip:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+#: FFmpeg's interlaced field orders (AVFieldOrder), by number and by name: which field is first in time.
+FIELD_ORDERS = {2: "tt", 3: "bb", 4: "tb", 5: "bt"}
+_FIELD_NAMES = {
+    "tt": "top field first",
+    "bb": "bottom field first",
+    "tb": "bottom field shown first, top coded first",
+    "bt": "top field shown first, bottom coded first",
+}
+
+
+def field_order_of(ctx: Any) -> str:
+    """A codec context's field order as FFmpeg names it ("tt"...); "" progressive or unsaid."""
+    order = getattr(ctx, "field_order", None)
+    if isinstance(order, int):
+        return FIELD_ORDERS.get(order, "")
+    name = str(order or "").lower()
+    return name if name in _FIELD_NAMES else ""
+
+
+def describe_fields(order: str) -> str:
+    """How a field order reads in a log line (`tt`: top field first)."""
+    return _FIELD_NAMES.get(order, order)
+
+
+def _sound(container: Any) -> dict[str, int]:
+    """The clip's audio streams, and the first one's channels and sample rate (for a timeline's asset)."""
+    streams = list(container.streams.audio)
+    if not streams:
+        return {}
+    ctx = streams[0].codec_context
+    return {"audio_streams": len(streams), "audio_channels": int(ctx.channels or 0), "audio_rate": int(ctx.sample_rate or 0)}
 
 
 def _declared_frames(stream: object, rate: Fraction) -> int:
