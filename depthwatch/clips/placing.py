@@ -182,12 +182,20 @@ def refuse_replacing(final: Path, timelines: bool = False, source: Path | None =
 
 def _owner(final: Path, source: Path) -> Path | None:
     """Another clip, still there, whose depth clip `final` is: it keeps it (`day1/A001.mp4` and
-    `day2/A001.mp4` under `/out/{stem}_depth.mov`), whichever of the two is found first at a start."""
+    `day2/A001.mp4` under `/out/{stem}_depth.mov`), whichever of the two is found first at a start.
+
+    A depth clip that lies in this clip's folder (or below it) and not in the
+    other's is this clip's to replace: a folder of clips copied elsewhere
+    with their depth clips names the clips it was copied from.
+    """
     if not final.is_file() or final.is_symlink():
         return None
     owner = clipwrite.made_for(final)
-    if owner is None or owner == Path(os.path.abspath(source)):
+    source = Path(os.path.abspath(source))
+    if owner is None or owner == source:
         return None
+    if final.is_relative_to(source.parent) and not final.is_relative_to(owner.parent):
+        return None  # beside this clip, not that one: a folder copied with its depth clips (its clips' own)
     try:
         return None if os.path.samefile(owner, source) else owner
     except OSError:
