@@ -12,6 +12,7 @@ carry the writer's pid, and the sweep of dead writers' leftovers.
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import re
@@ -391,9 +392,7 @@ def _path_of(folder: int) -> str | None:
     """Where the folder held open as `folder` is now (Linux's /proc, macOS's F_GETPATH), or None."""
     try:
         if sys.platform == "darwin":
-            import fcntl
-
-            raw = fcntl.fcntl(folder, 50, b"\0" * 1024)  # F_GETPATH
+            raw = fcntl.fcntl(folder, getattr(fcntl, "F_GETPATH", 50), b"\0" * 1024)
             return os.fsdecode(raw.split(b"\0", 1)[0]) or None
         return os.readlink(f"/proc/self/fd/{folder}")
     except OSError:
