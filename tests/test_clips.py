@@ -742,6 +742,26 @@ def test_a_copy_filled_in_out_of_order_is_told_apart_by_its_index(sources: dict[
         assert _state(copy) == (True, False), name
 
 
+def test_a_crafted_index_gives_no_verdict_and_no_error(tmp_path: Path) -> None:
+    """Counts of four billion, and bytes flipped at random in the index: the look at the samples is bounded,
+    and never raises (the settle thread must go on)."""
+    import random
+
+    from depthwatch.imaging import mp4index, video
+
+    data = bytearray(_faststart(tmp_path / "fast.mp4", 24))
+    _whole, _last, (start, end) = video._boxes_complete(lambda o, n: bytes(data[o : o + n]), len(data))
+    stsz = data.index(b"stsz", start)
+    crafted = bytes(data[: stsz + 12]) + b"\xff\xff\xff\xff" + bytes(data[stsz + 16 :])  # its sample count
+    assert mp4index.unwritten(lambda o, n: crafted[o : o + n], start, end, len(crafted)) is False
+    rng = random.Random(7)
+    for _ in range(300):
+        flipped = bytearray(data)
+        for _ in range(4):
+            flipped[rng.randrange(start, end)] = rng.randrange(256)
+        assert mp4index.unwritten(lambda o, n: bytes(flipped[o : o + n]), start, end, len(flipped)) in (True, False)
+
+
 def test_the_box_walk_is_bounded(tmp_path: Path) -> None:
     """8 MiB of 8-byte boxes: the walk stops at MOST_TOP_BOXES and leaves it to settling (no verdict)."""
     from depthwatch.imaging import video

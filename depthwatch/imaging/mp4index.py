@@ -17,6 +17,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterator
 
+import numpy as np
+
 #: Reads `n` bytes at `offset`.
 ReadAt = Callable[[int, int], bytes]
 
@@ -26,7 +28,7 @@ MOST_INDEX_BYTES = 64 << 20
 MOST_SAMPLES = 2048
 #: Bytes looked at, at a sample's start (and at the last sample's end).
 _LOOK = 8
-#: Samples a track may list here (a day of 60 fps video): a crafted count must not fill the memory.
+#: Entries a table may list here (a day of 60 fps video): a crafted count must not fill the memory.
 _MOST_TRACK_SAMPLES = 6_000_000
 
 
@@ -38,22 +40,18 @@ def unwritten(read: ReadAt, moov_start: int, moov_end: int, size: int) -> bool:
     if len(moov) != moov_end - moov_start:
         return False
     try:
-        samples = [s for trak in _children(moov, 0, len(moov), b"trak") for s in _video_samples(moov, trak)]
+        samples = [s for trak in _children(moov, 0, len(moov), b"trak") for s in _looked_at(moov, trak)]
     except (struct.error, ValueError, IndexError):
         return False  # an index that does not parse: FFmpeg says what is wrong with it, when the job reads it
-    samples = [(offset, length) for offset, length in samples if length > 0 and offset + length <= size]
-    if not samples:
-        return False
-    step = max(1, len(samples) // MOST_SAMPLES)
-    looked = samples[::step]
-    if looked[-1] != samples[-1]:
-        looked.append(samples[-1])
-    for offset, length in looked:
+    for offset, length, last in samples:
+        if length <= 0 or offset < 0 or offset + length > size:
+            continue
         if not read(offset, min(_LOOK, length)).strip(b"\0"):
             return True
-    offset, length = samples[-1]
-    tail = min(_LOOK, length)
-    return not read(offset + length - tail, tail).strip(b"\0")
+        tail = min(_LOOK, length)
+        if last and not read(offset + length - tail, tail).strip(b"\0"):
+            return True
+    return False
 
 
 def _boxes(data: bytes, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
@@ -87,56 +85,47 @@ def _find(data: bytes, start: int, end: int, path: tuple[bytes, ...]) -> tuple[i
     return None
 
 
-def _video_samples(data: bytes, trak: tuple[int, int]) -> list[tuple[int, int]]:
-    """Each sample of a video track, as (offset, size) in the file; [] for any other track."""
+def _table(data: bytes, body: int, width: int, skip: int = 0, fields: int = 1) -> np.ndarray:
+    """A full box's table of big-endian unsigned integers (`fields` to an entry): its count, then the
+    entries, `skip` bytes in; flat."""
+    count = struct.unpack_from(">I", data, body + 4 + skip)[0]
+    if count > _MOST_TRACK_SAMPLES:
+        raise ValueError("more entries than a clip has")
+    return np.frombuffer(data, dtype=f">u{width}", count=count * fields, offset=body + 8 + skip).astype(np.int64)
+
+
+def _looked_at(data: bytes, trak: tuple[int, int]) -> list[tuple[int, int, bool]]:
+    """The video samples of a track to look at, as (offset, size, whether it is the last one); [] for any other track.
+
+    Evenly spread, at most MOST_SAMPLES and the last; found from the tables
+    (sizes, sample-to-chunk, chunk offsets) without listing every sample.
+    """
     hdlr = _find(data, *trak, (b"mdia", b"hdlr"))
     if hdlr is None or data[hdlr[0] + 8 : hdlr[0] + 12] != b"vide":
         return []
     stbl = _find(data, *trak, (b"mdia", b"minf", b"stbl"))
     if stbl is None:
         return []
-    tables = {kind: (body, stop) for kind, body, stop in _boxes(data, *stbl)}
-    sizes = _sizes(data, tables)
-    offsets = _chunk_offsets(data, tables)
-    if sizes is None or offsets is None or b"stsc" not in tables:
+    tables = {kind: body for kind, body, _ in _boxes(data, *stbl)}
+    if b"stsz" not in tables or b"stsc" not in tables or not ({b"stco", b"co64"} & tables.keys()):
         return []
-    body, _ = tables[b"stsc"]
-    entries = struct.unpack_from(">I", data, body + 4)[0]
-    runs = [struct.unpack_from(">III", data, body + 8 + 12 * i)[:2] for i in range(entries)]
-    samples: list[tuple[int, int]] = []
-    k = 0
-    for i, (first, per_chunk) in enumerate(runs):
-        last = runs[i + 1][0] - 1 if i + 1 < len(runs) else len(offsets)
-        for chunk in range(first - 1, min(last, len(offsets))):
-            at = offsets[chunk]
-            for _ in range(per_chunk):
-                if k >= len(sizes):
-                    return samples
-                samples.append((at, sizes[k]))
-                at += sizes[k]
-                k += 1
-    return samples
-
-
-def _sizes(data: bytes, tables: dict[bytes, tuple[int, int]]) -> list[int] | None:
-    if b"stsz" not in tables:
-        return None
-    body, _ = tables[b"stsz"]
-    fixed, count = struct.unpack_from(">II", data, body + 4)
-    if count > _MOST_TRACK_SAMPLES:
-        raise ValueError("more samples than a clip has")
+    fixed = struct.unpack_from(">I", data, tables[b"stsz"] + 4)[0]
     if fixed:
-        return [fixed] * count
-    return list(struct.unpack_from(f">{count}I", data, body + 12))
-
-
-def _chunk_offsets(data: bytes, tables: dict[bytes, tuple[int, int]]) -> list[int] | None:
-    if b"stco" in tables:
-        body, _ = tables[b"stco"]
-        count = struct.unpack_from(">I", data, body + 4)[0]
-        return list(struct.unpack_from(f">{count}I", data, body + 8))
-    if b"co64" in tables:
-        body, _ = tables[b"co64"]
-        count = struct.unpack_from(">I", data, body + 4)[0]
-        return list(struct.unpack_from(f">{count}Q", data, body + 8))
-    return None
+        count = struct.unpack_from(">I", data, tables[b"stsz"] + 8)[0]
+        sizes = np.full(min(count, _MOST_TRACK_SAMPLES), fixed, dtype=np.int64)
+    else:
+        sizes = _table(data, tables[b"stsz"], 4, skip=4)
+    offsets = _table(data, tables[b"stco"], 4) if b"stco" in tables else _table(data, tables[b"co64"], 8)
+    runs = _table(data, tables[b"stsc"], 4, fields=3).reshape(-1, 3)  # first chunk, samples per chunk, description
+    # Samples in each chunk, from the runs (each from its first chunk to the next run's).
+    bounds = np.clip(np.append(runs[:, 0] - 1, len(offsets)), 0, len(offsets))
+    per_chunk = np.repeat(runs[:, 1], np.clip(np.diff(bounds), 0, None))
+    starts = np.concatenate(([0], np.cumsum(per_chunk)))  # each chunk's first sample
+    total = int(min(starts[-1], len(sizes)))
+    if total == 0:
+        return []
+    at = np.concatenate(([0], np.cumsum(sizes[:total])))  # each sample's offset within its run of samples
+    picked = np.unique(np.append(np.arange(0, total, max(1, total // MOST_SAMPLES)), total - 1))
+    chunk = np.searchsorted(starts, picked, side="right") - 1
+    where = offsets[chunk] + at[picked] - at[starts[chunk]]
+    return [(int(o), int(sizes[k]), bool(k == total - 1)) for o, k in zip(where, picked)]
