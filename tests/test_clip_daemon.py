@@ -534,3 +534,122 @@ def test_a_recursive_watch_never_takes_its_own_sequences_or_depth_clips_for_inpu
     assert "Traceback" not in log, log[-3000:]  # the file watcher followed the sequence's replacement
     assert not (d.watch / "graded_depth").exists()
     assert d.temp_files() == []
+
+
+def test_two_clips_in_two_folders_for_one_depth_clip_the_first_keeps_it_across_restarts(tmp_path: Path) -> None:
+    """day1/A001.mp4, then day2/A001.mp4, under `/out/{stem}_depth.mov`: day2's is refused in one line, and at the
+    next start too; day1's depth clip stays as it is (it names its clip), never made again from the other."""
+    out = tmp_path / "out"
+    out.mkdir()
+    d = _daemon(tmp_path, clip_template=f"{out}/{{stem}}_depth.mov")
+    config = yaml.safe_load(d.config_path.read_text())
+    config["watch"]["recursive"] = True
+    d.config_path.write_text(yaml.safe_dump(config))
+    for name in ("day1", "day2"):
+        (d.watch / name).mkdir()
+    write_clip(tmp_path / "one.mp4", pan_clip_frames(SIZE, 12, step=5), codec="h264")
+    write_clip(tmp_path / "two.mp4", pan_clip_frames((320, 180), 18, step=4), codec="h264")
+    output = out / "A001_depth.mov"
+    refused = (
+        f"{d.watch / 'day2' / 'A001.mp4'}: A001.mp4 maps to A001_depth.mov too; one depth clip would replace the other"
+    )
+    try:
+        d.start()
+        os.rename(tmp_path / "one.mp4", d.watch / "day1" / "A001.mp4")
+        wait_for(lambda: d.counts().get("clips") == 1, timeout=120, what="day1's depth clip")
+        made = _signature(output)
+        os.rename(tmp_path / "two.mp4", d.watch / "day2" / "A001.mp4")
+        wait_for(lambda: d.counts().get("clips_failed") == 1, timeout=120, what="day2/A001.mp4 refused")
+        first = d.log()
+        assert d.stop() == 0
+        d.start()
+        wait_for(lambda: d.counts().get("clips_failed") == 1, timeout=120, what="day2/A001.mp4 refused at the restart")
+        wait_for(lambda: not d.status().get("clip") and not d.status().get("clips_waiting"), what="the clip thread idle")
+        counts = d.counts()
+        second = d.log()[len(first):]
+    finally:
+        d.stop()
+    assert [line for line in _errors(first) if refused in line] == _errors(first) and len(_errors(first)) == 1, _errors(first)
+    assert len([line for line in _errors(second) if refused in line]) == 1, _errors(second)
+    assert not counts.get("clips"), counts  # nothing made again at the restart
+    assert _signature(output) == made
+    info = probe(output)
+    assert (info["frames"], info["size"]) == (12, SIZE), info  # day1's, not day2's
+    assert d.temp_files() == [] and sorted(p.name for p in out.iterdir()) == ["A001_depth.mov"]
+
+
+@pytest.mark.parametrize("template", ["maps/{stem}_depth.mov", "maps/{stem}_depth/{frame:04d}.png"])
+def test_a_clip_whose_output_folder_is_swapped_for_a_link_leaves_no_temporary_file(tmp_path: Path, template: str) -> None:
+    """maps/ moved away and a link to outside put in its place mid-clip: refused in one line, nothing written
+    outside, and the temporary file (or folder of frames) gone from the moved folder too (removed through
+    the folder held open)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    d = _daemon(tmp_path, clip_template=template)
+    maps = d.watch / "maps"
+    maps.mkdir()
+    write_clip(tmp_path / "long.mov", pan_clip_frames((480, 270), 120, step=4, shot=40), codec="prores")
+    try:
+        d.start()
+        os.rename(tmp_path / "long.mov", d.watch / "shot.mov")
+        wait_for(lambda: ((d.status().get("clip") or {}).get("done") or 0) >= 2, timeout=120, what="shot.mov being mapped")
+        assert [p.name for p in maps.iterdir() if p.name.endswith(".dwtmp")], "no temporary file in maps/"
+        os.rename(maps, d.watch / "moved")
+        os.symlink(outside, maps)
+        wait_for(lambda: d.counts().get("clips_failed") == 1, timeout=180, what="the clip refused")
+        log = d.log()
+    finally:
+        d.stop()
+    [line] = _errors(log)
+    assert "shot.mov" in line, line
+    if template.endswith(".mov"):  # refused at the rename (a sequence's next frame finds its folder gone first)
+        assert "leads outside the configured folders" in line, line
+    assert list(outside.iterdir()) == []
+    assert list((d.watch / "moved").iterdir()) == []
+    assert d.temp_files() == []
+
+
+@pytest.mark.parametrize("order", ["in order", "from both ends"])
+def test_a_preallocating_copier_that_closes_after_each_piece_makes_one_clip_job(tmp_path: Path, order: str) -> None:
+    """The full size first, then filled in 30 pieces, the file closed after each (as some copiers do), a moov-first
+    MP4: one clip job once it is filled, no 'damaged' line, the right depth clip. In order, its tail is zeros
+    until the last piece; from both ends, its head and tail are there long before the middle of its data."""
+    import threading
+
+    d = _daemon(tmp_path)
+    config = yaml.safe_load(d.config_path.read_text())
+    config["watch"]["incomplete_timeout_s"] = 60  # a stall of the copier under load is not its end
+    d.config_path.write_text(yaml.safe_dump(config))
+    data = _faststart(tmp_path / "fast.mp4")
+    target = d.watch / "E005.mp4"
+    pieces = 30
+    step = len(data) // pieces + 1
+    starts = list(range(0, len(data), step))
+    if order == "from both ends":
+        starts = [starts[i // 2] if i % 2 == 0 else starts[-1 - i // 2] for i in range(len(starts))]
+    assert sorted(starts) == list(range(0, len(data), step))
+
+    def copy() -> None:
+        with open(target, "wb") as f:
+            os.truncate(f.fileno(), len(data))  # preallocated: the full size, zeros
+        for at in starts:
+            with open(target, "r+b") as f:
+                f.seek(at)
+                f.write(data[at : at + step])
+            time.sleep(0.1)  # the copier's pace
+
+    copier = threading.Thread(target=copy)
+    try:
+        d.start()
+        copier.start()
+        copier.join(120)
+        wait_for(lambda: d.counts().get("clips") == 1, timeout=120, what="the depth clip")
+        wait_for(lambda: not d.status().get("clip") and not d.status().get("clips_waiting"), what="the clip thread idle")
+        log = d.log()
+    finally:
+        copier.join(120)
+        d.stop()
+    assert target.read_bytes() == data
+    assert log.count("clip E005.mp4 -> E005_depth.mov: started") == 1, log[-3000:]
+    assert _errors(log) == [] and "damaged" not in log, _errors(log)
+    assert probe(d.watch / "E005_depth.mov")["frames"] == 48

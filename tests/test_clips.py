@@ -695,6 +695,73 @@ def test_a_preallocated_copy_still_being_filled_in_is_told_apart(sources: dict[s
     assert _state(copy) == (True, True)
 
 
+def test_a_depth_clip_names_its_clip_which_keeps_it_but_a_copied_folder_is_its_own(sources: dict[str, Path], tmp_path: Path) -> None:
+    """`/out/{stem}_depth.mov` from day1/A001.mov: day2/A001.mov is refused in one line while day1's is there (the
+    depth clip names its clip), and maps once it is gone; a folder copied with its depth clip (dates not kept)
+    is mapped again in its new place, not refused for the clip it was copied from."""
+    from depthwatch.imaging import clipwrite
+
+    out = tmp_path / "out"
+    for day in ("day1", "day2"):
+        (tmp_path / day).mkdir()
+        shutil.copy(sources["prores"], tmp_path / day / "A001.mov")
+    template = str(out / "{stem}_depth.mov")
+    once(str(tmp_path / "day1" / "A001.mov"), "-o", template)
+    output = out / "A001_depth.mov"
+    assert clipwrite.made_for(output) == tmp_path / "day1" / "A001.mov"
+    made = output.stat().st_mtime_ns
+    done = subprocess.run(
+        [sys.executable, "-m", "depthwatch", "once", str(tmp_path / "day2" / "A001.mov"), "-o", template,
+         "--model", str(FASTDEPTH), "--profile", "fastdepth-nyu"], capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode != 0 and "A001.mov maps to A001_depth.mov too; one depth clip would replace the other" in done.stderr
+    assert output.stat().st_mtime_ns == made
+    (tmp_path / "day1" / "A001.mov").unlink()
+    once(str(tmp_path / "day2" / "A001.mov"), "-o", template)
+    assert clipwrite.made_for(output) == tmp_path / "day2" / "A001.mov"
+    # Beside its clip: a folder copied elsewhere (dates not kept) gets its depth clip made again there.
+    copied = tmp_path / "copied"
+    copied.mkdir()
+    once(str(tmp_path / "day2" / "A001.mov"), "-o", str(tmp_path / "day2" / "{stem}_depth.mov"))
+    for name in ("A001.mov", "A001_depth.mov"):
+        shutil.copy(tmp_path / "day2" / name, copied / name)
+    once(str(copied / "A001.mov"))
+    assert clipwrite.made_for(copied / "A001_depth.mov") == copied / "A001.mov"
+
+
+def test_a_copy_filled_in_out_of_order_is_told_apart_by_its_index(sources: dict[str, Path], tmp_path: Path) -> None:
+    """Head and tail written, a piece of the middle still zeros (a parallel copier): the index says a video
+    sample there is not written yet; whole again, it is whole."""
+    mp4 = _faststart(tmp_path / "fast.mp4", 48)
+    for name, data in (("fast.mp4", mp4), ("prores.mov", sources["prores"].read_bytes())):
+        copy = tmp_path / f"holed_{name}"
+        middle = len(data) // 2
+        copy.write_bytes(data[:middle] + bytes(len(data) // 10) + data[middle + len(data) // 10 :])
+        assert _state(copy) == (True, True), name
+        copy.write_bytes(data)
+        assert _state(copy) == (True, False), name
+
+
+def test_a_crafted_index_gives_no_verdict_and_no_error(tmp_path: Path) -> None:
+    """Counts of four billion, and bytes flipped at random in the index: the look at the samples is bounded,
+    and never raises (the settle thread must go on)."""
+    import random
+
+    from depthwatch.imaging import mp4index, video
+
+    data = bytearray(_faststart(tmp_path / "fast.mp4", 24))
+    _whole, _last, (start, end) = video._boxes_complete(lambda o, n: bytes(data[o : o + n]), len(data))
+    stsz = data.index(b"stsz", start)
+    crafted = bytes(data[: stsz + 12]) + b"\xff\xff\xff\xff" + bytes(data[stsz + 16 :])  # its sample count
+    assert mp4index.unwritten(lambda o, n: crafted[o : o + n], start, end, len(crafted)) is False
+    rng = random.Random(7)
+    for _ in range(300):
+        flipped = bytearray(data)
+        for _ in range(4):
+            flipped[rng.randrange(start, end)] = rng.randrange(256)
+        assert mp4index.unwritten(lambda o, n: bytes(flipped[o : o + n]), start, end, len(flipped)) in (True, False)
+
+
 def test_the_box_walk_is_bounded(tmp_path: Path) -> None:
     """8 MiB of 8-byte boxes: the walk stops at MOST_TOP_BOXES and leaves it to settling (no verdict)."""
     from depthwatch.imaging import video

@@ -211,6 +211,32 @@ def test_an_image_sequence_on_the_farm_is_local_onces_sequence(farm: Farm, clips
     assert list(farm.root.glob(".farm-seq*")) == []  # segments and the temporary folder gone
 
 
+def test_the_join_never_deletes_the_folder_that_holds_a_users_files_it_could_not_carry_over(farm: Farm, clips: dict[str, Path]) -> None:
+    """A folder of the user's in the sequence's folder that cannot be moved (append-only: `chattr +a`): the
+    swap keeps it in the last sequence's folder and says so; that folder, and the files in it, are still there
+    once the join is over."""
+    source = clips["prores"]
+    out = farm.root / "farm-kept-seq"
+    done = farm.once(str(source), "-o", str(out / "{frame:04d}.png"))
+    assert done.returncode == 0, done.stderr
+    refs = out / "refs"
+    (refs / "notes").mkdir(parents=True)
+    (refs / "notes" / "grade.txt").write_text("the user's own notes")
+    chattr = shutil.which("chattr")
+    if chattr is None or subprocess.run([chattr, "+a", str(refs)], capture_output=True).returncode != 0:
+        pytest.skip("a folder cannot be made append-only here (chattr +a needs root on ext4 or xfs)")
+    try:
+        done = farm.once(str(source), "-o", str(out / "{frame:04d}.png"))
+    finally:
+        subprocess.run([chattr, "-a", str(refs)], capture_output=True)
+    assert done.returncode == 0, done.stderr
+    said = re.search(r"could not be carried over; they are in (\S+)", done.stderr)
+    assert said is not None, done.stderr
+    kept = Path(said.group(1))
+    assert (kept / "refs" / "notes" / "grade.txt").read_text() == "the user's own notes"
+    assert sorted(p.name for p in kept.rglob("*")) == ["grade.txt", "notes", "refs"]  # only the user's: the frames went
+
+
 def test_a_turned_phone_clip_on_the_farm_is_local_onces_as_a_clip_and_as_a_sequence(farm: Farm, clips: dict[str, Path]) -> None:
     """The workers turn the frames upright for the model as local once does: the depth clip stores
     the maps turned back under the source's matrix, the sequence keeps them upright."""

@@ -237,6 +237,64 @@ def test_a_variable_rate_clip_gets_a_depth_clip_with_its_frame_times_and_the_log
     assert 'duration="6/5s"' in out.with_suffix(".fcpxml").read_text()
 
 
+def _video_end(path: Path) -> float:
+    """Where the video stream ends, as ffprobe reads the track (its edit list and media duration)."""
+    stream = ffprobe(path, "stream=start_time,duration")["streams"][0]
+    return float(stream["start_time"]) + float(stream["duration"])
+
+
+@pytest.mark.parametrize("encoder", ["libx264", "libx265"])
+def test_a_variable_rate_clip_with_b_frames_ends_where_its_source_ends(tmp_path: Path, encoder: str) -> None:
+    """A phone clip with B-frames: the packet with the highest time is not the last decoded, and its duration
+    is not how long the last frame is shown; the depth clip's last frame lasts to the source's end."""
+    ffmpeg = _tool("ffmpeg", "ffmpeg")
+    if encoder not in subprocess.run([ffmpeg, "-v", "error", "-encoders"], capture_output=True, text=True).stdout:
+        pytest.skip(f"this ffmpeg has no {encoder}")
+    source = tmp_path / "IMG_0043.mp4"
+    codec = ["-c:v", "libx264", "-bf", "3", "-g", "12"] if encoder == "libx264" else [
+        "-c:v", "libx265", "-x265-params", "bframes=3:log-level=error", "-tag:v", "hvc1"]
+    # 30 fps, then 25: 20 frames of 3000 ticks, 20 of 3600, in 1/90000.
+    subprocess.run([ffmpeg, "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=size=160x96:rate=30,trim=end_frame=40",
+                    "-vf", "settb=1/90000,setpts='if(lt(N,20),N*3000,60000+(N-20)*3600)'", "-fps_mode", "vfr",
+                    "-enc_time_base", "1/90000", *codec, "-video_track_timescale", "90000", "-pix_fmt", "yuv420p", str(source)],
+                   check=True, timeout=60)
+    assert ffprobe(source, "stream=has_b_frames")["streams"][0]["has_b_frames"] > 0
+    out = tmp_path / "IMG_0043_depth.mov"
+    done = once(str(source), "-o", str(out))
+    assert "IMG_0043.mp4 is variable-rate (frames last 33.3 to 40.0 ms)" in done.stderr
+    want, got = _frame_times(source), _frame_times(out)
+    assert len(got) == len(want) == 40 and max(abs(w - g) for w, g in zip(want, got)) <= 0.001, (want, got)
+    assert _video_end(out) == pytest.approx(_video_end(source), abs=0.0005), (_video_end(source), _video_end(out))
+
+
+@pytest.mark.parametrize("ext", [".mov", ".mkv"])
+def test_an_interlaced_clip_with_sound_keeps_its_field_order_and_its_timeline_declares_the_sound(tmp_path: Path, ext: str) -> None:
+    """A top-field-first shot with stereo sound: the depth clip is marked top field first, not progressive
+    (ffprobe), the log says what is done with the fields, and the .fcpxml's source asset declares its
+    sound (hasAudio, audioSources, audioChannels, audioRate) so Final Cut Pro opens the shot with it."""
+    import xml.etree.ElementTree as ET
+
+    pytest.importorskip("opentimelineio", reason="timelines need the timeline extra: pip install -e '.[timeline]'")
+    ffmpeg = _tool("ffmpeg", "ffmpeg")
+    source = tmp_path / "C003.mov"
+    subprocess.run([ffmpeg, "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=size=160x96:rate=25,trim=end_frame=12",
+                    "-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000,atrim=end=0.48", "-ac", "2",
+                    "-vf", "tinterlace=interleave_top,setfield=tff", "-c:v", "libx264", "-flags", "+ildct+ilme",
+                    "-x264-params", "tff=1", "-pix_fmt", "yuv420p", "-c:a", "aac", str(source)], check=True, timeout=60)
+    assert ffprobe(source, "stream=field_order")["streams"][0]["field_order"] == "tt"
+    out = tmp_path / f"C003_depth{ext}"
+    done = once(str(source), "-o", str(out), "--timeline")
+    assert ffprobe(out, "stream=field_order")["streams"][0]["field_order"] == "tt"
+    assert (
+        "clip C003.mov is interlaced (top field first): each map is made from the whole frame, both fields at once; "
+        "the depth clip is marked with the same field order"
+    ) in done.stderr
+    assets = {a.get("id"): a.attrib for a in ET.parse(out.with_suffix(".fcpxml")).getroot().iter("asset")}
+    sound = {k: assets["r2"].get(k) for k in ("hasAudio", "audioSources", "audioChannels", "audioRate")}
+    assert sound == {"hasAudio": "1", "audioSources": "1", "audioChannels": "2", "audioRate": "48000"}, assets
+    assert "hasAudio" not in assets["r3"]  # the depth clip has no sound
+
+
 def test_two_frames_at_one_time_keep_every_later_map_on_its_own_frame(tmp_path: Path) -> None:
     """Concatenating and slideshow tools write two frames at one time: the times were kept by time, so
     the pair collapsed to one and every later map was shown over the frame after its own (the depth

@@ -11,6 +11,8 @@ leaves the last good output as it was.
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -23,9 +25,13 @@ from depthwatch.errors import DepthwatchError, FrameError, OwnOutput, Superseded
 from depthwatch.frames import timeline
 from depthwatch.frames.job import signature_of
 from depthwatch.frames.settings import Settings
-from depthwatch.frames.writer import temp_name_for
+from depthwatch.frames.writer import open_folder, temp_name_for
 from depthwatch.imaging import clipwrite, codec, normalise, render, sourcemeta, video
+from depthwatch.logtext import shown
 from depthwatch.model.engine import Engine
+from depthwatch.model.spec import ModelInfo
+
+log = logging.getLogger("depthwatch.clips")
 
 #: The source is checked for a rewrite every this many frames (and at the end).
 CHECK_EVERY = 24
@@ -106,19 +112,50 @@ def _make(
         raise FrameError(f"cannot write a depth clip as {job.output.suffix!r}; use .mov, .mkv, .mp4 or an image sequence")
     if settings.timeline:
         timeline.check(job.sequence)
-    stable = settings.normalise == normalise.STABLE
     with video.Clip(job.source) as clip:
         meta = clip.info
     if clipwrite.made_here(job.source, meta.comment):  # a depth clip, or a copy of one, whatever its name
         raise OwnOutput("is a depth clip depthwatch made; not taken as a clip")
-    refuse_replacing(job.final, settings.timeline)  # before the work, not after it
+    refuse_replacing(job.final, settings.timeline, job.source)  # before the work, not after it
     if meta.width * meta.height > settings.max_pixels:
         raise FrameError(codec.over_pixels(meta.width, meta.height, settings.max_pixels))
+    if meta.field_order:
+        log.info(
+            "clip %s is interlaced (%s): each map is made from the whole frame, both fields at once; %s",
+            shown(job.source.name), video.describe_fields(meta.field_order),
+            "an image sequence has no field order" if job.sequence
+            else "the depth clip is marked with the same field order" if kind is not None and kind.codec != "libx264"
+            else "an .mp4 preview is progressive (write .mov or .mkv to keep the field order)",
+        )
     progress.frames = progress.total = meta.frames
     progress.phase = "mapping"
     on_progress(progress)
     folder = job.final.parent
     ensure_folder(folder, job.output_roots)
+    # Held to the end: the temporary file is made in, and removed from, this very folder, wherever it goes.
+    held = open_folder(folder, job.output_roots)
+    try:
+        return _write(job, engine, settings, check, gate, on_progress, progress, meta, info, kind, held, signature)
+    finally:
+        os.close(held)
+
+
+def _write(
+    job: ClipJob,
+    engine: Engine,
+    settings: Settings,
+    check: Callable[[int], None],
+    gate: Callable[[], None],
+    on_progress: Callable[[Progress], None],
+    progress: Progress,
+    meta: video.ClipInfo,
+    info: ModelInfo,
+    kind: clipwrite.Kind | None,
+    held: int,
+    signature: tuple[int, int, int],
+) -> tuple[int, video.ClipInfo]:
+    """The frames mapped and written under a temporary name in the output folder held as `held`, renamed into place."""
+    stable = settings.normalise == normalise.STABLE
     temp = temp_name_for(job.final)
     # Frame times and display matrix: the maps are made upright; a depth clip stores them turned back,
     # as its source's pixels are, under the same matrix; an image sequence keeps them upright.
@@ -134,7 +171,7 @@ def _make(
             sink = WriteBehind(lambda k, depth: sequence.write_frame(temp, job.output, k, depth, settings, record, meta), gate)
         else:
             assert kind is not None
-            writer = clipwrite.ClipWriter(temp, kind, meta, timing, made_from=signature)
+            writer = clipwrite.ClipWriter(temp, kind, meta, timing, made_from=signature, folder=held, clip=job.source)
             sink = WriteBehind(lambda k, depth: writer.write(meta.stored(depth)), gate)  # type: ignore[union-attr]
         bits = 16 if kind is not None else sequence.bits(job.output, settings)
         options = replace(settings.render, bits=bits)
@@ -164,6 +201,6 @@ def _make(
     except BaseException:
         if writer is not None:
             writer.abort()
-        remove(temp)
+        remove(temp, held)
         raise
     return written, meta

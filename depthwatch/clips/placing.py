@@ -13,14 +13,14 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 from pathlib import Path
 
-from depthwatch.errors import OutputError
+from depthwatch.errors import FrameError, OutputError
 from depthwatch.files import exchange, rename_noreplace, sync_folder, write_new
 from depthwatch.frames import provenance, timeline, writer
 from depthwatch.frames.folders import inside
-from depthwatch.frames.writer import is_temp_name, remove_own_folder, temp_name_for
+from depthwatch.frames.rules import clips_sharing
+from depthwatch.frames.writer import is_temp_name, remove_own_folder, remove_own_in, temp_name_for
 from depthwatch.imaging import clipwrite
 from depthwatch.logtext import shown
 
@@ -163,24 +163,60 @@ def _unlink_all(folder: Path, names: dict[str, int]) -> None:
             pass
 
 
-def refuse_replacing(final: Path, timelines: bool = False) -> None:
+def refuse_replacing(final: Path, timelines: bool = False, source: Path | None = None) -> None:
     """OutputError if what is at `final` is not a depth clip (or sequence folder) depthwatch made,
-    or (`timelines`) a file at a timeline's name beside it is not a timeline depthwatch made."""
+    or (`timelines`) a file at a timeline's name beside it is not a timeline depthwatch made;
+    FrameError if (`source`) the depth clip there is another clip's, still there (see `_owner`)."""
     if os.path.lexists(final) and not clipwrite.is_ours(final):
         raise OutputError(
             f"{shown(final)} is not a depth clip depthwatch made; not replacing it: move it away or change output.clip_template",
             retryable=False,
         )
+    owner = _owner(final, source) if source is not None else None
+    if owner is not None:
+        raise FrameError(clips_sharing(owner, final))
     why = timeline.refusal(final) if timelines else None
     if why:
         raise OutputError(f"{why}: move it away, change output.clip_template or leave out the timeline", retryable=False)
 
 
-def remove(path: Path) -> None:
-    """The temporary clip (file or folder of frames), gone whatever it holds; quietly."""
+def _owner(final: Path, source: Path) -> Path | None:
+    """Another clip, still there, whose depth clip `final` is: it keeps it (`day1/A001.mp4` and
+    `day2/A001.mp4` under `/out/{stem}_depth.mov`), whichever of the two is found first at a start.
+
+    A depth clip that lies in this clip's folder (or below it) and not in the
+    other's is this clip's to replace: a folder of clips copied elsewhere
+    with their depth clips names the clips it was copied from.
+    """
+    if not final.is_file() or final.is_symlink():
+        return None
+    owner = clipwrite.made_for(final)
+    source = Path(os.path.abspath(source))
+    if owner is None or owner == source:
+        return None
+    if final.is_relative_to(source.parent) and not final.is_relative_to(owner.parent):
+        return None  # beside this clip, not that one: a folder copied with its depth clips (its clips' own)
+    try:
+        return None if os.path.samefile(owner, source) else owner
+    except OSError:
+        return None  # gone (moved, deleted): nothing left to replace it for
+
+
+def remove(path: Path, folder: int | None = None) -> None:
+    """The temporary clip (file or folder of frames), gone; quietly.
+
+    `folder`: the output folder's descriptor, held since the job began: the
+    temporary file goes from wherever that folder is now (moved away, a link
+    put in its place), not from what the path names. A folder of frames loses
+    only depthwatch's files: after a swap it is the last sequence's, and a
+    user's file that could not be carried over stays in it, as the log says.
+    """
+    if folder is not None:
+        remove_own_in(folder, path.name)
+        return
     try:
         if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
+            remove_own_folder(path)
         else:
             path.unlink(missing_ok=True)
     except OSError:

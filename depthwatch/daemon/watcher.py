@@ -375,10 +375,12 @@ class Watcher:
             return  # the write's own event came and took it
         if video.is_clip_name(path):  # a whole clip: its boxes add up, with its index in them
             fmt, (complete, filling) = CLIP, self._clip_state(path, signature, st.st_size)
-            if filling and state.mode != Mode.NOW and (state.mode != Mode.SETTLE or now - state.since < self.config.incomplete_timeout_s):
-                # Whole in structure, its data still zeros at the end: a copy that set the full size
-                # first and is filling it in. Closed (or moved in), or unchanged for the incomplete
-                # timeout, it is taken as it is: a clip whose data ends in zeros is not refused.
+            renamed = state.mode == Mode.NOW and state.moved  # renamed into place: whole as it is
+            if filling and not renamed and (state.mode != Mode.SETTLE or now - state.since < self.config.incomplete_timeout_s):
+                # Whole in structure, its data still zeros where it is not written yet: a copy that set
+                # the full size first and is filling it in, closing it after each piece as some copiers
+                # do (a close is no end). Unchanged for the incomplete timeout, it is taken as it is: a
+                # clip whose data ends in zeros is not refused.
                 complete = False
         else:
             fmt, complete = probe(path, st.st_size)

@@ -123,7 +123,7 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
     if meta.width * meta.height > settings.max_pixels:
         raise DepthwatchError(codec.over_pixels(meta.width, meta.height, settings.max_pixels))
     out_kind = segments.segment_kind(job.output)  # a kind the farm joins, before any work
-    refuse_replacing(job.final, settings.timeline)  # before the work, not after it
+    refuse_replacing(job.final, settings.timeline, job.source)  # before the work, not after it
     if settings.timeline:
         timeline.check(job.sequence)
     index = read_index(job.source)
@@ -260,7 +260,7 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
         if job.sequence:
             written = segments.join_sequence(ordered, temp, job.output.name)
         else:
-            written = segments.join(ordered, job.final, temp, meta, source_meta, signature_of(job.source))
+            written = segments.join(ordered, job.final, temp, meta, source_meta, signature_of(job.source), job.source)
         if written != len(index):
             raise DepthwatchError(f"the joined segments hold {written} frames where the clip has {len(index)}; run the command again with --force")
         if job.sequence:  # marked whole and swapped in, keeping the user's files, as local once's sequence

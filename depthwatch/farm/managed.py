@@ -199,7 +199,7 @@ def join(job: ClipJob, settings: Settings, model: Path, requeued: bool = False) 
     temp = temp_name_for(job.final)
     timing = sourcemeta.read(job.source, meta.rate)
     try:
-        written = segments.join(ordered, job.final, temp, meta, timing, signature_of(job.source))
+        written = segments.join(ordered, job.final, temp, meta, timing, signature_of(job.source), job.source)
         if written != len(index):
             raise FrameError(f"the joined segments hold {written} frames where the clip has {len(index)}; run the range tasks again")
         segments.put_in_place(temp, job.final)

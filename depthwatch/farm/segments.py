@@ -123,25 +123,32 @@ def part_for(target: Path) -> Path:
 
 
 def join(
-    segments: list[Path], final: Path, temp: Path, meta: ClipInfo, source: SourceMeta, made_from: tuple[int, int, int] | None = None
+    segments: list[Path],
+    final: Path,
+    temp: Path,
+    meta: ClipInfo,
+    source: SourceMeta,
+    made_from: tuple[int, int, int] | None = None,
+    clip: Path | None = None,
 ) -> int:
     """The segments, in order, as one depth clip at `temp`; the frames written.
 
     Packets are copied where the segments' codec is the depth clip's; H.264, a
     long-GOP codec, cannot be joined by copy, and is decoded and encoded once more.
-    `made_from`: the source clip's version, said in the clip (`clipwrite.made_from`).
+    `made_from`: the source clip's version, said in the clip (`clipwrite.made_from`); `clip`: its path (`clipwrite.made_for`).
     """
     kind = clipwrite.kind_for(final.suffix)
     assert kind is not None
-    return _rewrite(segments, temp, kind, meta, source, copy=segment_kind(final).codec == kind.codec, made_from=made_from)
+    return _rewrite(segments, temp, kind, meta, source, copy=segment_kind(final).codec == kind.codec, made_from=made_from, clip=clip)
 
 
 def _rewrite(
     segments: list[Path], temp: Path, kind: clipwrite.Kind, meta: ClipInfo, source: SourceMeta, *, copy: bool,
     made_from: tuple[int, int, int] | None,
+    clip: Path | None = None,
 ) -> int:
     av = require_av()
-    writer = clipwrite.ClipWriter(temp, kind, meta, source, made_from=made_from)
+    writer = clipwrite.ClipWriter(temp, kind, meta, source, made_from=made_from, clip=clip)
     try:
         for path in segments:
             with av.open(str(path), "r") as segment:

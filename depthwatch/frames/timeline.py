@@ -201,6 +201,18 @@ def _time(frames: int, rate: Fraction) -> str:
     return f"{seconds.numerator}s" if seconds.denominator == 1 else f"{seconds.numerator}/{seconds.denominator}s"
 
 
+def _sound(info: ClipInfo) -> dict[str, str]:
+    """The source asset's sound, declared: without it Final Cut Pro may open the shot silent."""
+    if not info.audio_streams:
+        return {}
+    sound = {"hasAudio": "1", "audioSources": str(info.audio_streams)}
+    if info.audio_channels:
+        sound["audioChannels"] = str(info.audio_channels)
+    if info.audio_rate:
+        sound["audioRate"] = str(info.audio_rate)
+    return sound
+
+
 def fcpxml(source: Path, depth: Path, info: ClipInfo, span: Span) -> bytes:
     """FCPXML 1.9: one format, two assets, a project whose spine holds the source with the depth clip connected above.
 
@@ -223,7 +235,7 @@ def fcpxml(source: Path, depth: Path, info: ClipInfo, span: Span) -> bytes:
             resources, "asset",
             {
                 "id": ref, "name": _name(path.stem), "start": _time(span.media_start, rate), "duration": _time(span.media_length, rate),
-                "hasVideo": "1", "format": "r1", "videoSources": "1",
+                "hasVideo": "1", "format": "r1", "videoSources": "1", **(_sound(info) if path == source else {}),
             },
         )
         ET.SubElement(asset, "media-rep", {"kind": "original-media", "src": path.resolve().as_uri()})

@@ -12,11 +12,13 @@ carry the writer's pid, and the sweep of dead writers' leftovers.
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import re
 import secrets
 import stat
+import sys
 from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
@@ -360,6 +362,41 @@ def sweep_temp_files_for(targets: Iterable[Path]) -> int:
                 gone = _remove_quietly(entry.path)
             removed += gone
     return removed
+
+
+def remove_own_in(folder: int, name: str) -> bool:
+    """Remove depthwatch's own temporary file or folder of frames `name` from the folder held open as
+    `folder`, wherever that folder is now; whether it is gone.
+
+    A job holds its output folder's descriptor from the start: if the folder
+    is moved away (and a link put in its place) while the job writes, its
+    temporary file is in the moved folder, and a path would name the link's
+    target instead. A folder of frames loses only depthwatch's files (see
+    `remove_own_folder`).
+    """
+    try:
+        st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return _remove_quietly(name, folder)
+    where = _path_of(folder)
+    if where is None:
+        return False
+    return remove_own_folder(Path(where) / name)
+
+
+def _path_of(folder: int) -> str | None:
+    """Where the folder held open as `folder` is now (Linux's /proc, macOS's F_GETPATH), or None."""
+    try:
+        if sys.platform == "darwin":
+            raw = fcntl.fcntl(folder, getattr(fcntl, "F_GETPATH", 50), b"\0" * 1024)
+            return os.fsdecode(raw.split(b"\0", 1)[0]) or None
+        return os.readlink(f"/proc/self/fd/{folder}")
+    except OSError:
+        return None
 
 
 def _remove_quietly(path: str, folder: int | None = None) -> bool:

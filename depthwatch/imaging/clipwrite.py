@@ -21,8 +21,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import urllib.parse
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ import numpy as np
 from depthwatch.errors import FrameError, OutputError
 from depthwatch.imaging.exr import FrameMeta
 from depthwatch.imaging.sourcemeta import SourceMeta
-from depthwatch.imaging.video import ClipInfo, require_av
+from depthwatch.imaging.video import FIELD_ORDERS, ClipInfo, require_av
 
 
 @dataclass(frozen=True)
@@ -132,21 +134,46 @@ def made_here(path: Path, comment: str | None = None) -> bool:
         return False
 
 
-#: A depth clip's comment: the mark, its first packet's digest, and the version of the clip it was made from.
+#: A depth clip's comment: the mark, its first packet's digest, the version of the clip it was made from, and that clip's path.
 _COMMENT = re.compile(
-    re.escape(MARK) + r"(?: (?P<digest>\(first frame [0-9a-f]{16}\)))?(?: \(source (?P<size>\d+):(?P<mtime>\d+):(?P<inode>\d+)\))?"
+    re.escape(MARK)
+    + r"(?: (?P<digest>\(first frame [0-9a-f]{16}\)))?(?: \(source (?P<size>\d+):(?P<mtime>\d+):(?P<inode>\d+)\))?"
+    + r"(?: \(clip (?P<clip>[!-~]+)\))?"
 )
+
+
+def _quoted(path: Path) -> str:
+    """`path` as printable ASCII with no space or parenthesis (percent-encoded bytes): any name fits a comment."""
+    return urllib.parse.quote(os.fsencode(os.path.abspath(path)), safe="/")
+
+
+def made_for(path: Path) -> Path | None:
+    """The path of the clip the depth clip at `path` was made from, as its comment says; None: not said
+    (a depth clip from before it was, or not one of depthwatch's).
+
+    Two clips in two folders may have one depth clip (`/out/{stem}_depth.mov`
+    from `day1/A001.mp4` and `day2/A001.mp4`): the clip named here keeps it,
+    and the other is refused, at every start alike.
+    """
+    said = _said(path)
+    if said is None or said["clip"] is None:
+        return None
+    return Path(os.fsdecode(urllib.parse.unquote_to_bytes(said["clip"])))
+
+
+def _said(path: Path) -> re.Match[str] | None:
+    av = require_av()
+    try:
+        with av.open(str(path), metadata_errors="ignore") as container:
+            return _COMMENT.fullmatch(_comment(container))
+    except (av.FFmpegError, OSError, IndexError):
+        return None
 
 
 def made_from(path: Path) -> tuple[int, int, int] | None:
     """The version (size, mtime_ns, inode) of the clip a depth clip was made from, as its comment says; None:
     not said (a depth clip from before it was, or not one of depthwatch's)."""
-    av = require_av()
-    try:
-        with av.open(str(path), metadata_errors="ignore") as container:
-            said = _COMMENT.fullmatch(_comment(container))
-    except (av.FFmpegError, OSError, IndexError):
-        return None
+    said = _said(path)
     if said is None or said["size"] is None:
         return None
     return int(said["size"]), int(said["mtime"]), int(said["inode"])
@@ -203,11 +230,22 @@ class ClipWriter:
     """
 
     def __init__(
-        self, path: Path, kind: Kind, info: ClipInfo, source: SourceMeta | None = None, made_from: tuple[int, int, int] | None = None
+        self,
+        path: Path,
+        kind: Kind,
+        info: ClipInfo,
+        source: SourceMeta | None = None,
+        made_from: tuple[int, int, int] | None = None,
+        folder: int | None = None,
+        clip: Path | None = None,
     ) -> None:
-        """`made_from`: the source clip's version (size, mtime_ns, inode), said in the comment (see `made_from`)."""
+        """`made_from`: the source clip's version (size, mtime_ns, inode), said in the comment (see `made_from`).
+        `folder`: a descriptor of `path`'s folder, held by the caller: the file is made in that very folder.
+        `clip`: the source clip's path, said in the comment too (see `made_for`)."""
         av = require_av()
         self._made_from = f" (source {made_from[0]}:{made_from[1]}:{made_from[2]})" if made_from is not None else ""
+        if made_from is not None and clip is not None:
+            self._made_from += f" (clip {_quoted(clip)})"
         self._av = av
         self.kind = kind
         self._info = info
@@ -221,7 +259,7 @@ class ClipWriter:
         if kind.pix_fmt == "yuv420p" and h % 2:
             raise FrameError(f"{kind.label} needs an even height, and the clip is {w}x{h}; write .mov or .mkv instead")
         try:
-            raw = open(path, "xb")
+            raw = open(path.name if folder is not None else path, "xb", opener=partial(_open_in, folder))
         except OSError as exc:
             raise OutputError(f"cannot create {path.name} in {path.parent}: {exc.strerror or exc}") from None
         # From here the file is this writer's own: a writer that does not start (a codec refused, or the
@@ -231,7 +269,7 @@ class ClipWriter:
             self._container = av.open(self._file, "w", format=kind.container)
         except BaseException:
             raw.close()
-            path.unlink(missing_ok=True)
+            _unlink(path, folder)
             raise
         try:
             stream = self._container.add_stream(kind.codec, rate=info.rate, options=dict(kind.options))
@@ -246,6 +284,12 @@ class ClipWriter:
                 except (AttributeError, TypeError):
                     pass
             _tag_colour(stream.codec_context, kind)
+            if info.field_order:  # an interlaced source's depth clip is laid over it as the same kind of picture
+                code = next(n for n, name in FIELD_ORDERS.items() if name == info.field_order)
+                try:
+                    stream.codec_context.field_order = code
+                except (AttributeError, TypeError, ValueError):
+                    pass  # a PyAV that cannot set it: the depth clip is marked progressive (the log says interlaced)
             # FFV1 takes the pixel aspect from each frame (PyAV's frames cannot carry one): setsar gives it.
             self._aspect = _aspect_filter(av, kind, w, h, info.sar) if kind.codec == "ffv1" and info.sar else None
             if info.timecode:
@@ -264,7 +308,7 @@ class ClipWriter:
                 self._container.close()
             finally:
                 self._file.close()
-                path.unlink(missing_ok=True)
+                _unlink(path, folder)
             raise
 
     def write(self, depth: np.ndarray) -> None:
@@ -386,6 +430,17 @@ class ClipWriter:
     @property
     def frames(self) -> int:
         return self._count
+
+
+def _open_in(folder: int | None, name: str, flags: int) -> int:
+    return os.open(name, flags, 0o666, dir_fd=folder)  # the mode `open` gives on its own
+
+
+def _unlink(path: Path, folder: int | None) -> None:
+    try:
+        os.unlink(path.name if folder is not None else path, dir_fd=folder)
+    except FileNotFoundError:
+        pass
 
 
 class _SyncedFile:

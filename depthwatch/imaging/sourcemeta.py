@@ -44,7 +44,7 @@ class SourceMeta:
     #: Each frame's presentation time in `time_base`, from 0, in presentation order; empty when
     #: the source is constant-rate (frame k at k / rate).
     times: tuple[int, ...] = ()
-    #: How long the last frame lasts, in `time_base` (its packet's duration).
+    #: How long the last frame lasts, in `time_base` (to the stream's end: see `_last_duration`).
     last_duration: int = 0
     #: The 3x3 display matrix (FFmpeg's layout: 16.16 and 2.30 fixed point), or None.
     display_matrix: tuple[int, ...] | None = None
@@ -103,6 +103,7 @@ def read(path: Path, rate: Fraction, keeps_times: bool = True) -> SourceMeta:
             stream = picture_stream(container)
             time_base = Fraction(stream.time_base)
             earliest, first_kind = _earliest_start(container)
+            end = stream.start_time + stream.duration if stream.start_time is not None and stream.duration else None
             matrix = _display_matrix(container, stream)
         first = _first_decoded(av, path)
         with av.open(str(path), "r", metadata_errors="ignore") as container:
@@ -124,7 +125,7 @@ def read(path: Path, rate: Fraction, keeps_times: bool = True) -> SourceMeta:
     found.sort(key=lambda packet: packet[0])
     pts = [p for p, _ in found]
     times: tuple[int, ...] = ()
-    last = found[-1][1] if found else 0
+    last = _last_duration(found, end)
     if len(pts) > 2 and rate and not untimed:
         tick = 1 / (rate * time_base)  # one frame at the nominal rate, in ticks
         steps = [b - a for a, b in zip(pts, pts[1:])]
@@ -156,6 +157,28 @@ def read(path: Path, rate: Fraction, keeps_times: bool = True) -> SourceMeta:
                 shown(path.name), float(start * time_base), after,
             )
     return SourceMeta(time_base, times, last, matrix, start, 1 / (rate * time_base) if rate else Fraction(0))
+
+
+def _last_duration(found: list[tuple[int, int]], end: int | None) -> int:
+    """How long the last frame (`found`: (pts, duration), by time) lasts: to the stream's end, where the
+    track's media duration and edit list put it.
+
+    With B-frames, the packet with the highest time is not the last one
+    decoded, and its duration is its decode step, not how long it is shown
+    (a phone clip's last frame came out 43.3 ms long where the source shows
+    it for 40.3, 33 where HEVC's shows it for 40). The packet's own is taken
+    only where the stream does not say, or says something no frame could
+    last (past four of the clip's longest steps).
+    """
+    if not found:
+        return 0
+    at, duration = found[-1]
+    if end is not None and end > at:
+        steps = [b - a for (a, _), (b, _) in zip(found, found[1:])]
+        longest = max([*steps, duration, 1])
+        if end - at <= 4 * longest:
+            return end - at
+    return duration
 
 
 def _first_decoded(av: object, path: Path) -> int | None:
@@ -215,7 +238,8 @@ def _earliest_start(container: object) -> tuple[Fraction | None, str]:
 def _display_matrix(container: object, stream: object) -> tuple[int, ...] | None:
     """The display matrix FFmpeg attaches to the first decoded frame (from the stream's side data)."""
     for frame in container.decode(stream):  # type: ignore[attr-defined]
-        for side in frame.side_data:
+        sides = frame.side_data  # a mapping from type to side data in PyAV 15 and later, a sequence before
+        for side in sides.values() if hasattr(sides, "values") else sides:
             if "DISPLAYMATRIX" in str(side.type):
                 data = bytes(side)
                 if len(data) == 36:

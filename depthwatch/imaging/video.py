@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from depthwatch.errors import FrameError
-from depthwatch.imaging import orientation
+from depthwatch.imaging import mp4index, orientation
 
 #: File extensions taken as clips (the containers editors hand around).
 CLIP_EXTENSIONS = frozenset({".mov", ".mp4", ".m4v", ".mkv", ".mxf", ".avi", ".webm", ".mts", ".m2ts"})
@@ -130,6 +130,12 @@ class ClipInfo:
     expected: int = 0
     #: The display matrix (`sourcemeta`), where the job has read it: frames are turned upright by it.
     display_matrix: tuple[int, ...] | None = None
+    #: Interlaced: which field comes first, as FFmpeg names it ("tt", "bb", "tb", "bt"); "" progressive or unsaid.
+    field_order: str = ""
+    #: The clip's sound: how many audio streams, and the first one's channels and sample rate (0: none).
+    audio_streams: int = 0
+    audio_channels: int = 0
+    audio_rate: int = 0
 
     @functools.cached_property  # read for every frame a depth clip stores
     def turn(self) -> orientation.Turn | None:
@@ -217,6 +223,8 @@ class Clip:
                 codec=ctx.name,
                 comment=tags.get("comment", ""),
                 expected=_declared_frames(stream, Fraction(rate)) if declares else 0,
+                field_order=field_order_of(ctx),
+                **_sound(self._container),
             )
         except BaseException:
             self._container.close()
@@ -256,6 +264,39 @@ class Clip:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+#: FFmpeg's interlaced field orders (AVFieldOrder), by number and by name: which field is first in time.
+FIELD_ORDERS = {2: "tt", 3: "bb", 4: "tb", 5: "bt"}
+_FIELD_NAMES = {
+    "tt": "top field first",
+    "bb": "bottom field first",
+    "tb": "bottom field shown first, top coded first",
+    "bt": "top field shown first, bottom coded first",
+}
+
+
+def field_order_of(ctx: Any) -> str:
+    """A codec context's field order as FFmpeg names it ("tt"...); "" progressive or unsaid."""
+    order = getattr(ctx, "field_order", None)
+    if isinstance(order, int):
+        return FIELD_ORDERS.get(order, "")
+    name = str(order or "").lower()
+    return name if name in _FIELD_NAMES else ""
+
+
+def describe_fields(order: str) -> str:
+    """How a field order reads in a log line (`tt`: top field first)."""
+    return _FIELD_NAMES.get(order, order)
+
+
+def _sound(container: Any) -> dict[str, int]:
+    """The clip's audio streams, and the first one's channels and sample rate (for a timeline's asset)."""
+    streams = list(container.streams.audio)
+    if not streams:
+        return {}
+    ctx = streams[0].codec_context
+    return {"audio_streams": len(streams), "audio_channels": int(ctx.channels or 0), "audio_rate": int(ctx.sample_rate or 0)}
 
 
 def _declared_frames(stream: object, rate: Fraction) -> int:
@@ -319,8 +360,10 @@ def state_at(read: Callable[[int, int], bytes], size: int) -> tuple[bool | None,
     A copier that preallocates (the full size first, then filled in, as some
     copy tools and NLE exports do) makes a file whose structure is whole long
     before its data is there: until its last bytes are written, they are
-    zeros. A finished clip's data rarely ends so (silent audio last might), so
-    this says "wait while it is still being written", never "refuse".
+    zeros; and a QuickTime or MP4 file filled in another order has a video
+    sample its index lists still zeros (`mp4index`). A finished clip's data
+    rarely ends so (silent audio last might), so this says "wait while it is
+    still being written", never "refuse".
     """
     if size < 8:
         return None, False
@@ -328,51 +371,63 @@ def state_at(read: Callable[[int, int], bytes], size: int) -> tuple[bool | None,
         head = read(0, 16)
         if len(head) < 8:
             return False, False
+        moov = None
         if head[4:8] in _TOP_BOXES:
-            whole, last = _boxes_complete(read, size)
+            whole, last, moov = _boxes_complete(read, size)
         elif head[:4] == _EBML:
             whole, last = _matroska_complete(read, size)
         else:
             return None, False
-        return whole, bool(whole) and last is not None and _zeros_at_end(read, *last)
+        if not whole:
+            return whole, False
+        if last is not None and _zeros_at_end(read, *last):
+            return whole, True
+        # Filled in some other order (a parallel copier): a video sample the index lists still zeros.
+        return whole, moov is not None and mp4index.unwritten(read, *moov, size)
     except OSError:
         return None, False
 
 
-def _boxes_complete(read: Callable[[int, int], bytes], size: int) -> tuple[bool | None, tuple[int, int] | None]:
-    """Whether the top-level boxes add up to `size` with a `moov` among them; and the last data box (start, end).
+Box = tuple[int, int]
+
+
+def _boxes_complete(read: Callable[[int, int], bytes], size: int) -> tuple[bool | None, Box | None, Box | None]:
+    """Whether the top-level boxes add up to `size` with a `moov` among them; the last data box and the
+    `moov`'s content (start, end).
 
     At most MOST_TOP_BOXES are read (None beyond: the structure cannot say, settling decides).
     """
-    pos, moov = 0, False
-    last: tuple[int, int] | None = None
+    pos = 0
+    moov: Box | None = None
+    last: Box | None = None
     for _ in range(MOST_TOP_BOXES):
         if pos >= size:
             break
         header = read(pos, 16)
         if len(header) < 8:
-            return False, None
+            return False, None, None
         length, kind = struct.unpack(">I4s", header[:8])
         if kind not in _TOP_BOXES:
-            return False, None
+            return False, None, None
         start = pos + 8
         if length == 1:
             if len(header) < 16:
-                return False, None
+                return False, None, None
             length = struct.unpack(">Q", header[8:16])[0]
             start = pos + 16
         elif length == 0:  # "to the end of the file": a writer that has not closed its mdat yet
-            return False, None
+            return False, None, None
         if length < 8 or start > pos + length:
-            return False, None
-        moov = moov or kind == b"moov"
+            return False, None, None
+        if kind == b"moov" and moov is None:
+            moov = (start, pos + length)
         if kind not in _PADDING:
             last = (start, pos + length)
         pos += length
     else:
         if pos < size:
-            return None, None
-    return pos == size and moov, last
+            return None, None, None
+    return pos == size and moov is not None, last, moov
 
 
 def _zeros_at_end(read: Callable[[int, int], bytes], start: int, end: int) -> bool:
