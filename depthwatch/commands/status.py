@@ -80,6 +80,17 @@ def _clip_line(clip: dict[str, Any], stopped: bool = False) -> str:
     return f"{name} -> {output}: {done}/{total or '?'} frames, {float(clip.get('rate') or 0):.1f} fps{left}"
 
 
+def _doing(data: dict[str, Any]) -> str:
+    """`idle`, or what the busy threads work on and for how long, from the supervisor's record."""
+    threads = data.get("threads") if isinstance(data.get("threads"), dict) else {}
+    busy = [
+        f"{name}: {record.get('doing')} for {float(record.get('for_s') or 0):.0f} s"
+        for name, record in threads.items()
+        if isinstance(record, dict) and record.get("doing") not in (None, "idle")
+    ]
+    return "; ".join(busy) if busy else "idle"
+
+
 def _mtime(path: Path) -> float:
     try:
         return path.stat().st_mtime
@@ -89,7 +100,7 @@ def _mtime(path: Path) -> float:
 
 def _show(path: Path) -> bool:
     """Print one daemon's status; True if it is running."""
-    from depthwatch.daemon.status import clips_line, is_running, iso_time, parked_note, read_status
+    from depthwatch.daemon.status import clips_line, is_running, iso_time, parked_note, read_status, silent_for
 
     try:
         data = read_status(path)
@@ -103,12 +114,20 @@ def _show(path: Path) -> bool:
     pid, state = data.get("pid"), data.get("state")
     updated = float(data.get("updated") or 0)
     started = data.get("started_at") or (iso_time(float(data["started"])) if data.get("started") else "?")
-    if running:
+    silent = silent_for(data) if running else None
+    if silent is not None:
+        head = (
+            f"not answering, pid {pid}, since {started}: no heartbeat for {silent:.0f} s while its process runs "
+            "(stuck: restart it)"
+        )
+    elif running:
         head = f"{state}, pid {pid}, since {started}"
     elif state == "stopped":
         head = f"not running (stopped at {iso_time(updated)}; pid {pid} started {started})"
     elif state == "failed":  # it said why and exited (70): stopped in order, after a failure
         head = f"not running (it stopped after a failure at {iso_time(updated)}; pid {pid} started {started})"
+    elif state == "stalled":  # a model run that could not be given up: it exits (70) for its service manager to restart it
+        head = f"not running (stalled at {iso_time(updated)}: a model run could not be given up; pid {pid} started {started})"
     else:
         head = f"not running (pid {pid} is gone without stopping cleanly; it last wrote at {iso_time(updated)}, state {state})"
     counts: dict[str, Any] = data.get("counts") or {}
@@ -117,6 +136,8 @@ def _show(path: Path) -> bool:
         ("config", data.get("config") or "built-in defaults"),
         ("status file", f"{path} (updated {max(0.0, time.time() - updated):.0f} s ago)"),
     ]
+    if running and silent is None and isinstance(data.get("heartbeat_at"), (int, float)):
+        rows.append(("doing", _doing(data)))
     if data.get("model"):
         providers = ", ".join(data.get("providers") or []) or "?"
         precision = f" at {data['precision']}" if isinstance(data.get("precision"), str) else ""

@@ -164,6 +164,15 @@ class Accounts:
         if first:
             log.error("%s", status.health_error)
 
+    def model_changed(self) -> None:
+        """Another model serves: the last one's failures say nothing of it (main thread)."""
+        with self._lock:
+            self._bad_predictions = 0
+            cleared, self._status.health_error = self._status.health_error, None
+        if cleared is not None:
+            log.info("another model is in service; the health error of the last one is cleared")
+            self._report.touch()
+
     def _retry(self, job: Job, result: Result) -> bool:
         """Try an output error again later (the disk may free up); False once out of tries."""
         daemon = self._daemon

@@ -254,6 +254,8 @@ class PredictApp:
         outcome = ticket.wait(0)
         if outcome.kind == DONE:
             return _Answer(200, b"DONE")
+        if outcome.kind == FAILED and outcome.model_fault:
+            raise Refused(503, f"the model is failing: {source.name}: {outcome.error}")
         if outcome.kind == FAILED:
             # The frame cannot be used: 422. Its map cannot be written (a file of the user's in its way,
             # a folder depthwatch may not write): 409, a conflict with what is on disk, not a bad image.
@@ -340,6 +342,8 @@ class PredictApp:
         if not result.ok or result.data is None:
             if self.backend.stopping:
                 raise Refused(503, _STOPPING)
+            if result.bad_prediction:  # the model's fault, not the body's
+                raise Refused(503, f"the model is failing: {result.error}")
             if result.unusable:
                 raise Refused(422, f"the {content_type} body cannot be used: {result.error}")
             raise Refused(500, f"{result.error}")

@@ -8,12 +8,12 @@ straight to the pipeline and is written nowhere.
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from depthwatch.daemon.intake import SET_ASIDE
 from depthwatch.daemon.waiters import MapWaiters, Ticket
 from depthwatch.errors import FrameError
 from depthwatch.frames.job import Job, signature_of
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from depthwatch.daemon.blackbox import BlackBox
     from depthwatch.daemon.intake import Intake
     from depthwatch.daemon.reporting import StatusReport
+    from depthwatch.daemon.supervisor import Supervisor
     from depthwatch.frames.pipeline import Pipeline
     from depthwatch.model.engine import Engine
 
@@ -39,6 +40,7 @@ class ApiBackend:
     pipeline: Pipeline | None
     engine: Engine | None
     report: StatusReport
+    supervisor: Supervisor
     settings: Settings
     stopping: bool
 
@@ -56,7 +58,7 @@ class ApiBackend:
             if signature is None:
                 raise FileNotFoundError(source)
             if self.black_box.holds(source, signature):
-                raise FrameError(SET_ASIDE)
+                raise FrameError(self.black_box.refusal(source))
             return self.waiters.attach(replace(job, signature=signature), self.intake.enqueue)
 
     def give_up(self, waited: Ticket | Future[Result]) -> None:
@@ -81,9 +83,15 @@ class ApiBackend:
         return self.pipeline.submit(Job.held(data, ext), settings, timeout=timeout)
 
     def health(self) -> tuple[bool, bytes]:
-        """(serving, the status file's JSON) as of now; not serving once the inference thread is gone."""
-        status = self.report.refresh()
-        engine_ok = self.engine is not None and self.engine.alive
-        if not engine_ok and status.health_error is None and self.engine is not None:
-            status.health_error = self.engine.failure or "the inference thread ended"
-        return status.state == "running" and engine_ok and not self.stopping, status.to_json()
+        """(serving, the status as JSON) as of now, as the supervisor judges it (`supervisor.verdict`).
+
+        Read under the report's lock, and changes nothing: the status is the main loop's to change.
+        """
+        with self.report.lock:
+            status = self.report.refresh()
+            verdict = self.supervisor.verdict(status.state, status.health_error, self.stopping)
+            data = status.as_dict()
+        data["state"] = verdict.state
+        if verdict.reason is not None:
+            data["health_error"] = verdict.reason
+        return verdict.serving, json.dumps(data, indent=2).encode() + b"\n"

@@ -27,11 +27,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("depthwatch")
 
-#: Why a frame set aside by the black box is not mapped.
-SET_ASIDE = (
-    "set aside: runs of depthwatch ended while the model ran on this version of it (a crash in the model's runtime?); "
-    "it is mapped again once it changes: replace it, or remove it"
-)
 
 
 class Intake:
@@ -55,7 +50,7 @@ class Intake:
             )
             return
         if daemon.black_box.holds(source, signature):  # a version that ended runs of the daemon: said, not run
-            self.on_unusable(source, SET_ASIDE)
+            self.on_unusable(source, daemon.black_box.refusal(source))
             return
         if rules.is_clip(source):  # a clip job, on the clip thread
             try:

@@ -42,10 +42,11 @@ from depthwatch.daemon.clips import ClipRunner
 from depthwatch.daemon.intake import Intake
 from depthwatch.daemon.listening import address_problem
 from depthwatch.daemon.locks import FolderLocks
-from depthwatch.daemon.notify import notify
+from depthwatch.daemon.notify import notify, watchdog_interval
 from depthwatch.daemon.reload import ConfigReload, make_watch_folders
 from depthwatch.daemon.reporting import StatusReport
 from depthwatch.daemon.status import Status, is_running, path_for, read_status
+from depthwatch.daemon.supervisor import HEARTBEAT_S, Supervisor
 from depthwatch.daemon.waiters import MapWaiters
 from depthwatch.daemon.watcher import Watcher
 from depthwatch.errors import EX_SOFTWARE, ConfigError, DepthwatchError
@@ -101,6 +102,10 @@ class Daemon(ApiBackend):
         #: The frame in the model now, on disk beside the status: one a crash ends the run on is named
         #: at the next start, and set aside if it ends a run again (`blackbox`).
         self.black_box = BlackBox(path_for(config))
+        #: What every thread does and since when; health is read off it (`supervisor`).
+        self.supervisor = Supervisor(self.black_box, lambda: self.config.daemon.stall_timeout_s)
+        self._heartbeat_at = 0.0
+        self._watchdog_at = 0.0
         self.pipeline: Pipeline | None = None
         self.queue = LatestWinsQueue(config.daemon.queue_size)
         self.rules = Rules(config.watch, config.output)
@@ -116,6 +121,7 @@ class Daemon(ApiBackend):
         self.clips: ClipRunner | None = None
         self.reloads = ConfigReload(self, loader)
         self.accounts = Accounts(self)
+        self.report.on_new_model = self._new_model
         self.intake = Intake(self)
 
     # -- lifecycle ----------------------------------------------------------------
@@ -197,14 +203,16 @@ class Daemon(ApiBackend):
         self.locks.hold(self.rules.roots, recursive=config.watch.recursive)  # AlreadyRunning: another daemon has one of them
         spec = catalogue.resolve(config.model, config.base)
         self._announce(config)
-        self.black_box.open()  # what the last run ended on, said before anything is mapped
+        # What the last run ended on, said before anything is mapped; a slot per thread that works on frames.
+        self.black_box.open(self.supervisor.slots_on_disk(config.daemon.workers))
         # `starting`, in the status file from now: a large model's first load takes a while, and
         # `depthwatch status` meanwhile said "not running" (or showed the last run's pid, stopped).
         self.report.touch()
         self.report.write()
         # The engine measurement never holds the start: it runs in idle time once frames are served.
         self.engine = Engine(spec, session_factory=self._session_factory, measure_providers="background")
-        self.engine.black_box = self.black_box.note
+        self.engine.black_box = self.supervisor.inference_note
+        self.supervisor.watch(self.engine, self._hung)
         self.engine.start()
         try:
             info = self._wait_for_model()  # loaded exactly once, before the first job
@@ -222,11 +230,13 @@ class Daemon(ApiBackend):
             self._stopped_before_ready(None)
             return False
         log.info("%s", info.describe())
-        self.pipeline = Pipeline(self.engine, workers=config.daemon.workers, niceness=config.daemon.worker_niceness)
+        self.pipeline = Pipeline(
+            self.engine, workers=config.daemon.workers, niceness=config.daemon.worker_niceness, on_stage=self.supervisor.worker
+        )
         self.pipeline.feed(self.queue, lambda: self.settings, self.accounts.finished)
         self.clips = ClipRunner(
             self.engine, lambda: self.settings, self.intake.clip_gate, self.accounts.clip_finished, self.report.clip_progress,
-            niceness=config.daemon.worker_niceness,
+            niceness=config.daemon.worker_niceness, slot=self.supervisor.slot("clip"),
         ).start()
         if config.api.enabled:
             try:
@@ -309,6 +319,7 @@ class Daemon(ApiBackend):
             self.intake.rescan_after_overflow()
             self.accounts.retry_parked()
             self.accounts.report_superseded()
+            self._beat()
             self.report.write()
             if time.monotonic() >= self._locks_touched + _LOCK_REFRESH_S:
                 self._locks_touched = time.monotonic()
@@ -361,27 +372,58 @@ class Daemon(ApiBackend):
             log.info("%d frame(s) or clip(s) are waiting for their depth maps", pending)
 
     def _watch_engine(self) -> bool:
-        """Say what the engine does now (a switch to a faster engine); False if its thread has died.
+        """Say what the engine does now (a switch to a faster engine); False if it can serve no more.
 
-        A daemon whose inference thread is gone maps nothing: it must not go on
-        saying "running". The status and /health say why, and the process exits
-        non-zero so its service manager restarts it.
+        The supervisor gives up a run past the stall bound. A daemon whose
+        inference thread is gone, or whose run could not be given up, maps
+        nothing: it must not go on saying "running". The status and /health say
+        why, and the process exits non-zero so its service manager restarts it.
         """
         engine = self.engine
         assert engine is not None
-        if engine.alive:
+        self.supervisor.check()
+        why = self.supervisor.stalled
+        if why is None:
             if engine.info is not self.report.published or self.status.measuring != engine.measuring:
                 self.report.publish_model()
             return True
         self.engine_failed = True
-        why = engine.failure or "the inference thread ended"
-        log.error("%s; stopping, so that the service manager starts depthwatch again", why)
-        self.status.health_error = why
-        self.status.state = "failed"
+        if engine.alive:  # a run that cannot be given up: the supervisor said so; leave without waiting for it
+            self._force.set()
+            state = "stalled"
+        else:
+            log.error("%s; stopping, so that the service manager starts depthwatch again", why)
+            state = "failed"
+        with self.report.lock:
+            self.status.health_error = why
+            self.status.state = state
         self.report.touch()
         self.report.write()
         self._stop.set()
         return False
+
+    def _new_model(self) -> None:
+        """Another model serves: the model faults of the last one are not held against it, nor against the frames."""
+        self.accounts.model_changed()
+        forgotten = self.black_box.forget_hung()
+        if forgotten:
+            log.info("%d frame(s) the last model hung on may be mapped again (they are, once they change or are asked for)", forgotten)
+
+    def _hung(self, label: object) -> None:
+        """The model hangs on this frame (its run is being given up): set aside now, for this run and the next."""
+        frame, version = label  # type: ignore[misc]
+        self.black_box.hung(Path(frame), version)
+
+    def _beat(self) -> None:
+        """The heartbeat: the status rewritten every HEARTBEAT_S, idle or not; systemd's watchdog told all is well."""
+        now = time.monotonic()
+        if now - self._heartbeat_at >= HEARTBEAT_S:
+            self._heartbeat_at = now
+            self.report.touch()
+        interval = watchdog_interval()
+        if interval is not None and now - self._watchdog_at >= interval / 2 and self.supervisor.stalled is None:
+            self._watchdog_at = now
+            notify("WATCHDOG=1")
 
     def shutdown(self) -> bool:
         """Stop taking work, finish the frames in flight (time-bounded), join every thread.
@@ -426,7 +468,8 @@ class Daemon(ApiBackend):
         if self.pipeline is not None:
             self.pipeline.close(0.1)
         self.accounts.report_superseded(final=True)
-        self.status.state = "failed" if self.engine_failed else "stopped"
+        stalled = self.supervisor.stalled is not None and self.engine is not None and self.engine.alive
+        self.status.state = ("stalled" if stalled else "failed") if self.engine_failed else "stopped"
         self.report.touch()
         self.report.write()
         self.locks.release()

@@ -13,9 +13,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from depthwatch.daemon.status import Status, path_for, write_status
+from depthwatch.daemon.status import Status, path_for
+from depthwatch.frames.writer import atomic_write
 from depthwatch.errors import OutputError
 from depthwatch.logtext import shown
 from depthwatch.model.spec import ModelInfo
@@ -48,6 +50,8 @@ class StatusReport:
         self._failing = False
         self._checked_at = 0.0
         self._retry_at = 0.0  # when a status file that could not be written is tried again
+        #: Called (main thread) once another model serves: a reload's, or a faster engine's.
+        self.on_new_model: Callable[[], None] = lambda: None
 
     def touch(self) -> None:
         """Something the status shows has changed: the main loop writes the file at its next look."""
@@ -65,7 +69,10 @@ class StatusReport:
             return
         if self.published is not None and info.generation != self.published.generation and info.chosen_by == "measured":
             log.info("now using %s", info.describe())
+        renewed = self.published is not None and info.generation != self.published.generation
         self.published = info
+        if renewed:
+            self.on_new_model()
         self.status.model = str(info.spec.path)
         self.status.profile = info.profile.name
         self.status.providers = list(info.providers)
@@ -76,7 +83,6 @@ class StatusReport:
         """The status file, rewritten atomically if anything changed since the last write, or if it is gone."""
         config = self._daemon.config
         path = path_for(config)
-        status = self.refresh()
         now = time.monotonic()
         if not self._dirty and now - self._checked_at >= _LOOK_FOR_FILE_S:
             self._checked_at = now
@@ -89,8 +95,10 @@ class StatusReport:
                 path.parent.mkdir(parents=True, exist_ok=True)
             except OSError:
                 pass  # said below, by the write
+        with self.lock:  # the counts and what the API's `health` reads, as one snapshot
+            data = self.refresh().to_json()
         try:
-            write_status(path, status)
+            atomic_write(path, data)
         except OutputError as exc:
             if not self._failing:
                 log.warning(
@@ -129,6 +137,8 @@ class StatusReport:
             self.touch()
         if daemon.engine is not None:
             status.model_loads = daemon.engine.load_count
+        status.threads = daemon.supervisor.threads()
+        status.heartbeat_at = time.time()
         clips = daemon.clips
         progress = clips.progress if clips is not None else None
         status.clip = progress.as_dict() if progress is not None else None
