@@ -219,3 +219,60 @@ def test_a_frame_the_process_keeps_ending_on_in_a_worker_stage_is_named_then_set
         assert d.stop() == 0 and not notes.exists()
     finally:
         d.close()
+
+
+def test_sigterm_is_honoured_in_time_after_a_reload_while_the_settle_thread_is_stuck(tmp_path, tiny_model):
+    """A reload that changes the watch settings joined the settle thread with no bound: with that thread in
+    a `stat` that does not come back (a dead network volume), SIGTERM went unheard for as long."""
+    import psutil
+    import pytest
+    import yaml
+    from daemon_process import strace_works
+
+    why = strace_works()
+    if why:
+        pytest.skip(why)
+    frame = tmp_path / "watch" / "frame.jpg"
+    # Every system call naming the frame takes ten minutes: the settle thread's look at it hangs.
+    stuck = ("strace", "-f", "-qq", "-o", os.devnull, "-P", str(frame), "-e", "inject=all:delay_enter=600000000")
+    d = DaemonProcess(tmp_path, tiny_model, wrapper=stuck, daemon={"shutdown_timeout_s": 2})
+    try:
+        d.start()
+        daemon = psutil.Process(d.proc.pid).children()[0].pid  # strace's child: the daemon itself
+        write_by_rename(frame, black())
+        wait_for(lambda: d.status().get("threads", {}).get("settle", {}).get("doing") == "frame.jpg (settle)", what="the settle thread stuck")
+        config = yaml.safe_load(d.config_path.read_text())
+        config["watch"]["patterns"] = ["frame.jpg", "*.png"]
+        d.config_path.write_text(yaml.safe_dump(config))
+        os.kill(daemon, signal.SIGHUP)
+        wait_for(lambda: "*.png" in d.log(), what="the reload's new watch")
+        assert d.state() == "running"
+        os.kill(daemon, signal.SIGTERM)
+        # The shutdown's own bound (2 s), never the ten minutes of the stuck `stat`. (strace itself waits
+        # out the delays it injects before it exits: the daemon's own word is what tells.)
+        wait_for(lambda: d.state() == "stopped", timeout=30, what="the daemon stopped within its shutdown bound")
+        wait_for(lambda: any(line.endswith(" stopped") for line in d.log().splitlines()), what="its last line")
+    finally:
+        d.close()
+
+
+def test_the_incomplete_count_never_goes_backwards_across_a_reload(tmp_path, tiny_model):
+    """counts.incomplete was the watcher's own counter, and a reload makes a new watcher: it fell to 0."""
+    import yaml
+
+    d = DaemonProcess(tmp_path, tiny_model, watch={"incomplete_timeout_s": 0.5})
+    try:
+        d.start()
+        write_by_rename(d.watch / "frame.jpg", black()[: len(black()) // 2])  # a JPEG cut off: it never completes
+        wait_for(lambda: d.counts().get("incomplete") == 1, what="the frame counted incomplete")
+        config = yaml.safe_load(d.config_path.read_text())
+        config["watch"]["patterns"] = ["frame.jpg", "*.png"]
+        d.config_path.write_text(yaml.safe_dump(config))
+        d.send(signal.SIGHUP)
+        wait_for(lambda: "*.png" in d.log(), what="the reload's new watch")
+        wait_for(lambda: d.status().get("config_loads") == 2, what="the reload applied")
+        assert d.counts().get("incomplete", 0) >= 1, d.status()
+        assert d.stop() == 0
+        assert d.counts().get("incomplete", 0) >= 1
+    finally:
+        d.close()

@@ -113,7 +113,8 @@ class Intake:
         queue.overflowed = False
         self._overflow_reported = False
         self._last_overflow_scan = time.monotonic()
-        watcher.scan_now()
+        for root in watcher.rules.roots:  # on the scan thread: a large folder never holds the main loop
+            watcher.scan_later(root)
 
     def clip_gate(self) -> None:
         """Live frames first (clip thread): a clip's next frame waits while a frame is queued or in flight."""

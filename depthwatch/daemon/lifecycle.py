@@ -105,6 +105,8 @@ class Daemon(ApiBackend):
         #: What every thread does and since when; health is read off it (`supervisor`).
         self.supervisor = Supervisor(self.black_box, lambda: self.config.daemon.stall_timeout_s)
         self._heartbeat_at = 0.0
+        #: A reload's sweeps of dead writers' leftovers, each on a thread of its own (joined, bounded, at shutdown).
+        self._sweeps: list[threading.Thread] = []
         self._watchdog_at = 0.0
         self.pipeline: Pipeline | None = None
         self.queue = LatestWinsQueue(config.daemon.queue_size)
@@ -348,14 +350,19 @@ class Daemon(ApiBackend):
                 previous.get("pid"), path,
             )
 
-    def start_watching(self, rules: Rules, config: Config) -> None:
-        """Sweep the leftovers of dead writers, then watch `rules`' folders and scan them (startup, reload)."""
-        for folder in rules.output_folders():  # the watch folders and the folders outputs go to
-            swept, left = sweep_temp_files_below([folder], recursive=rules.recursive and folder in rules.roots)
-            if swept:
-                log.info("removed %d temporary file(s) left in %s", swept, shown(folder))
-            if left:
-                log.warning("cannot remove %d temporary file(s) left in %s (is the folder writable?)", left, shown(folder))
+    def start_watching(self, rules: Rules, config: Config, scan_now: bool = True) -> None:
+        """Sweep the leftovers of dead writers, then watch `rules`' folders and scan them (startup, reload).
+
+        `scan_now`: the start-up sweep and scan run here (before `ready`, cut short by a
+        stop); a reload's run on threads of their own, so neither a large folder nor a
+        dead volume holds the main loop (and with it SIGTERM).
+        """
+        if scan_now:
+            _sweep(rules)
+        else:
+            sweep = threading.Thread(target=_sweep, args=(rules,), name="depthwatch-sweep", daemon=True)
+            sweep.start()
+            self._sweeps = [t for t in self._sweeps if t.is_alive()] + [sweep]
         for pattern in template_clashes(rules.patterns, rules.template):
             log.warning(
                 "watch.patterns %s and output.template %s clash: every %s file looks like a depth map, so none "
@@ -364,9 +371,17 @@ class Daemon(ApiBackend):
                 pattern, rules.template, pattern,
             )
         self.rules = rules
-        self.watcher = Watcher(rules, config.watch, self.intake.on_complete, self.intake.on_unusable)
+        if self.watcher is not None:  # its count goes on in the new watcher's: counts never go backwards
+            self.report.incomplete_before += self.watcher.incomplete
+        self.watcher = Watcher(
+            rules, config.watch, self.intake.on_complete, self.intake.on_unusable, slot=self.supervisor.slot("settle")
+        )
         self.watcher.start()
         self.status.watching = [str(r) for r in rules.roots]
+        if not scan_now:
+            for root in rules.roots:
+                self.watcher.scan_later(root)
+            return
         pending = self.watcher.scan_now(cancelled=self._stop_asked)
         if pending:
             log.info("%d frame(s) or clip(s) are waiting for their depth maps", pending)
@@ -467,6 +482,8 @@ class Daemon(ApiBackend):
         self.black_box.close()  # a stop, not a crash: no frame ended this run
         if self.pipeline is not None:
             self.pipeline.close(0.1)
+        for sweep in self._sweeps:
+            sweep.join(min(0.5, left()))
         self.accounts.report_superseded(final=True)
         stalled = self.supervisor.stalled is not None and self.engine is not None and self.engine.alive
         self.status.state = ("stalled" if stalled else "failed") if self.engine_failed else "stopped"
@@ -487,6 +504,16 @@ class Daemon(ApiBackend):
                 return True
             if remaining <= 0.1:
                 return False
+
+
+def _sweep(rules: Rules) -> None:
+    """Remove the temporary files dead writers left in the watch folders and the folders outputs go to."""
+    for folder in rules.output_folders():
+        swept, left = sweep_temp_files_below([folder], recursive=rules.recursive and folder in rules.roots)
+        if swept:
+            log.info("removed %d temporary file(s) left in %s", swept, shown(folder))
+        if left:
+            log.warning("cannot remove %d temporary file(s) left in %s (is the folder writable?)", left, shown(folder))
 
 
 def _writing(patterns: tuple[str, ...], output: OutputConfig) -> str:

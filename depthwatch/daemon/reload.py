@@ -36,6 +36,9 @@ log = logging.getLogger("depthwatch")
 #: The output settings `Rules` is made from (besides the watch section): a change to any of
 #: them makes new Rules, or a frame or clip would still get yesterday's name or format.
 _RULES_OUTPUT = ("template", "clip_template", "png_bits", "error_sidecar")
+#: How long a reload waits for the old watcher's threads to end (a settle thread stuck in a `stat`
+#: on a dead volume is left behind: the main loop, and with it SIGTERM, never waits on it).
+WATCHER_STOP_S = 1.0
 
 
 def _stamp_of(path: Path) -> tuple[int, ...] | None:
@@ -160,8 +163,9 @@ class ConfigReload:
                 new = replace(new, watch=old.watch, output=replace(new.output, **{name: getattr(old.output, name) for name in _RULES_OUTPUT}))
         if _rules_of(new) != _rules_of(old):
             if daemon.watcher is not None:
-                daemon.watcher.stop()
-            daemon.start_watching(Rules(new.watch, new.output), new)
+                # Bounded: a settle thread stuck on a dead network volume is left behind, never waited for.
+                daemon.watcher.stop(WATCHER_STOP_S)
+            daemon.start_watching(Rules(new.watch, new.output), new, scan_now=False)
         # `old` is what runs: settings kept for the next start stay there, so an edit back to
         # the running value says nothing, and the status tells the running value.
         if (new.daemon.workers, new.daemon.worker_niceness) != (old.daemon.workers, old.daemon.worker_niceness):

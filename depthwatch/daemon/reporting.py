@@ -50,6 +50,8 @@ class StatusReport:
         self._failing = False
         self._checked_at = 0.0
         self._retry_at = 0.0  # when a status file that could not be written is tried again
+        #: Frames reported incomplete by the watchers a reload replaced (each counts from zero).
+        self.incomplete_before = 0
         #: Called (main thread) once another model serves: a reload's, or a faster engine's.
         self.on_new_model: Callable[[], None] = lambda: None
 
@@ -124,7 +126,7 @@ class StatusReport:
             status.parked = parked
             self.touch()
         status.counts.superseded = daemon.queue.superseded + daemon.accounts.superseded_in_flight
-        status.counts.incomplete = daemon.watcher.incomplete if daemon.watcher else 0
+        status.counts.incomplete = self.incomplete_before + (daemon.watcher.incomplete if daemon.watcher else 0)
         # Only while running: a stopped watcher watches nothing, and its folders are not gone.
         watching = daemon.watcher is not None and status.state == "running"
         waiting = [str(folder) for folder in daemon.watcher.waiting_for] if watching else []
