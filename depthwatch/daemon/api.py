@@ -68,9 +68,10 @@ StartResponse = Callable[..., Any]
 
 
 class Backend(Protocol):
-    """What the API needs from the daemon (see `backend.ApiBackend`, a part of `lifecycle.Daemon`)."""
+    """What the API needs from the daemon (see `backend.ApiBackend`, the small object the daemon builds for it)."""
 
-    rules: Rules
+    @property
+    def rules(self) -> Rules: ...
 
     @property
     def stopping(self) -> bool: ...

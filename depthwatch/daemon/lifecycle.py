@@ -14,11 +14,13 @@ Every one of them is joined on shutdown, which is bounded by
 A second SIGTERM/SIGINT cuts that wait short but still unwinds: the status file
 says "stopped", the threads that can end are joined.
 
-`Daemon` is the one object; its other jobs are parts of their own, each in its
-module: the config reload (`reload`), the way work gets in (`intake`), what
-becomes of each result (`accounting`), the status file kept current
-(`reporting`), and the API's side of it (`backend`, a mixin: the API asks
-the daemon itself).
+`Daemon` builds the parts and wires them, in one place, as uvicorn's `Server`
+does: the watcher, the intake (the way work gets in), the queue and the
+pipeline, the engine, the clip runner, the API and its backend, the accounts
+(what becomes of each result), the reporter (the status file kept current),
+the config reload, and the supervisor (what each thread does, and health).
+Each part is handed the callables, queues and parts it needs; none holds the
+daemon or imports this module.
 """
 
 from __future__ import annotations
@@ -66,17 +68,24 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("depthwatch")
 
+#: How long a reload waits for the old watcher's threads to end (a settle thread stuck in a `stat`
+#: on a dead volume is left behind: the main loop, and with it SIGTERM, never waits on it).
+WATCHER_STOP_S = 1.0
 #: How often the lock files are touched (see `locks`).
 _LOCK_REFRESH_S = 3600.0
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _NONE = object()
 
 
-class Daemon(ApiBackend):
+class Daemon:
     """`depthwatch run`: call `run()` from the main thread; `request_stop()` from any thread.
 
     `loader` reads the config again for a live reload (the config file changed,
     or SIGHUP); without one the daemon keeps the config it was given.
+
+    This is the one place the parts are built and wired (`__init__`, and
+    `startup` for those that need the model): each is handed the callables,
+    queues and parts it needs, and none holds the daemon.
     """
 
     def __init__(
@@ -95,36 +104,91 @@ class Daemon(ApiBackend):
         self._stop = threading.Event()
         #: A second stop request: shorten every remaining wait of the shutdown.
         self._force = threading.Event()
-        self.report = StatusReport(self, Status(config=str(config.source) if config.source else None))
-        self.status = self.report.status
         self.settings = Settings.from_config(config, watching=True)
         self.engine: Engine | None = None
-        #: The frame in the model now, on disk beside the status: one a crash ends the run on is named
-        #: at the next start, and set aside if it ends a run again (`blackbox`).
-        self.black_box = BlackBox(path_for(config))
-        #: What every thread does and since when; health is read off it (`supervisor`).
-        self.supervisor = Supervisor(self.black_box, lambda: self.config.daemon.stall_timeout_s)
-        self._heartbeat_at = 0.0
-        #: A reload's sweeps of dead writers' leftovers, each on a thread of its own (joined, bounded, at shutdown).
-        self._sweeps: list[threading.Thread] = []
-        self._watchdog_at = 0.0
         self.pipeline: Pipeline | None = None
         self.queue = LatestWinsQueue(config.daemon.queue_size)
         self.rules = Rules(config.watch, config.output)
         self.watcher: Watcher | None = None
         #: Set by run(): a thread was still running after the shutdown's time bound.
         self.stuck = False
-        #: The inference thread died: the daemon stopped and exits EX_SOFTWARE (see `_watch_engine`).
+        #: The inference thread died, or a run could not be given up: the daemon stopped and exits
+        #: EX_SOFTWARE (see `_watch_engine`).
         self.engine_failed = False
+        self._heartbeat_at = 0.0
+        self._watchdog_at = 0.0
+        #: A reload's sweeps of dead writers' leftovers, each on a thread of its own (joined, bounded, at shutdown).
+        self._sweeps: list[threading.Thread] = []
         #: Requests of the HTTP API waiting for a frame's map.
         self.waiters = MapWaiters()
         self.api: ApiServer | None = None
         #: The clip thread (clips matching watch.patterns become clip jobs).
         self.clips: ClipRunner | None = None
-        self.reloads = ConfigReload(self, loader)
-        self.accounts = Accounts(self)
+        #: What each thread works on, on disk beside the status: a frame that ends the process is named
+        #: at the next start, and set aside if it ends a run again (`blackbox`).
+        self.black_box = BlackBox(path_for(config))
+        #: What every thread does and since when; health is read off it (`supervisor`).
+        self.supervisor = Supervisor(self.black_box, lambda: self.config.daemon.stall_timeout_s)
+        # The parts, wired: each gets what it reads as callables (what a reload replaces is read anew).
+        self.accounts: Accounts
+        self.report = StatusReport(
+            Status(config=str(config.source) if config.source else None),
+            path=lambda: path_for(self.config),
+            own_folder=lambda: self.config.daemon.status_file is None,
+            queue=self.queue,
+            parked=lambda: self.accounts.parked,
+            superseded=lambda: self.accounts.superseded_in_flight,
+            watcher=lambda: self.watcher,
+            engine=lambda: self.engine,
+            clips=lambda: self.clips,
+            threads=self.supervisor.threads,
+        )
+        self.status = self.report.status
         self.report.on_new_model = self._new_model
-        self.intake = Intake(self)
+        self.accounts = Accounts(
+            report=self.report,
+            waiters=self.waiters,
+            queue=self.queue,
+            watcher=lambda: self.watcher,
+            answering=lambda: self.api is not None,
+            stopping=lambda: self.stopping,
+            retries=lambda: self.config.daemon.retries,
+        )
+        self.intake = Intake(
+            queue=self.queue,
+            pipeline=lambda: self.pipeline,
+            clips=lambda: self.clips,
+            accounts=self.accounts,
+            waiters=self.waiters,
+            answering=lambda: self.api is not None,
+            black_box=self.black_box,
+            rules=lambda: self.rules,
+            watcher=lambda: self.watcher,
+            report=self.report,
+            stopping=lambda: self.stopping,
+        )
+        self.reloads = ConfigReload(
+            loader,
+            config=lambda: self.config,
+            engine=lambda: self.engine,
+            report=self.report,
+            locks=self.locks,
+            queue=self.queue,
+            rewatch=self._rewatch,
+            adopt=self._adopt,
+        )
+        #: What the HTTP API asks of the daemon.
+        self.backend = ApiBackend(
+            rules=lambda: self.rules,
+            black_box=self.black_box,
+            waiters=self.waiters,
+            enqueue=self.intake.enqueue,
+            pipeline=lambda: self.pipeline,
+            settings=lambda: self.settings,
+            report=self.report,
+            supervisor=self.supervisor,
+            stopping=lambda: self.stopping,
+        )
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -197,6 +261,18 @@ class Daemon(ApiBackend):
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
+
+    def _rewatch(self, rules: Rules, config: Config) -> None:
+        """A reload's new watch: the old watcher stopped (bounded), the new one started, scanned on its own thread."""
+        if self.watcher is not None:
+            # Bounded: a settle thread stuck on a dead network volume is left behind, never waited for.
+            self.watcher.stop(WATCHER_STOP_S)
+        self.start_watching(rules, config, scan_now=False)
+
+    def _adopt(self, config: Config, settings: Settings) -> None:
+        """A reload's config and settings, read by the next frame."""
+        self.settings = settings
+        self.config = config
 
     def startup(self) -> bool:
         """Everything up to `ready`; False if a stop was asked for before then (it is then undone)."""
@@ -293,7 +369,7 @@ class Daemon(ApiBackend):
         problem = address_problem(self.config.api.host)
         if problem:
             raise ConfigError(problem)
-        api = ApiServer(self, self.config.api)
+        api = ApiServer(self.backend, self.config.api)
         try:
             api.start()
         except (OSError, ValueError) as exc:
