@@ -105,6 +105,7 @@ def test_an_idle_daemon_keeps_its_heartbeat_and_one_that_stops_answering_is_told
         wait_for(lambda: d.status().get("heartbeat_at", 0) > first, what="the heartbeat again, idle")
         status = d.status()
         assert status["threads"]["inference"] == {"doing": "idle"}, status["threads"]
+        assert {"inference", "settle", "scan", "clip", "main"} <= set(status["threads"]), status["threads"]
 
         def said() -> str:
             return subprocess.run(

@@ -369,7 +369,7 @@ class Daemon:
         problem = address_problem(self.config.api.host)
         if problem:
             raise ConfigError(problem)
-        api = ApiServer(self.backend, self.config.api)
+        api = ApiServer(self.backend, self.config.api, beat=self.supervisor.slot("api").beat)
         try:
             api.start()
         except (OSError, ValueError) as exc:
@@ -450,7 +450,8 @@ class Daemon:
         if self.watcher is not None:  # its count goes on in the new watcher's: counts never go backwards
             self.report.incomplete_before += self.watcher.incomplete
         self.watcher = Watcher(
-            rules, config.watch, self.intake.on_complete, self.intake.on_unusable, slot=self.supervisor.slot("settle")
+            rules, config.watch, self.intake.on_complete, self.intake.on_unusable,
+            slot=self.supervisor.slot("settle"), scan_slot=self.supervisor.slot("scan"),
         )
         self.watcher.start()
         self.status.watching = [str(r) for r in rules.roots]
@@ -507,6 +508,7 @@ class Daemon:
 
     def _beat(self) -> None:
         """The heartbeat: the status rewritten every HEARTBEAT_S, idle or not; systemd's watchdog told all is well."""
+        self.supervisor.slot("main").beat()
         now = time.monotonic()
         if now - self._heartbeat_at >= HEARTBEAT_S:
             self._heartbeat_at = now

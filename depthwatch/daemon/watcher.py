@@ -120,8 +120,9 @@ class Watcher:
         emit: Callable[[Path, Signature, str | None], None],
         report: Callable[[Path, str], None],
         slot: Slot | None = None,
+        scan_slot: Slot | None = None,
     ) -> None:
-        """`slot`: the supervisor's record of the settle thread, told which file it looks at."""
+        """`slot`, `scan_slot`: the supervisor's records of the settle and scan threads, told what they look at."""
         self._slot = slot
         self.rules = rules
         self.config = config
@@ -144,7 +145,7 @@ class Watcher:
         self._counter = itertools.count()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="depthwatch-settle", daemon=True)
-        self._scanner = Scanner(rules, lambda path: self.poke(path, Mode.SETTLE, scanned=True))
+        self._scanner = Scanner(rules, lambda path: self.poke(path, Mode.SETTLE, scanned=True), scan_slot)
         self._folders = WatchFolders(rules, config, EventHandler(self.on_event), self._scanner.scan_later)
         self._watchdog_log = WatchdogLog(self.events_lost)
         self._last_lost = 0.0
