@@ -38,8 +38,8 @@ def _daemon(tmp_path, model, **sections) -> DaemonProcess:
 
 
 def test_a_run_past_the_stall_bound_is_given_up_and_its_frame_set_aside_across_restarts(tmp_path):
-    """A model that hangs on one frame kept the inference thread for ever: no frame mapped, `running`
-    and /health 200 all the same, and at every restart the scan met the frame and hung again."""
+    """A model that hangs on one frame costs that frame, never the inference thread: the run is given up
+    past the stall bound, the next frame is mapped, and the frame is not run again after a restart."""
     d = _daemon(tmp_path, hanging_model(tmp_path / "hanging.onnx"))
     try:
         d.start()
@@ -66,9 +66,9 @@ def test_a_run_past_the_stall_bound_is_given_up_and_its_frame_set_aside_across_r
 
 
 def test_a_run_that_cannot_be_given_up_makes_the_daemon_stalled_and_exit_70_then_the_next_start_serves(tmp_path):
-    """A run inside one long operator cannot be given up: the daemon said `running` for ever. It says
-    `stalled` with the reason and exits EX_SOFTWARE, for the service manager to start it again; then
-    the frame is not run again and the next frame is mapped."""
+    """A run inside one long operator cannot be given up: the daemon says `stalled` with the reason and
+    exits EX_SOFTWARE, for the service manager to start it again; then the frame is not run again and
+    the next frame is mapped."""
     d = _daemon(tmp_path, stuck_model(tmp_path / "stuck.onnx"))
     try:
         d.start()
@@ -97,7 +97,7 @@ def test_a_run_that_cannot_be_given_up_makes_the_daemon_stalled_and_exit_70_then
 
 
 def test_an_idle_daemon_keeps_its_heartbeat_and_one_that_stops_answering_is_told_apart(tmp_path, tiny_model):
-    """An idle daemon never rewrote its status file, so `status` could not tell it from a stuck one."""
+    """An idle daemon rewrites its heartbeat, so `status` tells it from one that has stopped answering."""
     d = DaemonProcess(tmp_path, tiny_model)
     try:
         d.start()
@@ -154,8 +154,8 @@ def test_systemd_is_told_watchdog_while_the_daemon_serves(tmp_path, tiny_model):
 
 
 def test_a_failing_model_is_the_models_fault_not_the_frames_and_another_model_clears_it(tmp_path):
-    """Under a NaN model /health said 200, a frame's request was 422, and after a reload to a good model the
-    same unchanged frame was 422 again from memory; an image body was told it "cannot be used"."""
+    """Under a NaN model /health is 503 and both kinds of request get 503 "the model is failing", never a
+    422 held against the frame: after a reload to a good model the same, unchanged frame is mapped."""
     import yaml
 
     requests = __import__("pytest").importorskip("requests")
@@ -195,8 +195,8 @@ def test_a_failing_model_is_the_models_fault_not_the_frames_and_another_model_cl
 
 
 def test_a_frame_the_process_keeps_ending_on_in_a_worker_stage_is_named_then_set_aside(tmp_path, tiny_model):
-    """Only the frame in the model was noted: a frame that ends the process while a worker reads, decodes
-    or renders it (an OOM kill) was met again at every start, with no line."""
+    """A frame that ends the process while a worker reads, decodes or renders it (an OOM kill) is named at
+    the next start, and set aside once it has ended the process twice."""
     d = DaemonProcess(tmp_path, tiny_model, watch={"patterns": ["*.jpg"]}, output={"template": "{stem}_depth.png", "error_sidecar": True})
     notes = tmp_path / "daemon.status.json.threads"
     rng = np.random.default_rng(0)
@@ -223,8 +223,8 @@ def test_a_frame_the_process_keeps_ending_on_in_a_worker_stage_is_named_then_set
 
 
 def test_sigterm_is_honoured_in_time_after_a_reload_while_the_settle_thread_is_stuck(tmp_path, tiny_model):
-    """A reload that changes the watch settings joined the settle thread with no bound: with that thread in
-    a `stat` that does not come back (a dead network volume), SIGTERM went unheard for as long."""
+    """A reload that changes the watch settings waits for the settle thread within a bound: with that thread
+    in a `stat` that does not come back (a dead network volume), SIGTERM is still honoured in time."""
     import psutil
     import pytest
     import yaml
@@ -258,7 +258,7 @@ def test_sigterm_is_honoured_in_time_after_a_reload_while_the_settle_thread_is_s
 
 
 def test_the_incomplete_count_never_goes_backwards_across_a_reload(tmp_path, tiny_model):
-    """counts.incomplete was the watcher's own counter, and a reload makes a new watcher: it fell to 0."""
+    """counts.incomplete goes on across a reload, which makes a new watcher with a count of its own."""
     import yaml
 
     d = DaemonProcess(tmp_path, tiny_model, watch={"incomplete_timeout_s": 0.5})
