@@ -80,6 +80,8 @@ class BlackBox:
         self._suspects: dict[str, tuple[Signature, int]] = {}
         self._fd: int | None = None
         self._threads_fd: int | None = None
+        #: The length of each slot's note: cleared whole, so what a slot shows is only ever what its thread works on now.
+        self._noted: dict[int, int] = {}
         self._slots = 1
         self._closed = False
         self._lock = threading.Lock()
@@ -201,7 +203,7 @@ class BlackBox:
         where = max(0, slot - 1) * _NOTE_BYTES
         try:
             if label is None:
-                os.pwrite(fd, b"\0", where)  # an empty note
+                os.pwrite(fd, bytes(max(1, self._noted.pop(slot, 1))), where)  # an empty note
                 return
             frame, version = str(label[0]), tuple(label[1])
             suspect = self._suspects.get(frame)
@@ -209,6 +211,7 @@ class BlackBox:
             data = json.dumps({"frame": frame, "version": list(version), "ends": ends, "stage": stage}).encode() + b"\0"
             if len(data) <= _NOTE_BYTES:  # a longer path is not noted: its frame is mapped all the same
                 os.pwrite(fd, data, where)
+                self._noted[slot] = max(len(data), self._noted.get(slot, 0))
         except OSError:  # a disk full even for a block it had (copy on write): the frame is mapped all the same
             pass
 
