@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 from conftest import jpeg_bytes, write_by_rename
@@ -69,12 +70,24 @@ def test_a_run_that_cannot_be_given_up_makes_the_daemon_stalled_and_exit_70_then
     """A run inside one long operator cannot be given up: the daemon says `stalled` with the reason and
     exits EX_SOFTWARE, for the service manager to start it again; then the frame is not run again and
     the next frame is mapped."""
-    d = _daemon(tmp_path, stuck_model(tmp_path / "stuck.onnx"))
+    requests = __import__("pytest").importorskip("requests")
+    d = _daemon(tmp_path, stuck_model(tmp_path / "stuck.onnx"), api={"enabled": True, "port": 0})
     try:
         d.start()
+        url = wait_for(lambda: d.status().get("api"), what="the API address")
         write_by_rename(d.watch / "white.jpg", white())
-        d.proc.wait(120)  # of itself: nothing stops it
+        answers: list[tuple[int, str, str]] = []
+        while d.proc.poll() is None:  # it exits of itself: nothing stops it
+            try:
+                health = requests.get(f"{url}/health", timeout=5)
+                body = health.json()
+                answers.append((health.status_code, body["state"], body.get("health_error") or ""))
+            except (requests.RequestException, ValueError):
+                pass  # its listener closes as it stops
+            time.sleep(0.02)
         assert d.stop() == EX_SOFTWARE, d.log()
+        stalled = [a for a in answers if a[1] == "stalled"]
+        assert stalled and all(code == 503 and "white.jpg" in why for code, _, why in stalled), answers[-5:]
         status = d.status()
         assert status["state"] == "stalled", status
         assert "white.jpg" in status["health_error"] and "did not stop when given up" in status["health_error"], status

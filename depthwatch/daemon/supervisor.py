@@ -216,11 +216,11 @@ class Supervisor:
 
     def verdict(self, state: str, health_error: str | None, stopping: bool) -> Verdict:
         """Whether the daemon serves, and the state its status says: read off the threads' record."""
-        if self.stalled is not None:
-            return Verdict(False, "stalled" if state in ("running", "stalled") else state, self.stalled)
         engine = self._engine
-        if engine is not None and not engine.alive:  # before the main loop's next look has said so
-            return Verdict(False, state, engine.failure or "the inference thread ended")
+        if engine is not None and not engine.alive:  # also before the main loop's next look has said so
+            return Verdict(False, state, self.stalled or engine.failure or "the inference thread ended")
+        if self.stalled is not None:  # through the stop that follows, too: that is why it stops
+            return Verdict(False, "stalled", self.stalled)
         if state != "running" or stopping:
             return Verdict(False, state)
         if health_error is not None:
