@@ -49,6 +49,8 @@ ENDS_BEFORE_SET_ASIDE = 2
 _NOTE_BYTES = 8192
 #: The stage of the inference thread's notes (see `supervisor`); the others are the workers' and the clip thread's.
 INFER = "infer"
+#: What a thread was doing at each stage it notes, as the next start says it.
+_DOING = {"read": "reading or decoding", "render": "rendering or writing", "clip": "making the depth clip of"}
 #: Why a frame is set aside: runs of the process ended on it, or the model hung on it.
 CRASHED, HUNG = "crashed", "hung"
 _REFUSALS = {
@@ -140,7 +142,7 @@ class BlackBox:
     def _judge(self, last: tuple[str, Signature, int, str]) -> None:
         frame, version, ends, stage = last[0], last[1], last[2] + 1, last[3]
         model = stage == INFER
-        doing = "the model ran on" if model else f"depthwatch was at the {stage} stage of"
+        doing = "the model ran on" if model else f"depthwatch was {_DOING.get(stage, 'working on')}"
         if signature_of(Path(frame)) != version:
             log.warning("the last run ended while %s %s, which has changed since", doing, shown(frame))
         elif frame in self.set_aside:
@@ -155,7 +157,7 @@ class BlackBox:
             )
         else:
             self._suspects[frame] = (version, ends)
-            said = "the model was running on it" if model else f"depthwatch was at its {stage} stage"
+            said = "the model was running on it" if model else f"{doing} it"
             log.warning(
                 "%s: %s when the last run ended without stopping; it is tried once more "
                 "(set aside if the process ends on it again)", shown(frame), said,
