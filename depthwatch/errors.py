@@ -57,6 +57,10 @@ class InferenceFailed(FrameError):
     """
 
 
+class RunGivenUp(InferenceFailed):
+    """The model ran on a frame past the stall bound and the run was given up: the model's fault, not the frame's."""
+
+
 class Superseded(FrameError):
     """The frame changed or vanished after it was found: nothing to do for this version.
 

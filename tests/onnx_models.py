@@ -282,3 +282,83 @@ def unused_weight_model(path: Path) -> Path:
     model.graph.initializer.append(helper.make_tensor("unused_weight", TensorProto.FLOAT, [2], [1.0, 2.0]))
     onnx.save(model, str(path))
     return path
+
+
+def hanging_model(path: Path, size: int = 16, per_unit: float = 1e9) -> Path:
+    """Brightness, after a `Loop` whose trip count is reduce_max(input) x `per_unit`: a model that hangs on a white frame.
+
+    A black frame (and the all-zero warm-up) runs the loop no time at all; a
+    frame with a white pixel runs it about a billion times, each iteration
+    one operator: onnxruntime looks at RunOptions.terminate between them, so
+    the run can be given up (as a provider stuck in a loop of its own can be).
+    """
+    body = helper.make_graph(
+        [helper.make_node("Add", ["acc_in", "one"], ["acc_out"]), helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "spin",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, []),
+        ],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [])],
+        initializer=[helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])],
+    )
+    nodes = [
+        helper.make_node("ReduceMax", ["image"], ["peak"], keepdims=0),
+        helper.make_node("Mul", ["peak", "per_unit"], ["trips_f"]),
+        helper.make_node("Cast", ["trips_f"], ["trips"], to=TensorProto.INT64),
+        helper.make_node("Loop", ["trips", "true", "zero"], ["spun"], body=body),
+        helper.make_node("Mul", ["spun", "zero"], ["nothing"]),
+        helper.make_node("ReduceMean", ["image"], ["mean"], axes=[1], keepdims=0),
+        helper.make_node("Add", ["mean", "nothing"], ["depth"]),
+    ]
+    inits = [
+        helper.make_tensor("per_unit", TensorProto.FLOAT, [], [per_unit]),
+        helper.make_tensor("true", TensorProto.BOOL, [], [True]),
+        helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]),
+    ]
+    return _save(_square_float_graph(nodes, "hanging", size, inits), path)
+
+
+def stuck_model(path: Path, size: int = 16, boxes_per_unit: float = 1e6) -> Path:
+    """Brightness, after one operator that runs for many minutes on a white frame and cannot be given up.
+
+    A NonMaxSuppression over reduce_max(input) x `boxes_per_unit` boxes that
+    never overlap: its work grows with the square of the boxes (a million:
+    a quarter of an hour here), all inside the one operator, where
+    onnxruntime never looks at RunOptions.terminate (as a driver call that
+    does not come back). A black frame has no boxes and runs at once.
+    """
+    nodes = [
+        helper.make_node("ReduceMax", ["image"], ["peak"], keepdims=0),
+        helper.make_node("Mul", ["peak", "per_unit"], ["count"]),
+        helper.make_node("Range", ["zero", "count", "one"], ["index"]),
+        helper.make_node("Mul", ["index", "two"], ["x0"]),
+        helper.make_node("Add", ["x0", "one"], ["x1"]),
+        helper.make_node("Unsqueeze", ["x0", "axis1"], ["x0c"]),
+        helper.make_node("Unsqueeze", ["x1", "axis1"], ["x1c"]),
+        helper.make_node("Mul", ["x0c", "zero"], ["y0c"]),
+        helper.make_node("Add", ["y0c", "one"], ["y1c"]),
+        helper.make_node("Concat", ["y0c", "x0c", "y1c", "x1c"], ["corners"], axis=1),
+        helper.make_node("Unsqueeze", ["corners", "axis0"], ["boxes"]),
+        helper.make_node("Add", ["index", "one"], ["score"]),
+        helper.make_node("Unsqueeze", ["score", "axes01"], ["scores"]),
+        helper.make_node("NonMaxSuppression", ["boxes", "scores", "most", "iou"], ["kept"]),
+        helper.make_node("ReduceSum", ["kept"], ["total"], keepdims=0),
+        helper.make_node("Cast", ["total"], ["total_f"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["total_f", "zero"], ["nothing"]),
+        helper.make_node("ReduceMean", ["image"], ["mean"], axes=[1], keepdims=0),
+        helper.make_node("Add", ["mean", "nothing"], ["depth"]),
+    ]
+    inits = [
+        helper.make_tensor("per_unit", TensorProto.FLOAT, [], [boxes_per_unit]),
+        helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]),
+        helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]),
+        helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
+        helper.make_tensor("axis0", TensorProto.INT64, [1], [0]),
+        helper.make_tensor("axis1", TensorProto.INT64, [1], [1]),
+        helper.make_tensor("axes01", TensorProto.INT64, [2], [0, 1]),
+        helper.make_tensor("most", TensorProto.INT64, [1], [10**12]),
+        helper.make_tensor("iou", TensorProto.FLOAT, [1], [0.5]),
+    ]
+    return _save(_square_float_graph(nodes, "stuck", size, inits), path)

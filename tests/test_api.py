@@ -797,7 +797,7 @@ def test_a_map_deleted_while_its_job_is_still_being_reported_is_made_again(tmp_p
         def emit(self, record: logging.LogRecord) -> None:
             if not tickets and record.getMessage().startswith("frame.jpg -> depth.jpg"):
                 (watch / "depth.jpg").unlink()
-                tickets.append(daemon.request_map(watch / "frame.jpg"))
+                tickets.append(daemon.backend.request_map(watch / "frame.jpg"))
 
     frames_log, handler = logging.getLogger("depthwatch.frames"), AgainBetweenResultAndDone()
     level = logging.getLogger("depthwatch").level

@@ -237,14 +237,14 @@ def test_a_daemon_whose_inference_thread_dies_says_so_and_exits_non_zero(tmp_pat
     thread.start()
     try:
         wait_for(lambda: json.loads(status.read_text()).get("state") == "running" if status.exists() else None, what="running")
-        assert daemon.health()[0]
+        assert daemon.backend.health()[0]
         write_by_rename(watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
         thread.join(60)
         assert not thread.is_alive() and codes == [EX_SOFTWARE]
         written = json.loads(status.read_text())
         assert written["state"] == "failed"
         assert "stopped the inference thread" in written["health_error"] and "Fatal" in written["health_error"]
-        assert daemon.health()[0] is False
+        assert daemon.backend.health()[0] is False
     finally:
         daemon.request_stop()
         thread.join(30)

@@ -104,6 +104,13 @@ def systemctl(*args: str) -> list[str]:
 # -- the unit ---------------------------------------------------------------------------
 
 
+def test_the_unit_restarts_a_daemon_that_stops_answering(config: Path):
+    """The unit has a watchdog: a daemon wedged whole (that cannot even exit) is killed and started again."""
+    service_section = systemd.parse(systemd.render(config, shutdown_timeout_s=10))["Service"]
+    assert service_section["WatchdogSec"] == [str(systemd.WATCHDOG_SEC)]
+    assert service_section["Restart"] == ["on-failure"]  # systemd's watchdog kill counts as a failure
+
+
 def test_unit_has_the_restart_stop_and_exec_settings(config: Path):
     unit = systemd.parse(systemd.render(config, shutdown_timeout_s=10))
     service_section = unit["Service"]

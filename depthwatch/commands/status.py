@@ -112,6 +112,17 @@ def _clip_line(clip: dict[str, Any], stopped: bool = False) -> str:
     return f"{name} -> {output}: {done}/{total or '?'} frames, {float(clip.get('rate') or 0):.1f} fps{left}"
 
 
+def _doing(data: dict[str, Any]) -> str:
+    """`idle`, or what the busy threads work on and for how long, from the supervisor's record."""
+    threads = data.get("threads") if isinstance(data.get("threads"), dict) else {}
+    busy = [
+        f"{name}: {record.get('doing')} for {float(record.get('for_s') or 0):.0f} s"
+        for name, record in threads.items()
+        if isinstance(record, dict) and record.get("doing") not in (None, "idle")
+    ]
+    return "; ".join(busy) if busy else "idle"
+
+
 def _sessions_line(data: dict[str, Any]) -> str:
     """What was loaded: the model asked for, and every session made, the engine measurement's included."""
     loads, made = data.get("model_loads", 0), data["sessions_made"]
@@ -143,17 +154,25 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 def _head(data: dict[str, Any], running: bool) -> str:
     """Whether the daemon runs, since when, or how it ended."""
-    from depthwatch.daemon.status import iso_time
+    from depthwatch.daemon.status import iso_time, silent_for
 
     pid, state = data.get("pid"), data.get("state")
     updated = float(data.get("updated") or 0)
     started = data.get("started_at") or (iso_time(float(data["started"])) if data.get("started") else "?")
+    silent = silent_for(data) if running else None
+    if silent is not None:
+        return (
+            f"not answering, pid {pid}, since {started}: no heartbeat for {silent:.0f} s while its process runs "
+            "(stuck: restart it)"
+        )
     if running:
         return f"{state}, pid {pid}, since {started}"
     if state == "stopped":
         return f"not running (stopped at {iso_time(updated)}; pid {pid} started {started})"
     if state == "failed":  # it said why and exited (70): stopped in order, after a failure
         return f"not running (it stopped after a failure at {iso_time(updated)}; pid {pid} started {started})"
+    if state == "stalled":  # a model run that could not be given up: it exits (70) for its service manager to restart it
+        return f"not running (stalled at {iso_time(updated)}: a model run could not be given up; pid {pid} started {started})"
     return f"not running (pid {pid} is gone without stopping cleanly; it last wrote at {iso_time(updated)}, state {state})"
 
 
@@ -174,7 +193,7 @@ def _line_of_the_stopped(path: Path, data: dict[str, Any]) -> str:
 
 def _show(path: Path, data: dict[str, Any]) -> bool:
     """Print one daemon's status in full; True if it is running."""
-    from depthwatch.daemon.status import clips_line, is_running, parked_note
+    from depthwatch.daemon.status import clips_line, is_running, parked_note, silent_for
 
     running = is_running(data)
     head = _head(data, running)
@@ -185,6 +204,8 @@ def _show(path: Path, data: dict[str, Any]) -> bool:
         ("config", data.get("config") or "built-in defaults"),
         ("status file", f"{path} (updated {max(0.0, time.time() - updated):.0f} s ago)"),
     ]
+    if running and silent_for(data) is None and isinstance(data.get("heartbeat_at"), (int, float)):
+        rows.append(("doing", _doing(data)))
     if data.get("model"):
         providers = ", ".join(data.get("providers") or []) or "?"
         precision = f" at {data['precision']}" if isinstance(data.get("precision"), str) else ""

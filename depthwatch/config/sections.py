@@ -102,6 +102,9 @@ class DaemonConfig:
     max_file_mb: float = field(default=512.0, metadata=setting(checks.number(0.001, 65_536)))
     retries: int = field(default=3, metadata=setting(checks.whole(0, 100)))
     shutdown_timeout_s: float = field(default=10.0, metadata=setting(checks.number(0.5, 19)))
+    #: The least time a model run may take before it is given up (the bound is this, or 20 times
+    #: the median run, whichever is longer): a model that hangs on a frame is reported, not served for ever.
+    stall_timeout_s: float = field(default=60.0, metadata=setting(checks.number(0.5, 3600)))
     status_file: Path | None = field(default=None, metadata=setting(checks.optional(checks.file_in_folder)))
     log_level: str = field(default="info", metadata=setting(checks.one_of("debug", "info", "warning", "error")))
 

@@ -12,18 +12,19 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from depthwatch.daemon.parked import MOST_PARKED, Parked
 from depthwatch.clips.job import ClipJob, ClipResult
+from depthwatch.daemon.parked import MOST_PARKED, Parked
+from depthwatch.daemon.reporting import StatusReport
+from depthwatch.daemon.waiters import MapWaiters
+from depthwatch.daemon.watcher import Watcher
 from depthwatch.frames.frameline import STAGES
 from depthwatch.frames.job import Job
+from depthwatch.frames.jobqueue import LatestWinsQueue
 from depthwatch.frames.result import Result
 from depthwatch.logtext import shown
-
-if TYPE_CHECKING:
-    from depthwatch.daemon.lifecycle import Daemon
 
 log = logging.getLogger("depthwatch")
 frames_log = logging.getLogger("depthwatch.frames")
@@ -37,13 +38,34 @@ _SUPERSEDED_STAGES = ("replaced while queued", "before inference", "after infere
 
 
 class Accounts:
-    """The daemon's results, counted (worker and clip threads) and acted on: retried, parked, reported."""
+    """The daemon's results, counted (worker and clip threads) and acted on: retried, parked, reported.
 
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
-        self._report = daemon.report
-        self._status = daemon.report.status
-        self._lock = daemon.report.lock
+    Given the `report` it counts into, the `waiters` it releases (while
+    `answering`: the API is on), the `queue` it settles jobs in, the `watcher`
+    in service (retries go back through it), whether the daemon is `stopping`,
+    and `retries` (daemon.retries as it is now).
+    """
+
+    def __init__(
+        self,
+        *,
+        report: StatusReport,
+        waiters: MapWaiters,
+        queue: LatestWinsQueue,
+        watcher: Callable[[], Watcher | None],
+        answering: Callable[[], bool],
+        stopping: Callable[[], bool],
+        retries: Callable[[], int],
+    ) -> None:
+        self._report = report
+        self._status = report.status
+        self._lock = report.lock
+        self._waiters = waiters
+        self._queue = queue
+        self._watcher = watcher
+        self._answering = answering
+        self._stopping = stopping
+        self._retries = retries
         self._attempts: dict[Path, int] = {}
         #: Unusable predictions since the last good map (see BAD_PREDICTIONS_UNHEALTHY).
         self._bad_predictions = 0
@@ -62,13 +84,12 @@ class Accounts:
 
     def finished(self, job: Job, result: Result) -> None:
         """A job's result (worker thread): count it, log its line, retry an output error later."""
-        daemon = self._daemon
         # One step for a request (see waiters): the job in flight, or its result known and let go by the queue.
-        with daemon.waiters.hold():
+        with self._waiters.hold():
             retrying = not result.ok and not result.superseded and result.retryable and self._retry(job, result)
-            if daemon.api is not None:
-                daemon.waiters.finished(job, result, final=not retrying)
-            daemon.queue.settled(job)
+            if self._answering():
+                self._waiters.finished(job, result, final=not retrying)
+            self._queue.settled(job)
         counts = self._status.counts
         if result.unchanged:  # one version handed over twice: its map is on disk already
             frames_log.debug("%s: its map is already made from these very bytes; not made again", shown(job.source))
@@ -87,7 +108,7 @@ class Accounts:
                 if result.started == "cut":
                     counts.cuts += 1
                     counts.last_cut = f"{job.source} -> {job.output}:{result.shot_note()}"
-            frames_log.info("%s total %.1f queue %d%s", result.describe(), latency_ms, len(daemon.queue), result.shot_note())
+            frames_log.info("%s total %.1f queue %d%s", result.describe(), latency_ms, len(self._queue), result.shot_note())
         elif result.gone == "vanished":  # no newer version: said as it is, naming the frame
             frames_log.info("%s; nothing to map", result.describe())
         elif result.gone == "stopped":  # the stop's own line says the next start maps them
@@ -102,7 +123,7 @@ class Accounts:
             frames_log.debug("%s", result.describe())  # summarised by report_superseded
         elif retrying:
             pass
-        elif result.retryable and not daemon.stopping and self._park(job):
+        elif result.retryable and not self._stopping() and self._park(job):
             with self._lock:
                 again = self._parked_versions.get(job.source) == job.signature
                 if not again and len(self._parked_versions) >= MOST_PARKED:
@@ -132,7 +153,7 @@ class Accounts:
             self._parked.written(job.final.parent, job.source)
         elif result.superseded:
             log.info("clip %s: %s", shown(job.source.name), result.error)
-        elif result.retryable and self._daemon.watcher is not None and not self._daemon.stopping and self._park_clip(job):
+        elif result.retryable and self._watcher() is not None and not self._stopping() and self._park_clip(job):
             self.count_failure(f"clip {result.describe()}; made again once {shown(job.final.parent)} can be written", clip=True)
         else:
             self.count_failure(f"clip {result.describe()}", clip=True)
@@ -164,15 +185,23 @@ class Accounts:
         if first:
             log.error("%s", status.health_error)
 
+    def model_changed(self) -> None:
+        """Another model serves: the last one's failures say nothing of it (main thread)."""
+        with self._lock:
+            self._bad_predictions = 0
+            cleared, self._status.health_error = self._status.health_error, None
+        if cleared is not None:
+            log.info("another model is in service; the health error of the last one is cleared")
+            self._report.touch()
+
     def _retry(self, job: Job, result: Result) -> bool:
         """Try an output error again later (the disk may free up); False once out of tries."""
-        daemon = self._daemon
-        retries = daemon.config.daemon.retries
-        watcher = daemon.watcher
+        retries = self._retries()
+        watcher = self._watcher()
         with self._lock:
             attempt = self._attempts.get(job.output, 0) + 1
             back = self._parked_versions.get(job.source) == job.signature  # from the lot: parked again at once
-            if attempt > retries or watcher is None or daemon.stopping or back:
+            if attempt > retries or watcher is None or self._stopping() or back:
                 self._attempts.pop(job.output, None)
                 return False
             self._attempts[job.output] = attempt
@@ -184,16 +213,16 @@ class Accounts:
 
     def _hand_back(self, source: Path, delay: float = 0.0) -> None:
         """`source` back to the watcher, let through even if unchanged, checked after `delay`."""
-        watcher = self._daemon.watcher
+        watcher = self._watcher()
         if watcher is None:
             return
         watcher.forget(source)
-        self._daemon.waiters.forget(source)
+        self._waiters.forget(source)
         watcher.poke(source, delay=delay)
 
     def _park(self, job: Job) -> bool:
         """Keep a frame whose tries ran out (disk full, no permission) for when its folder can be written."""
-        if self._daemon.watcher is None:
+        if self._watcher() is None:
             return False
         return self._parked.park(job.output.parent, job.source)
 
@@ -212,7 +241,7 @@ class Accounts:
 
     def retry_parked(self) -> None:
         """Hand the parked frames of each folder that can be written again back to the watcher (main loop)."""
-        if self._daemon.watcher is None:
+        if self._watcher() is None:
             return
         taken, gone = self._parked.due()
         if gone:
@@ -249,7 +278,7 @@ class Accounts:
         now = time.monotonic()
         with self._lock:
             unreported = self._superseded_unreported
-            queued = self._daemon.queue.superseded
+            queued = self._queue.superseded
             if queued > self._queue_superseded_seen:
                 unreported["replaced while queued"] += queued - self._queue_superseded_seen
                 self._queue_superseded_seen = queued

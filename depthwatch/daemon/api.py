@@ -70,9 +70,10 @@ StartResponse = Callable[..., Any]
 
 
 class Backend(Protocol):
-    """What the API needs from the daemon (see `backend.ApiBackend`, a part of `lifecycle.Daemon`)."""
+    """What the API needs from the daemon (see `backend.ApiBackend`, the small object the daemon builds for it)."""
 
-    rules: Rules
+    @property
+    def rules(self) -> Rules: ...
 
     @property
     def stopping(self) -> bool: ...
@@ -256,6 +257,8 @@ class PredictApp:
         outcome = ticket.wait(0)
         if outcome.kind == DONE:
             return _Answer(200, b"DONE")
+        if outcome.kind == FAILED and outcome.model_fault:
+            raise Refused(503, f"the model is failing: {source.name}: {outcome.error}")
         if outcome.kind == FAILED:
             # The frame cannot be used: 422. Its map cannot be written (a file of the user's in its way,
             # a folder depthwatch may not write): 409, a conflict with what is on disk, not a bad image.
@@ -350,6 +353,8 @@ class PredictApp:
         if not result.ok or result.data is None:
             if self.backend.stopping:
                 raise Refused(503, _STOPPING)
+            if result.bad_prediction:  # the model's fault, not the body's
+                raise Refused(503, f"the model is failing: {result.error}")
             if result.unusable:
                 raise Refused(422, f"the {content_type} body cannot be used: {result.error}")
             raise Refused(500, f"{result.error}")

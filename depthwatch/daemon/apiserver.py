@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import select
 import threading
+from collections.abc import Callable
 import time
 from typing import Any
 
@@ -125,7 +126,9 @@ class ApiServer:
     and tests/test_api.py checks each one the day the pin is raised.
     """
 
-    def __init__(self, backend: Backend, config: ApiConfig) -> None:
+    def __init__(self, backend: Backend, config: ApiConfig, beat: Callable[[], None] = lambda: None) -> None:
+        """`beat`: called by the loop thread at each turn, the supervisor's proof that it still turns."""
+        self._beat = beat
         self.config = config
         self.app = PredictApp(backend, config)
         self._server: Any = None
@@ -183,6 +186,7 @@ class ApiServer:
                 self._close_overdue(channels)
                 next_police = time.monotonic() + _POLICE_S
             wasyncore.loop(timeout=_LOOP_TICK_S, use_poll=use_poll, map=channels, count=1)
+            self._beat()
 
     def _make_room(self, channels: dict[int, Any]) -> None:
         """A connection is waiting at the limit: close the one that has waited longest for nothing."""

@@ -22,6 +22,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from depthwatch.clips.job import ClipJob, ClipResult, Progress
 from depthwatch.clips.make import make_clip
@@ -30,6 +31,9 @@ from depthwatch.frames.settings import Settings
 from depthwatch.logtext import shown
 from depthwatch.model.engine import Engine
 from depthwatch.threadnames import yield_to_inference
+
+if TYPE_CHECKING:
+    from depthwatch.daemon.supervisor import Slot
 
 log = logging.getLogger("depthwatch.clips")
 
@@ -49,8 +53,11 @@ class ClipRunner:
         on_result: Callable[[ClipJob, ClipResult], None],
         on_progress: Callable[[], None] = lambda: None,
         niceness: int = 0,
+        slot: Slot | None = None,
     ) -> None:
-        """`niceness`: as the workers' (daemon.worker_niceness), below the inference thread."""
+        """`niceness`: as the workers' (daemon.worker_niceness), below the inference thread. `slot`:
+        the supervisor's record of this thread, told which clip it works on."""
+        self._slot = slot
         self._engine = engine
         self._settings = settings
         self._gate = gate
@@ -129,6 +136,8 @@ class ClipRunner:
                 _, job = self._waiting.popitem(last=False)
                 self._current, self._cancel = job, None
             log.info("clip %s -> %s: started", shown(job.source.name), shown(job.final.name))
+            if self._slot is not None:
+                self._slot.working((job.source, job.signature) if job.signature is not None else None, "clip")
             try:
                 result = make_clip(
                     job, self._engine, self._settings(), cancelled=self._cancelled, gate=self._gate, on_progress=self._progress
@@ -136,6 +145,9 @@ class ClipRunner:
             except Exception as exc:  # a bug must not end the clip thread
                 log.error("internal error on clip %s (a bug; please report it with this traceback)", shown(job.source), exc_info=exc)
                 result = ClipResult(job, error=f"internal error: {type(exc).__name__}: {exc}")
+            finally:
+                if self._slot is not None:
+                    self._slot.idle()
             with self._cond:
                 self._current, self.progress = None, None
             try:

@@ -12,41 +12,71 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from depthwatch.clips.job import ClipJob
+from depthwatch.daemon.accounting import Accounts
+from depthwatch.daemon.blackbox import BlackBox
+from depthwatch.daemon.clips import ClipRunner
+from depthwatch.daemon.reporting import StatusReport
+from depthwatch.daemon.waiters import MapWaiters
+from depthwatch.daemon.watcher import Watcher
 from depthwatch.errors import FrameError
 from depthwatch.frames import provenance
-from depthwatch.clips.job import ClipJob
 from depthwatch.frames.errorrecords import write_error_record
 from depthwatch.frames.job import Job, Signature, signature_of
+from depthwatch.frames.jobqueue import LatestWinsQueue
+from depthwatch.frames.pipeline import Pipeline
+from depthwatch.frames.rules import Rules
 from depthwatch.logtext import shown
-
-if TYPE_CHECKING:
-    from depthwatch.daemon.lifecycle import Daemon
 
 log = logging.getLogger("depthwatch")
 
-#: Why a frame set aside by the black box is not mapped.
-SET_ASIDE = (
-    "set aside: runs of depthwatch ended while the model ran on this version of it (a crash in the model's runtime?); "
-    "it is mapped again once it changes: replace it, or remove it"
-)
 
 
 class Intake:
-    """The watcher's callbacks (settle thread) and the one way a job enters the queue (any thread)."""
+    """The watcher's callbacks (settle thread) and the one way a job enters the queue (any thread).
 
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
+    Given what it hands work to and counts with: the `queue`, the `pipeline`
+    and `clips` in service, the `accounts`, the `waiters` (while `answering`:
+    the API is on), the `black_box` (frames set aside), the `rules` and
+    `watcher` in force, the `report`, and whether the daemon is `stopping`.
+    """
+
+    def __init__(
+        self,
+        *,
+        queue: LatestWinsQueue,
+        pipeline: Callable[[], Pipeline | None],
+        clips: Callable[[], ClipRunner | None],
+        accounts: Accounts,
+        waiters: MapWaiters,
+        answering: Callable[[], bool],
+        black_box: BlackBox,
+        rules: Callable[[], Rules],
+        watcher: Callable[[], Watcher | None],
+        report: StatusReport,
+        stopping: Callable[[], bool],
+    ) -> None:
+        self._queue = queue
+        self._pipeline = pipeline
+        self._clips = clips
+        self._accounts = accounts
+        self._waiters = waiters
+        self._answering = answering
+        self._black_box = black_box
+        self._rules = rules
+        self._watcher = watcher
+        self._report = report
+        self._stopping = stopping
         self._last_overflow_scan = 0.0
         self._overflow_reported = False
 
     def on_complete(self, source: Path, signature: Signature, fmt: str | None = None) -> None:
         """A complete frame (settle thread): make its job, queue it, let the pipeline pull it."""
-        daemon = self._daemon
-        accounts = daemon.accounts
-        rules = daemon.rules
+        accounts = self._accounts
+        rules = self._rules()
         if not rules.is_clip(source) and provenance.read(source) is not None:
             accounts.count_own_map()
             log.warning(
@@ -54,8 +84,8 @@ class Intake:
                 shown(source),
             )
             return
-        if daemon.black_box.holds(source, signature):  # a version that ended runs of the daemon: said, not run
-            self.on_unusable(source, SET_ASIDE)
+        if self._black_box.holds(source, signature):  # a version that ended runs of the daemon: said, not run
+            self.on_unusable(source, self._black_box.refusal(source))
             return
         if rules.is_clip(source):  # a clip job, on the clip thread
             try:
@@ -63,20 +93,21 @@ class Intake:
             except FrameError as exc:
                 accounts.count_failure(f"{shown(source)}: {exc}", clip=True)
                 return
-            if daemon.clips is not None:
-                daemon.clips.submit(ClipJob(source, output, signature, rules.output_roots(source)))
-                daemon.report.touch()
+            clips = self._clips()
+            if clips is not None:
+                clips.submit(ClipJob(source, output, signature, rules.output_roots(source)))
+                self._report.touch()
             return
         try:
             job = rules.job_for(source, signature, fmt)
         except FrameError as exc:
             accounts.count_failure(f"{shown(source)}: {exc}")
             return
-        if daemon.api is None:
+        if not self._answering():
             self.enqueue(job)
             return
-        with daemon.waiters.hold():
-            if daemon.waiters.absorb(source, signature):
+        with self._waiters.hold():
+            if self._waiters.absorb(source, signature):
                 log.debug("%s: the watcher found the version a request already queued", source.name)
                 return
             if signature_of(source) != signature:
@@ -85,9 +116,10 @@ class Intake:
 
     def on_unusable(self, source: Path, reason: str) -> None:
         """A file the watcher will not hand over (never completed, forbidden link): report it."""
-        self._daemon.accounts.count_failure(f"{shown(source)}: {reason}", clip=self._daemon.rules.is_clip(source))
+        rules = self._rules()
+        self._accounts.count_failure(f"{shown(source)}: {reason}", clip=rules.is_clip(source))
         try:
-            job = self._daemon.rules.job_for(source)
+            job = rules.job_for(source)
         except FrameError:
             return
         if job.error_record is not None:
@@ -95,22 +127,22 @@ class Intake:
 
     def enqueue(self, job: Job) -> bool:
         """Queue `job` and let the pipeline pull it; False if the queue is full (a rescan finds it later)."""
-        daemon = self._daemon
-        queued = daemon.queue.put(job)
-        if queued and daemon.pipeline is not None:
-            daemon.pipeline.pull()
-        if not queued and not daemon.stopping:
-            if daemon.watcher is not None:
-                daemon.watcher.forget(job.source)  # so the rescan hands it over again
+        queue, pipeline, watcher = self._queue, self._pipeline(), self._watcher()
+        queued = queue.put(job)
+        if queued and pipeline is not None:
+            pipeline.pull()
+        if not queued and not self._stopping():
+            if watcher is not None:
+                watcher.forget(job.source)  # so the rescan hands it over again
             if not self._overflow_reported:
                 self._overflow_reported = True
-                log.warning("queue full (%d frames); the frames beyond it will be picked up by a rescan", daemon.queue.maxsize)
-        daemon.report.touch()
+                log.warning("queue full (%d frames); the frames beyond it will be picked up by a rescan", queue.maxsize)
+        self._report.touch()
         return queued
 
     def rescan_after_overflow(self) -> None:
         """After the queue turned frames away, look for them once it has room again (main loop)."""
-        queue, watcher = self._daemon.queue, self._daemon.watcher
+        queue, watcher = self._queue, self._watcher()
         if not queue.overflowed or watcher is None:
             return
         if len(queue) > queue.maxsize // 2 or time.monotonic() - self._last_overflow_scan < 1.0:
@@ -118,11 +150,11 @@ class Intake:
         queue.overflowed = False
         self._overflow_reported = False
         self._last_overflow_scan = time.monotonic()
-        watcher.scan_now()
+        for root in watcher.rules.roots:  # on the scan thread: a large folder never holds the main loop
+            watcher.scan_later(root)
 
     def clip_gate(self) -> None:
         """Live frames first (clip thread): a clip's next frame waits while a frame is queued or in flight."""
-        daemon = self._daemon
-        pipeline = daemon.pipeline
-        while pipeline is not None and not daemon.stopping and (len(daemon.queue) or pipeline.pending):
+        pipeline = self._pipeline()
+        while pipeline is not None and not self._stopping() and (len(self._queue) or pipeline.pending):
             pipeline.wait_idle(0.05)

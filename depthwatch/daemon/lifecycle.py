@@ -14,11 +14,13 @@ Every one of them is joined on shutdown, which is bounded by
 A second SIGTERM/SIGINT cuts that wait short but still unwinds: the status file
 says "stopped", the threads that can end are joined.
 
-`Daemon` is the one object; its other jobs are parts of their own, each in its
-module: the config reload (`reload`), the way work gets in (`intake`), what
-becomes of each result (`accounting`), the status file kept current
-(`reporting`), and the API's side of it (`backend`, a mixin: the API asks
-the daemon itself).
+`Daemon` builds the parts and wires them, in one place, as uvicorn's `Server`
+does: the watcher, the intake (the way work gets in), the queue and the
+pipeline, the engine, the clip runner, the API and its backend, the accounts
+(what becomes of each result), the reporter (the status file kept current),
+the config reload, and the supervisor (what each thread does, and health).
+Each part is handed the callables, queues and parts it needs; none holds the
+daemon or imports this module.
 """
 
 from __future__ import annotations
@@ -42,10 +44,11 @@ from depthwatch.daemon.clips import ClipRunner
 from depthwatch.daemon.intake import Intake
 from depthwatch.daemon.listening import address_problem
 from depthwatch.daemon.locks import FolderLocks
-from depthwatch.daemon.notify import notify
+from depthwatch.daemon.notify import notify, watchdog_interval
 from depthwatch.daemon.reload import ConfigReload, make_watch_folders
 from depthwatch.daemon.reporting import StatusReport
 from depthwatch.daemon.status import Status, is_running, path_for, read_status
+from depthwatch.daemon.supervisor import HEARTBEAT_S, Supervisor
 from depthwatch.daemon.waiters import MapWaiters
 from depthwatch.daemon.watcher import Watcher
 from depthwatch.errors import EX_SOFTWARE, ConfigError, DepthwatchError
@@ -65,17 +68,24 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("depthwatch")
 
+#: How long a reload waits for the old watcher's threads to end (a settle thread stuck in a `stat`
+#: on a dead volume is left behind: the main loop, and with it SIGTERM, never waits on it).
+WATCHER_STOP_S = 1.0
 #: How often the lock files are touched (see `locks`).
 _LOCK_REFRESH_S = 3600.0
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _NONE = object()
 
 
-class Daemon(ApiBackend):
+class Daemon:
     """`depthwatch run`: call `run()` from the main thread; `request_stop()` from any thread.
 
     `loader` reads the config again for a live reload (the config file changed,
     or SIGHUP); without one the daemon keeps the config it was given.
+
+    This is the one place the parts are built and wired (`__init__`, and
+    `startup` for those that need the model): each is handed the callables,
+    queues and parts it needs, and none holds the daemon.
     """
 
     def __init__(
@@ -94,29 +104,91 @@ class Daemon(ApiBackend):
         self._stop = threading.Event()
         #: A second stop request: shorten every remaining wait of the shutdown.
         self._force = threading.Event()
-        self.report = StatusReport(self, Status(config=str(config.source) if config.source else None))
-        self.status = self.report.status
         self.settings = Settings.from_config(config, watching=True)
         self.engine: Engine | None = None
-        #: The frame in the model now, on disk beside the status: one a crash ends the run on is named
-        #: at the next start, and set aside if it ends a run again (`blackbox`).
-        self.black_box = BlackBox(path_for(config))
         self.pipeline: Pipeline | None = None
         self.queue = LatestWinsQueue(config.daemon.queue_size)
         self.rules = Rules(config.watch, config.output)
         self.watcher: Watcher | None = None
         #: Set by run(): a thread was still running after the shutdown's time bound.
         self.stuck = False
-        #: The inference thread died: the daemon stopped and exits EX_SOFTWARE (see `_watch_engine`).
+        #: The inference thread died, or a run could not be given up: the daemon stopped and exits
+        #: EX_SOFTWARE (see `_watch_engine`).
         self.engine_failed = False
+        self._heartbeat_at = 0.0
+        self._watchdog_at = 0.0
+        #: A reload's sweeps of dead writers' leftovers, each on a thread of its own (joined, bounded, at shutdown).
+        self._sweeps: list[threading.Thread] = []
         #: Requests of the HTTP API waiting for a frame's map.
         self.waiters = MapWaiters()
         self.api: ApiServer | None = None
         #: The clip thread (clips matching watch.patterns become clip jobs).
         self.clips: ClipRunner | None = None
-        self.reloads = ConfigReload(self, loader)
-        self.accounts = Accounts(self)
-        self.intake = Intake(self)
+        #: What each thread works on, on disk beside the status: a frame that ends the process is named
+        #: at the next start, and set aside if it ends a run again (`blackbox`).
+        self.black_box = BlackBox(path_for(config))
+        #: What every thread does and since when; health is read off it (`supervisor`).
+        self.supervisor = Supervisor(self.black_box, lambda: self.config.daemon.stall_timeout_s)
+        # The parts, wired: each gets what it reads as callables (what a reload replaces is read anew).
+        self.accounts: Accounts
+        self.report = StatusReport(
+            Status(config=str(config.source) if config.source else None),
+            path=lambda: path_for(self.config),
+            own_folder=lambda: self.config.daemon.status_file is None,
+            queue=self.queue,
+            parked=lambda: self.accounts.parked,
+            superseded=lambda: self.accounts.superseded_in_flight,
+            watcher=lambda: self.watcher,
+            engine=lambda: self.engine,
+            clips=lambda: self.clips,
+            threads=self.supervisor.threads,
+        )
+        self.status = self.report.status
+        self.report.on_new_model = self._new_model
+        self.accounts = Accounts(
+            report=self.report,
+            waiters=self.waiters,
+            queue=self.queue,
+            watcher=lambda: self.watcher,
+            answering=lambda: self.api is not None,
+            stopping=lambda: self.stopping,
+            retries=lambda: self.config.daemon.retries,
+        )
+        self.intake = Intake(
+            queue=self.queue,
+            pipeline=lambda: self.pipeline,
+            clips=lambda: self.clips,
+            accounts=self.accounts,
+            waiters=self.waiters,
+            answering=lambda: self.api is not None,
+            black_box=self.black_box,
+            rules=lambda: self.rules,
+            watcher=lambda: self.watcher,
+            report=self.report,
+            stopping=lambda: self.stopping,
+        )
+        self.reloads = ConfigReload(
+            loader,
+            config=lambda: self.config,
+            engine=lambda: self.engine,
+            report=self.report,
+            locks=self.locks,
+            queue=self.queue,
+            rewatch=self._rewatch,
+            adopt=self._adopt,
+        )
+        #: What the HTTP API asks of the daemon.
+        self.backend = ApiBackend(
+            rules=lambda: self.rules,
+            black_box=self.black_box,
+            waiters=self.waiters,
+            enqueue=self.intake.enqueue,
+            pipeline=lambda: self.pipeline,
+            settings=lambda: self.settings,
+            report=self.report,
+            supervisor=self.supervisor,
+            stopping=lambda: self.stopping,
+        )
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -190,6 +262,18 @@ class Daemon(ApiBackend):
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    def _rewatch(self, rules: Rules, config: Config) -> None:
+        """A reload's new watch: the old watcher stopped (bounded), the new one started, scanned on its own thread."""
+        if self.watcher is not None:
+            # Bounded: a settle thread stuck on a dead network volume is left behind, never waited for.
+            self.watcher.stop(WATCHER_STOP_S)
+        self.start_watching(rules, config, scan_now=False)
+
+    def _adopt(self, config: Config, settings: Settings) -> None:
+        """A reload's config and settings, read by the next frame."""
+        self.settings = settings
+        self.config = config
+
     def startup(self) -> bool:
         """Everything up to `ready`; False if a stop was asked for before then (it is then undone)."""
         config = self.config
@@ -197,14 +281,16 @@ class Daemon(ApiBackend):
         self.locks.hold(self.rules.roots, recursive=config.watch.recursive)  # AlreadyRunning: another daemon has one of them
         spec = catalogue.resolve(config.model, config.base)
         self._announce(config)
-        self.black_box.open()  # what the last run ended on, said before anything is mapped
+        # What the last run ended on, said before anything is mapped; a slot per thread that works on frames.
+        self.black_box.open(self.supervisor.slots_on_disk(config.daemon.workers))
         # `starting`, in the status file from now: a large model's first load takes a while, and
         # `depthwatch status` meanwhile said "not running" (or showed the last run's pid, stopped).
         self.report.touch()
         self.report.write()
         # The engine measurement never holds the start: it runs in idle time once frames are served.
         self.engine = Engine(spec, session_factory=self._session_factory, measure_providers="background")
-        self.engine.black_box = self.black_box.note
+        self.engine.black_box = self.supervisor.inference_note
+        self.supervisor.watch(self.engine, self._hung)
         self.engine.start()
         try:
             info = self._wait_for_model()  # loaded exactly once, before the first job
@@ -222,11 +308,13 @@ class Daemon(ApiBackend):
             self._stopped_before_ready(None)
             return False
         log.info("%s", info.describe())
-        self.pipeline = Pipeline(self.engine, workers=config.daemon.workers, niceness=config.daemon.worker_niceness)
+        self.pipeline = Pipeline(
+            self.engine, workers=config.daemon.workers, niceness=config.daemon.worker_niceness, on_stage=self.supervisor.worker
+        )
         self.pipeline.feed(self.queue, lambda: self.settings, self.accounts.finished)
         self.clips = ClipRunner(
             self.engine, lambda: self.settings, self.intake.clip_gate, self.accounts.clip_finished, self.report.clip_progress,
-            niceness=config.daemon.worker_niceness,
+            niceness=config.daemon.worker_niceness, slot=self.supervisor.slot("clip"),
         ).start()
         if config.api.enabled:
             try:
@@ -281,7 +369,7 @@ class Daemon(ApiBackend):
         problem = address_problem(self.config.api.host)
         if problem:
             raise ConfigError(problem)
-        api = ApiServer(self, self.config.api)
+        api = ApiServer(self.backend, self.config.api, beat=self.supervisor.slot("api").beat)
         try:
             api.start()
         except (OSError, ValueError) as exc:
@@ -309,6 +397,7 @@ class Daemon(ApiBackend):
             self.intake.rescan_after_overflow()
             self.accounts.retry_parked()
             self.accounts.report_superseded()
+            self._beat()
             self.report.write()
             if time.monotonic() >= self._locks_touched + _LOCK_REFRESH_S:
                 self._locks_touched = time.monotonic()
@@ -337,14 +426,19 @@ class Daemon(ApiBackend):
                 previous.get("pid"), path,
             )
 
-    def start_watching(self, rules: Rules, config: Config) -> None:
-        """Sweep the leftovers of dead writers, then watch `rules`' folders and scan them (startup, reload)."""
-        for folder in rules.output_folders():  # the watch folders and the folders outputs go to
-            swept, left = sweep_temp_files_below([folder], recursive=rules.recursive and folder in rules.roots)
-            if swept:
-                log.info("removed %d temporary file(s) left in %s", swept, shown(folder))
-            if left:
-                log.warning("cannot remove %d temporary file(s) left in %s (is the folder writable?)", left, shown(folder))
+    def start_watching(self, rules: Rules, config: Config, scan_now: bool = True) -> None:
+        """Sweep the leftovers of dead writers, then watch `rules`' folders and scan them (startup, reload).
+
+        `scan_now`: the start-up sweep and scan run here (before `ready`, cut short by a
+        stop); a reload's run on threads of their own, so neither a large folder nor a
+        dead volume holds the main loop (and with it SIGTERM).
+        """
+        if scan_now:
+            _sweep(rules)
+        else:
+            sweep = threading.Thread(target=_sweep, args=(rules,), name="depthwatch-sweep", daemon=True)
+            sweep.start()
+            self._sweeps = [t for t in self._sweeps if t.is_alive()] + [sweep]
         for pattern in template_clashes(rules.patterns, rules.template):
             log.warning(
                 "watch.patterns %s and output.template %s clash: every %s file looks like a depth map, so none "
@@ -353,35 +447,76 @@ class Daemon(ApiBackend):
                 pattern, rules.template, pattern,
             )
         self.rules = rules
-        self.watcher = Watcher(rules, config.watch, self.intake.on_complete, self.intake.on_unusable)
+        if self.watcher is not None:  # its count goes on in the new watcher's: counts never go backwards
+            self.report.incomplete_before += self.watcher.incomplete
+        self.watcher = Watcher(
+            rules, config.watch, self.intake.on_complete, self.intake.on_unusable,
+            slot=self.supervisor.slot("settle"), scan_slot=self.supervisor.slot("scan"),
+        )
         self.watcher.start()
         self.status.watching = [str(r) for r in rules.roots]
+        if not scan_now:
+            for root in rules.roots:
+                self.watcher.scan_later(root)
+            return
         pending = self.watcher.scan_now(cancelled=self._stop_asked)
         if pending:
             log.info("%d frame(s) or clip(s) are waiting for their depth maps", pending)
 
     def _watch_engine(self) -> bool:
-        """Say what the engine does now (a switch to a faster engine); False if its thread has died.
+        """Say what the engine does now (a switch to a faster engine); False if it can serve no more.
 
-        A daemon whose inference thread is gone maps nothing: it must not go on
-        saying "running". The status and /health say why, and the process exits
-        non-zero so its service manager restarts it.
+        The supervisor gives up a run past the stall bound. A daemon whose
+        inference thread is gone, or whose run could not be given up, maps
+        nothing: it must not go on saying "running". The status and /health say
+        why, and the process exits non-zero so its service manager restarts it.
         """
         engine = self.engine
         assert engine is not None
-        if engine.alive:
+        self.supervisor.check()
+        why = self.supervisor.stalled
+        if why is None:
             if engine.info is not self.report.published or self.status.measuring != engine.measuring:
                 self.report.publish_model()
             return True
         self.engine_failed = True
-        why = engine.failure or "the inference thread ended"
-        log.error("%s; stopping, so that the service manager starts depthwatch again", why)
-        self.status.health_error = why
-        self.status.state = "failed"
+        if engine.alive:  # a run that cannot be given up: the supervisor said so; leave without waiting for it
+            self._force.set()
+            state = "stalled"
+        else:
+            log.error("%s; stopping, so that the service manager starts depthwatch again", why)
+            state = "failed"
+        with self.report.lock:
+            self.status.health_error = why
+            self.status.state = state
         self.report.touch()
         self.report.write()
         self._stop.set()
         return False
+
+    def _new_model(self) -> None:
+        """Another model serves: the model faults of the last one are not held against it, nor against the frames."""
+        self.accounts.model_changed()
+        forgotten = self.black_box.forget_hung()
+        if forgotten:
+            log.info("%d frame(s) the last model hung on may be mapped again (they are, once they change or are asked for)", forgotten)
+
+    def _hung(self, label: object) -> None:
+        """The model hangs on this frame (its run is being given up): set aside now, for this run and the next."""
+        frame, version = label  # type: ignore[misc]
+        self.black_box.hung(Path(frame), version)
+
+    def _beat(self) -> None:
+        """The heartbeat: the status rewritten every HEARTBEAT_S, idle or not; systemd's watchdog told all is well."""
+        self.supervisor.slot("main").beat()
+        now = time.monotonic()
+        if now - self._heartbeat_at >= HEARTBEAT_S:
+            self._heartbeat_at = now
+            self.report.touch()
+        interval = watchdog_interval()
+        if interval is not None and now - self._watchdog_at >= interval / 2 and self.supervisor.stalled is None:
+            self._watchdog_at = now
+            notify("WATCHDOG=1")
 
     def shutdown(self) -> bool:
         """Stop taking work, finish the frames in flight (time-bounded), join every thread.
@@ -425,8 +560,11 @@ class Daemon(ApiBackend):
         self.black_box.close()  # a stop, not a crash: no frame ended this run
         if self.pipeline is not None:
             self.pipeline.close(0.1)
+        for sweep in self._sweeps:
+            sweep.join(min(0.5, left()))
         self.accounts.report_superseded(final=True)
-        self.status.state = "failed" if self.engine_failed else "stopped"
+        stalled = self.supervisor.stalled is not None and self.engine is not None and self.engine.alive
+        self.status.state = ("stalled" if stalled else "failed") if self.engine_failed else "stopped"
         self.report.touch()
         self.report.write()
         self.locks.release()
@@ -444,6 +582,16 @@ class Daemon(ApiBackend):
                 return True
             if remaining <= 0.1:
                 return False
+
+
+def _sweep(rules: Rules) -> None:
+    """Remove the temporary files dead writers left in the watch folders and the folders outputs go to."""
+    for folder in rules.output_folders():
+        swept, left = sweep_temp_files_below([folder], recursive=rules.recursive and folder in rules.roots)
+        if swept:
+            log.info("removed %d temporary file(s) left in %s", swept, shown(folder))
+        if left:
+            log.warning("cannot remove %d temporary file(s) left in %s (is the folder writable?)", left, shown(folder))
 
 
 def _writing(patterns: tuple[str, ...], output: OutputConfig) -> str:

@@ -17,19 +17,18 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 from depthwatch.config import Config, ModelConfig
+from depthwatch.daemon.locks import FolderLocks
+from depthwatch.daemon.reporting import StatusReport
 from depthwatch.daemon.status import path_for
 from depthwatch.errors import ConfigError, DepthwatchError
 from depthwatch.frames.rules import Rules
 from depthwatch.frames.settings import Settings
 from depthwatch.logtext import shown
+from depthwatch.frames.jobqueue import LatestWinsQueue
 from depthwatch.model import catalogue
+from depthwatch.model.engine import Engine
 from depthwatch.model.spec import ModelInfo
-
-if TYPE_CHECKING:
-    from depthwatch.daemon.lifecycle import Daemon
 
 log = logging.getLogger("depthwatch")
 
@@ -88,13 +87,34 @@ class ConfigReload:
     """The daemon's config reloads (main thread; `ask` from any thread).
 
     `loader` reads the config again; without one the daemon keeps the config it was given.
+    It is given the `config` in force, and what a valid one is applied to: the
+    `engine` (a model swap), the `report`, the folder `locks`, the `queue` (its
+    bound), `rewatch` (the watch folders and rules, bounded: it never holds the
+    main loop) and `adopt` (the config and settings the next frame reads).
     """
 
-    def __init__(self, daemon: Daemon, loader: Callable[[], Config] | None) -> None:
-        self._daemon = daemon
+    def __init__(
+        self,
+        loader: Callable[[], Config] | None,
+        *,
+        config: Callable[[], Config],
+        engine: Callable[[], Engine | None],
+        report: StatusReport,
+        locks: FolderLocks,
+        queue: LatestWinsQueue,
+        rewatch: Callable[[Rules, Config], None],
+        adopt: Callable[[Config, Settings], None],
+    ) -> None:
         self._loader = loader
+        self._config = config
+        self._engine = engine
+        self._report = report
+        self._locks = locks
+        self._queue = queue
+        self._rewatch = rewatch
+        self._adopt = adopt
         self._asked = threading.Event()
-        config = daemon.config
+        config = config()
         self._config_stamp = _stamp_of(config.source) if config.source else None
         self._config_settling: tuple[int, ...] | None = None
         self._swap: Future[ModelInfo] | None = None
@@ -113,7 +133,7 @@ class ConfigReload:
             self._asked.clear()
             self.reload_config("SIGHUP")
             return
-        path = self._daemon.config.source
+        path = self._config().source
         if path is None or self._loader is None:
             return
         stamp = _stamp_of(path)
@@ -129,12 +149,12 @@ class ConfigReload:
         """Read the config again and apply it; on any error keep the last good config."""
         if self._loader is None:
             return False
-        status = self._daemon.report.status
+        status = self._report.status
         try:
             new = self._loader()
         except ConfigError as exc:
             status.config_error = str(exc)
-            self._daemon.report.touch()
+            self._report.touch()
             log.error("%s; keeping the last good config", exc)
             return False
         log.info("reloading the config (%s)", why)
@@ -143,25 +163,22 @@ class ConfigReload:
 
     def apply(self, new: Config) -> None:
         """Apply a valid config: watch and output settings for the next frame, a new model by swap."""
-        daemon = self._daemon
-        status = daemon.report.status
-        old = daemon.config
+        status = self._report.status
+        old = self._config()
         status.config_error = None
         self._apply_model(new)
         if _rules_of(new) != _rules_of(old):
             rules = Rules(new.watch, new.output)
             try:
                 make_watch_folders(rules.roots)
-                daemon.locks.hold(rules.roots, recursive=new.watch.recursive)
+                self._locks.hold(rules.roots, recursive=new.watch.recursive)
             except DepthwatchError as exc:
                 kept = "the watch section and output." + ", output.".join(_RULES_OUTPUT)
                 log.error("%s; keeping %s of the last good config (the rest of the edit applies)", exc, kept)
                 status.config_error = f"{exc}; keeping {kept} of the last good config"
                 new = replace(new, watch=old.watch, output=replace(new.output, **{name: getattr(old.output, name) for name in _RULES_OUTPUT}))
         if _rules_of(new) != _rules_of(old):
-            if daemon.watcher is not None:
-                daemon.watcher.stop()
-            daemon.start_watching(Rules(new.watch, new.output), new)
+            self._rewatch(Rules(new.watch, new.output), new)
         # `old` is what runs: settings kept for the next start stay there, so an edit back to
         # the running value says nothing, and the status tells the running value.
         if (new.daemon.workers, new.daemon.worker_niceness) != (old.daemon.workers, old.daemon.worker_niceness):
@@ -172,16 +189,15 @@ class ConfigReload:
             log.warning("daemon.status_file takes effect at the next start; the status stays in %s", shown(path_for(old)))
             new = replace(new, daemon=replace(new.daemon, status_file=old.daemon.status_file))
         if new.daemon.queue_size != old.daemon.queue_size:
-            daemon.queue.maxsize = new.daemon.queue_size  # read under the queue's lock by each put
+            self._queue.maxsize = new.daemon.queue_size  # read under the queue's lock by each put
             log.info("daemon.queue_size is now %d", new.daemon.queue_size)
         if new.api != old.api:
             log.warning("the api settings take effect at the next start")
             new = replace(new, api=old.api)
-        daemon.settings = Settings.from_config(new, watching=True)
+        self._adopt(new, Settings.from_config(new, watching=True))
         logging.getLogger("depthwatch").setLevel(new.daemon.log_level.upper())
-        daemon.config = new
         status.config_loads += 1
-        daemon.report.touch()
+        self._report.touch()
 
     def _apply_model(self, new: Config) -> None:
         """Swap the model in if the config names another one, or its file changed since it was loaded.
@@ -191,8 +207,8 @@ class ConfigReload:
         text is the same: the status keeps the reason (`model_error`) until a
         load succeeds or the config goes back to the model in service.
         """
-        status = self._daemon.report.status
-        engine = self._daemon.engine
+        status = self._report.status
+        engine = self._engine()
         assert engine is not None
         key = _model_file_key(new.model, new.base)
         if self._swap is not None and self._swap_for != (new.model, key):
@@ -225,7 +241,7 @@ class ConfigReload:
         if swap is None or not swap.done():
             return
         self._swap = None
-        report = self._daemon.report
+        report = self._report
         status = report.status
         if swap.exception() is not None:
             # The engine logged it and kept the old model.

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cachetools import LRUCache
 
@@ -26,6 +27,9 @@ from depthwatch.frames.errorrecords import remove_error_record
 from depthwatch.frames.rules import Rules, map_is_current
 from depthwatch.logtext import shown
 from depthwatch.threadnames import name_this_thread
+
+if TYPE_CHECKING:
+    from depthwatch.daemon.supervisor import Slot
 
 log = logging.getLogger("depthwatch.watch")
 
@@ -67,7 +71,9 @@ def needs_output(rules: Rules, path: Path) -> bool:
 class Scanner:
     """Scans for frames to map; `found(path)` hands each one to the settler."""
 
-    def __init__(self, rules: Rules, found: Callable[[Path], None]) -> None:
+    def __init__(self, rules: Rules, found: Callable[[Path], None], slot: Slot | None = None) -> None:
+        """`slot`: the supervisor's record of the scan thread, told which folder it scans."""
+        self._slot = slot
         self.rules = rules
         self._found = found
         self._stopping = False
@@ -129,12 +135,16 @@ class Scanner:
                 self._scanning = (folder,)
             began_ns = time.time_ns()
             started = time.monotonic()
+            if self._slot is not None:
+                self._slot.working((folder, ()), "scan")
             try:
                 count = self._poll(folder) if quiet else self.scan_now(folder)
             except Exception:  # one odd folder must not end the scans
                 log.exception("error scanning %s", shown(folder))
                 continue
             finally:
+                if self._slot is not None:
+                    self._slot.idle()
                 with self._cond:
                     self._scanning = ()
                     if moved_in:  # a rescan of a watch folder vouches for no later arrival

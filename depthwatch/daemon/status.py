@@ -109,6 +109,12 @@ class Status:
     #: Why the daemon is up but not making maps: its model's last predictions were unusable
     #: (NaN, a constant) several in a row. Cleared by the next good map.
     health_error: str | None = None
+    #: When the daemon last proved it is alive (epoch seconds): rewritten every few seconds, idle or
+    #: not, so a status whose heartbeat is old while its process is still there is a daemon not answering.
+    heartbeat_at: float | None = None
+    #: What each long-lived thread does now ("idle", or "frame.jpg (decode)") and for how many seconds
+    #: (`for_s`), as the supervisor keeps it: a thread stuck on one frame shows here.
+    threads: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: The HTTP API's address (http://HOST:PORT) when it listens.
     api: str | None = None
     #: A farm worker: its scheduler, its own address on the farm, and when the model
@@ -145,6 +151,7 @@ _SHAPES: dict[str, tuple[type, ...]] = {
     "pid": (int, type(None)), "state": (str,), "counts": (dict,), "clip": (dict, type(None)), "updated": (int, float),
     "started": (int, float), "queue_depth": (int,), "in_progress": (int,), "parked": (int,), "clips_waiting": (int,),
     "watching": (list,), "waiting_for": (list,), "unwatched": (dict,), "providers": (list,),
+    "heartbeat_at": (int, float, type(None)), "threads": (dict,),
 }
 _CLIP_NUMBERS = ("done", "total", "rate", "eta_s")
 _LATEST_TIME = 1e11  # seconds since 1970: the year 5138; a time past it is no time a daemon wrote
@@ -163,8 +170,8 @@ def read_status(path: Path) -> dict[str, Any]:
     for key, types in _SHAPES.items():
         if key in data and (not isinstance(data[key], types) or isinstance(data[key], bool) and bool not in types):
             raise ValueError(f"its {key} is {json.dumps(data[key])[:40]}, not what a status file holds there")
-    for key in ("updated", "started"):
-        if key in data and not 0 <= data[key] < _LATEST_TIME:
+    for key in ("updated", "started", "heartbeat_at"):
+        if data.get(key) is not None and not 0 <= data[key] < _LATEST_TIME:
             raise ValueError(f"its {key} is {data[key]}, no time a daemon wrote")
     clip = data.get("clip") or {}
     if any(clip.get(key) is not None and (not isinstance(clip[key], (int, float)) or isinstance(clip[key], bool)) for key in _CLIP_NUMBERS):
@@ -231,6 +238,17 @@ def clips_line(data: dict[str, Any]) -> str | None:
     if not (data.get("clip") or counts.get("clips") or counts.get("clips_failed") or data.get("clips_waiting")):
         return None
     return f"{counts.get('clips', 0)} done, {counts.get('clips_failed', 0)} failed, {data.get('clips_waiting', 0)} waiting"
+
+
+def silent_for(data: dict[str, Any], now: float | None = None) -> float | None:
+    """Seconds since a running daemon's last heartbeat when that is past `SILENT_AFTER_S` ("not answering"); else None."""
+    from depthwatch.daemon.supervisor import SILENT_AFTER_S
+
+    beat = data.get("heartbeat_at")
+    if not isinstance(beat, (int, float)) or data.get("state") != "running":
+        return None
+    silent = (time.time() if now is None else now) - beat
+    return silent if silent > SILENT_AFTER_S else None
 
 
 def is_running(data: dict[str, Any]) -> bool:

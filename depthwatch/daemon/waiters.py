@@ -54,6 +54,9 @@ class Release:
     #: at the map's name that is not depthwatch's, a folder it may not write): only the frame's own fault
     #: stays until the frame changes; the map's side is tried again at the next request.
     frame_error: bool = True
+    #: For FAILED: the model failed on it (NaN, a provider's error, a run given up); never remembered, since
+    #: the next request may meet another model, or the same one working again.
+    model_fault: bool = False
 
 
 @dataclass(eq=False)
@@ -156,7 +159,10 @@ class MapWaiters:
             if result.ok:
                 outcome = Release(DONE)
             else:
-                outcome = Release(FAILED, result.error, frame_error=bool(getattr(result, "unusable", False)))
+                outcome = Release(
+                    FAILED, result.error, frame_error=bool(getattr(result, "unusable", False)),
+                    model_fault=bool(getattr(result, "bad_prediction", False)),
+                )
             self._last[job.output] = (job.source, job.signature, outcome)
             tickets = self._waiting.get(job.output, [])
             for ticket in list(tickets):

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cachetools import LRUCache
 from watchdog.events import FileSystemEvent
@@ -39,6 +40,9 @@ from depthwatch.frames.rules import Rules
 from depthwatch.imaging import video
 from depthwatch.logtext import shown
 from depthwatch.threadnames import name_this_thread
+
+if TYPE_CHECKING:
+    from depthwatch.daemon.supervisor import Slot
 
 log = logging.getLogger("depthwatch.watch")
 
@@ -115,7 +119,11 @@ class Watcher:
         config: WatchConfig,
         emit: Callable[[Path, Signature, str | None], None],
         report: Callable[[Path, str], None],
+        slot: Slot | None = None,
+        scan_slot: Slot | None = None,
     ) -> None:
+        """`slot`, `scan_slot`: the supervisor's records of the settle and scan threads, told what they look at."""
+        self._slot = slot
         self.rules = rules
         self.config = config
         self._emit = emit
@@ -137,7 +145,7 @@ class Watcher:
         self._counter = itertools.count()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="depthwatch-settle", daemon=True)
-        self._scanner = Scanner(rules, lambda path: self.poke(path, Mode.SETTLE, scanned=True))
+        self._scanner = Scanner(rules, lambda path: self.poke(path, Mode.SETTLE, scanned=True), scan_slot)
         self._folders = WatchFolders(rules, config, EventHandler(self.on_event), self._scanner.scan_later)
         self._watchdog_log = WatchdogLog(self.events_lost)
         self._last_lost = 0.0
@@ -288,6 +296,8 @@ class Watcher:
             heapq.heappush(self._heap, (state.due, next(self._counter), path))
 
     def _check(self, path: Path, state: _Settling) -> None:
+        if self._slot is not None:
+            self._slot.working((path, ()), "settle")
         try:
             self._look(path, state)
         except PermissionError as exc:
@@ -301,6 +311,9 @@ class Watcher:
                 )
             state.denied = min(_DENIED_LONGEST_S, max(_DENIED_FIRST_S, state.denied * 2))
             self._again(path, state, state.denied)
+        finally:
+            if self._slot is not None:
+                self._slot.idle()
 
     def _look(self, path: Path, state: _Settling) -> None:
         if not self.rules.link_allowed(path):

@@ -85,8 +85,19 @@ class Pipeline:
     `niceness` lowers the workers' scheduling priority below the inference thread's.
     """
 
-    def __init__(self, engine: Engine, workers: int = 2, niceness: int = 0, in_flight: int | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        workers: int = 2,
+        niceness: int = 0,
+        in_flight: int | None = None,
+        on_stage: Callable[[object, str | None], None] | None = None,
+    ) -> None:
+        """`on_stage(label, stage)`: called on the worker thread as it begins a job's first or second half
+        (label: the frame's (path, version), None for an image in memory), and with stage None as it is
+        done with it: the daemon's supervisor keeps what each worker does, on disk too."""
         self.engine = engine
+        self._on_stage = on_stage
         #: Frames between submission and result at most: each may hold a decoded frame, so
         #: this bounds memory; two more than the workers keeps the model fed meanwhile.
         self.in_flight = in_flight or workers + 2
@@ -270,6 +281,16 @@ class Pipeline:
 
     def _front(self, frame: FrameInFlight) -> None:
         """read, decode, prepare, hand to the engine (worker thread)."""
+        on_stage = self._on_stage
+        if on_stage is not None:
+            on_stage(_label(frame.job), "read")
+        try:
+            self._front_steps(frame)
+        finally:
+            if on_stage is not None:
+                on_stage(None, None)
+
+    def _front_steps(self, frame: FrameInFlight) -> None:
         try:
             frame.check()
             job = frame.job
@@ -373,6 +394,16 @@ class Pipeline:
 
     def _back(self, frame: FrameInFlight, done: Future[Inference]) -> None:
         """normalise, render, encode, write (worker thread)."""
+        on_stage = self._on_stage
+        if on_stage is not None:
+            on_stage(_label(frame.job), "render")
+        try:
+            self._back_steps(frame, done)
+        finally:
+            if on_stage is not None:
+                on_stage(None, None)
+
+    def _back_steps(self, frame: FrameInFlight, done: Future[Inference]) -> None:
         try:
             if done.cancelled():
                 if self.engine.interrupted:
@@ -491,6 +522,13 @@ class Pipeline:
             write_error_record(job.error_record, job.source, result.error, job.output_roots, frame.beside(job.error_record))
         if not frame.future.done():
             frame.future.set_result(result)
+
+
+def _label(job: Job) -> tuple[Path, object] | None:
+    """What a worker notes it works on: a frame on disk and the version the watcher saw; None for bytes in memory."""
+    if job.data is not None or job.signature is None:
+        return None
+    return job.source, job.signature
 
 
 def _prediction_grid(info: ModelInfo, prepared: np.ndarray) -> tuple[int, int] | None:

@@ -69,7 +69,8 @@ class Result(Outcome[Job]):
     """
 
     #: The frame itself cannot be used (a FrameError: damaged, too large, not an image),
-    #: as opposed to a failure of depthwatch's own (the API answers 422 against 500).
+    #: as opposed to a failure of depthwatch's own (the API answers 422 against 500) or
+    #: of the model's (`bad_prediction`: never held against the frame).
     unusable: bool = False
     #: The map on disk was already made from these very bytes (a version handed over twice):
     #: nothing was run or written; ok, but not counted as a frame done.
@@ -98,8 +99,9 @@ class Result(Outcome[Job]):
 
     def failed_with(self, exc: DepthwatchError) -> None:
         super().failed_with(exc)
-        self.unusable = isinstance(exc, FrameError)
         self.bad_prediction = isinstance(exc, (BadPrediction, InferenceFailed))
+        # A model that fails (NaN, a provider's error, a run given up) is no fault of this version of the frame.
+        self.unusable = isinstance(exc, FrameError) and not self.bad_prediction
 
     def describe(self) -> str:
         """The one log line for this frame (read back by `frameline.parse_frame_line`)."""

@@ -24,6 +24,7 @@ measurement; neither holds the engine. What fails is said by `failures`.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import threading
@@ -38,6 +39,7 @@ from depthwatch.errors import (
     BadPrediction,
     InferenceFailed,
     DepthwatchError,
+    RunGivenUp,
     FrameError,
     ModelChanged,
     ModelError,
@@ -98,6 +100,13 @@ class Engine:
         self._error: DepthwatchError | None = None
         self._cpu_rebuilt = False
         self._running: tuple[Future[Any], Any] | None = None
+        #: The frame run now (its `label`, None for an image in memory) and since when (monotonic),
+        #: None between runs: what the daemon's supervisor times against its stall bound.
+        self._run_since: tuple[Any, float] | None = None
+        #: Why the run in progress was given up (`give_up_running`), for its future's error.
+        self._given_up: str | None = None
+        #: Seconds of the last runs that gave a prediction: what the stall bound is derived from.
+        self.run_seconds: collections.deque[float] = collections.deque(maxlen=32)
         #: The running inference is BACKGROUND work, and a LIVE job came for it to make way.
         self._running_background = False
         self._preempted = False
@@ -136,6 +145,24 @@ class Engine:
     def busy(self) -> bool:
         """Whether a session.run is in progress right now."""
         return self._running is not None
+
+    @property
+    def running(self) -> tuple[Any, float] | None:
+        """The run in progress as (its label, when it began, monotonic); None between runs (any thread)."""
+        return self._run_since
+
+    def give_up_running(self, run: tuple[Any, float], why: str) -> bool:
+        """Give up `run` (what `running` returned) through its RunOptions; its future fails with `why`.
+
+        False if that run is over already. onnxruntime looks at the flag between
+        operators, so a run inside one long operator ends only when it does.
+        """
+        with self._lock:
+            if self._run_since is not run or self._running is None:
+                return False
+            self._given_up = why
+            self._running[1].terminate = True
+            return True
 
     @property
     def measuring(self) -> bool:
@@ -396,6 +423,7 @@ class Engine:
             with self._lock:
                 self._running = (future, options)
                 self._running_background, self._preempted = priority != LIVE, False
+                self._run_since, self._given_up = (label, time.monotonic()), None
             noted = label is not None and self.black_box is not None
             try:
                 if noted:
@@ -405,6 +433,9 @@ class Engine:
                 seconds = time.perf_counter() - start
                 prediction = depth_map(output)
             except Exception as exc:  # onnxruntime raises its own exception types
+                if options.terminate and self._given_up is not None and not self._interrupted:
+                    future.set_exception(RunGivenUp(self._given_up))
+                    return session
                 if options.terminate and self._preempted and not self._interrupted:
                     self._requeue(future, tensor, generation, priority, label)
                     return session
@@ -426,7 +457,9 @@ class Engine:
                 with self._lock:
                     self._running = None
                     self._running_background = False
+                    self._run_since = None
             self.run_count += 1
+            self.run_seconds.append(seconds)
             problem = unusable(prediction, tensor, info.providers)
             if problem:
                 future.set_exception(BadPrediction(problem))

@@ -43,7 +43,7 @@ def status_file_rows(config_path: Path | None, state: State) -> list[tuple[str, 
     if config_path is None:
         return []
     from depthwatch import config as configuration
-    from depthwatch.daemon.status import clips_line, is_running, parked_note, path_for, read_status
+    from depthwatch.daemon.status import clips_line, is_running, parked_note, path_for, read_status, silent_for
 
     try:
         config = configuration.load(config_path)
@@ -61,10 +61,15 @@ def status_file_rows(config_path: Path | None, state: State) -> list[tuple[str, 
     pid, said = data.get("pid"), data.get("state")
     alive = is_running(data)
     stale = " (from an earlier run)" if not alive or (state.running and state.pid is not None and pid != state.pid) else ""
-    if alive:
+    silent = silent_for(data) if alive else None
+    if silent is not None:
+        daemon = f"not answering, pid {pid}: no heartbeat for {silent:.0f} s while its process runs (stuck: restart it)"
+    elif alive:
         # A daemon run by hand with this config, beside (or instead of) the service's own.
         theirs = "" if state.pid in (None, pid) else f" (not the service's: its pid is {state.pid})"
         daemon = f"{said}, pid {pid}{theirs}, updated {ago:.0f} s ago"
+    elif said == "stalled":
+        daemon = f"stalled, pid {pid}: a model run could not be given up; it exits for the service manager to restart it"
     elif said == "stopped":
         daemon = f"stopped, pid {pid}, updated {ago:.0f} s ago"
     else:  # what `depthwatch status` says of it: the file says running, its process is gone

@@ -55,6 +55,11 @@ def unit_path(home: Path, environ: Mapping[str, str] | None = None) -> Path:
 # -- the unit -----------------------------------------------------------------------------
 
 
+#: systemd's watchdog: the daemon's main loop answers every WATCHDOG_SEC/2 (`daemon.supervisor`); a minute
+#: leaves room for a status write on a slow disk, never for a daemon that has stopped answering.
+WATCHDOG_SEC = 60
+
+
 def render(config: Path, *, shutdown_timeout_s: float, executable: str | None = None) -> str:
     """The unit for running `depthwatch run -c config` as this user.
 
@@ -94,6 +99,9 @@ def render(config: Path, *, shutdown_timeout_s: float, executable: str | None = 
         "# shutdown bound (daemon.shutdown_timeout_s) plus a margin.",
         "KillSignal=SIGTERM",
         f"TimeoutStopSec={supervision.stop_timeout_s(shutdown_timeout_s)}",
+        "# The daemon sends WATCHDOG=1 every WatchdogSec/2 while it can serve; one that stops",
+        "# answering (and cannot exit) is killed and, by Restart=on-failure, started again.",
+        f"WatchdogSec={WATCHDOG_SEC}",
         "",
         "[Install]",
         "WantedBy=default.target",
