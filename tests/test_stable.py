@@ -780,10 +780,10 @@ def test_a_punch_in_on_the_same_action_is_a_cut_and_a_camera_zoom_is_not():
 def test_a_jump_cut_starts_a_shot_offline_and_live_keeps_the_shot_but_carries_nothing_across_the_jump(fastdepth):
     """Jump cuts: the same set-up a moment later (an interview trimmed), colours and framing kept, so
     the content test passes them; only the flow failing on that one frame, far more than on the frames
-    around it, tells them (motion.JUMP_STAND_OUT). Offline, frames come in the edit's order: every cut
+    around it, tells them (cuts.JUMP_STAND_OUT). Offline, frames come in the edit's order: every cut
     on its own frame, nothing else. Live, the daemon cannot tell such a jump from an editor scrubbing
     to another moment of the shot, whose tone curve must hold: scrubbed, the same moments stay one
-    shot, and a frame the flow jumped to (motion.is_jump) is its own map in the shot's tones, with
+    shot, and a frame the flow jumped to (cuts.is_jump) is its own map in the shot's tones, with
     nothing of the last map carried along a flow that is mostly wrong matches there.
     """
     from benchmarks import cuts

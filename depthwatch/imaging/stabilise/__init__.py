@@ -35,9 +35,9 @@ How, for each frame after a shot's first (the same steps live and offline):
    after are known, a frame that nearly scores as a cut is one if it stands
    out from its neighbours (a burst of fast motion does not), and so is a jump
    cut (the same set-up a moment later, its colours kept), where the flow fails
-   on that one frame far more than on the frames around it (`motion.JUMP_STAND_OUT`).
+   on that one frame far more than on the frames around it (`cuts.JUMP_STAND_OUT`).
    The daemon cannot tell a jump from an editor scrubbing, so there a frame the
-   flow jumped to (`motion.is_jump`: failing far more than the shot's last frames)
+   flow jumped to (`cuts.is_jump`: failing far more than the shot's last frames)
    keeps the shot and its tone curve and carries nothing of the last map.
 3. Alignment (`alignment.follow`): the previous map, in the shot's units, is warped by
    the flow onto this frame; this prediction's scale and shift are fitted to it
@@ -92,7 +92,8 @@ computed twice.
 
 The package, one job a module, each below the next in this list:
 
-- `motion`: the flow on thumbnails, its per-pixel trust, the camera's motion, the cut tests;
+- `motion`: the flow on thumbnails, its per-pixel trust, the camera's motion, the cut score;
+- `cuts`: the cut tests on those measures, live on the frame itself and offline with look-ahead;
 - `alignment`: the fit, the blend with a neighbour's map, the stretch (pure maths);
 - `live`: the daemon's `Stabiliser` and its per-output state;
 - `planner`: the offline shot planner, `stabilised`.
@@ -105,7 +106,8 @@ from __future__ import annotations
 
 from depthwatch.imaging.stabilise.alignment import Fit, fit
 from depthwatch.imaging.stabilise.live import IDLE_S, MAX_OUTPUTS, Lookahead, ShotMap, Stabiliser
-from depthwatch.imaging.stabilise.motion import LOOKAHEAD, THUMB_WIDTH, Motion, is_cut, measure, thumbnail
+from depthwatch.imaging.stabilise.cuts import LOOKAHEAD, is_cut
+from depthwatch.imaging.stabilise.motion import THUMB_WIDTH, Motion, measure, thumbnail
 from depthwatch.imaging.stabilise.planner import RANGE_WINDOW, Summary, held_at_most, stabilised, summarise
 
 __all__ = [

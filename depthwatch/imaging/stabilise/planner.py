@@ -19,7 +19,8 @@ import numpy as np
 
 from depthwatch.imaging import normalise
 from depthwatch.imaging.stabilise.alignment import blend, follow, keep_shape, nearness_clip, on_map, stretch
-from depthwatch.imaging.stabilise.motion import LOOKAHEAD, Motion, is_cut, is_new_picture, measure, thumbnail
+from depthwatch.imaging.stabilise.cuts import LOOKAHEAD, is_cut, is_new_picture
+from depthwatch.imaging.stabilise.motion import Motion, measure, thumbnail
 
 #: Offline: frames after each one that its map is also pulled towards (a backward pass), and how strongly.
 #: 0.95, not 0.8, since `alignment.keep_shape` bounds the lag on moving subjects frame by frame.
