@@ -17,10 +17,9 @@ How, for each frame after a shot's first (the same steps live and offline):
    coming into view, or moving too fast to follow. Down to the thumbnail itself
    (`motion.FLOW_SCALE`), so what moves on a few of its pixels (leaves, a hand) is
    seen: live with the fast preset (`motion.LIVE_PRESET`) and without its
-   variational refinement (`motion.LIVE_REFINEMENT`), about 1.5 ms a frame more
-   than the medium preset at half the thumbnail; offline with the medium preset
-   (`motion.BATCH_PRESET`), refined, which costs the planner about 4.5 ms a 1080p
-   frame more than half the thumbnail did.
+   variational refinement (`motion.LIVE_REFINEMENT`); offline with the medium
+   preset (`motion.BATCH_PRESET`), refined. The stabiliser costs about 5 ms a
+   1080p frame live and 12 ms offline (`python -m benchmarks.stable`).
 2. Cut (`motion.Motion.score`): a bad alignment alone is not a cut. A cut is a frame
    that the flow cannot explain (most pixels inconsistent, and the previous
    frame warped by the flow leaves a large photometric residual) AND whose
