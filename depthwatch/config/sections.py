@@ -71,14 +71,14 @@ class OutputConfig:
     range_percentile: tuple[float, float] | None = field(default=None, metadata=setting(checks.optional(checks.percent_pair)))
     sidecar: bool = field(default=False, metadata=setting(checks.boolean))
     error_sidecar: bool = field(default=False, metadata=setting(checks.boolean))
-    # Shot-stable maps (see depthwatch/imaging/stabilise.py) or each map on its own.
+    # Shot-stable maps (see docs/stable.md and depthwatch/imaging/stabilise/) or each map on its own.
     normalise: str = field(default="stable", metadata=setting(checks.one_of("stable", "frame")))
-    # Editor-grade maps (issue 15): edges from the frame, and levels as in a grading tool.
+    # Editor-grade maps: edges taken from the frame (refine), and levels as in a grading tool (near, far, gamma).
     refine: str = field(default="edges", metadata=setting(checks.one_of("edges", "none")))
     near: float | str = field(default=1.0, metadata=setting(checks.level))
     far: float | str = field(default=0.0, metadata=setting(checks.level))
     gamma: float = field(default=1.0, metadata=setting(checks.number(0.1, 10)))
-    # EXR maps (issue 25): channel Z as float32, or half; and how the file is compressed.
+    # EXR maps: channel Z as float32, or half; and how the file is compressed.
     exr_half: bool = field(default=False, metadata=setting(checks.boolean))
     exr_compression: str = field(default="zip", metadata=setting(checks.one_of(*EXR_COMPRESSIONS)))
     # Depth in Z and, so that viewers show a picture, in R, G, B (or Y) too; or Z alone.
@@ -143,7 +143,7 @@ class Config:
     @property
     def base(self) -> Path:
         """The folder relative paths are taken from: the config file's, else the working directory."""
-        # The real file's folder, as before: a config reached through a symlink keeps its relative paths.
+        # The real file's folder: a config reached through a symlink keeps its relative paths.
         return Path(os.path.realpath(self.source)).parent if self.source is not None else Path.cwd()
 
     def replace(self, section: str, **changes: Any) -> Config:

@@ -15,10 +15,9 @@ pipelines (and farm managers: Deadline, OpenCue, Tractor) share it through:
 `1001-1100`, `1001-1100x2`, `1100-1001`, `1001-1100y2`, `1001`, and
 comma-separated lists of those.
 
-Finding the sequences is not fileseq's (weighed for issue 30, fileseq 2.x),
-because its grouping is not this one: `FileSequence` reads a frame number
-only after a dot (`shot.1001.jpg`), so `shot_1001.jpg` and `frame_000123.png`
-would be stills; `findSequencesInList` splits `f_1.jpg` from `f_01.jpg` by
+Finding the sequences is not fileseq's (2.x), because its grouping is not
+this one: `FileSequence` reads a frame number only after a dot
+(`shot.1001.jpg`), so `shot_1001.jpg` and `frame_000123.png` would be stills; `findSequencesInList` splits `f_1.jpg` from `f_01.jpg` by
 padding and `.jpg` from `.JPG` by case (one sequence here: a camera's and a
 renderer's names mix both); and it takes `.tar.gz` as one extension where
 the rest of depthwatch names formats by the last suffix. The grouping below
@@ -36,7 +35,7 @@ import fileseq
 
 # The stem ends in digits; the prefix is everything before them (it may be empty). A minus
 # right after a dot or an underscore is the number's sign, as VFX pipelines (and fileseq)
-# write pre-roll: `shot.-003.exr` is frame -3 (read as 3, it mapped the pre-roll under
+# write pre-roll: `shot.-003.exr` is frame -3 (read as 3, the pre-roll would be mapped under
 # `--frames 1-3`); after anything else it is part of the name (`shot-003` is frame 3).
 _NUMBERED = re.compile(r"^(?P<prefix>.*?)(?P<digits>(?:(?<=[._])-)?\d+)$", re.DOTALL)
 

@@ -21,71 +21,72 @@ Exit codes (sysexits.h), each with a one-line message:
   65 EX_DATAERR      the bytes are wrong: size, sha256 or not a loadable ONNX model (nothing changed)
   73 EX_CANTCREAT    the model folder cannot be written
   75 EX_TEMPFAIL     another fetch is downloading the same model right now
+
+This module holds the file's side: what a model's bytes must hash to, the
+records beside it, whether a copy is kept or replaced, and the checks before
+the rename. The transfer itself (HTTP, Range requests, the progress bar) is
+`download`'s; its errors are named here too (`__all__`), so a caller catches
+everything `fetch` raises from this one module.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import http.client
 import logging
 import os
 import re
-import socket
-import ssl
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, BinaryIO
+from typing import IO, BinaryIO
 
-from depthwatch import __version__
 from depthwatch.errors import DepthwatchError
 from depthwatch.files import atomic_write, sha256_of
 from depthwatch.model.catalogue import Entry
+from depthwatch.model.download import (
+    DEFAULT_TIMEOUT,
+    EX_CANTCREAT,
+    EX_UNAVAILABLE,
+    Download,
+    DownloadError,
+    FolderError,
+    Unreachable,
+    reason,
+)
 
 log = logging.getLogger("depthwatch.model.fetch")
 
 EX_DATAERR = 65
-EX_UNAVAILABLE = 69
-EX_CANTCREAT = 73
 EX_TEMPFAIL = 75
 
-#: Seconds a connection may stay silent (connecting, or between two reads) before giving up.
-DEFAULT_TIMEOUT = 30.0
-_CHUNK = 1 << 20
-_USER_AGENT = f"depthwatch/{__version__} (+models fetch)"
-_CONTENT_RANGE = re.compile(r"^bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
-
-class DownloadError(DepthwatchError):
-    """The model could not be downloaded: offline, unreachable, the server failed, or cut short."""
-
-    exit_code = EX_UNAVAILABLE
-
-
-class Unreachable(DownloadError):
-    """The download could not start: offline, the host unreachable, or the server refused it.
-
-    `reason`: why, in a few words, for a message that goes on to say more.
-    """
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "EX_CANTCREAT",
+    "EX_DATAERR",
+    "EX_TEMPFAIL",
+    "EX_UNAVAILABLE",
+    "BusyError",
+    "DownloadError",
+    "Fetched",
+    "FolderError",
+    "IntegrityError",
+    "Unreachable",
+    "accepted_sha256",
+    "checksum_file",
+    "expected_sha256",
+    "fetch",
+    "human_size",
+    "part_file",
+    "recorded_sha256",
+    "size_doubt",
+    "state",
+]
 
 
 class IntegrityError(DepthwatchError):
     """The downloaded bytes are not the model: wrong size or sha256, or not a loadable ONNX model."""
 
     exit_code = EX_DATAERR
-
-
-class FolderError(DepthwatchError):
-    """The model folder cannot be created or written."""
-
-    exit_code = EX_CANTCREAT
 
 
 class BusyError(DepthwatchError):
@@ -209,7 +210,7 @@ def fetch(
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise FolderError(f"cannot create the model folder {folder}: {_reason(exc)}; choose another with --folder or model.folder") from None
+        raise FolderError(f"cannot create the model folder {folder}: {reason(exc)}; choose another with --folder or model.folder") from None
     expected = expected_sha256(entry, target)
     wrong: str | None = None  # what is wrong with the file in the model's place, to be replaced
     if target.is_file() and not force:
@@ -221,10 +222,10 @@ def fetch(
     try:
         handle = open(part, "a+b")  # noqa: SIM115 - held open (and locked) until the rename
     except OSError as exc:
-        raise FolderError(f"cannot write to the model folder {folder}: {_reason(exc)}; choose another with --folder or model.folder") from None
+        raise FolderError(f"cannot write to the model folder {folder}: {reason(exc)}; choose another with --folder or model.folder") from None
     with handle:
         _lock(handle, entry, folder)
-        download = _Download(entry, target, handle, timeout, progress)
+        download = Download(entry, target, handle, timeout, progress)
         try:
             download.run()
         except DepthwatchError as exc:
@@ -240,7 +241,7 @@ def fetch(
             handle.flush()
             os.fsync(handle.fileno())
         except OSError as exc:
-            raise FolderError(f"cannot write to the model folder {folder}: {_reason(exc)}") from None
+            raise FolderError(f"cannot write to the model folder {folder}: {reason(exc)}") from None
         sha256 = download.digest.hexdigest()
         try:
             _check(entry, part, download.size, sha256, expected, target)
@@ -250,7 +251,7 @@ def fetch(
         try:
             os.replace(part, target)
         except OSError as exc:
-            raise FolderError(f"cannot put the model in place at {target}: {_reason(exc)}") from None
+            raise FolderError(f"cannot put the model in place at {target}: {reason(exc)}") from None
     if entry.sha256 is None:
         _record_checksum(target, sha256)
     else:
@@ -311,7 +312,7 @@ def _forget_accepted(target: Path) -> None:
     try:
         record.unlink(missing_ok=True)
     except OSError as exc:
-        raise FolderError(f"cannot remove {record}, which names the file replaced: {_reason(exc)}") from None
+        raise FolderError(f"cannot remove {record}, which names the file replaced: {reason(exc)}") from None
 
 
 def _check(entry: Entry, part: Path, size: int, sha256: str, expected: str | None, target: Path) -> None:
@@ -368,168 +369,5 @@ def _record_checksum(target: Path, sha256: str) -> None:
     try:
         atomic_write(record, f"{sha256}  {target.name}\n".encode())
     except OSError as exc:
-        raise FolderError(f"cannot record the checksum in {record}: {_reason(exc)}") from None
+        raise FolderError(f"cannot record the checksum in {record}: {reason(exc)}") from None
 
-
-class _Download:
-    """One transfer into the part file: resumes what is there, or starts it over."""
-
-    def __init__(self, entry: Entry, target: Path, handle: BinaryIO, timeout: float, progress: IO[str] | None) -> None:
-        self.entry = entry
-        self.target = target
-        self.handle = handle
-        self.timeout = timeout
-        self.progress = progress
-        self.digest = hashlib.sha256()
-        handle.seek(0)
-        while chunk := handle.read(_CHUNK):
-            self.digest.update(chunk)
-        #: Bytes in the part file now; where this transfer started; bytes it received.
-        self.size = handle.tell()
-        self.start = self.size
-        self.received = 0
-
-    def run(self) -> None:
-        if self.size:
-            log.info("resuming %s at byte %d from %s", self.entry.name, self.size, self.entry.url)
-        else:
-            log.info("downloading %s from %s", self.entry.name, self.entry.url)
-        response, total = self._open()
-        if response is None:
-            return  # the part file already held every byte
-        with response:
-            self._copy(response, total)
-        if total is not None and self.size != total:
-            raise DownloadError(
-                f"the download of {self.entry.name} stopped after {self.size} of {total} bytes "
-                f"(the server closed the connection); run the same command again to resume"
-            )
-
-    def _restart(self) -> None:
-        self.handle.truncate(0)
-        self.digest = hashlib.sha256()
-        self.size = self.start = 0
-
-    def _open(self) -> tuple[Any, int | None]:
-        """The response to read from, and the full size of the file when the server says it."""
-        headers = {"User-Agent": _USER_AGENT, "Accept-Encoding": "identity"}
-        if self.size:
-            headers["Range"] = f"bytes={self.size}-"
-        request = urllib.request.Request(self.entry.url, headers=headers)
-        try:
-            response = urllib.request.urlopen(request, timeout=self.timeout)  # noqa: S310 - http(s) only, checked in the catalogue
-        except urllib.error.HTTPError as exc:
-            try:
-                if exc.code == 416 and self.size:
-                    total = _content_range(exc.headers.get("Content-Range"))[1]
-                    if total == self.size:
-                        return None, total  # an earlier try got every byte but stopped before the checks
-                    log.info("the server cannot resume %s; starting it over", self.entry.name)
-                    self._restart()
-                    return self._open()
-                raise self._failed(f"the server answered HTTP {exc.code} {exc.reason}", "try again later") from None
-            finally:
-                exc.close()
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-            raise self._failed(_reason(exc), "check the internet connection") from None
-        if response.status == 206 and self.size:
-            start, total = _content_range(response.headers.get("Content-Range"))
-            if start == self.size:
-                return response, total
-            response.close()
-            log.info("the server resumed %s at the wrong place; starting it over", self.entry.name)
-            self._restart()
-            return self._open()
-        if response.status != 200:
-            response.close()
-            raise self._failed(f"the server answered HTTP {response.status} {response.reason}", "try again later")
-        if self.size:
-            log.info("the server cannot resume %s; starting it over", self.entry.name)
-            self._restart()
-        length = response.headers.get("Content-Length")
-        return response, int(length) if length and length.isdigit() else None
-
-    def _copy(self, response: Any, total: int | None) -> None:
-        with self._bar(total) as bar:
-            while True:
-                try:
-                    chunk = response.read(_CHUNK)
-                except (OSError, http.client.HTTPException) as exc:
-                    got = f"{self.size} of {total}" if total is not None else str(self.size)
-                    raise DownloadError(
-                        f"the download of {self.entry.name} stopped after {got} bytes ({_reason(exc)}); "
-                        "run the same command again to resume"
-                    ) from None
-                if not chunk:
-                    return
-                try:
-                    self.handle.write(chunk)
-                except OSError as exc:
-                    raise FolderError(f"cannot write to the model folder {self.target.parent}: {_reason(exc)}") from None
-                self.digest.update(chunk)
-                self.size += len(chunk)
-                self.received += len(chunk)
-                bar.update(len(chunk))
-
-    def _bar(self, total: int | None) -> Any:
-        # No tqdm at all without a bar to show: even a disabled one starts a monitor thread it never ends.
-        if self.progress is None:
-            return contextlib.nullcontext(_NoBar())
-        from tqdm import tqdm
-
-        return tqdm(
-            total=total,
-            initial=self.size,
-            unit="B",
-            unit_scale=True,
-            unit_divisor=1024,
-            desc=self.entry.name,
-            file=self.progress,
-            dynamic_ncols=True,
-        )
-
-    def _failed(self, reason: str, advice: str) -> Unreachable:
-        return Unreachable(
-            f"cannot download {self.entry.name} from {self.entry.url}: {reason}; "
-            f"{advice} or put the file at {self.target} yourself",
-            reason,
-        )
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-
-def _content_range(value: str | None) -> tuple[int | None, int | None]:
-    """(first byte, full size) from a Content-Range header; None where it does not say."""
-    match = _CONTENT_RANGE.match((value or "").strip())
-    if not match:
-        return None, None
-    start = int(match.group(1)) if match.group(1) else None
-    total = int(match.group(3)) if match.group(3) != "*" else None
-    return start, total
-
-
-def _reason(exc: BaseException) -> str:
-    """Why a network or file operation failed, in a few lower-case words."""
-    if isinstance(exc, urllib.error.URLError) and not isinstance(exc, urllib.error.HTTPError):
-        inner = exc.reason
-        if isinstance(inner, BaseException):
-            return _reason(inner)
-        return str(inner)
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return (
-            f"the server's certificate could not be verified ({exc.verify_message}); with Python from "
-            "python.org on macOS, run its 'Install Certificates.command' once"
-        )
-    if isinstance(exc, socket.gaierror):
-        return f"the host name could not be resolved ({exc.strerror})"
-    if isinstance(exc, (TimeoutError, socket.timeout)):
-        return "the connection timed out"
-    if isinstance(exc, http.client.RemoteDisconnected):
-        return "the server closed the connection without answering"
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror[0].lower() + exc.strerror[1:]
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

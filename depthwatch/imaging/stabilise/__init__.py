@@ -17,10 +17,9 @@ How, for each frame after a shot's first (the same steps live and offline):
    coming into view, or moving too fast to follow. Down to the thumbnail itself
    (`motion.FLOW_SCALE`), so what moves on a few of its pixels (leaves, a hand) is
    seen: live with the fast preset (`motion.LIVE_PRESET`) and without its
-   variational refinement (`motion.LIVE_REFINEMENT`), about 1.5 ms a frame more
-   than the medium preset at half the thumbnail; offline with the medium preset
-   (`motion.BATCH_PRESET`), refined, which costs the planner about 4.5 ms a 1080p
-   frame more than half the thumbnail did.
+   variational refinement (`motion.LIVE_REFINEMENT`); offline with the medium
+   preset (`motion.BATCH_PRESET`), refined. The stabiliser costs about 5 ms a
+   1080p frame live and 12 ms offline (`python -m benchmarks.stable`).
 2. Cut (`motion.Motion.score`): a bad alignment alone is not a cut. A cut is a frame
    that the flow cannot explain (most pixels inconsistent, and the previous
    frame warped by the flow leaves a large photometric residual) AND whose
@@ -35,9 +34,9 @@ How, for each frame after a shot's first (the same steps live and offline):
    after are known, a frame that nearly scores as a cut is one if it stands
    out from its neighbours (a burst of fast motion does not), and so is a jump
    cut (the same set-up a moment later, its colours kept), where the flow fails
-   on that one frame far more than on the frames around it (`motion.JUMP_STAND_OUT`).
+   on that one frame far more than on the frames around it (`cuts.JUMP_STAND_OUT`).
    The daemon cannot tell a jump from an editor scrubbing, so there a frame the
-   flow jumped to (`motion.is_jump`: failing far more than the shot's last frames)
+   flow jumped to (`cuts.is_jump`: failing far more than the shot's last frames)
    keeps the shot and its tone curve and carries nothing of the last map.
 3. Alignment (`alignment.follow`): the previous map, in the shot's units, is warped by
    the flow onto this frame; this prediction's scale and shift are fitted to it
@@ -92,7 +91,8 @@ computed twice.
 
 The package, one job a module, each below the next in this list:
 
-- `motion`: the flow on thumbnails, its per-pixel trust, the camera's motion, the cut tests;
+- `motion`: the flow on thumbnails, its per-pixel trust, the camera's motion, the cut score;
+- `cuts`: the cut tests on those measures, live on the frame itself and offline with look-ahead;
 - `alignment`: the fit, the blend with a neighbour's map, the stretch (pure maths);
 - `live`: the daemon's `Stabiliser` and its per-output state;
 - `planner`: the offline shot planner, `stabilised`.
@@ -105,7 +105,8 @@ from __future__ import annotations
 
 from depthwatch.imaging.stabilise.alignment import Fit, fit
 from depthwatch.imaging.stabilise.live import IDLE_S, MAX_OUTPUTS, Lookahead, ShotMap, Stabiliser
-from depthwatch.imaging.stabilise.motion import LOOKAHEAD, THUMB_WIDTH, Motion, is_cut, measure, thumbnail
+from depthwatch.imaging.stabilise.cuts import LOOKAHEAD, is_cut
+from depthwatch.imaging.stabilise.motion import THUMB_WIDTH, Motion, measure, thumbnail
 from depthwatch.imaging.stabilise.planner import RANGE_WINDOW, Summary, held_at_most, stabilised, summarise
 
 __all__ = [

@@ -20,7 +20,8 @@ import numpy as np
 
 from depthwatch.imaging import normalise
 from depthwatch.imaging.stabilise.alignment import follow, keep_shape, nearness_clip, stretch
-from depthwatch.imaging.stabilise.motion import JUMP_HISTORY, Motion, is_jump, is_new_picture, measure, thumbnail
+from depthwatch.imaging.stabilise.cuts import JUMP_HISTORY, is_jump, is_new_picture
+from depthwatch.imaging.stabilise.motion import Motion, measure, thumbnail
 
 #: Daemon: how fast the grey range follows the shot (share of the new frame's range per frame).
 RANGE_RATE = 0.05
@@ -44,7 +45,7 @@ class _Shot:
     #: The filtered map's own range (its bounds' width), which the next frame's agreement is
     #: measured against where it is narrower than the grey range's span (see `map`).
     extent: float
-    #: (residual, failure) of the motions of the shot's last frames, oldest first (`motion.is_jump`).
+    #: (residual, failure) of the motions of the shot's last frames, oldest first (`cuts.is_jump`).
     recent: tuple[tuple[float, float], ...] = ()
     used: float = field(default_factory=time.monotonic, compare=False)
 

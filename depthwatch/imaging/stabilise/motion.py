@@ -1,16 +1,15 @@
-"""Motion and cuts: how one frame follows the one before, measured on colour thumbnails.
+"""Motion: how one frame follows the one before, measured on colour thumbnails.
 
 Why its own module: the flow, its forward-backward check, the per-pixel trust
 and the camera's share of the motion are what both the daemon's Stabiliser and
-the offline planner build on, and the cut test (live on the frame itself,
-offline with look-ahead) is made of the same measures.
+the offline planner build on, and the measures the cut tests decide on
+(`cuts`) come from the same flow: `Motion.score` and `Motion.failure`.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,45 +24,38 @@ THUMB_WIDTH = 160
 THUMB_HEIGHT = 4 * THUMB_WIDTH
 #: The flow (OpenCV's DIS) is measured only on thumbnails at least this many pixels on each side:
 #: under 8 it raises, and with the cut test's preset at level 1 a thumbnail 12-15 pixels high and
-#: 160 wide ends the process (a segmentation fault, OpenCV 5.1). From 16 up every flow
-#: of `FLOWS` was seen to hold, at any length up to 5000.
+#: 160 wide ends the process (a segmentation fault, OpenCV 5.1). From 16 up every flow of `FLOWS`
+#: holds, at any length up to 5000.
 MIN_FLOW_SIDE = 16
 #: The flow (OpenCV's DIS) is measured down to the thumbnail itself (DIS's finest pyramid level 0),
-#: live and offline. Offline: the planner's two passes carry every map along the flow twice, so a
-#: flow twice as fine on a walker's limbs and a car's edges shows twice. On twenty-nine real clips,
-#: with the floor (0.9625 then) and planner.BATCH_RAMP chosen with it: every clip inside the batch
-#: targets (worst warp error 0.229x, lowest median and worst tenth on moving pixels 0.953 and 0.885;
-#: were 0.229x, 0.936 and 0.868 at half the thumbnail). The planner's cost a frame at 1080p: 8.5 ->
-#: 13.0 ms (docs/stable.md, "The planner's flow at the thumbnail"). Live too (see LIVE_PRESET): at
-#: half the thumbnail (80 pixels wide) the live flow did not see what moves on a few pixels only,
-#: leaves stirring in a tree (OpenCV's tree.avi: the moving pixels' worst tenth 0.865 live).
+#: live and offline, so what moves on a few thumbnail pixels (a walker's limbs, a car's edges,
+#: leaves stirring in a tree) is followed, not smoothed over. Offline it counts twice: the planner's
+#: two passes carry every map along the flow. With it every clip of `python -m benchmarks.stable`
+#: (and `--held-out`, `--fresh`, `--samples`) meets the targets live and offline (docs/stable.md,
+#: "Figures"); the planner costs about 12 ms a 1080p frame (the same command's cost line).
 FLOW_SCALE = 0
 #: Offline: the medium preset (larger patches, more iterations), with its variational refinement:
-#: the planner's narrower agreement and backward pass were tuned on the refined flow.
+#: the planner's agreement and backward pass (planner.BATCH_AGREE, BACK_CARRY) are set for the
+#: refined flow.
 BATCH_PRESET = cv2.DISOPTICAL_FLOW_PRESET_MEDIUM
 #: Live: the fast preset, without the variational refinement (LIVE_REFINEMENT). The medium preset at
-#: the whole thumbnail would double the stabiliser's cost a frame (3.6 -> 6.9 ms at 1080p); the fast
-#: one adds 1.5-1.7 ms to the followed-shot path (3.4 -> 5.0 ms; CPU 6.0 -> 9.0, OpenCV runs DIS on
-#: every core), 1.4-1.6 ms over the stabiliser as issue #34 was filed, which allows 2 ms
-#: (`benchmarks.stable.per_frame`: 3.5 ms then, on the same machine). Against the medium preset
-#: at half the thumbnail, on thirty-two real clips and five more no setting was chosen on (OpenCV's
-#: samples): the worst live warp error 0.313x -> 0.300x of the bare model's, the lowest worst tenth on
-#: moving pixels 0.894 -> 0.910 (the tree 0.865 -> 0.886), the lowest median 0.956 -> 0.956; the cuts
-#: found are the same (docs/stable.md, "The live flow at the whole thumbnail").
+#: the whole thumbnail would about double the stabiliser's cost a frame; the fast one keeps a followed
+#: 1080p frame at about 5 ms (OpenCV runs DIS on every core: 9 ms of CPU on two), within what the
+#: daemon allows the stabiliser, and still sees what moves on a few pixels: the lowest live worst
+#: tenth on moving pixels is 0.886 (OpenCV's tree.avi), the worst live warp error 0.300x of the bare
+#: model's (`python -m benchmarks.stable`; docs/stable.md, "Figures").
 LIVE_PRESET = cv2.DISOPTICAL_FLOW_PRESET_FAST
 #: Live, a frame that may be a cut (its content changed by CUT_CONTENT or more: under it, nothing is a
-#: cut) is judged first on the coarser flow the live cut test used until LIVE_PRESET came: the medium
-#: preset at half the thumbnail (DIS's level 1), unrefined. A cut needs no flow to follow, so only a
-#: frame that is no cut pays for the finer one: a cut frame costs what it did (the editor jumping from
-#: shot to shot waits at each one: 1.9 ms a 1080p frame, 3.4 with the finer flow); the 3.9% of
-#: frames that change that much without a cut (fast pans, on 37 real clips) pay both, about 0.8 ms
-#: more. The cuts found and every map are the same either way (`benchmarks.cuts`, the 37 clips):
-#: this is cost alone (docs/stable.md, "The live flow at the whole thumbnail").
+#: cut) is judged first on a coarser flow: the medium preset at half the thumbnail (DIS's level 1),
+#: unrefined. A cut needs no flow to follow, so only a frame that is no cut pays for the finer one: a
+#: cut frame costs about 1.9 ms at 1080p, against 3.4 with the finer flow (the editor jumping from shot
+#: to shot waits at each one); the 3.9% of frames that change that much without a cut (fast pans, on
+#: 37 real clips) pay both, about 0.8 ms more. The cuts found and every map are the same either way
+#: (`python -m benchmarks.cuts`): this is cost alone.
 CUT_FLOW_SCALE = 1
 CUT_PRESET = cv2.DISOPTICAL_FLOW_PRESET_MEDIUM
 #: Live, without the variational refinement at each level (the preset's 5 iterations): it is about
-#: half the flow's cost, and live the maps are as good without it (docs/stable.md, "The live flow at
-#: half the thumbnail").
+#: half the flow's cost, and live the maps are as good without it.
 LIVE_REFINEMENT = 0
 #: Forward-backward check: a pixel is consistent when |f + b| <= CONSISTENT_REL * (|f| + |b|)
 #: (squared) + CONSISTENT_PX^2, the usual test (Sundaram, Brox, Keutzer 2010).
@@ -88,55 +80,24 @@ CUT_CONTENT = 15.0
 #: A reframe between two frames, in one frame's time, of this much or more (the log of the
 #: camera's scale: 0.18 is 1.2x in or out) is a cut: a punch-in or -out on continuing action, which
 #: the flow explains as a zoom. A camera zooms far slower (a crash zoom of 3x in half a second is
-#: about 0.1 a frame; within a shot real footage here keeps under 0.12, docs/stable.md "Punch-ins").
+#: about 0.1 a frame; within a shot real footage here keeps under 0.12: `python -m benchmarks.cuts
+#: --zooms`; docs/stable.md, "Cuts").
 ZOOM_CUT = 0.18
-#: Offline: frames looked at on each side, and how far a cut's score must stand above theirs.
-LOOKAHEAD = 2
-STAND_OUT = 2.0
-#: Offline: a frame just under the live threshold that stands out this well is a cut too.
-BATCH_SCORE = 0.8
-#: Offline: a jump cut (the same set-up a moment later: an interview trimmed, a take shortened)
-#: keeps the colours and much of the picture, so it scores under a cut; but the flow fails on
-#: that one frame far more than on the frames around it, where motion fails it on a run of
-#: frames. A frame whose `Motion.failure` is JUMP_FAILURE or more (the planner's own floor since
-#: its flow became finer: BATCH_JUMP_FAILURE) and JUMP_STAND_OUT times the mean of its LOOKAHEAD
-#: neighbours' on each side is a cut. Chosen on real footage (the edits of
-#: benchmarks.cuts and the clips of benchmarks.stable, about 6,000 frames): the jumps fail 0.13 or
-#: more and stand out 2.6-13x; nothing else failing 0.12 or more stands out over 2.2x (under the
-#: floor, frames that hardly fail stand out up to 3.0x). `python -m benchmarks.cuts --jumps`;
-#: docs/stable.md, "Jump cuts". Live a jump is no cut (see `is_new_picture` and JUMP_LIVE).
-JUMP_FAILURE = 0.12
-JUMP_STAND_OUT = 2.4
-#: The planner's own floor, since its flow is finer (the thumbnail itself, refined) and fails less: one jump of
-#: benchmarks.cuts' failed 0.111 with it (0.131 at half the thumbnail). With 0.10 the jumps found are
-#: as before, and nothing else failing 0.10 or more stands out over 2.03x (was 2.15x at 0.12).
-BATCH_JUMP_FAILURE = 0.10
-#: Live, with no frame after to compare: a frame (JUMP_FAILURE or more) whose residual and whose
-#: failure are both JUMP_LIVE times the median of the shot's last JUMP_HISTORY frames' (at least
-#: JUMP_KNOWN of them) jumped (`is_jump`): an edit's jump cut, or an editor scrubbing to another
-#: moment. The daemon cannot tell which, so it keeps the shot and its tone curve and only carries
-#: nothing of the last map into that frame's (live.Stabiliser.map).
-JUMP_LIVE = 4.0
-JUMP_HISTORY = 8
-JUMP_KNOWN = 4
 #: The trimmed fits (the alignment's and the camera's): the share of pixels kept each round, and how many refits.
 KEEP = 0.75
 REFITS = 2
 #: Offline, where the flow is fast it is less exact: the carry falls to half at this speed
 #: (thumbnail pixels a frame), so what moves follows its own frame and does not lag. Live the
 #: carry does not fall with speed: `alignment.keep_shape` bounds a moving subject's lag frame by
-#: frame there, and the falloff also cut the carry on every pixel of a panning picture. Without it
-#: (with alignment.CARRY 0.99 and the floor judged on the pixels the flow follows both ways), on
-#: twenty-nine real clips and three street shots at 320x180, the worst live warp error 0.343x ->
-#: 0.316x of the bare model's, the lowest median and worst tenth on moving pixels 0.930 / 0.862 ->
-#: 0.954 / 0.887 (docs/stable.md, "The live carry on a panning picture").
+#: frame there, and a falloff with speed would cut the carry on every pixel of a panning picture,
+#: so the map would flicker there (`tests/test_stable.py`, `test_a_pan_holds_live_and_what_moves_keeps_its_shape`).
 MOVE_PX = 6.0
 #: Where the previous frame warped by the flow differs from this one by this much (grey,
 #: 0-255), the previous map is trusted half as much (see `_trust`).
 MISMATCH = 16.0
 #: Live: a pixel whose flow is this far from the camera's (thumbnail pixels a frame) moves on its
-#: own, and its carry falls towards OWN_FLOOR of what it was (a sharp knee, so the flow's own
-#: noise leaves the background still); the camera's motion is fitted on about CAMERA_PIXELS.
+#: own, and its carry falls towards OWN_FLOOR of what it is otherwise (a sharp knee, so the flow's
+#: own noise leaves the background still); the camera's motion is fitted on about CAMERA_PIXELS.
 OWN_PX = 1.0
 OWN_FLOOR = 0.5
 CAMERA_PIXELS = 1024
@@ -426,68 +387,3 @@ def _checked(flow: np.ndarray, other: np.ndarray, mx: np.ndarray, my: np.ndarray
     size = fx * fx + fy * fy + tx * tx + ty * ty
     inside = (mx >= 0) & (mx <= w - 1) & (my >= 0) & (my <= h - 1)
     return inside & (loop <= CONSISTENT_REL * size + CONSISTENT_PX**2)
-
-
-def is_new_picture(before: np.ndarray, after: np.ndarray, motion: Motion | None) -> bool:
-    """The daemon's cut test: the flow cannot explain the frame, or it is another size (another clip).
-
-    Decided on the frame itself. A jump cut is not one here: the daemon cannot tell an edit's jump
-    from an editor scrubbing to another moment of the shot, where the shot's tone curve must hold;
-    `is_jump` lets the frame keep the shot and carry nothing instead. With no image to compare
-    (either thumbnail empty), the shot goes on.
-    """
-    if motion is None:
-        return before.size > 0 and after.size > 0
-    return motion.score >= 1.0
-
-
-def is_jump(motion: Motion, recent: Sequence[tuple[float, float]]) -> bool:
-    """Live: the flow fails on this frame far more than it did on the shot's last frames (see JUMP_LIVE).
-
-    `recent`: (residual, failure) of the shot's frames before this one, oldest first.
-    """
-    recent = recent[-JUMP_HISTORY:]
-    if len(recent) < JUMP_KNOWN or motion.failure < JUMP_FAILURE:
-        return False
-    residual = float(np.median([r for r, _f in recent]))
-    failure = float(np.median([f for _r, f in recent]))
-    return motion.residual >= JUMP_LIVE * residual and motion.failure >= JUMP_LIVE * failure
-
-
-def is_cut(motions: Mapping[int, Motion | None], t: int) -> bool:
-    """Offline: frame t starts a shot, given the motions of the frames around it (by index; None: no flow).
-
-    A frame the daemon would call a cut (1 or more) is one here too, so a run
-    of unrelated stills is a run of cuts. One that nearly is (BATCH_SCORE or
-    more) is a cut if it stands out STAND_OUT times above the mean of the
-    LOOKAHEAD frames on each side: a cut is one frame the flow cannot explain,
-    where fast motion makes several in a row. And a jump cut, whose content
-    hardly changes, is one whose flow fails JUMP_STAND_OUT times more than
-    its neighbours' (BATCH_JUMP_FAILURE or more).
-    """
-    motion = motions.get(t)
-    if motion is None:
-        return False
-    s = motion.score
-    if s >= 1.0:
-        return True
-    if s >= BATCH_SCORE and s >= STAND_OUT * _mean_around(motions, t, "score"):
-        return True
-    failure = motion.failure
-    return failure >= BATCH_JUMP_FAILURE and failure >= JUMP_STAND_OUT * _mean_around(motions, t, "failure")
-
-
-def failure_stand_out(motions: Mapping[int, Motion | None], t: int) -> float:
-    """How many times more the flow fails on frame t than on its LOOKAHEAD neighbours each side (what
-    JUMP_STAND_OUT is a line on; inf where they do not fail at all, 0 where t has no motion)."""
-    motion = motions.get(t)
-    if motion is None:
-        return 0.0
-    mean = _mean_around(motions, t, "failure")
-    return motion.failure / mean if mean > 0 else float("inf")
-
-
-def _mean_around(motions: Mapping[int, Motion | None], t: int, measure_: str) -> float:
-    """The mean `score` or `failure` of the LOOKAHEAD frames on each side of t that have a motion (0 if none)."""
-    around = [getattr(m, measure_) for i in range(t - LOOKAHEAD, t + LOOKAHEAD + 1) if i != t and (m := motions.get(i)) is not None]
-    return float(np.mean(around)) if around else 0.0
