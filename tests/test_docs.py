@@ -173,8 +173,6 @@ def test_a_page_over_its_limits_is_found(tmp_path):
     ]
 
 
-@pytest.mark.xfail(strict=True, reason="15 comments and docstrings in depthwatch/ and benchmarks/ still name "
-                                       "stops and issues; they are removed in their own change")
 def test_code_names_no_stop_or_issue():
     sources = sorted((REPO / PACKAGE).rglob("*.py")) + sorted((REPO / "benchmarks").rglob("*.py"))
     faults = [fault for source in sources for fault in code_faults(source)]

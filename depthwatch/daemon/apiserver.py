@@ -121,7 +121,7 @@ class ApiServer:
     that closing the listener and the connections happens on the loop's thread,
     between polls, when the daemon's shutdown asks for it. Waitress offers no
     public way to stop a server (its maintainers say so: Pylons/waitress#343,
-    #372; `server.close()` from another thread races the loop), so this uses
+    Pylons/waitress#372; `server.close()` from another thread races the loop), so this uses
     its internals (`_map`, `wasyncore`); the version is pinned to the 3.0 series
     and tests/test_api.py checks each one the day the pin is raised.
     """

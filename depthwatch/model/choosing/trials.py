@@ -107,7 +107,7 @@ def reference(variants: Sequence[Variant]) -> Variant:
 #: only when its median run takes at most this share of the reference's. A lead of a few percent on
 #: one frame at a time is within the noise of five runs and does not survive a burst, where the
 #: image work shares the cores: on an AVX2 EPYC OpenVINO fp32, at 0.91x ONNX Runtime's time a run,
-#: burst at 0.92x and, in the next run, 1.05x its frames a second (docs/benchmarks.md, stop 40). A
+#: bursts at 0.92x to 1.05x its frames a second from one run of `python -m benchmarks` to the next. A
 #: switch also costs a second runtime's memory. int8 where faithful (about 0.5x) and bf16 (0.3x) pass.
 SWITCH = 0.85
 
