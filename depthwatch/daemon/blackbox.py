@@ -14,13 +14,11 @@ page cache). Not a file mapped into memory: where the disk is full, or copies
 on write (btrfs, APFS), the first store into a mapped page that has no block
 kills the process with SIGBUS, the very loop this is for, on every frame; a
 write just fails, and the frame is mapped all the same. A note left at the
-next start names the frame the last run ended on, and its stage, and sets
-that version of the frame aside at once: one line says so, and it stays aside
-(in a small file beside the status) until it changes or that file is removed,
-so a frame that kills the process is met once, never in a loop. Only a note
-older than the machine's own start is tried once more: a power cut or a
-reboot ended that run, not the frame (set aside if the process ends on it
-again). A frame the model hung on (its run given up past the stall bound,
+next start names the frame the last run ended on, and its stage. The first
+time it is tried once more (a kill or a power cut ends a run too); ended on
+twice, that version of the frame is set aside, one line says so, and it stays
+aside (in a small file beside the status) until it changes or that file is
+removed. A frame the model hung on (its run given up past the stall bound,
 see `supervisor`) is set aside at once, as it is given up, and stays aside
 across restarts; another model in service lets it be tried again. A clean
 stop removes the notes. The notes are locked while a daemon keeps them: a
@@ -38,8 +36,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from depthwatch.errors import OutputError
 from depthwatch.frames.job import Signature, signature_of
 from depthwatch.frames.writer import atomic_write
@@ -47,8 +43,7 @@ from depthwatch.logtext import shown
 
 log = logging.getLogger("depthwatch")
 
-#: Ends of the process on one version of one frame before it is set aside, where the machine restarted in
-#: between (a note older than the boot): a power cut ends a run too, and says nothing of the frame.
+#: Ends of the process on one version of one frame before it is set aside.
 ENDS_BEFORE_SET_ASIDE = 2
 #: A slot's room: a path (at most 4096 bytes), its version and stage, as JSON, ended by a NUL.
 _NOTE_BYTES = 8192
@@ -111,7 +106,6 @@ class BlackBox:
             return
         self._read_set_aside()
         notes = self._read_notes(fd)
-        rebooted = _older_than_boot(fd)
         threads_fd: int | None = None
         if slots > 1:
             try:
@@ -120,12 +114,11 @@ class BlackBox:
                 self._cannot_keep(exc, self._threads_path)
             else:
                 notes += self._read_notes(threads_fd)
-                rebooted = rebooted and _older_than_boot(threads_fd)
         judged: set[str] = set()
         for note in notes:
             if note[0] not in judged:
                 judged.add(note[0])
-                self._judge(note, rebooted)
+                self._judge(note)
         try:
             # The notes' blocks, had now: a full disk says so here, once, not at a frame.
             os.pwrite(fd, bytes(_NOTE_BYTES), 0)
@@ -146,8 +139,7 @@ class BlackBox:
         self._fd, self._threads_fd = fd, threads_fd
         self._slots = max(1, slots)
 
-    def _judge(self, last: tuple[str, Signature, int, str], rebooted: bool) -> None:
-        """Set aside the frame a run ended on; tried once more only where the machine itself restarted since."""
+    def _judge(self, last: tuple[str, Signature, int, str]) -> None:
         frame, version, ends, stage = last[0], last[1], last[2] + 1, last[3]
         model = stage == INFER
         doing = "the model ran on" if model else f"depthwatch was {_DOING.get(stage, 'working on')}"
@@ -155,21 +147,20 @@ class BlackBox:
             log.warning("the last run ended while %s %s, which has changed since", doing, shown(frame))
         elif frame in self.set_aside:
             return  # set aside already (the model hung on it, and the process ended before it moved on)
-        elif rebooted and ends < ENDS_BEFORE_SET_ASIDE:
+        elif ends >= ENDS_BEFORE_SET_ASIDE:
+            self._put_aside(frame, version, CRASHED)
+            cause = "a crash in the model's runtime?" if model else "out of memory, or a crash in a decoder?"
+            log.error(
+                "%s: the process ended %d times while %s this version of it (%s); it is set aside, not mapped "
+                "again until it changes (or %s is removed)",
+                shown(frame), ends, doing, cause, shown(self._aside_path),
+            )
+        else:
             self._suspects[frame] = (version, ends)
             said = "the model was running on it" if model else f"{doing} it"
             log.warning(
-                "%s: %s when the machine stopped (a power cut or a reboot); it is tried once more "
+                "%s: %s when the last run ended without stopping; it is tried once more "
                 "(set aside if the process ends on it again)", shown(frame), said,
-            )
-        else:
-            self._put_aside(frame, version, CRASHED)
-            cause = "a crash in the model's runtime?" if model else "out of memory, or a crash in a decoder?"
-            times = "" if ends == 1 else f" {ends} times"
-            log.error(
-                "%s: the process ended%s while %s this version of it (%s); it is set aside, not mapped "
-                "again until it changes (or %s is removed)",
-                shown(frame), times, doing, cause, shown(self._aside_path),
             )
 
     def _put_aside(self, frame: str, version: Signature, why: str) -> None:
@@ -292,12 +283,3 @@ class BlackBox:
                 self._aside_path.unlink(missing_ok=True)
         except (OSError, OutputError) as exc:
             log.warning("cannot keep %s (%s)", shown(self._aside_path), getattr(exc, "strerror", None) or exc)
-
-
-def _older_than_boot(fd: int) -> bool:
-    """Whether the notes in `fd` were last written before this machine started: a power cut or a reboot
-    ended that run, not a frame. Unknown (no boot time) counts as not: the frame is set aside."""
-    try:
-        return os.fstat(fd).st_mtime < psutil.boot_time()
-    except (OSError, RuntimeError):
-        return False
