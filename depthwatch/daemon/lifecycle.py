@@ -15,7 +15,8 @@ A second SIGTERM/SIGINT cuts that wait short but still unwinds: the status file
 says "stopped", the threads that can end are joined.
 
 `Daemon` builds the parts and wires them, in one place, as uvicorn's `Server`
-does: the watcher, the intake (the way work gets in), the queue and the
+does (the signals, the checks and lines before the watch, and the API's
+listener are modules of their own: `signals`, `preflight`, `apistart`): the watcher, the intake (the way work gets in), the queue and the
 pipeline, the engine, the clip runner, the API and its backend, the accounts
 (what becomes of each result), the reporter (the status file kept current),
 the config reload, and the supervisor (what each thread does, and health).
@@ -25,40 +26,35 @@ daemon or imports this module.
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from depthwatch.config import Config, OutputConfig
+from depthwatch.config import Config
 from depthwatch.daemon.accounting import Accounts
+from depthwatch.daemon.apistart import start_api
 from depthwatch.daemon.backend import ApiBackend
 from depthwatch.daemon.blackbox import BlackBox
 from depthwatch.daemon.clips import ClipRunner
 from depthwatch.daemon.intake import Intake
-from depthwatch.daemon.listening import address_problem
 from depthwatch.daemon.locks import FolderLocks
 from depthwatch.daemon.notify import notify, watchdog_interval
+from depthwatch.daemon.preflight import announce, sweep_leftovers, warn_of_clashes, writing
 from depthwatch.daemon.reload import ConfigReload, make_watch_folders
 from depthwatch.daemon.reporting import StatusReport
-from depthwatch.daemon.status import Status, is_running, path_for, read_status
+from depthwatch.daemon.signals import Signals
+from depthwatch.daemon.status import Status, path_for
 from depthwatch.daemon.supervisor import HEARTBEAT_S, Supervisor
 from depthwatch.daemon.waiters import MapWaiters
 from depthwatch.daemon.watcher import Watcher
-from depthwatch.errors import EX_SOFTWARE, ConfigError, DepthwatchError
+from depthwatch.errors import EX_SOFTWARE, DepthwatchError
 from depthwatch.frames.jobqueue import LatestWinsQueue
 from depthwatch.frames.pipeline import Pipeline
-from depthwatch.frames.rules import Rules, template_clashes
+from depthwatch.frames.rules import Rules
 from depthwatch.frames.settings import Settings
-from depthwatch.frames.writer import sweep_temp_files_below
-from depthwatch.imaging import video
-from depthwatch.logtext import shown
 from depthwatch.model import catalogue
 from depthwatch.model.engine import Engine, SessionFactory
 from depthwatch.model.spec import ModelInfo
@@ -73,8 +69,6 @@ log = logging.getLogger("depthwatch")
 WATCHER_STOP_S = 1.0
 #: How often the lock files are touched (see `locks`).
 _LOCK_REFRESH_S = 3600.0
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_NONE = object()
 
 
 class Daemon:
@@ -97,8 +91,7 @@ class Daemon:
     ) -> None:
         self.config = config
         self._session_factory = session_factory
-        #: Signal number -> the frame it interrupted, as left by the handlers (see `_capture_signals`).
-        self._caught: dict[int, object] = {}
+        self._signals = Signals()
         self.locks = FolderLocks()
         self._locks_touched = time.monotonic()
         self._stop = threading.Event()
@@ -199,7 +192,7 @@ class Daemon:
         previous handlers are put back when it returns. `stuck` says afterwards
         whether a thread could not be joined.
         """
-        with self._capture_signals():
+        with self._signals.captured():
             if not self.startup():
                 return 0  # stopped by a signal before it was ready: nothing was watched yet
             try:
@@ -208,34 +201,12 @@ class Daemon:
                 self.stuck = not self.shutdown()
         return EX_SOFTWARE if self.engine_failed else 0
 
-    @contextmanager
-    def _capture_signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield  # embedded in a test or another program: its owner stops us
-            return
-        # The handler is a builtin (dict.__setitem__), not Python code: no frame of ours runs
-        # per signal, so a flood of them can neither nest handlers (RecursionError, "lost
-        # sys.stderr") nor re-enter a lock a handler holds (a deadlock of the main thread).
-        # It only records that the signal came; the main loop acts on it (`_take_signals`),
-        # so a thousand SIGHUPs between two looks are one reload.
-        handler = self._caught.__setitem__
-        previous = {sig: signal.signal(sig, handler) for sig in (*_STOP_SIGNALS, signal.SIGHUP)}
-        try:
-            yield
-        finally:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
-            self._caught.clear()
-
     def _take_signals(self) -> None:
-        """What the signal handlers recorded since the last look (main thread only)."""
-        caught = self._caught
-        if not caught:
-            return
-        for sig in _STOP_SIGNALS:
-            if caught.pop(sig, _NONE) is not _NONE:
-                self.request_stop()
-        if caught.pop(signal.SIGHUP, _NONE) is not _NONE:
+        """Act on what the signal handlers recorded since the last look (main thread only)."""
+        stop, reload = self._signals.take()
+        if stop:
+            self.request_stop()
+        if reload:
             self.reloads.ask()
 
     def _stop_asked(self) -> bool:
@@ -280,7 +251,7 @@ class Daemon:
         make_watch_folders(self.rules.roots)  # ConfigError (78): one it cannot make
         self.locks.hold(self.rules.roots, recursive=config.watch.recursive)  # AlreadyRunning: another daemon has one of them
         spec = catalogue.resolve(config.model, config.base)
-        self._announce(config)
+        announce(config)
         # What the last run ended on, said before anything is mapped; a slot per thread that works on frames.
         self.black_box.open(self.supervisor.slots_on_disk(config.daemon.workers))
         # `starting`, in the status file from now: a large model's first load takes a while, and
@@ -333,7 +304,7 @@ class Daemon:
         self.status.config_loads = 1
         self.report.publish_model()
         self.report.write()
-        log.info("ready: watching %d folder(s), writing %s", len(self.rules.roots), _writing(self.rules.patterns, config.output))
+        log.info("ready: watching %d folder(s), writing %s", len(self.rules.roots), writing(self.rules.patterns, config.output))
         # systemd (Type=notify) holds `systemctl start` until now: the model is loaded, the API
         # listens and the folders are watched, so a bad model fails the start itself.
         notify("READY=1", f"STATUS=watching {len(self.rules.roots)} folder(s)")
@@ -358,28 +329,10 @@ class Daemon:
                 return self.engine.wait_ready(0.1)
             except TimeoutError:
                 continue
+
     def _start_api(self) -> None:
-        """The HTTP listener, once the model is ready (imported only when enabled: an extra)."""
-        try:
-            from depthwatch.daemon.apiserver import ApiServer
-        except ImportError as exc:
-            raise ConfigError(
-                f"api.enabled needs the api extra ({exc.name} is missing); run: pip install 'depthwatch[api]'"
-            ) from None
-        problem = address_problem(self.config.api.host)
-        if problem:
-            raise ConfigError(problem)
-        api = ApiServer(self.backend, self.config.api, beat=self.supervisor.slot("api").beat)
-        try:
-            api.start()
-        except (OSError, ValueError) as exc:
-            where = f"{self.config.api.host}:{self.config.api.port}"
-            if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
-                raise ConfigError(
-                    f"cannot listen on {where}: {exc.strerror}; stop whatever uses that port (the old server?) or change api.port"
-                ) from None
-            reason = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
-            raise ConfigError(f"cannot listen on {where}: {reason}; check api.host and api.port") from None
+        """The HTTP listener, once the model is ready."""
+        api = start_api(self.backend, self.config.api, beat=self.supervisor.slot("api").beat)
         self.api = api
         self.status.api = api.url
         log.info("HTTP API on %s", api.url)
@@ -403,29 +356,6 @@ class Daemon:
                 self._locks_touched = time.monotonic()
                 self.locks.refresh()
 
-    def _announce(self, config: Config) -> None:
-        """Which config and which status file, first thing: the answers to "why is it doing that?"."""
-        path = path_for(config)
-        log.info("config %s; status file %s", shown(config.source) if config.source else "built-in defaults", shown(path))
-        if config.daemon.status_file is None:  # the default one lives in a folder of ours
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                log.warning("status file: cannot create %s: %s", path.parent, exc.strerror or exc)
-        try:
-            previous = read_status(path)
-        except OSError:
-            return  # none yet (or unreadable: writing it says so)
-        except ValueError as exc:
-            log.warning("status file %s is not one depthwatch wrote (%s); it is replaced by this daemon's", shown(path), exc)
-            return
-        if previous.get("pid") != os.getpid() and is_running(previous):
-            log.warning(
-                "another depthwatch (pid %s) is running with this config and writes %s; "
-                "both would process the same frames: stop one (see `depthwatch status`)",
-                previous.get("pid"), path,
-            )
-
     def start_watching(self, rules: Rules, config: Config, scan_now: bool = True) -> None:
         """Sweep the leftovers of dead writers, then watch `rules`' folders and scan them (startup, reload).
 
@@ -434,18 +364,12 @@ class Daemon:
         dead volume holds the main loop (and with it SIGTERM).
         """
         if scan_now:
-            _sweep(rules)
+            sweep_leftovers(rules)
         else:
-            sweep = threading.Thread(target=_sweep, args=(rules,), name="depthwatch-sweep", daemon=True)
+            sweep = threading.Thread(target=sweep_leftovers, args=(rules,), name="depthwatch-sweep", daemon=True)
             sweep.start()
             self._sweeps = [t for t in self._sweeps if t.is_alive()] + [sweep]
-        for pattern in template_clashes(rules.patterns, rules.template):
-            log.warning(
-                "watch.patterns %s and output.template %s clash: every %s file looks like a depth map, so none "
-                "is mapped, and a map may take the name of one; depthwatch never replaces a file it did not make "
-                "(it logs an error instead): change output.template or the patterns",
-                pattern, rules.template, pattern,
-            )
+        warn_of_clashes(rules)
         self.rules = rules
         if self.watcher is not None:  # its count goes on in the new watcher's: counts never go backwards
             self.report.incomplete_before += self.watcher.incomplete
@@ -582,23 +506,3 @@ class Daemon:
                 return True
             if remaining <= 0.1:
                 return False
-
-
-def _sweep(rules: Rules) -> None:
-    """Remove the temporary files dead writers left in the watch folders and the folders outputs go to."""
-    for folder in rules.output_folders():
-        swept, left = sweep_temp_files_below([folder], recursive=rules.recursive and folder in rules.roots)
-        if swept:
-            log.info("removed %d temporary file(s) left in %s", swept, shown(folder))
-        if left:
-            log.warning("cannot remove %d temporary file(s) left in %s (is the folder writable?)", left, shown(folder))
-
-
-def _writing(patterns: tuple[str, ...], output: OutputConfig) -> str:
-    """What the ready line says is written: the frames' template, the clips', or both, as the patterns take."""
-    clips = [video.is_clip_name(Path(p)) for p in patterns]
-    if all(clips):
-        return output.clip_template
-    if any(clips) or any(p.endswith("*") for p in patterns):
-        return f"{output.template} (frames), {output.clip_template} (clips)"
-    return output.template

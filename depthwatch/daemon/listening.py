@@ -37,3 +37,4 @@ def address_problem(host: str) -> str | None:
         f"api.host {host!r} is not an address of this machine ({reason}); use 127.0.0.1 (this machine only), "
         "0.0.0.0 (every network) or one of this machine's own addresses"
     )
+
