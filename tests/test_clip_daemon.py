@@ -31,7 +31,7 @@ from benchmarks.clips import pan_clip_frames, photos, write_clip  # noqa: E402
 from benchmarks.frames import pan_frames  # noqa: E402
 from conftest import FASTDEPTH, fill_disk, quadrant_frame, write_by_rename  # noqa: E402
 from daemon_process import DaemonProcess, wait_for  # noqa: E402
-from depthwatch.imaging import video  # noqa: E402
+from depthwatch.imaging import video, wholeness  # noqa: E402
 from test_clips import probe  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
@@ -104,9 +104,9 @@ def test_clip_job_beside_live_frames(tmp_path: Path) -> None:
             _live_latency(d, frame)
             during.append(bool(clip and d.status().get("clip")))  # the clip was in progress before and after
             if output.exists():
-                assert video.is_complete(output, output.stat().st_size), "a partial depth clip under the final name"
+                assert wholeness.is_complete(output, output.stat().st_size), "a partial depth clip under the final name"
         d.wait_for(lambda: output.exists(), timeout=120, what="the depth clip")
-        assert video.is_complete(output, output.stat().st_size)
+        assert wholeness.is_complete(output, output.stat().st_size)
         d.wait_for(lambda: d.counts().get("clips") == 1, what="the clip to be counted")
         log = d.log()
         # The daemon's own latency per frame (found complete -> map written), in drop order.
@@ -418,7 +418,7 @@ def test_a_crafted_clip_is_walked_once(clip_watch, tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(video, "state_at", lambda read, size: walks.append(size) or state_at(read, size))
     folder, _watcher, recorder = clip_watch(settle_ms=20, incomplete_timeout_s=1.0)
     crafted = tmp_path / "crafted.mp4"
-    boxes = video.MOST_TOP_BOXES - 10
+    boxes = wholeness.MOST_TOP_BOXES - 10
     crafted.write_bytes(b"\x00\x00\x00\x10ftypisom\x00\x00\x02\x00" + b"\x00\x00\x00\x08free" * boxes + b"\x00\x00\x01\x00mdat")
     os.rename(crafted, folder / "crafted.mp4")
     wait_for(lambda: recorder.reported, what="the crafted clip reported as incomplete")

@@ -660,10 +660,10 @@ def _faststart(path: Path, count: int = 24) -> bytes:
 
 
 def _state(path: Path) -> tuple[bool | None, bool]:
-    from depthwatch.imaging import video
+    from depthwatch.imaging import wholeness
 
     with open(path, "rb") as f:
-        return video.state_at(lambda offset, n: os.pread(f.fileno(), n, offset), os.stat(path).st_size)
+        return wholeness.state_at(lambda offset, n: os.pread(f.fileno(), n, offset), os.stat(path).st_size)
 
 
 def test_a_preallocated_copy_still_being_filled_in_is_told_apart(sources: dict[str, Path], tmp_path: Path) -> None:
@@ -747,10 +747,10 @@ def test_a_crafted_index_gives_no_verdict_and_no_error(tmp_path: Path) -> None:
     and never raises (the settle thread must go on)."""
     import random
 
-    from depthwatch.imaging import mp4index, video
+    from depthwatch.imaging import mp4index, wholeness
 
     data = bytearray(_faststart(tmp_path / "fast.mp4", 24))
-    _whole, _last, (start, end) = video._boxes_complete(lambda o, n: bytes(data[o : o + n]), len(data))
+    _whole, _last, (start, end) = wholeness._boxes_complete(lambda o, n: bytes(data[o : o + n]), len(data))
     stsz = data.index(b"stsz", start)
     crafted = bytes(data[: stsz + 12]) + b"\xff\xff\xff\xff" + bytes(data[stsz + 16 :])  # its sample count
     assert mp4index.unwritten(lambda o, n: crafted[o : o + n], start, end, len(crafted)) is False
@@ -764,7 +764,7 @@ def test_a_crafted_index_gives_no_verdict_and_no_error(tmp_path: Path) -> None:
 
 def test_the_box_walk_is_bounded(tmp_path: Path) -> None:
     """8 MiB of 8-byte boxes: the walk stops at MOST_TOP_BOXES and leaves it to settling (no verdict)."""
-    from depthwatch.imaging import video
+    from depthwatch.imaging import wholeness
 
     crafted = tmp_path / "crafted.mp4"
     crafted.write_bytes(b"\x00\x00\x00\x10ftypisom\x00\x00\x02\x00" + b"\x00\x00\x00\x08free" * (1 << 20))
@@ -778,5 +778,5 @@ def test_the_box_walk_is_bounded(tmp_path: Path) -> None:
             f.seek(offset)
             return f.read(n)
 
-        assert video.is_complete_at(read, size) is None
-    assert reads <= video.MOST_TOP_BOXES + 2
+        assert wholeness.is_complete_at(read, size) is None
+    assert reads <= wholeness.MOST_TOP_BOXES + 2

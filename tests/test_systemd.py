@@ -43,11 +43,12 @@ from standin import make_standins, path_with
 from depthwatch import cli
 from depthwatch.daemon.status import read_status
 from depthwatch.errors import EX_CONFIG
-from depthwatch.service import launchd, supervision, systemd
+from depthwatch.service import launchd, supervision, unitfile
+from depthwatch.service.systemctl import ENVIRONMENT_D_GENERATORS, SHOW_PROPERTIES, parse_show, verify
 
 REPO = Path(__file__).resolve().parents[1]
 ENTRY_POINT = str(Path(os.path.abspath(sys.executable)).parent / "depthwatch")
-SHOW = ("show", "depthwatch.service", f"--property={','.join(systemd.SHOW_PROPERTIES)}")
+SHOW = ("show", "depthwatch.service", f"--property={','.join(SHOW_PROPERTIES)}")
 
 ACTIVE = """\
 LoadState=loaded
@@ -106,15 +107,15 @@ def systemctl(*args: str) -> list[str]:
 
 def test_the_unit_restarts_a_daemon_that_stops_answering(config: Path):
     """The unit has a watchdog: a daemon wedged whole (that cannot even exit) is killed and started again."""
-    service_section = systemd.parse(systemd.render(config, shutdown_timeout_s=10))["Service"]
-    assert service_section["WatchdogSec"] == [str(systemd.WATCHDOG_SEC)]
+    service_section = unitfile.parse(unitfile.render(config, shutdown_timeout_s=10))["Service"]
+    assert service_section["WatchdogSec"] == [str(unitfile.WATCHDOG_SEC)]
     assert service_section["Restart"] == ["on-failure"]  # systemd's watchdog kill counts as a failure
 
 
 def test_unit_has_the_restart_stop_and_exec_settings(config: Path):
-    unit = systemd.parse(systemd.render(config, shutdown_timeout_s=10))
+    unit = unitfile.parse(unitfile.render(config, shutdown_timeout_s=10))
     service_section = unit["Service"]
-    assert systemd.exec_start(unit) == [ENTRY_POINT, "run", "-c", str(config)]
+    assert unitfile.exec_start(unit) == [ENTRY_POINT, "run", "-c", str(config)]
     assert service_section["WorkingDirectory"] == [str(config.parent)]
     assert service_section["Restart"] == ["on-failure"]
     assert service_section["RestartPreventExitStatus"] == ["78 200 203"]
@@ -124,18 +125,18 @@ def test_unit_has_the_restart_stop_and_exec_settings(config: Path):
     assert service_section["ExecReload"] == ["kill -HUP $MAINPID"]
     assert int(service_section["TimeoutStartSec"][-1]) >= 90 + 60  # provider measurement, then the load
     assert unit["Install"]["WantedBy"] == ["default.target"]
-    env = systemd.environment_of(unit)
+    env = unitfile.environment_of(unit)
     assert env["PATH"].split(":")[0] == str(Path(ENTRY_POINT).parent) and "/usr/bin" in env["PATH"].split(":")
     assert "OBJC_DISABLE_INITIALIZE_FORK_SAFETY" not in env
-    assert systemd.validate(systemd.render(config, shutdown_timeout_s=10)) == unit
+    assert unitfile.validate(unitfile.render(config, shutdown_timeout_s=10)) == unit
 
 
 def test_unit_and_plist_start_the_daemon_alike(config: Path, tmp_path: Path):
     """The same command line, working directory, PATH and stop timeout on both."""
     for shutdown in (0.5, 10, 19):
-        unit = systemd.parse(systemd.render(config, shutdown_timeout_s=shutdown))
+        unit = unitfile.parse(unitfile.render(config, shutdown_timeout_s=shutdown))
         plist = launchd.build(config, home=tmp_path, shutdown_timeout_s=shutdown)
-        assert systemd.exec_start(unit) == plist["ProgramArguments"]
+        assert unitfile.exec_start(unit) == plist["ProgramArguments"]
         assert unit["Service"]["WorkingDirectory"] == [plist["WorkingDirectory"]]
         assert int(unit["Service"]["TimeoutStopSec"][0]) == plist["ExitTimeOut"] >= shutdown + 5
 
@@ -144,41 +145,41 @@ def test_unit_and_plist_start_the_daemon_alike(config: Path, tmp_path: Path):
     "word", ["plain", "with space", 'quote"d', "back\\slash", "50%", "$HOME", "${X}", "tab\there", "'single'"]
 )
 def test_command_line_words_survive_systemds_quoting(word: str):
-    assert systemd.words(systemd.quote(word)) == [word]
+    assert unitfile.words(unitfile.quote(word)) == [word]
 
 
 def test_unit_dir_follows_xdg_config_home(tmp_path: Path):
-    assert systemd.unit_dir(tmp_path, {}) == tmp_path / ".config/systemd/user"
-    assert systemd.unit_dir(tmp_path, {"XDG_CONFIG_HOME": "/x/conf"}) == Path("/x/conf/systemd/user")
-    assert systemd.unit_dir(tmp_path, {"XDG_CONFIG_HOME": "relative"}) == tmp_path / ".config/systemd/user"
+    assert unitfile.unit_dir(tmp_path, {}) == tmp_path / ".config/systemd/user"
+    assert unitfile.unit_dir(tmp_path, {"XDG_CONFIG_HOME": "/x/conf"}) == Path("/x/conf/systemd/user")
+    assert unitfile.unit_dir(tmp_path, {"XDG_CONFIG_HOME": "relative"}) == tmp_path / ".config/systemd/user"
 
 
 def analyze(unit_file: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     runtime = tmp_path / "runtime"
     runtime.mkdir(mode=0o700, exist_ok=True)
     env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "SYSTEMD_LOG_COLOR": "0"}
-    return subprocess.run(systemd.verify(unit_file), capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(verify(unit_file), capture_output=True, text=True, env=env, timeout=120)
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
 @pytest.mark.parametrize("folder", ["project", "my frames 100% $HOME"])
 def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path, tiny_model: Path, folder: str):
     config = make_project(tmp_path / folder, tiny_model)
-    unit_file = tmp_path / "units" / systemd.UNIT
+    unit_file = tmp_path / "units" / unitfile.UNIT
     unit_file.parent.mkdir()
-    unit_file.write_text(systemd.render(config, shutdown_timeout_s=10))
+    unit_file.write_text(unitfile.render(config, shutdown_timeout_s=10))
     result = analyze(unit_file, tmp_path)
     assert result.returncode == 0, result.stderr
     # verify only warns about unknown keys and bad values; there must be none.
     assert str(unit_file) not in result.stderr + result.stdout, result.stderr
-    assert systemd.config_of(unit_file.read_text()) == config
+    assert unitfile.config_of(unit_file.read_text()) == config
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
 def test_systemd_analyze_verify_catches_a_missing_program(tmp_path: Path, config: Path):
     """The check above can fail: a unit whose ExecStart does not exist is refused."""
-    unit_file = tmp_path / systemd.UNIT
-    unit_file.write_text(systemd.render(config, shutdown_timeout_s=10).replace(ENTRY_POINT, str(tmp_path / "gone")))
+    unit_file = tmp_path / unitfile.UNIT
+    unit_file.write_text(unitfile.render(config, shutdown_timeout_s=10).replace(ENTRY_POINT, str(tmp_path / "gone")))
     result = analyze(unit_file, tmp_path)
     assert result.returncode != 0 and "gone" in result.stderr
 
@@ -199,7 +200,7 @@ def test_install_then_uninstall_run_systemctl_and_leave_the_folder_as_found(conf
         systemctl("restart", "depthwatch.service"),
     ]
     unit_file = units / "depthwatch.service"
-    assert unit_file.read_text() == systemd.render(config, shutdown_timeout_s=10)
+    assert unit_file.read_text() == unitfile.render(config, shutdown_timeout_s=10)
     assert sorted(p.name for p in units.iterdir()) == ["depthwatch.service", "other.service"]
     assert "loginctl enable-linger" in capsys.readouterr().out
 
@@ -268,7 +269,7 @@ def test_install_without_a_config_writes_the_documented_one_and_the_service_runs
     [said] = [line for line in out.splitlines() if str(user_config) in line]
     assert "wrote the documented default" in said and "edit it" in said
     unit_text = (home / ".config/systemd/user/depthwatch.service").read_text()
-    assert systemd.exec_start(systemd.parse(unit_text))[-2:] == ["-c", str(user_config)]
+    assert unitfile.exec_start(unitfile.parse(unit_text))[-2:] == ["-c", str(user_config)]
     assert tools.calls()[-1] == systemctl("restart", "depthwatch.service")
 
     # The daemon, started as the unit says, runs with that config: it watches tmp/ beside it.
@@ -454,7 +455,7 @@ def test_status_reads_systemctl_show(config: Path, home: Path, tools, capsys):
     assert "last exit:   78 (EX_CONFIG" in capsys.readouterr().out
 
     crashed = "LoadState=loaded\nActiveState=activating\nSubState=auto-restart\nExecMainCode=2\nExecMainStatus=11\n"
-    state = systemd.parse_show(crashed)
+    state = parse_show(crashed)
     assert (state.running, state.last_exit, state.last_signal) == (False, None, 11)
 
 
@@ -464,7 +465,7 @@ def test_what_systemd_says_is_said_truly_starting_gone_unit_exec_errors_and_sigk
     systemd's 203 (the virtualenv moved) read "killed by signal 75"; a stop that ended in SIGKILL
     said "exit status none yet"."""
     starting = "LoadState=loaded\nActiveState=activating\nSubState=start\nMainPID=4242\nExecMainCode=0\nExecMainStatus=0\n"
-    assert systemd.parse_show(starting).running
+    assert parse_show(starting).running
     gone = "LoadState=not-found\nActiveState=active\nSubState=running\nMainPID=4242\nExecMainCode=0\nExecMainStatus=0\n"
     tools.reply("systemctl show", {"out": gone}, {"out": gone}, {"out": gone}, {"out": NOT_FOUND})  # `disable --now` left it
     assert service("status") == 0
@@ -497,7 +498,7 @@ def test_a_config_whose_path_a_unit_cannot_name_is_one_line(tmp_path: Path, tiny
     assert service("install", "-c", str(config)) == EX_CONFIG
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "which a launchd plist or a systemd unit cannot name" in err, err
-    assert tools.calls() == [] and not systemd.unit_path(home, os.environ).exists()
+    assert tools.calls() == [] and not unitfile.unit_path(home, os.environ).exists()
 
 
 def test_install_checks_the_config_with_what_the_user_manager_hands_every_service(config: Path, home: Path, tools, capsys, monkeypatch):
@@ -505,7 +506,7 @@ def test_install_checks_the_config_with_what_the_user_manager_hands_every_servic
     user manager hands every unit at each of its starts (environment.d) is the service's too. One it
     holds only until the next boot (set-environment, a login session's) was taken as the service's:
     installed and started, then 78 at every start after a reboot."""
-    generator = next((g for g in systemd.ENVIRONMENT_D_GENERATORS if os.access(g, os.X_OK)), None)
+    generator = next((g for g in ENVIRONMENT_D_GENERATORS if os.access(g, os.X_OK)), None)
     if generator is None:
         pytest.skip("systemd's environment.d generator is not installed (Debian's systemd package; .ci/run installs it)")
     monkeypatch.setenv("SHOTS", str(config.parent))
@@ -517,7 +518,7 @@ def test_install_checks_the_config_with_what_the_user_manager_hands_every_servic
     assert service("install", "-c", str(config)) == EX_CONFIG
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the user manager has it now" in err and "~/.config/environment.d/depthwatch.conf" in err, err
-    assert not systemd.unit_path(home, os.environ).exists()
+    assert not unitfile.unit_path(home, os.environ).exists()
     (home / ".config" / "environment.d").mkdir(parents=True)
     (home / ".config" / "environment.d" / "depthwatch.conf").write_text(f"SHOTS={config.parent}\n")
     assert service("install", "-c", str(config)) == 0
@@ -528,12 +529,12 @@ def test_a_failed_reinstall_starts_the_old_service_again(config: Path, home: Pat
     """`systemctl restart` stopped the old daemon; the new unit failed; the old unit was put back, and
     the service that had been mapping frames stayed down, unsaid."""
     assert service("install", "-c", str(config)) == 0
-    old = systemd.unit_path(home, os.environ).read_bytes()
+    old = unitfile.unit_path(home, os.environ).read_bytes()
     tools.clear()
     tools.reply("systemctl show", {"out": ACTIVE.format(pid=4242)})
     tools.reply("systemctl restart", {"rc": 1, "err": "Job for depthwatch.service failed.\n"}, {"rc": 0})
     assert service("install", "-c", str(config)) == 1
-    assert systemd.unit_path(home, os.environ).read_bytes() == old
+    assert unitfile.unit_path(home, os.environ).read_bytes() == old
     calls = tools.calls()
     assert calls[-2:] == [systemctl("daemon-reload"), systemctl("restart", "depthwatch.service")], calls
     assert "depthwatch.service runs again with the unit it had" in capsys.readouterr().err
@@ -543,12 +544,12 @@ def test_a_failed_reinstall_starts_the_old_service_again(config: Path, home: Pat
 
 
 def start_from_unit(unit_text: str, home: Path, logs: Path, notify_socket: str | None = None) -> subprocess.Popen[bytes]:
-    unit = systemd.parse(unit_text)
-    env = supervisor_env(home, systemd.environment_of(unit))
+    unit = unitfile.parse(unit_text)
+    env = supervisor_env(home, unitfile.environment_of(unit))
     if notify_socket is not None:  # what systemd sets for a Type=notify service
         env["NOTIFY_SOCKET"] = notify_socket
     return start_like_supervisor(
-        systemd.exec_start(unit),
+        unitfile.exec_start(unit),
         cwd=unit["Service"]["WorkingDirectory"][-1].replace("%%", "%"),
         env=env,
         stdout=logs / "stdout.log",
@@ -559,8 +560,8 @@ def start_from_unit(unit_text: str, home: Path, logs: Path, notify_socket: str |
 def test_the_daemon_started_as_the_unit_says_processes_a_frame_and_stops_on_sigterm(tmp_path: Path, tiny_model: Path, home: Path):
     # A folder name that needs systemd's quoting and escaping in ExecStart.
     config = make_project(tmp_path / "my frames 100% $HOME", tiny_model)
-    text = systemd.render(config, shutdown_timeout_s=10)
-    stop_timeout = int(systemd.parse(text)["Service"]["TimeoutStopSec"][-1])
+    text = unitfile.render(config, shutdown_timeout_s=10)
+    stop_timeout = int(unitfile.parse(text)["Service"]["TimeoutStopSec"][-1])
     log = tmp_path / "logs" / "stderr.log"
     proc = start_from_unit(text, home, log.parent)
     try:
@@ -575,8 +576,8 @@ def test_the_daemon_started_as_the_unit_says_processes_a_frame_and_stops_on_sigt
 
 
 def test_a_missing_model_exits_78_which_the_unit_does_not_restart(config: Path, home: Path, tmp_path: Path):
-    text = systemd.render(config, shutdown_timeout_s=10)
-    assert systemd.parse(text)["Service"]["RestartPreventExitStatus"] == [f"{EX_CONFIG} 200 203"]
+    text = unitfile.render(config, shutdown_timeout_s=10)
+    assert unitfile.parse(text)["Service"]["RestartPreventExitStatus"] == [f"{EX_CONFIG} 200 203"]
     (config.parent.parent / "tiny.onnx").unlink()
     log = tmp_path / "logs" / "stderr.log"
     proc = start_from_unit(text, home, log.parent)
@@ -616,7 +617,7 @@ def receive(sock: socket.socket, proc: subprocess.Popen[bytes], log: Path, timeo
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="systemd's notify socket is a Linux abstract socket here")
 def test_the_daemon_sends_ready_only_once_the_model_is_loaded_and_stopping_at_sigterm(tmp_path: Path, tiny_model: Path, home: Path):
     config = make_project(tmp_path / "project", tiny_model)
-    text = systemd.render(config, shutdown_timeout_s=10)
+    text = unitfile.render(config, shutdown_timeout_s=10)
     log = tmp_path / "logs" / "stderr.log"
     with notify_socket() as (name, sock):
         proc = start_from_unit(text, home, log.parent, notify_socket=name)
@@ -642,7 +643,7 @@ def test_a_model_that_does_not_load_never_sends_ready_so_systemctl_start_fails(t
     (config.parent.parent / "tiny.onnx").write_bytes(b"not an onnx model")
     log = tmp_path / "logs" / "stderr.log"
     with notify_socket() as (name, sock):
-        proc = start_from_unit(systemd.render(config, shutdown_timeout_s=10), home, log.parent, notify_socket=name)
+        proc = start_from_unit(unitfile.render(config, shutdown_timeout_s=10), home, log.parent, notify_socket=name)
         try:
             code = wait_exit(proc)
         finally:

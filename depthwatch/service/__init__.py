@@ -1,8 +1,9 @@
 """Handing the daemon to the system's service manager: launchd on macOS, systemd on Linux.
 
 `manager.Manager` is what `depthwatch service` drives; `launchd` and `systemd`
-each hold one manager's definition and verbs, `supervision` what both tell
-their manager about the daemon and how they run its tools.
+each hold one manager's verbs (systemd's unit file is `unitfile`, its tools'
+command lines `systemctl`), `supervision` what both tell their manager about
+the daemon and how they run its tools.
 """
 
 from __future__ import annotations
