@@ -414,8 +414,8 @@ def test_a_copy_slower_than_the_incomplete_timeout_is_no_failure(clip_watch, tmp
 def test_a_crafted_clip_is_walked_once(clip_watch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Many tiny boxes and a last one cut short: the walk is bounded, and not repeated at every settle."""
     walks = []
-    state_at = video.state_at
-    monkeypatch.setattr(video, "state_at", lambda read, size: walks.append(size) or state_at(read, size))
+    state_at = wholeness.state_at
+    monkeypatch.setattr(wholeness, "state_at", lambda read, size: walks.append(size) or state_at(read, size))
     folder, _watcher, recorder = clip_watch(settle_ms=20, incomplete_timeout_s=1.0)
     crafted = tmp_path / "crafted.mp4"
     boxes = wholeness.MOST_TOP_BOXES - 10

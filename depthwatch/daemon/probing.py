@@ -14,13 +14,13 @@ from typing import TypeVar
 
 from depthwatch.errors import DepthwatchError
 from depthwatch.frames.reading import open_checked
-from depthwatch.imaging import formats, video
+from depthwatch.imaging import formats, wholeness
 
 _T = TypeVar("_T")
 #: Reads `n` bytes at `offset` (`os.pread` on the open file).
 ReadAt = Callable[[int, int], bytes]
 
-#: The "format" a clip is handed over with (its completeness judged by `video.is_complete`).
+#: The "format" a clip is handed over with (its completeness judged by `wholeness.is_complete`).
 CLIP = "clip"
 
 #: Where the kernel's own files are (Linux): their size is no measure of what a read gives, so
@@ -85,5 +85,5 @@ def probe(path: Path, size: int) -> tuple[str | None, bool | None]:
 
 
 def clip_state(path: Path, size: int) -> tuple[bool | None, bool]:
-    """`video.state_at` of a clip: whether its structure is whole, and whether its data still ends in zeros."""
-    return _reading(path, lambda at: video.state_at(at, size), unreadable=(True, False))
+    """`wholeness.state_at` of a clip: whether its structure is whole, and whether its data still ends in zeros."""
+    return _reading(path, lambda at: wholeness.state_at(at, size), unreadable=(True, False))

@@ -28,7 +28,6 @@ import numpy as np
 from depthwatch.errors import FrameError
 from depthwatch.imaging import orientation
 from depthwatch.imaging.wholeness import is_complete
-from depthwatch.imaging.wholeness import state_at  # noqa: F401  (`daemon.probing` reads the walk from this module)
 
 #: File extensions taken as clips (the containers editors hand around).
 CLIP_EXTENSIONS = frozenset({".mov", ".mp4", ".m4v", ".mkv", ".mxf", ".avi", ".webm", ".mts", ".m2ts"})
