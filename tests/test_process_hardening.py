@@ -617,6 +617,37 @@ def test_a_frame_the_process_keeps_ending_on_is_named_then_set_aside_until_it_ch
         d.close()
 
 
+def test_a_frame_the_process_crashed_on_is_set_aside_at_the_next_start(tmp_path):
+    """A native crash (SIGSEGV in a provider, here sent to the process while the model runs on the frame)
+    is told apart from a kill: the crash file faulthandler wrote makes the next start set the frame aside
+    at once, so the frame is met once, never in a loop; the crash, with every thread's stack, is kept."""
+    from onnx_models import slow_model
+
+    model = slow_model(tmp_path / "slow.onnx", seconds=0.5)
+    d = DaemonProcess(tmp_path, model, providers=["cpu"], output={"error_sidecar": True})
+    note = tmp_path / "daemon.status.json.inference"
+    write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
+    try:
+        d.start()
+        wait_for(lambda: note.exists() and b"frame.jpg" in note.read_bytes(), what="the model to be running on the frame")
+        d.send(signal.SIGSEGV)  # as a segfault inside the runtime: faulthandler writes it down, then the process dies
+        assert d.proc.wait(60) == -signal.SIGSEGV
+        d.close()  # the dead run's harness (its memory sampler) let go
+        d.start()
+        d.wait_for(lambda: d.counts().get("failed") == 1, what="the frame set aside")
+        said = d.log()
+        assert "frame.jpg: the process crashed (Segmentation fault) while the model ran on this version of it; it is set aside" in said, said
+        assert "tried once more" not in said
+        assert not (d.watch / "depth.jpg").exists()
+        assert "set aside" in (d.watch / "frame.jpg.error.json").read_text()
+        crash = (tmp_path / "daemon.status.json.crash.last").read_text()
+        assert "Segmentation fault" in crash and "Thread 0x" in crash, crash  # every thread's stack
+        assert d.stop() == 0
+        assert not (tmp_path / "daemon.status.json.crash").exists()  # a clean stop leaves no crash file
+    finally:
+        d.close()
+
+
 def test_an_output_folder_never_written_to_is_made_with_its_parents(tmp_path):
     """The drive check refused a new output folder whose parent was missing too (~/Depth/ProjectX/ with
     neither there yet), for good: only a folder written on a mount that is gone waits."""

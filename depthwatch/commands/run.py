@@ -72,7 +72,7 @@ def main(args: argparse.Namespace) -> int:
         configuration.check_combinations(fresh)
         return fresh
 
-    daemon = Daemon(config, loader=read_config_again)
+    daemon = Daemon(config, loader=read_config_again, catch_crashes=True)
     code = daemon.run()  # SIGTERM/SIGINT stop it (a second one cuts the wait short), SIGHUP reloads
     if daemon.stuck:
         # A worker is stuck in a system call (a hung network volume): the interpreter would

@@ -18,7 +18,13 @@ next start names the frame the last run ended on, and its stage. The first
 time it is tried once more (a kill or a power cut ends a run too); ended on
 twice, that version of the frame is set aside, one line says so, and it stays
 aside (in a small file beside the status) until it changes or that file is
-removed. A frame the model hung on (its run given up past the stall bound,
+removed. A native crash (SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL) is told
+apart from a kill: Python's faulthandler writes the crash, with every thread's
+stack, to a file beside the status (`<status>.crash`), so a frame the process
+crashed on is set aside at the very next start, met once. A kill (an OOM
+kill, `kill -9`, a power cut) leaves no such file, and cannot be told apart
+from one that says nothing of the frame: those frames are tried once more.
+A frame the model hung on (its run given up past the stall bound,
 see `supervisor`) is set aside at once, as it is given up, and stays aside
 across restarts; another model in service lets it be tried again. A clean
 stop removes the notes. The notes are locked while a daemon keeps them: a
@@ -28,6 +34,7 @@ as a crash nor clears it.
 
 from __future__ import annotations
 
+import faulthandler
 import fcntl
 import json
 import logging
@@ -74,6 +81,12 @@ class BlackBox:
         #: note names only what the model runs on.
         self._threads_path = status_file.with_name(status_file.name + ".threads")
         self._aside_path = status_file.with_name(status_file.name + ".set-aside")
+        #: Where faulthandler writes a native crash (`crashes` in `open`), and the last run's, kept for the user.
+        self._crash_path = status_file.with_name(status_file.name + ".crash")
+        self._last_crash_path = status_file.with_name(status_file.name + ".crash.last")
+        self._crash_file: Any = None
+        #: The last run crashed natively (its first line), as its crash file said at this start.
+        self._crashed: str | None = None
         #: Frames set aside (path -> version): never run again until they change.
         self.set_aside: dict[str, Signature] = {}
         #: Why each frame is set aside (CRASHED, HUNG).
@@ -88,8 +101,12 @@ class BlackBox:
         self._closed = False
         self._lock = threading.Lock()
 
-    def open(self, slots: int = 1) -> None:
-        """Read what the last run left, say it, and start noting in `slots` slots (main thread, before the first frame)."""
+    def open(self, slots: int = 1, crashes: bool = False) -> None:
+        """Read what the last run left, say it, and start noting in `slots` slots (main thread, before the first frame).
+
+        `crashes`: this process is the daemon itself (`depthwatch run`), so faulthandler may be
+        pointed at the crash file (it is process-wide: a daemon embedded in another program leaves it be).
+        """
         try:
             fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
@@ -105,6 +122,7 @@ class BlackBox:
             )
             return
         self._read_set_aside()
+        self._crashed = self._last_crash()  # locked: never another live daemon's crash file
         notes = self._read_notes(fd)
         threads_fd: int | None = None
         if slots > 1:
@@ -138,6 +156,33 @@ class BlackBox:
                 self._cannot_keep(exc, self._threads_path)
         self._fd, self._threads_fd = fd, threads_fd
         self._slots = max(1, slots)
+        if crashes:
+            self._catch_crashes()
+
+    def _last_crash(self) -> str | None:
+        """The first line of the last run's native crash, kept as `<status>.crash.last`; None if it did not crash."""
+        try:
+            with open(self._crash_path, "rb") as f:
+                dump = f.read(65536)
+        except OSError:
+            return None
+        if not dump.strip():
+            return None
+        try:
+            os.replace(self._crash_path, self._last_crash_path)
+        except OSError:
+            pass
+        first = dump.decode("utf-8", "replace").strip().splitlines()[0]
+        return first.removeprefix("Fatal Python error: ").strip() or "a fatal signal"
+
+    def _catch_crashes(self) -> None:
+        """Point faulthandler at the crash file: a native crash in any thread is written there as it happens."""
+        try:
+            self._crash_file = open(self._crash_path, "wb")  # noqa: SIM115  (open for the process's life)
+        except OSError as exc:
+            self._cannot_keep(exc, self._crash_path)
+            return
+        faulthandler.enable(file=self._crash_file, all_threads=True)
 
     def _judge(self, last: tuple[str, Signature, int, str]) -> None:
         frame, version, ends, stage = last[0], last[1], last[2] + 1, last[3]
@@ -147,6 +192,13 @@ class BlackBox:
             log.warning("the last run ended while %s %s, which has changed since", doing, shown(frame))
         elif frame in self.set_aside:
             return  # set aside already (the model hung on it, and the process ended before it moved on)
+        elif self._crashed is not None:
+            self._put_aside(frame, version, CRASHED)
+            log.error(
+                "%s: the process crashed (%s) while %s this version of it; it is set aside, not mapped again until "
+                "it changes (or %s is removed); the crash, with every thread's stack, is in %s",
+                shown(frame), self._crashed, doing, shown(self._aside_path), shown(self._last_crash_path),
+            )
         elif ends >= ENDS_BEFORE_SET_ASIDE:
             self._put_aside(frame, version, CRASHED)
             cause = "a crash in the model's runtime?" if model else "out of memory, or a crash in a decoder?"
@@ -220,6 +272,14 @@ class BlackBox:
     def close(self) -> None:
         """A clean stop: no frame was cut off by a crash (main thread, after the engine stopped)."""
         self._closed = True
+        if self._crash_file is not None:
+            faulthandler.disable()
+            self._crash_file.close()
+            self._crash_file = None
+            try:
+                os.unlink(self._crash_path)
+            except OSError:
+                pass
         fd, self._fd = self._fd, None
         threads_fd, self._threads_fd = self._threads_fd, None
         if threads_fd is not None:

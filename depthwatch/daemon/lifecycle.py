@@ -88,8 +88,11 @@ class Daemon:
         *,
         loader: Callable[[], Config] | None = None,
         session_factory: SessionFactory | None = None,
+        catch_crashes: bool = False,
     ) -> None:
+        """`catch_crashes`: this process is the daemon itself, so a native crash may be written down (`blackbox`)."""
         self.config = config
+        self._catch_crashes = catch_crashes
         self._session_factory = session_factory
         self._signals = Signals()
         self.locks = FolderLocks()
@@ -253,7 +256,7 @@ class Daemon:
         spec = catalogue.resolve(config.model, config.base)
         announce(config)
         # What the last run ended on, said before anything is mapped; a slot per thread that works on frames.
-        self.black_box.open(self.supervisor.slots_on_disk(config.daemon.workers))
+        self.black_box.open(self.supervisor.slots_on_disk(config.daemon.workers), crashes=self._catch_crashes)
         # `starting`, in the status file from now: a large model's first load takes a while, and
         # `depthwatch status` meanwhile said "not running" (or showed the last run's pid, stopped).
         self.report.touch()
