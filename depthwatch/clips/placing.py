@@ -16,22 +16,26 @@ import re
 from pathlib import Path
 
 from depthwatch.errors import FrameError, OutputError
-from depthwatch.files import exchange, rename_noreplace, sync_folder, write_new
-from depthwatch.frames import provenance, timeline, writer
+from depthwatch.files import exchange, is_temp_name, rename_noreplace, sync_folder, temp_name_for, write_new
+from depthwatch.frames import provenance, timeline
 from depthwatch.frames.folders import inside
 from depthwatch.frames.rules import clips_sharing
-from depthwatch.frames.writer import is_temp_name, remove_own_folder, remove_own_in, temp_name_for
+from depthwatch.frames.writer import remove_own_folder, remove_own_in
 from depthwatch.imaging import clipwrite
 from depthwatch.logtext import shown
 
 log = logging.getLogger("depthwatch.clips")
 
 
-def ensure_folder(folder: Path, roots: tuple[Path, ...]) -> None:
-    """Make the depth clip's folder, which must lie inside `roots` (empty: anywhere)."""
+def refuse_outside(folder: Path, roots: tuple[Path, ...]) -> None:
+    """A depth clip's folder must lie inside `roots` (empty: anywhere), also one that is there already.
+
+    Asked before `writer.ensure_folder` makes it: a clip is long work, so a
+    folder that leads outside is refused before the first frame, where a
+    frame's map learns it only when its folder is opened to write.
+    """
     if roots and not inside(folder if folder.exists() else folder.parent, roots):
         raise OutputError(f"the output folder {shown(folder)} leads outside the configured folders; not writing", retryable=False)
-    writer.ensure_folder(folder, roots)  # never on the system disk in place of a drive that is gone
 
 
 def rename_into_place(

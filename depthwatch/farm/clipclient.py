@@ -56,7 +56,8 @@ from depthwatch.farm.tasks import RESOURCE
 from depthwatch.frames.settings import Settings
 from depthwatch.frames import timeline
 from depthwatch.frames.job import signature_of
-from depthwatch.frames.writer import sweep_temp_files_for, temp_name_for
+from depthwatch.files import temp_name_for
+from depthwatch.frames.writer import sweep_temp_files_for
 from depthwatch.imaging import clipwrite, codec, normalise, sourcemeta, stabilise, video
 from depthwatch.logtext import shown
 

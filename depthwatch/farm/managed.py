@@ -42,7 +42,7 @@ from depthwatch.files import sha256_of
 from depthwatch.frames import timeline
 from depthwatch.frames.job import signature_of
 from depthwatch.frames.settings import Settings
-from depthwatch.frames.writer import temp_name_for
+from depthwatch.files import temp_name_for
 from depthwatch.imaging import clipwrite, normalise, render, sourcemeta, stabilise, video
 from depthwatch.logtext import shown
 from depthwatch.model.engine import Engine

@@ -21,7 +21,7 @@ from depthwatch.errors import ConfigError, FrameError
 from depthwatch.frames import provenance
 from depthwatch.frames.folders import inside
 from depthwatch.frames.job import Job, Signature
-from depthwatch.frames.writer import is_temp_name
+from depthwatch.files import is_temp_name
 from depthwatch.imaging import clipwrite, video
 from depthwatch.imaging.formats import EXTENSIONS, map_format_problem
 from depthwatch.logtext import shown
