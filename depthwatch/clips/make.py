@@ -22,7 +22,7 @@ from depthwatch.clips.job import ClipJob, ClipResult, Progress
 from depthwatch.clips.placing import refuse_outside, refuse_replacing, remove, rename_into_place
 from depthwatch.clips.stream import Pass, Restart, WriteBehind
 from depthwatch.errors import DepthwatchError, FrameError, OwnOutput, Superseded
-from depthwatch.frames import timeline
+from depthwatch.frames import ownership, timeline
 from depthwatch.frames.job import signature_of
 from depthwatch.frames.settings import Settings
 from depthwatch.files import temp_name_for
@@ -115,7 +115,7 @@ def _make(
         timeline.check(job.sequence)
     with video.Clip(job.source) as clip:
         meta = clip.info
-    if clipwrite.made_here(job.source, meta.comment):  # a depth clip, or a copy of one, whatever its name
+    if ownership.made_as_depth_clip(job.source, meta.comment):  # a depth clip, or a copy of one, whatever its name
         raise OwnOutput("is a depth clip depthwatch made; not taken as a clip")
     refuse_replacing(job.final, settings.timeline, job.source)  # before the work, not after it
     if meta.width * meta.height > settings.max_pixels:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from depthwatch.errors import FrameError, OutputError
 from depthwatch.files import exchange, is_temp_name, rename_noreplace, sync_folder, temp_name_for, write_new
-from depthwatch.frames import provenance, timeline
+from depthwatch.frames import ownership, timeline
 from depthwatch.frames.folders import inside
 from depthwatch.frames.rules import clips_sharing
 from depthwatch.frames.writer import remove_own_folder, remove_own_in
@@ -94,7 +94,7 @@ def _own_frame(folder: Path, name: str, frames: re.Pattern[str]) -> bool:
     """Whether `name` in a sequence folder is depthwatch's: the marker, or a frame carrying its record."""
     if name == clipwrite.SEQUENCE_MARKER or is_temp_name(name):
         return True
-    return bool(frames.fullmatch(name)) and provenance.read(folder / name) is not None
+    return bool(frames.fullmatch(name)) and ownership.is_depth_map(folder / name)
 
 
 def _swap_sequence(new: Path, final: Path, frame_name: str, atomic: bool = True) -> None:
@@ -171,7 +171,7 @@ def refuse_replacing(final: Path, timelines: bool = False, source: Path | None =
     """OutputError if what is at `final` is not a depth clip (or sequence folder) depthwatch made,
     or (`timelines`) a file at a timeline's name beside it is not a timeline depthwatch made;
     FrameError if (`source`) the depth clip there is another clip's, still there (see `_owner`)."""
-    if os.path.lexists(final) and not clipwrite.is_ours(final):
+    if os.path.lexists(final) and not ownership.is_depth_clip(final):
         raise OutputError(
             f"{shown(final)} is not a depth clip depthwatch made; not replacing it: move it away or change output.clip_template",
             retryable=False,

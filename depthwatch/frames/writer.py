@@ -32,7 +32,7 @@ from depthwatch.files import (
     temp_target_name,
     temp_target_part,
 )
-from depthwatch.frames import provenance
+from depthwatch.frames import ownership
 from depthwatch.frames.folders import LeadsOutside, Unchecked, inside, open_inside
 from depthwatch.frames.replacing import ReplaceCheck
 from depthwatch.imaging.clipwrite import SEQUENCE_MARKER, is_whole, marked_frames
@@ -291,7 +291,7 @@ def remove_own_folder(folder: Path) -> bool:
                 or is_temp_name(entry.name)
                 or st.st_nlink > 1
                 or (stat.S_ISREG(st.st_mode) and frames is not None and frames.fullmatch(entry.name) is not None)
-                or (stat.S_ISREG(st.st_mode) and provenance.read(Path(entry.path)) is not None)
+                or (stat.S_ISREG(st.st_mode) and ownership.is_depth_map(Path(entry.path)))
             )
         except OSError:
             continue
