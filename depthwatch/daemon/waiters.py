@@ -83,7 +83,7 @@ class Ticket:
 def _map_on_disk(output: Path, signature: Signature) -> bool:
     """Whether `output` is still the map made from the frame version `signature` (its record says so)."""
     record = provenance.read(output)
-    return record is not None and (record.get("size"), record.get("mtime_ns"), record.get("inode")) == signature
+    return record is not None and provenance.same_version(record, signature)
 
 
 class MapWaiters:

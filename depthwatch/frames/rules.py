@@ -387,7 +387,7 @@ def map_is_current(source: Path, output: Path, made_with: str | None = None, mod
         if output.is_dir():  # a clip's image sequence: its frames' record, which names the clip's version
             record = _a_frames_record(output)
             if record is not None and "size" in record:
-                return (record.get("size"), record.get("mtime_ns")) == (frame.st_size, frame.st_mtime_ns)
+                return provenance.same_clip_version(record, frame)
             return output.stat().st_mtime_ns >= frame.st_mtime_ns
         if video.is_clip_name(output):  # a depth clip: the version its comment names; before it named one, by time
             # Size and mtime, not the inode: a clip is hours of work to map again, and a share that
