@@ -355,7 +355,7 @@ class PredictApp:
                 raise Refused(503, _STOPPING)
             if result.bad_prediction:  # the model's fault, not the body's
                 raise Refused(503, f"the model is failing: {result.error}")
-            if result.unusable:
+            if result.frame_at_fault:
                 raise Refused(422, f"the {content_type} body cannot be used: {result.error}")
             raise Refused(500, f"{result.error}")
         w, h = result.size or (0, 0)

@@ -289,7 +289,7 @@ class Daemon:
         self.report.write()
         # The engine measurement never holds the start: it runs in idle time once frames are served.
         self.engine = Engine(spec, session_factory=self._session_factory, measure_providers="background")
-        self.engine.black_box = self.supervisor.inference_note
+        self.engine.note_run = self.supervisor.inference_note
         self.supervisor.watch(self.engine, self._hung)
         self.engine.start()
         try:

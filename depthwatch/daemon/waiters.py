@@ -160,7 +160,7 @@ class MapWaiters:
                 outcome = Release(DONE)
             else:
                 outcome = Release(
-                    FAILED, result.error, frame_error=bool(getattr(result, "unusable", False)),
+                    FAILED, result.error, frame_error=bool(getattr(result, "frame_at_fault", False)),
                     model_fault=bool(getattr(result, "bad_prediction", False)),
                 )
             self._last[job.output] = (job.source, job.signature, outcome)
