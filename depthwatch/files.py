@@ -11,6 +11,9 @@ checksums), and `frames.writer.atomic_write` for maps and status files, adding
 the folder checks a watched folder needs. `rename_noreplace` and `exchange` are the
 two renames a plain `rename` cannot do in one step: into a name only while it
 is absent, and swapping two names (a folder of frames for the last one).
+`temp_name_for` is the one shape of a temporary name, whoever writes it: hidden,
+ending `.dwtmp`, and carrying its writer's tag, so a sweep removes only a dead
+writer's leftovers.
 """
 
 from __future__ import annotations
@@ -19,15 +22,58 @@ import ctypes
 import errno
 import hashlib
 import os
+import re
 import secrets
 import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from depthwatch.processes import own_tag
+
 _CHUNK = 1 << 20
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+#: Temporary names look like `.depth.jpg.4242-3f9a1c0b.dwtmp`: hidden, recognisable so
+#: the watcher never takes them for input, and carrying the writer's pid so only a
+#: dead process's leftovers are ever swept (a reload must not remove files in flight).
+TEMP_SUFFIX = ".dwtmp"
+
+_TEMP_TAIL = re.compile(r"\.(\d+)(?:t(\d+))?(?:h([0-9a-f]{6}))?-[0-9a-f]{8}" + re.escape(TEMP_SUFFIX) + "$")
+
+#: Room the temporary name adds to the target's: "." + "." + pid + "t" + start + "h" + host + "-" + 8 hex digits + TEMP_SUFFIX.
+_TEMP_EXTRA = 2 + 10 + 1 + 20 + 1 + 6 + 1 + 8 + len(TEMP_SUFFIX)
+
+
+def temp_target_part(name: str) -> str:
+    """The part of a target's name its temporary name carries: shortened so a name near the 255-byte limit still gets one."""
+    return os.fsencode(name)[: 255 - _TEMP_EXTRA].decode(errors="ignore")
+
+
+def temp_name_for(target: Path) -> Path:
+    """A hidden temporary name beside `target`: the one shape every temporary file of depthwatch's takes."""
+    return target.with_name(f".{temp_target_part(target.name)}.{own_tag()}-{secrets.token_hex(4)}{TEMP_SUFFIX}")
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether `name` is shaped like one of `temp_name_for`'s (the watcher never takes one for input)."""
+    return name.startswith(".") and name.endswith(TEMP_SUFFIX)
+
+
+def temp_target_name(name: str) -> str | None:
+    """The (possibly shortened) name of the file a temporary file was written for."""
+    match = re.fullmatch(r"\.(.*)\.(?:\d+(?:t\d+)?(?:h[0-9a-f]{6})?-)?[0-9a-f]{8}" + re.escape(TEMP_SUFFIX), name, re.S)
+    return match.group(1) if match else None
+
+
+def temp_owner(name: str) -> tuple[int, int | None, str | None] | None:
+    """The process that made a temporary file: its pid, start and host (`processes.own_tag`); None: a name without them."""
+    match = _TEMP_TAIL.search(name)
+    if match is None:
+        return None
+    return int(match.group(1)), int(match.group(2)) if match.group(2) else None, match.group(3)
 
 
 def kind_of(mode: int) -> str | None:
@@ -144,7 +190,7 @@ def atomic_write(target: Path, data: bytes) -> None:
     """
     folder = os.open(target.parent, os.O_RDONLY | _CLOEXEC)
     try:
-        replace_in(folder, target.name, data, f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+        replace_in(folder, target.name, data, temp_name_for(target).name)
     finally:
         os.close(folder)
 
@@ -271,7 +317,7 @@ def exchange(a: str | Path, b: str | Path, atomic: bool = True) -> bool:
     if atomic and _flagged_rename(a, b, True, None, None):
         return True
     b = Path(b)
-    aside = b.with_name(f".{b.name}.{os.getpid()}-{secrets.token_hex(4)}.dwtmp")  # there only between two renames
+    aside = temp_name_for(b)  # there only between two renames
     os.rename(b, aside)
     try:
         os.rename(a, b)

@@ -486,6 +486,7 @@ def test_a_recursive_watch_never_takes_its_own_sequences_or_depth_clips_for_inpu
     """watch.recursive with *.png and *.mp4 and a sequence clip template: the sequence's frames, while written
     (in the hidden folder) and once in place, are never mapped; nor is a depth clip depthwatch made, under any name.
     The clip exported again makes the sequence again, and a user's file saved in its folder stays."""
+    from depthwatch.frames import ownership
     from depthwatch.imaging import clipwrite
 
     if not FASTDEPTH.is_file():
@@ -506,7 +507,7 @@ def test_a_recursive_watch_never_takes_its_own_sequences_or_depth_clips_for_inpu
     for _ in range(count):
         writer.write(np.zeros((SIZE[1], SIZE[0]), np.uint16))
     writer.close()
-    assert clipwrite.is_ours(graded)
+    assert ownership.is_depth_clip(graded)
     try:
         d.start()
         os.rename(source, d.watch / "shot.mp4")

@@ -367,7 +367,8 @@ def test_a_dead_writers_temporary_sequence_folder_is_swept(tmp_path: Path) -> No
     all but a user's file in it (one carried over when the kill came mid-swap): that file stays, with its folder."""
     import os
 
-    from depthwatch.frames.writer import sweep_temp_files, temp_name_for
+    from depthwatch.files import temp_name_for
+    from depthwatch.frames.writer import sweep_temp_files
     from depthwatch.imaging import clipwrite
 
     dead = tmp_path / ".shot_depth.999999999-0123abcd.dwtmp"

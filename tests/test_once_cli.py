@@ -127,7 +127,7 @@ def test_a_still_under_an_output_that_names_a_depth_clip_is_refused_not_written_
 def test_a_killed_runs_temporary_files_go_at_the_next_run_beside_them(tmp_path, tiny_model):
     """The daemon sweeps its folders at every start; a `once` killed mid-write has no next start, so the
     next `once` writing there sweeps: a dead writer's temporary files go, a live one's and a user's stay."""
-    from depthwatch.frames.writer import temp_name_for
+    from depthwatch.files import temp_name_for
 
     shots = tmp_path / "shots"
     frames(shots, "a.jpg")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from depthwatch.config import OutputConfig, WatchConfig
 from depthwatch.errors import ConfigError, FrameError, InputError
-from depthwatch.frames import provenance
+from depthwatch.frames import ownership
 from depthwatch.frames.rules import Rules
 from depthwatch.imaging.formats import EXTENSIONS
 from depthwatch.imaging.video import CLIP_EXTENSIONS, is_clip_name
@@ -111,7 +111,7 @@ def collect_inputs(
                     continue
                 if not p.is_file() or p.name.startswith("."):
                     continue
-                if provenance.read(p) is not None or is_depth_clip(p):  # a map or depth clip made under another -o
+                if ownership.is_depth_map(p) or is_depth_clip(p):  # a map or depth clip made under another -o
                     continue
                 if own.is_own_file(p):  # no record of ours: a user's file, named as -o names maps
                     named_like_maps.append(p.name)
@@ -138,12 +138,14 @@ def collect_inputs(
 
 
 def is_depth_clip(path: Path) -> bool:
-    """Whether `path` is a depth clip depthwatch made (its container's mark), whatever its name."""
-    from depthwatch.imaging import clipwrite
+    """Whether the input `path` is a depth clip depthwatch made (`ownership.is_depth_clip`), whatever its name.
 
+    Asked of every file `once` is given: only of clips by name, and where PyAV
+    is missing no clip is taken as one (it is refused for that, in its own line).
+    """
     if not is_clip_name(path):
         return False
     try:
-        return clipwrite.is_ours(path)
+        return ownership.is_depth_clip(path)
     except FrameError:  # no PyAV: the clip is refused for that, with its own line
         return False

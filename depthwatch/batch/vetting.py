@@ -16,6 +16,7 @@ from typing import Any
 
 from depthwatch.batch.inputs import is_depth_clip, rules_for
 from depthwatch.errors import ConfigError, FrameError
+from depthwatch.frames import ownership
 from depthwatch.frames.replacing import map_refusal_at
 from depthwatch.frames.rules import Claims
 from depthwatch.logtext import shown
@@ -32,7 +33,6 @@ def clip_jobs(clips: list[Path], config: Any) -> tuple[list[Any], list[str]]:
     """
     from depthwatch.clips.job import ClipJob
     from depthwatch.frames import timeline
-    from depthwatch.imaging import clipwrite
 
     rules = rules_for((c.parent for c in clips), config.output.template, config.output.clip_template)
     inputs = {os.path.realpath(c) for c in clips}
@@ -54,7 +54,7 @@ def clip_jobs(clips: list[Path], config: Any) -> tuple[list[Any], list[str]]:
         job = ClipJob(clip, output)
         if not claims.claim(job.final, clip, "depth clip", ".mov", " (nothing was written)"):
             continue
-        if os.path.lexists(job.final) and not clipwrite.is_ours(job.final):
+        if os.path.lexists(job.final) and not ownership.is_depth_clip(job.final):
             raise ConfigError(
                 f"{shown(clip)}: its output {shown(job.final)} is not a depth clip depthwatch made; "
                 "not replacing it: give another -o (nothing was written)"

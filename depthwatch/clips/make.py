@@ -19,13 +19,14 @@ from dataclasses import replace
 
 from depthwatch.clips import sequence
 from depthwatch.clips.job import ClipJob, ClipResult, Progress
-from depthwatch.clips.placing import ensure_folder, refuse_replacing, remove, rename_into_place
+from depthwatch.clips.placing import refuse_outside, refuse_replacing, remove, rename_into_place
 from depthwatch.clips.stream import Pass, Restart, WriteBehind
 from depthwatch.errors import DepthwatchError, FrameError, OwnOutput, Superseded
-from depthwatch.frames import timeline
+from depthwatch.frames import ownership, timeline
 from depthwatch.frames.job import signature_of
 from depthwatch.frames.settings import Settings
-from depthwatch.frames.writer import open_folder, temp_name_for
+from depthwatch.files import temp_name_for
+from depthwatch.frames.writer import ensure_folder, open_folder
 from depthwatch.imaging import clipwrite, codec, normalise, render, sourcemeta, video
 from depthwatch.logtext import shown
 from depthwatch.model.engine import Engine
@@ -114,7 +115,7 @@ def _make(
         timeline.check(job.sequence)
     with video.Clip(job.source) as clip:
         meta = clip.info
-    if clipwrite.made_here(job.source, meta.comment):  # a depth clip, or a copy of one, whatever its name
+    if ownership.made_as_depth_clip(job.source, meta.comment):  # a depth clip, or a copy of one, whatever its name
         raise OwnOutput("is a depth clip depthwatch made; not taken as a clip")
     refuse_replacing(job.final, settings.timeline, job.source)  # before the work, not after it
     if meta.width * meta.height > settings.max_pixels:
@@ -131,7 +132,8 @@ def _make(
     progress.phase = "mapping"
     on_progress(progress)
     folder = job.final.parent
-    ensure_folder(folder, job.output_roots)
+    refuse_outside(folder, job.output_roots)
+    ensure_folder(folder, job.output_roots)  # never on the system disk in place of a drive that is gone
     # Held to the end: the temporary file is made in, and removed from, this very folder, wherever it goes.
     held = open_folder(folder, job.output_roots)
     try:

@@ -16,22 +16,26 @@ import re
 from pathlib import Path
 
 from depthwatch.errors import FrameError, OutputError
-from depthwatch.files import exchange, rename_noreplace, sync_folder, write_new
-from depthwatch.frames import provenance, timeline, writer
+from depthwatch.files import exchange, is_temp_name, rename_noreplace, sync_folder, temp_name_for, write_new
+from depthwatch.frames import ownership, timeline
 from depthwatch.frames.folders import inside
 from depthwatch.frames.rules import clips_sharing
-from depthwatch.frames.writer import is_temp_name, remove_own_folder, remove_own_in, temp_name_for
+from depthwatch.frames.writer import remove_own_folder, remove_own_in
 from depthwatch.imaging import clipwrite
 from depthwatch.logtext import shown
 
 log = logging.getLogger("depthwatch.clips")
 
 
-def ensure_folder(folder: Path, roots: tuple[Path, ...]) -> None:
-    """Make the depth clip's folder, which must lie inside `roots` (empty: anywhere)."""
+def refuse_outside(folder: Path, roots: tuple[Path, ...]) -> None:
+    """A depth clip's folder must lie inside `roots` (empty: anywhere), also one that is there already.
+
+    Asked before `writer.ensure_folder` makes it: a clip is long work, so a
+    folder that leads outside is refused before the first frame, where a
+    frame's map learns it only when its folder is opened to write.
+    """
     if roots and not inside(folder if folder.exists() else folder.parent, roots):
         raise OutputError(f"the output folder {shown(folder)} leads outside the configured folders; not writing", retryable=False)
-    writer.ensure_folder(folder, roots)  # never on the system disk in place of a drive that is gone
 
 
 def rename_into_place(
@@ -90,7 +94,7 @@ def _own_frame(folder: Path, name: str, frames: re.Pattern[str]) -> bool:
     """Whether `name` in a sequence folder is depthwatch's: the marker, or a frame carrying its record."""
     if name == clipwrite.SEQUENCE_MARKER or is_temp_name(name):
         return True
-    return bool(frames.fullmatch(name)) and provenance.read(folder / name) is not None
+    return bool(frames.fullmatch(name)) and ownership.is_depth_map(folder / name)
 
 
 def _swap_sequence(new: Path, final: Path, frame_name: str, atomic: bool = True) -> None:
@@ -167,7 +171,7 @@ def refuse_replacing(final: Path, timelines: bool = False, source: Path | None =
     """OutputError if what is at `final` is not a depth clip (or sequence folder) depthwatch made,
     or (`timelines`) a file at a timeline's name beside it is not a timeline depthwatch made;
     FrameError if (`source`) the depth clip there is another clip's, still there (see `_owner`)."""
-    if os.path.lexists(final) and not clipwrite.is_ours(final):
+    if os.path.lexists(final) and not ownership.is_depth_clip(final):
         raise OutputError(
             f"{shown(final)} is not a depth clip depthwatch made; not replacing it: move it away or change output.clip_template",
             retryable=False,

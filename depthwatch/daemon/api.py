@@ -39,7 +39,7 @@ from urllib.parse import parse_qs
 from depthwatch.config import ApiConfig
 from depthwatch.daemon.waiters import DONE, FAILED, TIMEOUT, Ticket
 from depthwatch.errors import DepthwatchError, FrameError
-from depthwatch.frames import provenance
+from depthwatch.frames import ownership
 from depthwatch.frames.folders import inside
 from depthwatch.frames.frameline import timings
 from depthwatch.frames.result import Result
@@ -301,7 +301,7 @@ class PredictApp:
         if not rules.link_allowed(path):
             raise Refused(403, f"{path} is a symlink to outside its watch folder")
         if rules.is_own_file(path):
-            if rules.named_as_map(path) and path.is_file() and provenance.read(path) is None:
+            if rules.named_as_map(path) and path.is_file() and not ownership.is_depth_map(path):
                 raise Refused(
                     403, f"{path.name} is named as output.template names depth maps ({rules.template}), so it is "
                     "never taken as a frame; rename it to map it"
@@ -355,7 +355,7 @@ class PredictApp:
                 raise Refused(503, _STOPPING)
             if result.bad_prediction:  # the model's fault, not the body's
                 raise Refused(503, f"the model is failing: {result.error}")
-            if result.unusable:
+            if result.frame_at_fault:
                 raise Refused(422, f"the {content_type} body cannot be used: {result.error}")
             raise Refused(500, f"{result.error}")
         w, h = result.size or (0, 0)

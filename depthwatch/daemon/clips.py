@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from depthwatch.clips.job import ClipJob, ClipResult, Progress
 from depthwatch.clips.make import make_clip
+from depthwatch.frames.job import same_source_version
 from depthwatch.frames.rules import clips_sharing
 from depthwatch.frames.settings import Settings
 from depthwatch.logtext import shown
@@ -91,11 +92,11 @@ class ClipRunner:
                 return
             current = self._current
             if current is not None and current.output == job.output:
-                if (current.source, current.signature) == (job.source, job.signature):
+                if same_source_version(current, job):
                     return  # the same version, found again (a rescan)
                 self._cancel = NEWER
             waiting = self._waiting.get(job.output)
-            if waiting is not None and (waiting.source, waiting.signature) == (job.source, job.signature):
+            if same_source_version(waiting, job):
                 return
             self._waiting[job.output] = job
             self._waiting.move_to_end(job.output)

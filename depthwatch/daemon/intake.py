@@ -23,7 +23,7 @@ from depthwatch.daemon.reporting import StatusReport
 from depthwatch.daemon.waiters import MapWaiters
 from depthwatch.daemon.watcher import Watcher
 from depthwatch.errors import FrameError
-from depthwatch.frames import provenance
+from depthwatch.frames import ownership
 from depthwatch.frames.errorrecords import write_error_record
 from depthwatch.frames.job import Job, Signature, signature_of
 from depthwatch.frames.jobqueue import LatestWinsQueue
@@ -77,7 +77,7 @@ class Intake:
         """A complete frame (settle thread): make its job, queue it, let the pipeline pull it."""
         accounts = self._accounts
         rules = self._rules()
-        if not rules.is_clip(source) and provenance.read(source) is not None:
+        if not rules.is_clip(source) and ownership.is_depth_map(source):
             accounts.count_own_map()
             log.warning(
                 "%s carries depthwatch's record (a depth map, or an image saved from one); not taken as a frame",

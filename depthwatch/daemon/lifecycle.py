@@ -41,10 +41,12 @@ from depthwatch.daemon.blackbox import BlackBox
 from depthwatch.daemon.clips import ClipRunner
 from depthwatch.daemon.intake import Intake
 from depthwatch.daemon.locks import FolderLocks
+from depthwatch.daemon.modelhealth import ModelHealth
 from depthwatch.daemon.notify import notify, watchdog_interval
 from depthwatch.daemon.preflight import announce, sweep_leftovers, warn_of_clashes, writing
 from depthwatch.daemon.reload import ConfigReload, make_watch_folders
 from depthwatch.daemon.reporting import StatusReport
+from depthwatch.daemon.retries import Retries
 from depthwatch.daemon.signals import Signals
 from depthwatch.daemon.status import Status, path_for
 from depthwatch.daemon.supervisor import HEARTBEAT_S, Supervisor
@@ -126,13 +128,14 @@ class Daemon:
         #: What every thread does and since when; health is read off it (`supervisor`).
         self.supervisor = Supervisor(self.black_box, lambda: self.config.daemon.stall_timeout_s)
         # The parts, wired: each gets what it reads as callables (what a reload replaces is read anew).
+        self.retries: Retries
         self.accounts: Accounts
         self.report = StatusReport(
             Status(config=str(config.source) if config.source else None),
             path=lambda: path_for(self.config),
             own_folder=lambda: self.config.daemon.status_file is None,
             queue=self.queue,
-            parked=lambda: self.accounts.parked,
+            parked=lambda: self.retries.parked,
             superseded=lambda: self.accounts.superseded_in_flight,
             watcher=lambda: self.watcher,
             engine=lambda: self.engine,
@@ -141,14 +144,21 @@ class Daemon:
         )
         self.status = self.report.status
         self.report.on_new_model = self._new_model
+        self.retries = Retries(
+            report=self.report,
+            waiters=self.waiters,
+            watcher=lambda: self.watcher,
+            stopping=lambda: self.stopping,
+            retries=lambda: self.config.daemon.retries,
+        )
+        self.model_health = ModelHealth(self.report)
         self.accounts = Accounts(
             report=self.report,
             waiters=self.waiters,
             queue=self.queue,
-            watcher=lambda: self.watcher,
             answering=lambda: self.api is not None,
-            stopping=lambda: self.stopping,
-            retries=lambda: self.config.daemon.retries,
+            retries=self.retries,
+            health=self.model_health,
         )
         self.intake = Intake(
             queue=self.queue,
@@ -263,7 +273,7 @@ class Daemon:
         self.report.write()
         # The engine measurement never holds the start: it runs in idle time once frames are served.
         self.engine = Engine(spec, session_factory=self._session_factory, measure_providers="background")
-        self.engine.black_box = self.supervisor.inference_note
+        self.engine.note_run = self.supervisor.inference_note
         self.supervisor.watch(self.engine, self._hung)
         self.engine.start()
         try:
@@ -351,7 +361,7 @@ class Daemon:
             self.reloads.poll()
             self.reloads.report_swap()
             self.intake.rescan_after_overflow()
-            self.accounts.retry_parked()
+            self.retries.retry_parked()
             self.accounts.report_superseded()
             self._beat()
             self.report.write()
@@ -423,7 +433,7 @@ class Daemon:
 
     def _new_model(self) -> None:
         """Another model serves: the model faults of the last one are not held against it, nor against the frames."""
-        self.accounts.model_changed()
+        self.model_health.model_changed()
         forgotten = self.black_box.forget_hung()
         if forgotten:
             log.info("%d frame(s) the last model hung on may be mapped again (they are, once they change or are asked for)", forgotten)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from cachetools import LRUCache
 
-from depthwatch.frames import provenance
+from depthwatch.frames import ownership
 from depthwatch.frames.errorrecords import remove_error_record
 from depthwatch.frames.rules import Rules, map_is_current
 from depthwatch.logtext import shown
@@ -170,7 +170,7 @@ class Scanner:
                     return count
                 if not needs_output(self.rules, path):
                     self._tidy(path)
-                elif not self.rules.is_clip(path) and provenance.read(path) is not None:
+                elif not self.rules.is_clip(path) and ownership.is_depth_map(path):
                     own.append(path)
                 else:
                     self._found(path)

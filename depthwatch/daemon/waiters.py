@@ -83,7 +83,7 @@ class Ticket:
 def _map_on_disk(output: Path, signature: Signature) -> bool:
     """Whether `output` is still the map made from the frame version `signature` (its record says so)."""
     record = provenance.read(output)
-    return record is not None and (record.get("size"), record.get("mtime_ns"), record.get("inode")) == signature
+    return record is not None and provenance.same_version(record, signature)
 
 
 class MapWaiters:
@@ -160,7 +160,7 @@ class MapWaiters:
                 outcome = Release(DONE)
             else:
                 outcome = Release(
-                    FAILED, result.error, frame_error=bool(getattr(result, "unusable", False)),
+                    FAILED, result.error, frame_error=bool(getattr(result, "frame_at_fault", False)),
                     model_fault=bool(getattr(result, "bad_prediction", False)),
                 )
             self._last[job.output] = (job.source, job.signature, outcome)

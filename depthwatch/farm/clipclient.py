@@ -54,10 +54,11 @@ from depthwatch.farm.client import connect, say_if_no_workers
 from depthwatch.farm.cliptasks import ClipRange, RangeReport, collect_clip_range, render_clip_range
 from depthwatch.farm.tasks import RESOURCE
 from depthwatch.frames.settings import Settings
-from depthwatch.frames import timeline
+from depthwatch.frames import ownership, timeline
 from depthwatch.frames.job import signature_of
-from depthwatch.frames.writer import sweep_temp_files_for, temp_name_for
-from depthwatch.imaging import clipwrite, codec, normalise, sourcemeta, stabilise, video
+from depthwatch.files import temp_name_for
+from depthwatch.frames.writer import sweep_temp_files_for
+from depthwatch.imaging import codec, normalise, sourcemeta, stabilise, video
 from depthwatch.logtext import shown
 
 #: A clip's range is this many times `farm.frames_per_task` frames (a frame of a clip costs a
@@ -118,7 +119,7 @@ def _one_clip(client: Any, job: Any, config: Config, settings: Settings, force: 
     """One clip through both passes and the join; its frame count, or None when a range failed."""
     with video.Clip(job.source) as clip:
         meta = clip.info
-    if clipwrite.made_here(job.source, meta.comment):
+    if ownership.made_as_depth_clip(job.source, meta.comment):
         raise DepthwatchError("is a depth clip depthwatch made; not taken as a clip")
     if meta.width * meta.height > settings.max_pixels:
         raise DepthwatchError(codec.over_pixels(meta.width, meta.height, settings.max_pixels))

@@ -39,10 +39,10 @@ from depthwatch.farm.clipindex import ClipIndex
 from depthwatch.farm.clipindex import read as read_index
 from depthwatch.farm.cliptasks import ClipRange, inferred
 from depthwatch.files import sha256_of
-from depthwatch.frames import timeline
+from depthwatch.frames import ownership, timeline
 from depthwatch.frames.job import signature_of
 from depthwatch.frames.settings import Settings
-from depthwatch.frames.writer import temp_name_for
+from depthwatch.files import temp_name_for
 from depthwatch.imaging import clipwrite, normalise, render, sourcemeta, stabilise, video
 from depthwatch.logtext import shown
 from depthwatch.model.engine import Engine
@@ -81,7 +81,7 @@ def make_range(
     a, b = frames_of(spec, settings.first_frame, len(index))
     with video.Clip(job.source) as clip:
         meta = clip.info
-    if clipwrite.made_here(job.source, meta.comment):
+    if ownership.made_as_depth_clip(job.source, meta.comment):
         raise FrameError("is a depth clip depthwatch made; not taken as a clip")
     # Turned upright for the model by its display matrix; the segment stores its maps turned back.
     meta = replace(meta, display_matrix=sourcemeta.read(job.source, meta.rate).display_matrix)

@@ -46,6 +46,7 @@ from pathlib import Path
 
 from depthwatch.clips import sequence
 from depthwatch.errors import FrameError, OutputError
+from depthwatch.frames import ownership
 from depthwatch.frames.settings import Settings
 from depthwatch.imaging import clipwrite
 from depthwatch.imaging.sourcemeta import SourceMeta
@@ -199,7 +200,7 @@ def put_in_place(temp: Path, final: Path) -> None:
     """The whole depth clip under its name, replacing only a depth clip depthwatch made."""
     from depthwatch.files import rename_noreplace
 
-    if os.path.lexists(final) and not clipwrite.is_ours(final):
+    if os.path.lexists(final) and not ownership.is_depth_clip(final):
         raise OutputError(f"{shown(final)} is not a depth clip depthwatch made; not replacing it: move it away", retryable=False)
     try:
         if os.path.lexists(final):

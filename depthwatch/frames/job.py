@@ -16,7 +16,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
@@ -37,6 +37,26 @@ def signature_of(path: Path) -> Signature | None:
         return signature_from(os.stat(path))
     except OSError:
         return None
+
+
+class _Versioned(Protocol):
+    """A frame's job or a clip's: a source and the version of it found."""
+
+    @property
+    def source(self) -> Path: ...
+
+    @property
+    def signature(self) -> Signature | None: ...
+
+
+def same_source_version(a: _Versioned | None, b: _Versioned) -> bool:
+    """Whether two jobs (a frame's or a clip's) are of the same version of the same source: one found twice.
+
+    Where latest wins per output, a newer version replaces an older one, and
+    the same version found again (a rescan, the API and the watcher both)
+    replaces nothing: this is how each place tells the two apart.
+    """
+    return a is not None and (a.source, a.signature) == (b.source, b.signature)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,13 @@ waiting for it (a job already started is abandoned by the pipeline when its
 successor starts). The queue holds paths, not pixels, and has a bound: a job
 that finds it full is dropped and `overflowed` tells the owner to rescan the
 folders later (their outputs are missing, so nothing is lost).
+
+Latest wins per output at each stage of a frame's way, each where its state
+is: waiting here; in flight in `pipeline` (`_newest`: an older job for the
+output is abandoned, its inference aborted); written in `pipeline`
+(`_written`: an older version's map never replaces a newer one's); and a
+clip's job in `daemon.clips`. Each tells a newer version from the same one
+found again by `job.same_source_version`.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-from depthwatch.frames.job import Job
+from depthwatch.frames.job import Job, same_source_version
 
 
 class LatestWinsQueue:
@@ -42,7 +49,7 @@ class LatestWinsQueue:
                 return False
             key = job.output
             current = self._waiting.get(key) or self._started.get(key)
-            if current is not None and (current.source, current.signature) == (job.source, job.signature):
+            if same_source_version(current, job):
                 return True
             if key in self._waiting:
                 del self._waiting[key]

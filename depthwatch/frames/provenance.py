@@ -27,6 +27,7 @@ from typing import Any, BinaryIO
 
 from depthwatch import __version__
 from depthwatch.errors import FrameError
+from depthwatch.frames.job import Signature, signature_from
 from depthwatch.frames.reading import open_checked
 from depthwatch.imaging import exrlayout, formats
 
@@ -59,9 +60,26 @@ def record_for(
     return record
 
 
-def same_version(record: dict[str, Any], st: os.stat_result) -> bool:
-    """Whether `record` was made from the file whose stat is `st` (this very version)."""
-    return (record.get("size"), record.get("mtime_ns"), record.get("inode")) == (st.st_size, st.st_mtime_ns, st.st_ino)
+def same_version(record: dict[str, Any], version: os.stat_result | Signature) -> bool:
+    """Whether `record` was made from this very frame version (its size, mtime and inode): the one test of it.
+
+    `version`: the frame's stat, or its `Signature`. The pipeline asks it before
+    writing a version again, the API's waiters of the map on disk, and
+    `rules.map_is_current` of a map a scan finds.
+    """
+    if isinstance(version, os.stat_result):
+        version = signature_from(version)
+    return (record.get("size"), record.get("mtime_ns"), record.get("inode")) == tuple(version)
+
+
+def same_clip_version(record: dict[str, Any], st: os.stat_result) -> bool:
+    """Whether a sequence frame's `record` was made from the clip whose stat is `st`: by size and mtime, not the inode.
+
+    A clip is hours of work to map again, and a share that gives new inodes at
+    each reconnect, a copy with `cp -a`, or a farm worker's view of the file
+    would have it mapped again with nothing changed.
+    """
+    return (record.get("size"), record.get("mtime_ns")) == (st.st_size, st.st_mtime_ns)
 
 
 def _text(record: dict[str, Any]) -> bytes:

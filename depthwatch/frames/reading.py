@@ -167,7 +167,7 @@ def read_source(
         except OSError:
             before = None
         data, after = read_file(Path(path.name), max_bytes=max_bytes, dir_fd=folder_fd)
-        return _same_version(before, data, after, signature)
+        return _unchanged_while_read(before, data, after, signature)
     if link_root is not None and os.path.islink(path):
         problem = link_problem(path)
         if problem:
@@ -178,10 +178,10 @@ def read_source(
         path, follow = Path(real), False  # the target itself, without following another link
     before = os.stat(path) if os.path.exists(path) else None
     data, after = read_file(path, follow_links=follow, max_bytes=max_bytes)
-    return _same_version(before, data, after, signature)
+    return _unchanged_while_read(before, data, after, signature)
 
 
-def _same_version(
+def _unchanged_while_read(
     before: os.stat_result | None, data: bytes, after: os.stat_result, signature: Signature | None
 ) -> tuple[bytes, os.stat_result]:
     if before is None or (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns) or len(data) != after.st_size:

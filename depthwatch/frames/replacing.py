@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from depthwatch.files import kind_of
-from depthwatch.frames import provenance
+from depthwatch.frames import ownership
 
 #: Asked right before the rename, with the folder's descriptor and the target's name:
 #: why the file now at that name must not be replaced (None: it may be).
@@ -57,7 +57,7 @@ def map_refusal(folder_fd: int, name: str) -> str | None:
     kind = kind_of(st.st_mode)
     if kind is not None:
         return f"is {kind}, not a depth map depthwatch made; not replacing it"
-    if provenance.read(Path(name), dir_fd=folder_fd) is None:
+    if not ownership.is_depth_map(Path(name), dir_fd=folder_fd):
         return "is not a depth map depthwatch made (it carries no depthwatch record); not replacing it"
     return None
 

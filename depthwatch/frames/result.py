@@ -63,15 +63,15 @@ class Outcome(Generic[J]):
 
 @dataclass
 class Result(Outcome[Job]):
-    """A frame's outcome; `unusable` marks an input that can never make a map.
+    """A frame's outcome; `frame_at_fault` marks an input that can never make a map.
 
-    `failed_with` also says whether the frame was at fault (`unusable`) or the model (`bad_prediction`).
+    `failed_with` also says whether the frame was at fault (`frame_at_fault`) or the model (`bad_prediction`).
     """
 
     #: The frame itself cannot be used (a FrameError: damaged, too large, not an image),
     #: as opposed to a failure of depthwatch's own (the API answers 422 against 500) or
     #: of the model's (`bad_prediction`: never held against the frame).
-    unusable: bool = False
+    frame_at_fault: bool = False
     #: The map on disk was already made from these very bytes (a version handed over twice):
     #: nothing was run or written; ok, but not counted as a frame done.
     unchanged: bool = False
@@ -101,7 +101,7 @@ class Result(Outcome[Job]):
         super().failed_with(exc)
         self.bad_prediction = isinstance(exc, (BadPrediction, InferenceFailed))
         # A model that fails (NaN, a provider's error, a run given up) is no fault of this version of the frame.
-        self.unusable = isinstance(exc, FrameError) and not self.bad_prediction
+        self.frame_at_fault = isinstance(exc, FrameError) and not self.bad_prediction
 
     def describe(self) -> str:
         """The one log line for this frame (read back by `frameline.parse_frame_line`)."""

@@ -18,10 +18,9 @@ from pathlib import Path
 
 from depthwatch.config import OutputConfig, WatchConfig
 from depthwatch.errors import ConfigError, FrameError
-from depthwatch.frames import provenance
+from depthwatch.frames import ownership, provenance
 from depthwatch.frames.folders import inside
 from depthwatch.frames.job import Job, Signature
-from depthwatch.frames.writer import is_temp_name
 from depthwatch.imaging import clipwrite, video
 from depthwatch.imaging.formats import EXTENSIONS, map_format_problem
 from depthwatch.logtext import shown
@@ -103,18 +102,13 @@ class Rules:
         By name, and by mark, whatever the templates say now: a file inside one
         of depthwatch's temporary folders (a sequence being written, or the last
         one swapped out) or beside a sequence marker (a finished sequence).
-        Maps and sequence frames carry a record too (see `provenance`), which
-        the daemon reads before taking a frame; depth clips carry their mark
-        (`clipwrite.is_ours`).
+        Maps and sequence frames carry a record too, which the daemon reads
+        before taking a frame, and depth clips their mark: what a file carries
+        is `ownership`'s question, this one is asked by name.
         """
-        name = path.name
-        if is_temp_name(name) or name.lower().endswith(_SIDECAR_SUFFIXES):
+        if path.name.lower().endswith(_SIDECAR_SUFFIXES) or ownership.is_temporary(path):
             return True
-        if any(is_temp_name(part) for part in path.parent.parts):
-            return True
-        if os.path.isfile(path.parent / clipwrite.SEQUENCE_MARKER):
-            return True
-        if os.path.isfile(path / clipwrite.SEQUENCE_MARKER):  # a finished sequence's folder itself (pattern `*`)
+        if ownership.in_depth_sequence(path):  # also a finished sequence's folder itself (pattern `*`)
             return True
         if self._is_clip_output(path):
             return True
@@ -393,7 +387,7 @@ def map_is_current(source: Path, output: Path, made_with: str | None = None, mod
         if output.is_dir():  # a clip's image sequence: its frames' record, which names the clip's version
             record = _a_frames_record(output)
             if record is not None and "size" in record:
-                return (record.get("size"), record.get("mtime_ns")) == (frame.st_size, frame.st_mtime_ns)
+                return provenance.same_clip_version(record, frame)
             return output.stat().st_mtime_ns >= frame.st_mtime_ns
         if video.is_clip_name(output):  # a depth clip: the version its comment names; before it named one, by time
             # Size and mtime, not the inode: a clip is hours of work to map again, and a share that

@@ -5,8 +5,9 @@ the target, fsynced, renamed over it, the folder fsynced; on any failure the
 temporary file is removed and the old target is untouched). This module adds
 what a watched folder needs: the folder opened and checked to lie inside the
 allowed ones (`folders.open_inside`), a check of whatever holds the name right
-before the rename (`replacing`), one-line OutputErrors, temporary names that
-carry the writer's pid, and the sweep of dead writers' leftovers.
+before the rename (`replacing`), one-line OutputErrors, the output folder made
+(`ensure_folder`), and the sweep of dead writers' leftovers (temporary names
+are `files.temp_name_for`'s, carrying the writer's pid).
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ import errno
 import fcntl
 import logging
 import os
-import re
-import secrets
 import stat
 import sys
 from collections.abc import Iterable
@@ -24,51 +23,23 @@ from functools import partial
 from pathlib import Path
 
 from depthwatch.errors import OutputError
-from depthwatch.files import rename_noreplace, replace_in
-from depthwatch.frames import provenance
+from depthwatch.files import (
+    is_temp_name,
+    rename_noreplace,
+    replace_in,
+    temp_name_for,
+    temp_owner,
+    temp_target_name,
+    temp_target_part,
+)
+from depthwatch.frames import ownership
 from depthwatch.frames.folders import LeadsOutside, Unchecked, inside, open_inside
 from depthwatch.frames.replacing import ReplaceCheck
 from depthwatch.imaging.clipwrite import SEQUENCE_MARKER, is_whole, marked_frames
 from depthwatch.logtext import shown
-from depthwatch.processes import left_behind, own_tag
+from depthwatch.processes import left_behind
 
 log = logging.getLogger("depthwatch.frames")
-
-#: Temporary names look like `.depth.jpg.4242-3f9a1c0b.dwtmp`: hidden, recognisable so
-#: the watcher never takes them for input, and carrying the writer's pid so only a
-#: dead process's leftovers are ever swept (a reload must not remove files in flight).
-TEMP_SUFFIX = ".dwtmp"
-
-_TEMP_TAIL = re.compile(r"\.(\d+)(?:t(\d+))?(?:h([0-9a-f]{6}))?-[0-9a-f]{8}" + re.escape(TEMP_SUFFIX) + "$")
-
-#: Room the temporary name adds to the target's: "." + "." + pid + "t" + start + "h" + host + "-" + 8 hex digits + TEMP_SUFFIX.
-_TEMP_EXTRA = 2 + 10 + 1 + 20 + 1 + 6 + 1 + 8 + len(TEMP_SUFFIX)
-
-
-
-def temp_name_for(target: Path) -> Path:
-    # Shortened if needed so a target name near the 255-byte limit still gets a temp name.
-    name = os.fsencode(target.name)[: 255 - _TEMP_EXTRA].decode(errors="ignore")
-    return target.with_name(f".{name}.{own_tag()}-{secrets.token_hex(4)}{TEMP_SUFFIX}")
-
-
-def is_temp_name(name: str) -> bool:
-    return name.startswith(".") and name.endswith(TEMP_SUFFIX)
-
-
-def temp_target_name(name: str) -> str | None:
-    """The (possibly shortened) name of the file a temporary file was written for."""
-    match = re.fullmatch(r"\.(.*)\.(?:\d+(?:t\d+)?(?:h[0-9a-f]{6})?-)?[0-9a-f]{8}" + re.escape(TEMP_SUFFIX), name, re.S)
-    return match.group(1) if match else None
-
-
-def temp_owner(name: str) -> tuple[int, int | None, str | None] | None:
-    """The process that made a temporary file: its pid, start and host (`processes.own_tag`); None: a name without them."""
-    match = _TEMP_TAIL.search(name)
-    if match is None:
-        return None
-    return int(match.group(1)), int(match.group(2)) if match.group(2) else None, match.group(3)
-
 
 def open_folder(folder: Path, roots: tuple[Path, ...] = ()) -> int:
     """A descriptor of the real folder `folder` names now, checked to lie inside `roots` (see `folders.open_inside`).
@@ -320,7 +291,7 @@ def remove_own_folder(folder: Path) -> bool:
                 or is_temp_name(entry.name)
                 or st.st_nlink > 1
                 or (stat.S_ISREG(st.st_mode) and frames is not None and frames.fullmatch(entry.name) is not None)
-                or (stat.S_ISREG(st.st_mode) and provenance.read(Path(entry.path)) is not None)
+                or (stat.S_ISREG(st.st_mode) and ownership.is_depth_map(Path(entry.path)))
             )
         except OSError:
             continue
@@ -345,7 +316,7 @@ def sweep_temp_files_for(targets: Iterable[Path]) -> int:
     """
     wanted: dict[Path, set[str]] = {}
     for target in targets:
-        name = os.fsencode(target.name)[: 255 - _TEMP_EXTRA].decode(errors="ignore")
+        name = temp_target_part(target.name)
         wanted.setdefault(target.parent, set()).add(name)
     removed = 0
     for folder, names in wanted.items():

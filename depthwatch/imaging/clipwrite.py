@@ -98,15 +98,6 @@ def marked_frames(folder: Path) -> re.Pattern[str] | None:
     return frames_pattern(lines[1])
 
 
-def is_ours(path: Path) -> bool:
-    """Whether the depth clip (or sequence folder) at `path` is one depthwatch made: its to replace."""
-    if path.is_dir() and not path.is_symlink():
-        return (path / SEQUENCE_MARKER).is_file()
-    if not path.is_file() or path.is_symlink():
-        return False
-    return made_here(path)
-
-
 def made_here(path: Path, comment: str | None = None) -> bool:
     """Whether the clip at `path` (links followed) is a depth clip depthwatch wrote, whatever its name.
 

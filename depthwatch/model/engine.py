@@ -118,8 +118,8 @@ class Engine:
         #: Why the inference thread ended while the engine was not being stopped (None: it did not).
         self.failure: str | None = None
         #: Called on the inference thread with a run's `label` just before the model runs on it, and with
-        #: None after (the daemon's `blackbox`: a crash inside the runtime names its frame at the next start).
-        self.black_box: Callable[[Any], None] | None = None
+        #: None after (the daemon's supervisor, which notes it in `blackbox`: a crash inside the runtime names its frame at the next start).
+        self.note_run: Callable[[Any], None] | None = None
 
     # -- the public side, called from any thread ---------------------------------
 
@@ -193,7 +193,7 @@ class Engine:
         with ModelChanged and the caller prepares it again for the new model.
         `priority` BACKGROUND (a clip's frames) waits behind every LIVE job queued,
         so a frame dropped meanwhile waits for one inference at most. `label`:
-        what the run is of, handed to `black_box` just before the model runs on it.
+        what the run is of, handed to `note_run` just before the model runs on it.
         """
         return self._put(("run", tensor, generation, priority, label), priority)
 
@@ -424,10 +424,10 @@ class Engine:
                 self._running = (future, options)
                 self._running_background, self._preempted = priority != LIVE, False
                 self._run_since, self._given_up = (label, time.monotonic()), None
-            noted = label is not None and self.black_box is not None
+            noted = label is not None and self.note_run is not None
             try:
                 if noted:
-                    self.black_box(label)  # type: ignore[misc]  # a crash inside the run names this frame
+                    self.note_run(label)  # type: ignore[misc]  # a crash inside the run names this frame
                 start = time.perf_counter()
                 output = session.run(names, feed, options)[0]
                 seconds = time.perf_counter() - start
@@ -453,7 +453,7 @@ class Engine:
                 return session
             finally:
                 if noted:
-                    self.black_box(None)  # type: ignore[misc]  # the run is over, however it ended
+                    self.note_run(None)  # type: ignore[misc]  # the run is over, however it ended
                 with self._lock:
                     self._running = None
                     self._running_background = False

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from depthwatch.frames.writer import atomic_write, temp_name_for
+from depthwatch.files import temp_name_for
+from depthwatch.frames.writer import atomic_write
 
 
 class Undo:
