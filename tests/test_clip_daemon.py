@@ -487,7 +487,7 @@ def test_a_recursive_watch_never_takes_its_own_sequences_or_depth_clips_for_inpu
     (in the hidden folder) and once in place, are never mapped; nor is a depth clip depthwatch made, under any name.
     The clip exported again makes the sequence again, and a user's file saved in its folder stays."""
     from depthwatch.frames import ownership
-    from depthwatch.imaging import clipwrite
+    from depthwatch.imaging import cliprecord, clipwrite
 
     if not FASTDEPTH.is_file():
         pytest.skip(f"the real model {FASTDEPTH} is not here")
@@ -527,7 +527,7 @@ def test_a_recursive_watch_never_takes_its_own_sequences_or_depth_clips_for_inpu
         d.stop()
     sequence = d.watch / "shot_depth"
     frames = [f"{k:04d}.png" for k in range(count)]
-    assert sorted(p.name for p in sequence.iterdir()) == [clipwrite.SEQUENCE_MARKER, *frames, "my_comp.nk"]
+    assert sorted(p.name for p in sequence.iterdir()) == [cliprecord.SEQUENCE_MARKER, *frames, "my_comp.nk"]
     assert (sequence / "my_comp.nk").read_text() == "Root {}\n"
     assert counts.get("done") == 1 and not counts.get("failed") and counts.get("clips") == 2, counts
     assert "shot_depth/0" not in log and "dwtmp/" not in log, log[-3000:]

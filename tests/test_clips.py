@@ -369,18 +369,18 @@ def test_a_dead_writers_temporary_sequence_folder_is_swept(tmp_path: Path) -> No
 
     from depthwatch.files import temp_name_for
     from depthwatch.frames.writer import sweep_temp_files
-    from depthwatch.imaging import clipwrite
+    from depthwatch.imaging import cliprecord
 
     dead = tmp_path / ".shot_depth.999999999-0123abcd.dwtmp"
     dead.mkdir()
-    (dead / clipwrite.SEQUENCE_MARKER).write_text(clipwrite.marker_text("{frame:04d}.png"))
+    (dead / cliprecord.SEQUENCE_MARKER).write_text(cliprecord.marker_text("{frame:04d}.png"))
     (dead / "0000.png").write_bytes(b"half")  # cut off before its record
     live = temp_name_for(tmp_path / "other_depth")  # this process's: still being written
     live.mkdir()
     assert str(os.getpid()) in live.name
     swapped = tmp_path / ".cuts_depth.999999999-4567abcd.dwtmp"  # the last sequence, swapped out
     swapped.mkdir()
-    (swapped / clipwrite.SEQUENCE_MARKER).write_text(clipwrite.marker_text("{frame:04d}.png"))
+    (swapped / cliprecord.SEQUENCE_MARKER).write_text(cliprecord.marker_text("{frame:04d}.png"))
     (swapped / "0000.png").write_bytes(b"old frame")
     (swapped / "my_comp.nk").write_text("Root {}\n")
     (tmp_path / ".notes.dwtmp").write_text("a user's, not depthwatch's naming")
@@ -415,16 +415,16 @@ def test_the_farm_clients_sweep_takes_a_killed_joins_temporary_sequence_folder_a
 ) -> None:
     """`once --farm` sweeps its targets' leftovers after a job: a sequence folder a killed client left too."""
     from depthwatch.frames.writer import sweep_temp_files_for
-    from depthwatch.imaging import clipwrite
+    from depthwatch.imaging import cliprecord
 
     target = tmp_path / "shot_depth"
     killed = tmp_path / ".shot_depth.4242-0123abcd.dwtmp"  # a worker's pid, on another machine
     killed.mkdir()
-    (killed / clipwrite.SEQUENCE_MARKER).write_text(clipwrite.marker_text("{frame:04d}.png"))
+    (killed / cliprecord.SEQUENCE_MARKER).write_text(cliprecord.marker_text("{frame:04d}.png"))
     (killed / "0000.png").write_bytes(b"half")
     kept = tmp_path / ".shot_depth.4242-4567abcd.dwtmp"  # one a user's file was carried into
     kept.mkdir()
-    (kept / clipwrite.SEQUENCE_MARKER).write_text(clipwrite.marker_text("{frame:04d}.png"))
+    (kept / cliprecord.SEQUENCE_MARKER).write_text(cliprecord.marker_text("{frame:04d}.png"))
     (kept / "my_comp.nk").write_text("Root {}\n")
     (tmp_path / ".shot_depth.mov.4242-89abcdef.dwtmp").write_bytes(b"another target's")
     assert sweep_temp_files_for([target]) == 1
@@ -483,14 +483,14 @@ def test_a_kill_between_the_renames_of_a_swap_costs_no_sequence(tmp_path: Path) 
     import os
 
     from depthwatch.frames.writer import sweep_temp_files
-    from depthwatch.imaging import clipwrite
+    from depthwatch.imaging import cliprecord
 
     def sequence(name: str, frames: bytes, whole: bool, age_s: int) -> Path:
         folder = tmp_path / name
         folder.mkdir()
         (folder / "0000.png").write_bytes(frames)
-        marker = folder / clipwrite.SEQUENCE_MARKER
-        marker.write_text(clipwrite.marker_text("{frame:04d}.png", whole=whole))
+        marker = folder / cliprecord.SEQUENCE_MARKER
+        marker.write_text(cliprecord.marker_text("{frame:04d}.png", whole=whole))
         os.utime(marker, ns=(marker.stat().st_mtime_ns - age_s * 10**9,) * 2)
         return folder
 
@@ -700,7 +700,7 @@ def test_a_depth_clip_names_its_clip_which_keeps_it_but_a_copied_folder_is_its_o
     """`/out/{stem}_depth.mov` from day1/A001.mov: day2/A001.mov is refused in one line while day1's is there (the
     depth clip names its clip), and maps once it is gone; a folder copied with its depth clip (dates not kept)
     is mapped again in its new place, not refused for the clip it was copied from."""
-    from depthwatch.imaging import clipwrite
+    from depthwatch.imaging import cliprecord
 
     out = tmp_path / "out"
     for day in ("day1", "day2"):
@@ -709,7 +709,7 @@ def test_a_depth_clip_names_its_clip_which_keeps_it_but_a_copied_folder_is_its_o
     template = str(out / "{stem}_depth.mov")
     once(str(tmp_path / "day1" / "A001.mov"), "-o", template)
     output = out / "A001_depth.mov"
-    assert clipwrite.made_for(output) == tmp_path / "day1" / "A001.mov"
+    assert cliprecord.made_for(output) == tmp_path / "day1" / "A001.mov"
     made = output.stat().st_mtime_ns
     done = subprocess.run(
         [sys.executable, "-m", "depthwatch", "once", str(tmp_path / "day2" / "A001.mov"), "-o", template,
@@ -719,7 +719,7 @@ def test_a_depth_clip_names_its_clip_which_keeps_it_but_a_copied_folder_is_its_o
     assert output.stat().st_mtime_ns == made
     (tmp_path / "day1" / "A001.mov").unlink()
     once(str(tmp_path / "day2" / "A001.mov"), "-o", template)
-    assert clipwrite.made_for(output) == tmp_path / "day2" / "A001.mov"
+    assert cliprecord.made_for(output) == tmp_path / "day2" / "A001.mov"
     # Beside its clip: a folder copied elsewhere (dates not kept) gets its depth clip made again there.
     copied = tmp_path / "copied"
     copied.mkdir()
@@ -727,7 +727,7 @@ def test_a_depth_clip_names_its_clip_which_keeps_it_but_a_copied_folder_is_its_o
     for name in ("A001.mov", "A001_depth.mov"):
         shutil.copy(tmp_path / "day2" / name, copied / name)
     once(str(copied / "A001.mov"))
-    assert clipwrite.made_for(copied / "A001_depth.mov") == copied / "A001.mov"
+    assert cliprecord.made_for(copied / "A001_depth.mov") == copied / "A001.mov"
 
 
 def test_a_copy_filled_in_out_of_order_is_told_apart_by_its_index(sources: dict[str, Path], tmp_path: Path) -> None:

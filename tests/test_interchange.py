@@ -530,13 +530,13 @@ def test_a_turned_anamorphic_clips_exr_sequence_says_the_upright_pixel_aspect(tm
 
 def test_a_clips_sequence_is_numbered_from_0_by_default(tmp_path: Path) -> None:
     """And a sequence folder a killed `once` left half written goes at the next run beside it."""
-    from depthwatch.imaging import clipwrite
+    from depthwatch.imaging import cliprecord
 
     source = tmp_path / "short.mov"
     write_clip(source, pan_clip_frames(SIZE, 3, step=8), codec="prores")
     dead = tmp_path / ".short_depth.999999999-0123abcd.dwtmp"  # pid 999999999: no such process
     dead.mkdir()
-    (dead / clipwrite.SEQUENCE_MARKER).write_text(clipwrite.marker_text("{frame:04d}.png"))
+    (dead / cliprecord.SEQUENCE_MARKER).write_text(cliprecord.marker_text("{frame:04d}.png"))
     (dead / "0000.png").write_bytes(b"cut off")
     once(str(source), "-o", str(tmp_path / "{stem}_depth/{frame:04d}.png"))
     assert sorted(p.name for p in (tmp_path / "short_depth").iterdir() if not p.name.startswith(".")) == ["0000.png", "0001.png", "0002.png"]

@@ -78,7 +78,7 @@ def test_what_is_a_frame(tmp_path: Path) -> None:
 
 def test_a_sequence_is_never_a_frame_while_written_or_once_in_place_whatever_its_name(tmp_path: Path) -> None:
     """By mark, not by name: inside depthwatch's temporary folder, or beside a sequence marker, with any template."""
-    from depthwatch.imaging import clipwrite
+    from depthwatch.imaging import cliprecord
 
     r = Rules(
         WatchConfig(folders=(tmp_path,), patterns=("*.png",), recursive=True),
@@ -89,7 +89,7 @@ def test_a_sequence_is_never_a_frame_while_written_or_once_in_place_whatever_its
     renamed = tmp_path / "graded"  # a finished sequence an editor renamed: no template names it
     renamed.mkdir()
     assert r.is_frame(renamed / "0000.png")
-    (renamed / clipwrite.SEQUENCE_MARKER).write_text(clipwrite.marker_text("{frame:04d}.png"))
+    (renamed / cliprecord.SEQUENCE_MARKER).write_text(cliprecord.marker_text("{frame:04d}.png"))
     assert not r.is_frame(renamed / "0000.png")
     assert r.is_frame(tmp_path / "plates" / "0000.png")
 

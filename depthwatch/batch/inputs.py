@@ -66,9 +66,9 @@ def template_for(output: str | None, single: bool, default: str = DEFAULT_TEMPLA
 
 def names_clip_output(output: str) -> bool:
     """Whether -o names a depth clip (.mov, .mkv, .mp4) or an image-sequence template."""
-    from depthwatch.imaging import clipwrite
+    from depthwatch.imaging import cliptemplates, clipwrite
 
-    return clipwrite.kind_for(Path(output).suffix) is not None or clipwrite.is_sequence(output)
+    return clipwrite.kind_for(Path(output).suffix) is not None or cliptemplates.is_sequence(output)
 
 
 def rules_for(

@@ -21,7 +21,7 @@ from depthwatch.frames import ownership, timeline
 from depthwatch.frames.folders import inside
 from depthwatch.frames.rules import clips_sharing
 from depthwatch.frames.writer import remove_own_folder, remove_own_in
-from depthwatch.imaging import clipwrite
+from depthwatch.imaging import cliprecord
 from depthwatch.logtext import shown
 
 log = logging.getLogger("depthwatch.clips")
@@ -84,15 +84,15 @@ def rename_into_place(
 
 def _mark_whole(folder: Path, frame_name: str) -> None:
     """Every frame is on disk: the marker says so (replaced in one rename), before the swap."""
-    marker = folder / clipwrite.SEQUENCE_MARKER
+    marker = folder / cliprecord.SEQUENCE_MARKER
     step = temp_name_for(marker)
-    write_new(step, clipwrite.marker_text(frame_name, whole=True).encode())
+    write_new(step, cliprecord.marker_text(frame_name, whole=True).encode())
     os.replace(step, marker)
 
 
 def _own_frame(folder: Path, name: str, frames: re.Pattern[str]) -> bool:
     """Whether `name` in a sequence folder is depthwatch's: the marker, or a frame carrying its record."""
-    if name == clipwrite.SEQUENCE_MARKER or is_temp_name(name):
+    if name == cliprecord.SEQUENCE_MARKER or is_temp_name(name):
         return True
     return bool(frames.fullmatch(name)) and ownership.is_depth_map(folder / name)
 
@@ -107,7 +107,7 @@ def _swap_sequence(new: Path, final: Path, frame_name: str, atomic: bool = True)
     between wins over the link of its older version; the old folder, now at
     the temporary name, loses only depthwatch's files.
     """
-    frames = clipwrite.frames_pattern(frame_name)
+    frames = cliprecord.frames_pattern(frame_name)
     theirs = [e for e in os.scandir(final) if not _own_frame(final, e.name, frames)]
     for entry in theirs:
         if os.path.lexists(new / entry.name):
@@ -128,7 +128,7 @@ def _swap_sequence(new: Path, final: Path, frame_name: str, atomic: bool = True)
         _unlink_all(new, linked)
         raise
     old = new  # the last sequence, now under the temporary name
-    if not (old / clipwrite.SEQUENCE_MARKER).is_file():  # not ours after all (swapped in since the check): back
+    if not (old / cliprecord.SEQUENCE_MARKER).is_file():  # not ours after all (swapped in since the check): back
         exchange(old, final, atomic)
         _unlink_all(new, linked)
         raise OutputError(f"{shown(final)} is not a depth clip depthwatch made; not replacing it", retryable=False)
@@ -194,7 +194,7 @@ def _owner(final: Path, source: Path) -> Path | None:
     """
     if not final.is_file() or final.is_symlink():
         return None
-    owner = clipwrite.made_for(final)
+    owner = cliprecord.made_for(final)
     source = Path(os.path.abspath(source))
     if owner is None or owner == source:
         return None

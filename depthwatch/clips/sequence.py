@@ -18,7 +18,7 @@ from depthwatch.errors import OutputError
 from depthwatch.files import write_new
 from depthwatch.frames import provenance
 from depthwatch.frames.settings import Settings
-from depthwatch.imaging import clipwrite, codec, video
+from depthwatch.imaging import cliprecord, cliptemplates, codec, video
 from depthwatch.logtext import shown
 
 
@@ -26,7 +26,7 @@ def begin(folder: Path, frame_name: str) -> None:
     """Make the sequence's hidden folder with its marker (not whole yet): known as depthwatch's from the start."""
     try:
         os.mkdir(folder)
-        write_new(folder / clipwrite.SEQUENCE_MARKER, clipwrite.marker_text(frame_name).encode())
+        write_new(folder / cliprecord.SEQUENCE_MARKER, cliprecord.marker_text(frame_name).encode())
     except OSError as exc:
         raise OutputError(f"cannot write in {shown(folder.parent)}: {exc.strerror or exc}") from None
 
@@ -53,7 +53,7 @@ def write_frame(
     on disk before the folder is swapped in."""
     data = codec.encode(
         depth, output.suffix, jpeg_quality=settings.jpeg_quality, png_compression=settings.png_compression, exr_options=settings.exr,
-        exr_frame=clipwrite.sequence_frame(meta, k),
+        exr_frame=cliptemplates.sequence_frame(meta, k),
     )
     number = settings.first_frame + k
     data = provenance.embed(data, {**record, "frame": number})

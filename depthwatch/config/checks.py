@@ -205,7 +205,7 @@ def map_template(value: Any, base: Path) -> str:
 
 def clip_template(value: Any, base: Path) -> str:
     """Like `map_template`, for the depth clip of a clip (see `imaging.clipwrite`)."""
-    from depthwatch.imaging.clipwrite import template_problem
+    from depthwatch.imaging.cliptemplates import template_problem
 
     template = text(value, base)
     problem = template_problem(template)

@@ -43,7 +43,7 @@ from depthwatch.frames import ownership, timeline
 from depthwatch.frames.job import signature_of
 from depthwatch.frames.settings import Settings
 from depthwatch.files import temp_name_for
-from depthwatch.imaging import clipwrite, normalise, render, sourcemeta, stabilise, video
+from depthwatch.imaging import cliprecord, clipwrite, normalise, render, sourcemeta, stabilise, video
 from depthwatch.logtext import shown
 from depthwatch.model.engine import Engine
 
@@ -185,7 +185,7 @@ def join(job: ClipJob, settings: Settings, model: Path, requeued: bool = False) 
                     f"(frames {n0 + over[0]}-{n0 + b - 1} are in both): the range tasks must cover every frame once; "
                     "run them again as ranges that do not overlap, then join"
                 )
-            if requeued and os.path.isfile(job.final) and clipwrite.made_from(job.final) == signature_of(job.source):
+            if requeued and os.path.isfile(job.final) and cliprecord.made_from(job.final) == signature_of(job.source):
                 segments.remove_folder(folder)
                 return 0
             raise FrameError(

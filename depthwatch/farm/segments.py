@@ -136,7 +136,7 @@ def join(
 
     Packets are copied where the segments' codec is the depth clip's; H.264, a
     long-GOP codec, cannot be joined by copy, and is decoded and encoded once more.
-    `made_from`: the source clip's version, said in the clip (`clipwrite.made_from`); `clip`: its path (`clipwrite.made_for`).
+    `made_from`: the source clip's version, said in the clip (`cliprecord.made_from`); `clip`: its path (`cliprecord.made_for`).
     """
     kind = clipwrite.kind_for(final.suffix)
     assert kind is not None

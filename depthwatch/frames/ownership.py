@@ -29,7 +29,7 @@ from pathlib import Path
 
 from depthwatch.files import is_temp_name
 from depthwatch.frames import provenance
-from depthwatch.imaging import clipwrite
+from depthwatch.imaging import cliprecord
 
 
 def is_depth_map(path: Path, dir_fd: int | None = None) -> bool:
@@ -48,18 +48,18 @@ def is_depth_clip(path: Path) -> bool:
     FrameError where PyAV is missing and a clip file is there to read.
     """
     if path.is_dir() and not path.is_symlink():
-        return (path / clipwrite.SEQUENCE_MARKER).is_file()
+        return (path / cliprecord.SEQUENCE_MARKER).is_file()
     if not path.is_file() or path.is_symlink():
         return False
-    return clipwrite.made_here(path)
+    return cliprecord.made_here(path)
 
 
 def made_as_depth_clip(path: Path, comment: str | None = None) -> bool:
     """Whether the clip read at `path` (links followed) is a depth clip depthwatch wrote, whatever its name.
 
-    `comment`: the container's, where the caller has read it already (see `clipwrite.made_here`).
+    `comment`: the container's, where the caller has read it already (see `cliprecord.made_here`).
     """
-    return clipwrite.made_here(path, comment)
+    return cliprecord.made_here(path, comment)
 
 
 def is_temporary(path: Path) -> bool:
@@ -69,4 +69,4 @@ def is_temporary(path: Path) -> bool:
 
 def in_depth_sequence(path: Path) -> bool:
     """Whether `path` lies in a finished sequence's folder (beside its marker) or is that folder itself."""
-    return os.path.isfile(path.parent / clipwrite.SEQUENCE_MARKER) or os.path.isfile(path / clipwrite.SEQUENCE_MARKER)
+    return os.path.isfile(path.parent / cliprecord.SEQUENCE_MARKER) or os.path.isfile(path / cliprecord.SEQUENCE_MARKER)

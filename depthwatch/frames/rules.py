@@ -21,7 +21,7 @@ from depthwatch.errors import ConfigError, FrameError
 from depthwatch.frames import ownership, provenance
 from depthwatch.frames.folders import inside
 from depthwatch.frames.job import Job, Signature
-from depthwatch.imaging import clipwrite, video
+from depthwatch.imaging import cliprecord, cliptemplates, video
 from depthwatch.imaging.formats import EXTENSIONS, map_format_problem
 from depthwatch.logtext import shown
 
@@ -68,7 +68,7 @@ class Rules:
         self.clip_template = output.clip_template
         self._clip_name = _template_regex(output.clip_template)
         clip_folder = os.path.dirname(output.clip_template)
-        sequence = clipwrite.is_sequence(output.clip_template) and clip_folder
+        sequence = cliptemplates.is_sequence(output.clip_template) and clip_folder
         self._clip_folder = _template_regex(clip_folder) if sequence else None
         # The clip template's fixed absolute folder (before any field) is allowed for its outputs.
         fixed_parts = []
@@ -154,7 +154,7 @@ class Rules:
         """Where the depth map of `source` goes; FrameError if that leaves the allowed folders."""
         # The frame's name goes in literally: a frame called $HOME.jpg or ~x.jpg is no path to expand.
         if self.is_clip(source):  # an image sequence's output keeps its {frame} field
-            text = clipwrite.fill(self.clip_template, source)
+            text = cliptemplates.fill(self.clip_template, source)
         else:
             text = self.template.format(stem=source.stem, name=source.name, ext=source.suffix.lstrip("."))
         output = Path(os.path.abspath(source.parent / text))
@@ -189,7 +189,7 @@ class Rules:
         found: dict[Path, None] = dict.fromkeys(self.roots)
         for template in (self.template, self.clip_template):
             folder = os.path.dirname(template)
-            if clipwrite.is_sequence(template):
+            if cliptemplates.is_sequence(template):
                 folder = os.path.dirname(folder)
             if not folder:
                 continue
@@ -393,7 +393,7 @@ def map_is_current(source: Path, output: Path, made_with: str | None = None, mod
             # Size and mtime, not the inode: a clip is hours of work to map again, and a share that
             # gives new inodes at each reconnect, a copy with `cp -a`, or a farm worker's view of the
             # file would have it mapped again with nothing changed.
-            made = clipwrite.made_from(output)
+            made = cliprecord.made_from(output)
             if made is not None:
                 return made[:2] == (frame.st_size, frame.st_mtime_ns)
             return output.stat().st_mtime_ns >= frame.st_mtime_ns
@@ -411,7 +411,7 @@ def map_is_current(source: Path, output: Path, made_with: str | None = None, mod
 
 def _a_frames_record(folder: Path) -> dict[str, object] | None:
     """The record of one frame of the image sequence in `folder` (they all name the same clip version)."""
-    frames = clipwrite.marked_frames(folder)
+    frames = cliprecord.marked_frames(folder)
     if frames is None:
         return None
     try:

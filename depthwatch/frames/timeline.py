@@ -34,7 +34,7 @@ from types import ModuleType
 
 from depthwatch.errors import FrameError
 from depthwatch.frames.writer import atomic_write
-from depthwatch.imaging.clipwrite import timecode_frames
+from depthwatch.imaging.cliptemplates import timecode_frames
 from depthwatch.imaging.video import ClipInfo
 from depthwatch.logtext import one_line, shown
 

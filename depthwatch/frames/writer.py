@@ -35,7 +35,7 @@ from depthwatch.files import (
 from depthwatch.frames import ownership
 from depthwatch.frames.folders import LeadsOutside, Unchecked, inside, open_inside
 from depthwatch.frames.replacing import ReplaceCheck
-from depthwatch.imaging.clipwrite import SEQUENCE_MARKER, is_whole, marked_frames
+from depthwatch.imaging.cliprecord import SEQUENCE_MARKER, is_whole, marked_frames
 from depthwatch.logtext import shown
 from depthwatch.processes import left_behind
 

@@ -10,10 +10,11 @@ Most of it is pure work on bytes and arrays, with no state. What is not, and why
 - Files: a clip or a plate is opened by path by the library that reads it
   (PyAV, OpenImageIO), so `video.py` and `sourcemeta.py` read clips,
   `wholeness.py` reads a clip's structure (through the watcher's own reads
-  where it has the file open), `clipwrite.py` writes depth clips (and reads
-  an image sequence's mark), and `plates.py` hands OpenImageIO a plate's
-  bytes as a memory file (a temporary file where there is none). Reading a frame safely and writing a map
-  atomically are `frames/`'s, not this layer's.
+  where it has the file open), `clipwrite.py` writes depth clips,
+  `cliprecord.py` reads a depth clip's comment and an image sequence's mark,
+  and `plates.py` hands OpenImageIO a plate's bytes as a memory file (a
+  temporary file where there is none). Reading a frame safely and writing a
+  map atomically are `frames/`'s, not this layer's.
 - Threads: none is started here, but some code runs on several at once.
   `beside.py` hands half of a JPEG encode (`jpegstrips.py`) to another worker
   thread under a lock; `stabilise/live.py`'s Stabiliser is shared by the

@@ -18,10 +18,7 @@ The file is written under the name it is given (a temporary one: see
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
-import urllib.parse
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import partial
@@ -31,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from depthwatch.errors import FrameError, OutputError
-from depthwatch.imaging.exr import FrameMeta
+from depthwatch.imaging.cliprecord import MARK, first_frame_mark, picture_of, quoted
 from depthwatch.imaging.sourcemeta import SourceMeta
 from depthwatch.imaging.video import FIELD_ORDERS, ClipInfo, require_av
 
@@ -53,159 +50,6 @@ KINDS = {
     ".mkv": Kind("matroska", "ffv1", "gray16le", (("level", "3"), ("slicecrc", "1")), "FFV1 lossless 16-bit grey"),
     ".mp4": Kind("mp4", "libx264", "yuv420p", (("crf", "16"), ("preset", "fast")), "H.264 preview 8-bit"),
 }
-
-
-#: The container comment every depth clip carries (and a sequence folder's marker file holds).
-MARK = "depthwatch depth clip"
-#: An image sequence's folder holds this hidden file: the folder is depthwatch's to replace.
-SEQUENCE_MARKER = ".depthwatch"
-
-
-#: The marker's last line once every frame is on disk: a whole sequence, fit to be put back.
-WHOLE = "whole"
-
-
-def marker_text(frame_name: str, whole: bool = False) -> str:
-    """What the sequence marker holds: the mark, the frames' names (`{frame:04d}.png`), and whether all are there."""
-    return f"{MARK}\n{frame_name}\n" + (f"{WHOLE}\n" if whole else "")
-
-
-def is_whole(folder: Path) -> bool:
-    """Whether the sequence in `folder` was finished (its marker says so): one a kill must not cost."""
-    try:
-        with open(folder / SEQUENCE_MARKER, "rb") as f:
-            lines = f.read(4096).decode(errors="replace").splitlines()
-    except OSError:
-        return False
-    return len(lines) >= 3 and lines[0] == MARK and lines[2] == WHOLE
-
-
-def frames_pattern(frame_name: str) -> re.Pattern[str]:
-    """The names a sequence's frames have, from their template (`{frame:04d}.png`: `0000.png`, `1001.png`)."""
-    parts = re.split(r"\{frame[^}]*\}", frame_name)
-    return re.compile(r"-?\d+".join(re.escape(p) for p in parts))
-
-
-def marked_frames(folder: Path) -> re.Pattern[str] | None:
-    """The frame names the marker in `folder` gives (None: no marker, or one from before it said)."""
-    try:
-        with open(folder / SEQUENCE_MARKER, "rb") as f:
-            lines = f.read(4096).decode(errors="replace").splitlines()
-    except OSError:
-        return None
-    if len(lines) < 2 or lines[0] != MARK or "{frame" not in lines[1]:
-        return None
-    return frames_pattern(lines[1])
-
-
-def made_here(path: Path, comment: str | None = None) -> bool:
-    """Whether the clip at `path` (links followed) is a depth clip depthwatch wrote, whatever its name.
-
-    The container's comment carries the mark and a digest of the clip's first
-    video packet (`_first_frame_mark`). FFmpeg copies a comment into whatever it
-    makes of a file, so a matte graded from a depth clip, or a composite over
-    one, carries the mark too; its first packet is its own, so the digest
-    tells it from depthwatch's (and it is neither replaced nor refused as
-    input). A comment with the mark alone is a depth clip from before the
-    digest; after the digest, the version of the clip it was made from (see
-    `made_from`). `comment`: the container's, where the caller has read it already.
-    """
-    if comment is not None and not comment.startswith(MARK):
-        return False
-    av = require_av()
-    try:
-        with av.open(str(path), metadata_errors="ignore") as container:
-            if comment is None:
-                comment = _comment(container)
-            said = _COMMENT.fullmatch(comment)
-            if said is None:
-                return False
-            return said["digest"] is None or said["digest"] == _first_frame_mark(_first_packet(container))
-    except (av.FFmpegError, OSError, IndexError):
-        return False
-
-
-#: A depth clip's comment: the mark, its first packet's digest, the version of the clip it was made from, and that clip's path.
-_COMMENT = re.compile(
-    re.escape(MARK)
-    + r"(?: (?P<digest>\(first frame [0-9a-f]{16}\)))?(?: \(source (?P<size>\d+):(?P<mtime>\d+):(?P<inode>\d+)\))?"
-    + r"(?: \(clip (?P<clip>[!-~]+)\))?"
-)
-
-
-def _quoted(path: Path) -> str:
-    """`path` as printable ASCII with no space or parenthesis (percent-encoded bytes): any name fits a comment."""
-    return urllib.parse.quote(os.fsencode(os.path.abspath(path)), safe="/")
-
-
-def made_for(path: Path) -> Path | None:
-    """The path of the clip the depth clip at `path` was made from, as its comment says; None: not said
-    (a depth clip from before it was, or not one of depthwatch's).
-
-    Two clips in two folders may have one depth clip (`/out/{stem}_depth.mov`
-    from `day1/A001.mp4` and `day2/A001.mp4`): the clip named here keeps it,
-    and the other is refused, at every start alike.
-    """
-    said = _said(path)
-    if said is None or said["clip"] is None:
-        return None
-    return Path(os.fsdecode(urllib.parse.unquote_to_bytes(said["clip"])))
-
-
-def _said(path: Path) -> re.Match[str] | None:
-    av = require_av()
-    try:
-        with av.open(str(path), metadata_errors="ignore") as container:
-            return _COMMENT.fullmatch(_comment(container))
-    except (av.FFmpegError, OSError, IndexError):
-        return None
-
-
-def made_from(path: Path) -> tuple[int, int, int] | None:
-    """The version (size, mtime_ns, inode) of the clip a depth clip was made from, as its comment says; None:
-    not said (a depth clip from before it was, or not one of depthwatch's)."""
-    said = _said(path)
-    if said is None or said["size"] is None:
-        return None
-    return int(said["size"]), int(said["mtime"]), int(said["inode"])
-
-
-def _comment(container: Any) -> str:
-    tags = {str(k).lower(): str(v) for k, v in container.metadata.items()}  # Matroska says COMMENT
-    return tags.get("comment", "")
-
-
-def _first_packet(container: Any) -> bytes:
-    stream = container.streams.video[0]
-    for packet in container.demux(stream):
-        if packet.size:
-            return _picture_of(bytes(packet), stream.codec_context.name)
-    return b""
-
-
-def _first_frame_mark(data: bytes) -> str:
-    """What follows MARK in a depth clip's comment: a digest of its first video packet's picture."""
-    return f"(first frame {hashlib.blake2b(data, digest_size=8).hexdigest()})"
-
-
-def _picture_of(data: bytes, codec: str) -> bytes:
-    """The part of a packet every container keeps as it is: ProRes and FFV1 packets whole; of an
-    H.264 packet, its slices (the MP4 muxer turns the encoder's start codes into lengths and moves
-    the parameter sets into the header)."""
-    if codec != "h264":
-        return data
-    if data.startswith((b"\0\0\1", b"\0\0\0\1")):
-        units = data.split(b"\0\0\1")
-    else:  # four-byte lengths, as MP4 stores them
-        units, at = [], 0
-        while at + 4 <= len(data):
-            size = int.from_bytes(data[at : at + 4], "big")
-            units.append(data[at + 4 : at + 4 + size])
-            at += 4 + size
-    # A unit's own bytes never start or end with a zero byte: the zeros about it belong to a four-byte
-    # start code or to trailing padding, which the MP4 muxer drops.
-    units = [u.strip(b"\0") for u in units]
-    return b"".join(u for u in units if u and 1 <= (u[0] & 0x1F) <= 5)
 
 
 def kind_for(ext: str) -> Kind | None:
@@ -236,7 +80,7 @@ class ClipWriter:
         av = require_av()
         self._made_from = f" (source {made_from[0]}:{made_from[1]}:{made_from[2]})" if made_from is not None else ""
         if made_from is not None and clip is not None:
-            self._made_from += f" (clip {_quoted(clip)})"
+            self._made_from += f" (clip {quoted(clip)})"
         self._av = av
         self.kind = kind
         self._info = info
@@ -381,8 +225,8 @@ class ClipWriter:
             if lasts is not None:
                 packet.duration = lasts
             if not self._marked and packet.size:
-                picture = _picture_of(bytes(packet), self.kind.codec.replace("libx264", "h264"))
-                self._container.metadata["comment"] = f"{MARK} {_first_frame_mark(picture)}{self._made_from}"
+                picture = picture_of(bytes(packet), self.kind.codec.replace("libx264", "h264"))
+                self._container.metadata["comment"] = f"{MARK} {first_frame_mark(picture)}{self._made_from}"
                 self._marked = True
         try:
             self._container.mux(packets)
@@ -510,90 +354,3 @@ def _aspect_filter(av: Any, kind: Kind, width: int, height: int, sar: Fraction) 
 
 
 # -- image sequences: each frame's own timecode -------------------------------------------
-
-
-def sequence_frame(info: ClipInfo, k: int) -> FrameMeta:
-    """Frame k of a clip's image sequence as its EXR says it: its own timecode, the clip's rate and pixel aspect."""
-    return FrameMeta(timecode_at(info.timecode, info.rate, k) if info.timecode else None, info.rate, info.shown_sar)
-
-
-def timecode_frames(timecode: str, rate: Fraction) -> tuple[int, bool] | None:
-    """(frames since 00:00:00:00, drop-frame) for a timecode at `rate`; None if it is not one."""
-    fields = re.fullmatch(r"(\d\d):(\d\d):(\d\d)([:;.,])(\d\d)", timecode.strip())
-    if not fields:
-        return None
-    h, m, s, f = (int(fields.group(i)) for i in (1, 2, 3, 5))
-    fps = max(1, round(rate))
-    drop = fields.group(4) in ";," and fps % 30 == 0
-    skip = fps // 15 if drop else 0  # numbers skipped a minute: 2 at 29.97, 4 at 59.94
-    minutes = 60 * h + m
-    return (minutes * 60 + s) * fps + f - skip * (minutes - minutes // 10), drop
-
-
-def timecode_at(start: str, rate: Fraction, k: int) -> str | None:
-    """The timecode `k` frames after `start` (HH:MM:SS:FF; `;` before the frames for drop-frame).
-
-    Drop-frame (29.97 and 59.94) skips frame numbers 0 and 1 (0 to 3 at 59.94)
-    at the start of every minute but each tenth, as SMPTE 12M counts. None
-    when `start` is not a timecode.
-    """
-    counted = timecode_frames(start, rate)
-    if counted is None:
-        return None
-    n, drop = counted[0] + k, counted[1]
-    fps = max(1, round(rate))
-    skip = fps // 15 if drop else 0
-    if drop:
-        per_ten, per_minute = fps * 600 - skip * 9, fps * 60 - skip
-        tens, rest = divmod(n, per_ten)
-        n += skip * 9 * tens + (skip * ((rest - skip) // per_minute) if rest > skip else 0)
-    f, n = n % fps, n // fps
-    s, n = n % 60, n // 60
-    m, h = n % 60, (n // 60) % 24
-    return f"{h:02d}:{m:02d}:{s:02d}{';' if drop else ':'}{f:02d}"
-
-
-# -- output templates ----------------------------------------------------------------------
-
-#: Image formats a clip can be written out as, one file per frame (`{stem}_depth/{frame:04d}.png`).
-SEQUENCE_EXTENSIONS = (".png", ".tif", ".tiff", ".exr")
-
-
-class _FrameField:
-    """Stands in for `{frame...}` while the rest of a template is filled, keeping it for later."""
-
-    def __format__(self, spec: str) -> str:
-        return "{frame:" + spec + "}" if spec else "{frame}"
-
-
-def fill(template: str, source: Path) -> str:
-    """`template` with the clip's name filled in; a `{frame...}` field is left for each frame."""
-    return template.format(stem=source.stem, name=source.name, ext=source.suffix.lstrip("."), frame=_FrameField())
-
-
-def is_sequence(template: str) -> bool:
-    return "{frame" in template.replace("\\", "/").rsplit("/", 1)[-1]
-
-
-def template_problem(template: str) -> str | None:
-    """Why `template` cannot name a depth clip (None: it can)."""
-    try:
-        rendered = template.format(stem="clip", name="clip.mov", ext="mov", frame=1)
-    except (KeyError, IndexError, ValueError) as exc:
-        return f"{template!r} uses an unknown field {exc}; use {{stem}}, {{name}}, {{ext}} and, for image sequences, {{frame:04d}}"
-    folder, _ = os.path.split(template)
-    if "{frame" in folder:
-        return f"{template!r}: {{frame}} belongs in the file name, not in a folder"
-    suffix = Path(rendered).suffix.lower()
-    if is_sequence(template):
-        if not folder:
-            return f"{template!r}: an image sequence needs a folder of its own, like '{{stem}}_depth/{{frame:04d}}.png'"
-        if suffix not in SEQUENCE_EXTENSIONS:
-            return f"{template!r}: an image sequence must end in .png, .tif or .exr"
-        return None
-    if suffix not in KINDS:
-        return (
-            f"{template!r} must end in .mov (ProRes 422 HQ), .mkv (FFV1 16-bit) or .mp4 (H.264 preview), "
-            "or be an image sequence like '{stem}_depth/{frame:04d}.png'"
-        )
-    return None

@@ -110,7 +110,7 @@ class ClipInfo:
     #: Pixel aspect (sample aspect ratio), None for square pixels or unknown.
     sar: Fraction | None
     codec: str
-    #: The container's comment (a depth clip depthwatch made carries `clipwrite.MARK`).
+    #: The container's comment (a depth clip depthwatch made carries `cliprecord.MARK`).
     comment: str = ""
     #: Frames the clip must hold at least: what its header declares, where nothing else says the
     #: file is whole (AVI, MXF: no end structure to check). 0: no such promise (QuickTime, MP4 and
