@@ -39,3 +39,66 @@ def test_an_arrow_back_breaks_the_contract(tmp_path):
 
     assert done.returncode != 0
     assert "depthwatch.imaging is not allowed to import depthwatch.daemon" in done.stdout
+
+
+_CYCLES = """
+import sys
+import grimp
+
+graph = grimp.build_graph("depthwatch", exclude_type_checking_imports=False)
+imports = {m: sorted(graph.find_modules_directly_imported_by(m)) for m in sorted(graph.modules)}
+# Tarjan's strongly connected components, iteratively: every component of more than one module is a cycle.
+index, low, on, stack, cycles, counter = {}, {}, set(), [], [], [0]
+for root in imports:
+    if root in index:
+        continue
+    work = [(root, iter(imports[root]))]
+    index[root] = low[root] = counter[0]; counter[0] += 1; stack.append(root); on.add(root)
+    while work:
+        node, edges = work[-1]
+        for nxt in edges:
+            if nxt not in index:
+                index[nxt] = low[nxt] = counter[0]; counter[0] += 1; stack.append(nxt); on.add(nxt)
+                work.append((nxt, iter(imports[nxt])))
+                break
+            if nxt in on:
+                low[node] = min(low[node], index[nxt])
+        else:
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop(); on.discard(member); component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(" <-> ".join(sorted(component)))
+print("\\n".join(cycles))
+sys.exit(1 if cycles else 0)
+"""
+
+
+def _cycles(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _CYCLES], cwd=root, capture_output=True, text=True, timeout=240, check=False,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_no_import_cycle_among_the_modules():
+    """No module reaches, through any chain of imports (type-only ones too), back to itself."""
+    done = _cycles(REPO)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_an_import_cycle_is_caught(tmp_path):
+    shutil.copytree(REPO / "depthwatch", tmp_path / "depthwatch", ignore=shutil.ignore_patterns("__pycache__"))
+    providers = tmp_path / "depthwatch" / "model" / "providers.py"
+    providers.write_text(providers.read_text() + "\nfrom depthwatch.model import spec  # noqa\n")  # spec imports providers
+
+    done = _cycles(tmp_path)
+
+    assert done.returncode != 0
+    assert "depthwatch.model.providers" in done.stdout and "depthwatch.model.spec" in done.stdout

@@ -19,6 +19,7 @@ runtimes by more than any precision does).
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 
 import numpy as np
@@ -39,6 +40,11 @@ PROBES = 3
 TRIED = 2
 
 
+
+def can_quantize() -> bool:
+    """Whether this install can quantize a model to int8 (`quantize`: onnxruntime's tools need the `onnx` package)."""
+    return importlib.util.find_spec("onnx") is not None
+
 def candidates(provider: str, setting: str) -> tuple[list[str], str | None]:
     """The precisions to try on `provider` for this setting, fp32 first; and why a setting does not apply.
 
@@ -51,13 +57,11 @@ def candidates(provider: str, setting: str) -> tuple[list[str], str | None]:
     half its fp32 time on the trained FastDepth where onnxruntime's ran 0.9x
     (`python -m benchmarks.realint8`).
     """
-    from depthwatch.model.choosing import quantize
-
     if setting == INT8 and provider not in (providers.CPU, providers.OPENVINO):
         return [FP32], f"int8 runs on onnxruntime's CPU provider and OpenVINO; {providers.short(provider)} runs fp32"
-    if setting == INT8 and not quantize.offered():
+    if setting == INT8 and not can_quantize():
         return [FP32], "int8 needs the onnx package (pip install onnx)"
-    quantized = [INT8] if quantize.offered() else []
+    quantized = [INT8] if can_quantize() else []
     if provider == providers.OPENVINO:
         if setting == AUTO:
             from depthwatch.model.sessions import openvino

@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import importlib.util
 import logging
 import os
 import re
@@ -47,6 +46,7 @@ import numpy as np
 from depthwatch import processes
 from depthwatch.errors import ModelError
 from depthwatch.model import caches, graph_ops, providers
+from depthwatch.model.choosing.precision import can_quantize
 from depthwatch.model.sessions import ort
 
 log = logging.getLogger("depthwatch.model.engine")
@@ -60,11 +60,6 @@ CALIBRATION_S = 2.0
 #: A graph with at least this many convolutions keeps its first and last in fp32 (see above); a
 #: shallower one is quantized whole, or little of it would be int8.
 ENDS_FROM = 4
-
-
-def offered() -> bool:
-    """Whether this install can quantize (onnxruntime's tools need the `onnx` package)."""
-    return importlib.util.find_spec("onnx") is not None
 
 
 def calibration_count(run_seconds: float | None) -> int:
@@ -108,7 +103,7 @@ def cached(model: Path, cache_root: Path, state_dir: Path) -> Path | None:
     it when it is written (`_DIGEST`); a file from before that is trusted once
     and its digest kept from then on.
     """
-    if not offered():
+    if not can_quantize():
         raise ModelError("int8 needs the onnx package (pip install onnx)")
     target = _target(model, cache_root, state_dir)
     if not target.is_file():
