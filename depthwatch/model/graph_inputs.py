@@ -90,21 +90,25 @@ def _input(f: BinaryIO, end: int) -> tuple[str, list[int | str | None]] | None:
     return (name, dims) if dims is not None else None
 
 
+def graph_fields(f: BinaryIO) -> Iterator[tuple[int, int, int]]:
+    """Each field of the model's graph in the open model file `f`, as `fields` gives them."""
+    f.seek(0, 2)
+    size = f.tell()
+    f.seek(0)
+    for number, length, start in fields(f, size):
+        if number == _MODEL_GRAPH:
+            yield from fields(f, start + length)
+
+
 def declared_inputs(path: Path) -> list[tuple[str, list[int | str | None]]]:
     """Each graph input's name and dims (int, symbolic name, or None when neither)."""
     found = []
     with path.open("rb") as f:
-        f.seek(0, 2)
-        size = f.tell()
-        f.seek(0)
-        for number, length, start in fields(f, size):
-            if number != _MODEL_GRAPH:
-                continue
-            for field, value_len, at in fields(f, start + length):
-                if field == _GRAPH_INPUT:
-                    entry = _input(f, at + value_len)
-                    if entry is not None:
-                        found.append(entry)
+        for field, value_len, at in graph_fields(f):
+            if field == _GRAPH_INPUT:
+                entry = _input(f, at + value_len)
+                if entry is not None:
+                    found.append(entry)
     return found
 
 

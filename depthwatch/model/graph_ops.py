@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from depthwatch.model.graph_inputs import fields
+from depthwatch.model.graph_inputs import fields, graph_fields
 
 # Field numbers from onnx.proto.
-_MODEL_GRAPH = 7
 _GRAPH_NODE, _GRAPH_INITIALIZER = 1, 5
 _NODE_OP_TYPE = 4
 _TENSOR_DATA_TYPE = 2
@@ -36,19 +35,13 @@ def quantized(path: Path) -> bool:
     Raises OSError, ValueError or EOFError for a file that cannot be read as a model.
     """
     with path.open("rb") as f:
-        f.seek(0, 2)
-        size = f.tell()
-        f.seek(0)
-        for number, length, start in fields(f, size):
-            if number != _MODEL_GRAPH:
-                continue
-            for field, item_len, at in fields(f, start + length):
-                if field == _GRAPH_NODE:
-                    for inner, value, where in fields(f, at + item_len):
-                        if inner == _NODE_OP_TYPE and quantized_op(f.read(value).decode("utf-8", "replace")):
-                            return True
-                elif field == _GRAPH_INITIALIZER:
-                    for inner, value, where in fields(f, at + item_len):
-                        if inner == _TENSOR_DATA_TYPE and value in _QUANTIZED_TYPES:
-                            return True
+        for field, item_len, at in graph_fields(f):
+            if field == _GRAPH_NODE:
+                for inner, value, where in fields(f, at + item_len):
+                    if inner == _NODE_OP_TYPE and quantized_op(f.read(value).decode("utf-8", "replace")):
+                        return True
+            elif field == _GRAPH_INITIALIZER:
+                for inner, value, where in fields(f, at + item_len):
+                    if inner == _TENSOR_DATA_TYPE and value in _QUANTIZED_TYPES:
+                        return True
     return False
