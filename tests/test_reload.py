@@ -85,6 +85,8 @@ def test_a_model_edit_undone_while_it_loads_leaves_the_model_in_service(tmp_path
         # then swapped out again: either way, the model the config names ends up in service.
         wait_for(lambda: "not using slow.onnx: the config no longer names it; keeping tiny.onnx" in d.log() or "now using model tiny.onnx" in d.log(),
                  what="the model the config names, in service")
+        # The status file follows the log at the main loop's next write (a quarter of a second, more under load).
+        wait_for(lambda: d.status().get("model") == str(tiny_model), what="the status naming the model in service")
         status = d.status()
         assert status["model"] == str(tiny_model) and status.get("model_error") is None and status.get("config_error") is None
         write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
