@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from test_layers import run_on
+
 REPO = Path(__file__).resolve().parents[1]
 
 _CHECK = """
@@ -34,10 +36,7 @@ sys.exit(1 if problems else 0)
 
 
 def _check(root: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", _CHECK], cwd=root, capture_output=True, text=True, timeout=240, check=False,
-        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
-    )
+    return run_on(root, [sys.executable, "-c", _CHECK])
 
 
 def test_no_part_of_the_daemon_reaches_back():

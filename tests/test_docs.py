@@ -11,8 +11,6 @@ import re
 import tokenize
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "depthwatch"
 

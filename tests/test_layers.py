@@ -14,13 +14,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _lint(root: Path) -> subprocess.CompletedProcess[str]:
-    lint = Path(sys.executable).with_name("lint-imports")
+def run_on(root: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """`argv` run on the copy of the package at `root`, that copy first on the path, nothing else of this environment."""
     return subprocess.run(
-        [str(lint), "--config", str(root / "pyproject.toml"), "--no-cache"],
-        cwd=root, capture_output=True, text=True, timeout=240, check=False,
+        argv, cwd=root, capture_output=True, text=True, timeout=240, check=False,
         env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
     )
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess[str]:
+    lint = Path(sys.executable).with_name("lint-imports")
+    return run_on(root, [str(lint), "--config", str(root / "pyproject.toml"), "--no-cache"])
 
 
 def test_the_layers_are_kept():
@@ -81,10 +85,7 @@ sys.exit(1 if cycles else 0)
 
 
 def _cycles(root: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", _CYCLES], cwd=root, capture_output=True, text=True, timeout=240, check=False,
-        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
-    )
+    return run_on(root, [sys.executable, "-c", _CYCLES])
 
 
 def test_no_import_cycle_among_the_modules():
