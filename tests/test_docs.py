@@ -131,7 +131,7 @@ def test_a_module_left_out_of_layout_is_found(tmp_path):
     # A module in a folder table (daemon/), one inside a folder row (imaging/stabilise/),
     # one named inline in a package row (farm/), and one at the top of the package.
     cut = "\n".join(line for line in layout.splitlines() if not line.startswith("| `lifecycle.py`"))
-    cut = cut.replace("`motion.py`", "`moving.py`").replace("`managed.py`", "`managing.py`")
+    cut = cut.replace("`motion.py`", "`moving.py`").replace("`clipclient.py`", "`clipcustomer.py`")
     cut = cut.replace("| `errors.py`", "| `error.py`")
     (tmp_path / "docs" / "layout.md").write_text(cut, encoding="utf-8")
     package = tmp_path / PACKAGE
@@ -142,9 +142,9 @@ def test_a_module_left_out_of_layout_is_found(tmp_path):
 
     missing, gone = layout_gaps(tmp_path)
 
-    assert missing == {"daemon/lifecycle.py", "imaging/stabilise/motion.py", "farm/managed.py", "errors.py",
+    assert missing == {"daemon/lifecycle.py", "imaging/stabilise/motion.py", "farm/clipclient.py", "errors.py",
                        "daemon/newcomer.py"}
-    assert gone == {"imaging/stabilise/moving.py", "farm/managing.py", "error.py"}
+    assert gone == {"imaging/stabilise/moving.py", "farm/clipcustomer.py", "error.py"}
 
 
 def test_pages_keep_their_limits():

@@ -27,7 +27,7 @@ av = pytest.importorskip("av", reason="clips need the video extra: pip install -
 
 from benchmarks.clips import pan_clip_frames, write_clip  # noqa: E402
 from daemon_process import wait_for  # noqa: E402
-from depthwatch.farm import clipindex  # noqa: E402
+from depthwatch.clips import clipindex  # noqa: E402
 from farm_process import run_once, start_once  # noqa: E402
 from test_farm import Farm, module_farm  # noqa: E402
 

@@ -577,7 +577,7 @@ def test_a_clip_result_handler_that_raises_does_not_end_the_clip_thread(tmp_path
 
     from onnx_models import brightness_model
 
-    from depthwatch.daemon.clips import ClipRunner
+    from depthwatch.daemon.clipthread import ClipRunner
     from depthwatch.clips.job import ClipJob
     from depthwatch.frames.settings import Settings
     from depthwatch.model.engine import Engine

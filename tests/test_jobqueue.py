@@ -85,3 +85,56 @@ def test_bounded_and_closing_wakes_a_waiting_getter():
     q.close()
     getter.join(10)
     assert got == [None] and not getter.is_alive()
+
+
+def test_a_newer_version_of_a_started_job_calls_supersede_with_it_and_the_same_version_does_not():
+    q = LatestWinsQueue(10)
+    told: list[Job] = []
+    q.put(job("f.mov", "d.mov", 1))
+    running = q.get(0)
+    q.put(job("f.mov", "d.mov", 1), supersede=told.append)  # found again (a rescan): nothing
+    assert told == [] and len(q) == 0
+    q.put(job("f.mov", "d.mov", 2), supersede=told.append)
+    assert told == [running] and len(q) == 1
+    q.put(job("g.mov", "e.mov", 1), supersede=told.append)  # another output: nothing started for it
+    assert told == [running]
+
+
+def test_the_clip_thread_keeps_latest_wins_in_the_same_queue(tmp_path, monkeypatch):
+    """A clip's job goes through the frames' queue: a newer version cancels the one in progress, the same one
+    found again is not queued twice, and a full queue turns a clip away (False) for the rescan to find."""
+    from depthwatch.clips.job import ClipJob, ClipResult
+    from depthwatch.daemon.clipthread import NEWER, ClipRunner
+
+    started, results = threading.Event(), []
+    release = threading.Event()
+
+    # The clip's work (make_clip) is what this test is not about: a stand-in blocks until cancelled or released.
+    runner = ClipRunner(None, lambda: None, lambda: None, lambda j, r: results.append((j, r)), maxsize=1)  # type: ignore[arg-type]
+    calls: list[str | None] = []
+
+    def work(job, engine, settings, cancelled, gate, on_progress) -> ClipResult:
+        started.set()
+        wait_for(lambda: cancelled() is not None or release.is_set(), what="a cancel or the release")
+        calls.append(cancelled())
+        return ClipResult(job, error=cancelled())
+
+    monkeypatch.setattr("depthwatch.daemon.clipthread.make_clip", work)
+    try:
+        runner.start()
+        v1 = ClipJob(tmp_path / "a.mov", tmp_path / "a_depth.mov", (1, 1, 1))
+        assert runner.submit(v1)
+        wait_for(started.is_set, what="the first clip started")
+        assert runner.submit(ClipJob(tmp_path / "a.mov", tmp_path / "a_depth.mov", (1, 1, 1)))  # found again
+        assert runner.waiting == 0 and calls == []
+        v2 = ClipJob(tmp_path / "a.mov", tmp_path / "a_depth.mov", (2, 2, 1))
+        assert runner.submit(v2)
+        assert not runner.submit(ClipJob(tmp_path / "b.mov", tmp_path / "b_depth.mov", (1, 1, 1)))  # full: one waits
+        wait_for(lambda: len(results) >= 1, what="the first version's end")
+        assert results[0][0] is v1 and results[0][1].error == NEWER
+        release.set()
+        wait_for(lambda: len(results) == 2, what="the newer version's end")
+        assert results[1][0] is v2 and results[1][1].error is None
+    finally:
+        release.set()
+        assert runner.stop(10)

@@ -103,3 +103,43 @@ def test_an_import_cycle_is_caught(tmp_path):
 
     assert done.returncode != 0
     assert "depthwatch.model.providers" in done.stdout and "depthwatch.model.spec" in done.stdout
+
+
+_OUTSIDE = """
+import sys
+import tomllib
+import grimp
+
+layers = tomllib.load(open("pyproject.toml", "rb"))["tool"]["importlinter"]["contracts"][0]["layers"]
+roots = [name.strip() for layer in layers for part in layer.split("|") for name in part.split(":")]
+graph = grimp.build_graph("depthwatch", exclude_type_checking_imports=False)
+# A package's __init__ above its layers (the root, clips/) may stay outside them only if it imports nothing of ours.
+outside = sorted(
+    m for m in graph.modules
+    if not any(m == root or m.startswith(root + ".") for root in roots)
+    and graph.find_modules_directly_imported_by(m)
+)
+print("\\n".join(outside))
+sys.exit(1 if outside else 0)
+"""
+
+
+def _outside(root: Path) -> subprocess.CompletedProcess[str]:
+    return run_on(root, [sys.executable, "-c", _OUTSIDE])
+
+
+def test_every_module_is_in_a_layer():
+    """A module the contract's layers do not name is checked by nothing: a new module of clips/ must be placed."""
+    done = _outside(REPO)
+    assert done.returncode == 0, "outside every layer: " + done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_a_module_outside_the_layers_is_caught(tmp_path):
+    shutil.copytree(REPO / "depthwatch", tmp_path / "depthwatch", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "depthwatch" / "clips" / "newcomer.py").write_text("from depthwatch.frames import job  # noqa\n")
+
+    done = _outside(tmp_path)
+
+    assert done.returncode != 0
+    assert "depthwatch.clips.newcomer" in done.stdout

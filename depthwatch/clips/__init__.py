@@ -1,14 +1,21 @@
-"""Clips: a clip's way to its depth clip, in one streamed pass, renamed into place only once whole.
+"""Clips: the clip family in one place, from a clip's file to its depth clip in place.
 
-`job`: what a clip job is (`ClipJob`), where it stands (`Progress`), how it
-ended (`ClipResult`). `make`: the clip job itself (`make_clip`), which the
-daemon's clip thread, `once` and the farm call. `stream`: the streamed pass,
-decode -> infer -> shot planner, and the maps written behind it. `placing`:
-the temporary name beside the final one and the rename (or, for an image
-sequence, the folder swap) that puts a whole depth clip in place. `sequence`:
-an image sequence's folder begun, its frames' record, each frame written
-(local clips and the farm's workers alike).
+Two layers in one package (pyproject.toml's contract names both):
 
-Above `frames` (a clip's frames go the way a frame's settings, records and
-writes say) and below `daemon`, which runs clip jobs on a thread of its own.
+- The way, above `frames` (a clip's frames go the way a frame's settings,
+  records and writes say): `job` (what a clip job is, where it stands, how it
+  ended), `make` (a whole clip in one streamed pass, `make_clip`: what the
+  daemon's clip thread and `once` call), `stream` (decode -> infer -> shot
+  planner, the maps written behind), `placing` (the temporary name and the
+  rename or folder swap that puts a whole depth clip in place), `sequence`
+  (an image sequence's frames and their record), `timeline` (the timeline
+  beside a depth clip), and a clip in ranges, which the farm's client and
+  workers and a farm manager's own tasks call: `clipindex` (the frames in
+  presentation order, cut into ranges), `rangepass` (a range's two passes on
+  the caller's engine), `segments` (the ranges' segments and their join).
+- Its files, below `config` (`frames` and `config` ask what a clip is, where
+  its depth clip goes, whether it is depthwatch's): `media`.
+
+This file imports nothing: reading `clips.media` from the layers below the
+way must not load the way.
 """

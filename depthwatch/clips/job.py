@@ -11,9 +11,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from depthwatch.clips.media import video
 from depthwatch.frames.job import Signature
 from depthwatch.frames.result import Outcome
-from depthwatch.imaging import video
 from depthwatch.logtext import shown
 
 

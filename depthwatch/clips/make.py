@@ -17,17 +17,18 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from depthwatch.clips import sequence
+from depthwatch.clips import sequence, timeline
 from depthwatch.clips.job import ClipJob, ClipResult, Progress
+from depthwatch.clips.media import clipwrite, sourcemeta, video
 from depthwatch.clips.placing import refuse_outside, refuse_replacing, remove, rename_into_place
 from depthwatch.clips.stream import Pass, Restart, WriteBehind
 from depthwatch.errors import DepthwatchError, FrameError, OwnOutput, Superseded
-from depthwatch.frames import ownership, timeline
+from depthwatch.files import temp_name_for
+from depthwatch.frames import ownership
 from depthwatch.frames.job import signature_of
 from depthwatch.frames.settings import Settings
-from depthwatch.files import temp_name_for
 from depthwatch.frames.writer import ensure_folder, open_folder
-from depthwatch.imaging import clipwrite, codec, normalise, render, sourcemeta, video
+from depthwatch.imaging import codec, normalise, render
 from depthwatch.logtext import shown
 from depthwatch.model.engine import Engine
 from depthwatch.model.spec import ModelInfo

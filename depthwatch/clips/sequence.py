@@ -1,6 +1,6 @@
 """An image sequence of a depth clip's maps: its hidden folder begun, each frame's record, each frame written.
 
-Local `once CLIP` (`make`) and the farm's workers (`farm.cliptasks`) write a
+Local `once CLIP` (`make`) and the farm's workers (`clips.rangepass`) write a
 clip's image sequence with these same steps, so the two give the same names,
 the same pixels and the same per-frame records; `placing.rename_into_place`
 then marks the folder whole and swaps it in.
@@ -14,11 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from depthwatch.clips.media import cliprecord, cliptemplates, video
 from depthwatch.errors import OutputError
 from depthwatch.files import write_new
 from depthwatch.frames import provenance
 from depthwatch.frames.settings import Settings
-from depthwatch.imaging import cliprecord, cliptemplates, codec, video
+from depthwatch.imaging import codec
 from depthwatch.logtext import shown
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from depthwatch.clips.job import ClipJob
 from depthwatch.daemon.accounting import Accounts
 from depthwatch.daemon.blackbox import BlackBox
-from depthwatch.daemon.clips import ClipRunner
+from depthwatch.daemon.clipthread import ClipRunner
 from depthwatch.daemon.reporting import StatusReport
 from depthwatch.daemon.waiters import MapWaiters
 from depthwatch.daemon.watcher import Watcher
@@ -95,7 +95,8 @@ class Intake:
                 return
             clips = self._clips()
             if clips is not None:
-                clips.submit(ClipJob(source, output, signature, rules.output_roots(source)))
+                if not clips.submit(ClipJob(source, output, signature, rules.output_roots(source))) and not self._stopping():
+                    self._overflowed(source, "clips", clips.maxsize)
                 self._report.touch()
             return
         try:
@@ -127,18 +128,24 @@ class Intake:
 
     def enqueue(self, job: Job) -> bool:
         """Queue `job` and let the pipeline pull it; False if the queue is full (a rescan finds it later)."""
-        queue, pipeline, watcher = self._queue, self._pipeline(), self._watcher()
+        queue, pipeline = self._queue, self._pipeline()
         queued = queue.put(job)
         if queued and pipeline is not None:
             pipeline.pull()
         if not queued and not self._stopping():
-            if watcher is not None:
-                watcher.forget(job.source)  # so the rescan hands it over again
-            if not self._overflow_reported:
-                self._overflow_reported = True
-                log.warning("queue full (%d frames); the frames beyond it will be picked up by a rescan", queue.maxsize)
+            self._overflowed(job.source, "frames", queue.maxsize)
         self._report.touch()
         return queued
+
+    def _overflowed(self, source: Path, what: str, maxsize: int) -> None:
+        """A frame or a clip turned away by its full queue: the rescan after an overflow hands it over again."""
+        self._queue.overflowed = True
+        watcher = self._watcher()
+        if watcher is not None:
+            watcher.forget(source)
+        if not self._overflow_reported:
+            self._overflow_reported = True
+            log.warning("queue full (%d %s); the %s beyond it will be picked up by a rescan", maxsize, what, what)
 
     def rescan_after_overflow(self) -> None:
         """After the queue turned frames away, look for them once it has room again (main loop)."""

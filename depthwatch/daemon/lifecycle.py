@@ -7,7 +7,7 @@ Threads, and what each one does:
   settle        decides when a dropped file is complete, queues its job, watches the folders' health
   scan          scans a folder moved in, or watched again, for frames whose maps are missing
   workers (N)   read, decode, render, encode, write; the pipeline pulls queued jobs as slots free
-  clip          one clip job at a time, after the live frames (see `daemon.clips`)
+  clip          one clip job at a time, after the live frames (see `daemon.clipthread`)
   api           only with `api.enabled`: waitress's loop and its request threads (see `api`)
 Every one of them is joined on shutdown, which is bounded by
 `daemon.shutdown_timeout_s`; the service definitions give it 5 s more before SIGKILL.
@@ -38,7 +38,7 @@ from depthwatch.daemon.accounting import Accounts
 from depthwatch.daemon.apistart import start_api
 from depthwatch.daemon.backend import ApiBackend
 from depthwatch.daemon.blackbox import BlackBox
-from depthwatch.daemon.clips import ClipRunner
+from depthwatch.daemon.clipthread import ClipRunner
 from depthwatch.daemon.intake import Intake
 from depthwatch.daemon.locks import FolderLocks
 from depthwatch.daemon.modelhealth import ModelHealth
@@ -105,7 +105,7 @@ class Daemon:
         self.settings = Settings.from_config(config, watching=True)
         self.engine: Engine | None = None
         self.pipeline: Pipeline | None = None
-        self.queue = LatestWinsQueue(config.daemon.queue_size)
+        self.queue: LatestWinsQueue[Job] = LatestWinsQueue(config.daemon.queue_size)
         self.rules = Rules(config.watch, config.output)
         self.watcher: Watcher | None = None
         #: Set by run(): a thread was still running after the shutdown's time bound.
@@ -298,7 +298,7 @@ class Daemon:
         self.pipeline.feed(self.queue, lambda: self.settings, self.accounts.finished)
         self.clips = ClipRunner(
             self.engine, lambda: self.settings, self.intake.clip_gate, self.accounts.clip_finished, self.report.clip_progress,
-            niceness=config.daemon.worker_niceness, slot=self.supervisor.slot("clip"),
+            niceness=config.daemon.worker_niceness, slot=self.supervisor.slot("clip"), maxsize=config.daemon.queue_size,
         ).start()
         if config.api.enabled:
             try:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from depthwatch.daemon.clips import ClipRunner
+from depthwatch.daemon.clipthread import ClipRunner
 from depthwatch.daemon.status import Status
 from depthwatch.daemon.watcher import Watcher
 from depthwatch.errors import OutputError

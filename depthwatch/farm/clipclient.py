@@ -44,21 +44,23 @@ from typing import Any
 
 import numpy as np
 
+from depthwatch.clips import segments, timeline
+from depthwatch.clips.clipindex import ClipIndex, ranges
+from depthwatch.clips.clipindex import read as read_index
+from depthwatch.clips.media import sourcemeta, video
 from depthwatch.clips.placing import refuse_replacing, remove, rename_into_place
+from depthwatch.clips.rangepass import ClipRange, RangeReport
 from depthwatch.config import Config
 from depthwatch.errors import DepthwatchError, FarmError
-from depthwatch.farm import segments
-from depthwatch.farm.clipindex import ClipIndex, ranges
-from depthwatch.farm.clipindex import read as read_index
 from depthwatch.farm.client import connect, say_if_no_workers
-from depthwatch.farm.cliptasks import ClipRange, RangeReport, collect_clip_range, render_clip_range
+from depthwatch.farm.cliptasks import collect_clip_range, render_clip_range
 from depthwatch.farm.tasks import RESOURCE
-from depthwatch.frames.settings import Settings
-from depthwatch.frames import ownership, timeline
-from depthwatch.frames.job import signature_of
 from depthwatch.files import temp_name_for
+from depthwatch.frames import ownership
+from depthwatch.frames.job import signature_of
+from depthwatch.frames.settings import Settings
 from depthwatch.frames.writer import sweep_temp_files_for
-from depthwatch.imaging import codec, normalise, sourcemeta, stabilise, video
+from depthwatch.imaging import codec, normalise, stabilise
 from depthwatch.logtext import shown
 
 #: A clip's range is this many times `farm.frames_per_task` frames (a frame of a clip costs a

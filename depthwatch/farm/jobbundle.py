@@ -101,10 +101,10 @@ def model_of(config: Any) -> str:
 def clip_job(clip: Any, output: str | None, config: Any, model: str, chunk: int, timeline: bool) -> Job:
     """The job of one clip's depth clip (`clip`: its `ClipJob`); FrameError or ConfigError for a clip its
     range tasks could not map."""
-    from depthwatch.farm import managed
-    from depthwatch.farm.clipindex import read as read_index
+    from depthwatch.batch import rangetasks
+    from depthwatch.clips.clipindex import read as read_index
 
-    managed.depth_clip_kind(clip)  # an image sequence is made on one node or with once --farm
+    rangetasks.depth_clip_kind(clip)  # an image sequence is made on one node or with once --farm
     count = len(read_index(clip.source))
     if count == 0:
         raise FrameError(f"{shown(clip.source)}: has no frames to map")

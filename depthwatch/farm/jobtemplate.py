@@ -6,7 +6,7 @@ here, task by task, as a farm would. `jobbundle` writes these three as its files
 
 - the template (`jobtemplate-2023-09`): the job's parameters and steps. A
   clip is a step of range tasks (`once CLIP --frames A-B`, each making its
-  range's segment, `farm.managed`), cut by OpenJD's own task chunking
+  range's segment, `batch.rangetasks`), cut by OpenJD's own task chunking
   (`CHUNK[INT]`, contiguous chunks of `ChunkSize` frames), then a join step
   that depends on it (`once CLIP --join`). A folder of numbered frames is one
   step of range tasks over its frame numbers (`once DIR --frames A-B`). Both

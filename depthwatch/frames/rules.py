@@ -16,12 +16,12 @@ import string
 from collections.abc import Iterable
 from pathlib import Path
 
+from depthwatch.clips.media import cliprecord, cliptemplates, video
 from depthwatch.config import OutputConfig, WatchConfig
 from depthwatch.errors import ConfigError, FrameError
 from depthwatch.frames import ownership, provenance
 from depthwatch.frames.folders import inside
 from depthwatch.frames.job import Job, Signature
-from depthwatch.imaging import cliprecord, cliptemplates, video
 from depthwatch.imaging.formats import EXTENSIONS, map_format_problem
 from depthwatch.logtext import shown
 

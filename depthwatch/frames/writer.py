@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 
+from depthwatch.clips.media.cliprecord import SEQUENCE_MARKER, is_whole, marked_frames
 from depthwatch.errors import OutputError
 from depthwatch.files import (
     is_temp_name,
@@ -35,7 +36,6 @@ from depthwatch.files import (
 from depthwatch.frames import ownership
 from depthwatch.frames.folders import LeadsOutside, Unchecked, inside, open_inside
 from depthwatch.frames.replacing import ReplaceCheck
-from depthwatch.imaging.cliprecord import SEQUENCE_MARKER, is_whole, marked_frames
 from depthwatch.logtext import shown
 from depthwatch.processes import left_behind
 

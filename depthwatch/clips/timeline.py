@@ -32,10 +32,10 @@ from fractions import Fraction
 from pathlib import Path
 from types import ModuleType
 
+from depthwatch.clips.media.cliptemplates import timecode_frames
+from depthwatch.clips.media.video import ClipInfo
 from depthwatch.errors import FrameError
 from depthwatch.frames.writer import atomic_write
-from depthwatch.imaging.cliptemplates import timecode_frames
-from depthwatch.imaging.video import ClipInfo
 from depthwatch.logtext import one_line, shown
 
 #: In every timeline depthwatch writes (OTIO metadata, an FCPXML comment): its own to replace.

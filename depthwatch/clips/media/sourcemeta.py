@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from depthwatch.imaging.video import picture_stream, require_av
+from depthwatch.clips.media.video import picture_stream, require_av
 from depthwatch.logtext import shown
 
 log = logging.getLogger("depthwatch.clips")

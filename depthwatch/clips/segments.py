@@ -45,12 +45,12 @@ import shutil
 from pathlib import Path
 
 from depthwatch.clips import sequence
+from depthwatch.clips.media import clipwrite
+from depthwatch.clips.media.sourcemeta import SourceMeta
+from depthwatch.clips.media.video import ClipInfo, require_av
 from depthwatch.errors import FrameError, OutputError
 from depthwatch.frames import ownership
 from depthwatch.frames.settings import Settings
-from depthwatch.imaging import clipwrite
-from depthwatch.imaging.sourcemeta import SourceMeta
-from depthwatch.imaging.video import ClipInfo, require_av
 from depthwatch.logtext import shown
 
 #: The intra-only kind each output kind's segments are written in.

@@ -25,25 +25,25 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 from depthwatch.batch.inputs import frame_range
 from depthwatch.batch.taskprogress import TaskProgress
+from depthwatch.clips import segments, timeline
+from depthwatch.clips.clipindex import ClipIndex
+from depthwatch.clips.clipindex import read as read_index
 from depthwatch.clips.job import ClipJob
+from depthwatch.clips.media import cliprecord, clipwrite, sourcemeta, video
+from depthwatch.clips.rangepass import ClipRange, inferred
 from depthwatch.errors import ConfigError, FrameError, OutputError
-from depthwatch.farm import segments
-from depthwatch.farm.clipindex import ClipIndex
-from depthwatch.farm.clipindex import read as read_index
-from depthwatch.farm.cliptasks import ClipRange, inferred
-from depthwatch.files import sha256_of
-from depthwatch.frames import ownership, timeline
+from depthwatch.files import sha256_of, temp_name_for
+from depthwatch.frames import ownership
 from depthwatch.frames.job import signature_of
 from depthwatch.frames.settings import Settings
-from depthwatch.files import temp_name_for
-from depthwatch.imaging import cliprecord, clipwrite, normalise, render, sourcemeta, stabilise, video
+from depthwatch.imaging import normalise, render, stabilise
 from depthwatch.logtext import shown
 from depthwatch.model.engine import Engine
 

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from depthwatch.clips.media.cliprecord import MARK, first_frame_mark, picture_of, quoted
+from depthwatch.clips.media.sourcemeta import SourceMeta
+from depthwatch.clips.media.video import FIELD_ORDERS, ClipInfo, require_av
 from depthwatch.errors import FrameError, OutputError
-from depthwatch.imaging.cliprecord import MARK, first_frame_mark, picture_of, quoted
-from depthwatch.imaging.sourcemeta import SourceMeta
-from depthwatch.imaging.video import FIELD_ORDERS, ClipInfo, require_av
 
 
 @dataclass(frozen=True)

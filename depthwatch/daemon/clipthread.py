@@ -7,8 +7,9 @@ inference thread at BACKGROUND priority (behind every live frame queued), and
 before each frame waits at the daemon's gate while any live frame is queued
 or in flight. A live frame then waits for one clip inference at most.
 
-Latest wins, as for frames: a newer version of a clip (rewritten in place,
-copied over) cancels the job in progress for its output, which removes its
+Latest wins, as for frames, in the frames' own queue (`LatestWinsQueue`): a
+newer version of a clip (rewritten in place, copied over) replaces the one
+waiting, and cancels the job in progress for its output, which removes its
 temporary file, and the new version starts over. A stop does the same and
 leaves the clip for the next start's scan. Another clip that would get the
 same depth clip is refused with one line; it never cancels the job in progress.
@@ -19,14 +20,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from depthwatch.clips.job import ClipJob, ClipResult, Progress
 from depthwatch.clips.make import make_clip
-from depthwatch.frames.job import same_source_version
+from depthwatch.frames.jobqueue import LatestWinsQueue
 from depthwatch.frames.rules import clips_sharing
 from depthwatch.frames.settings import Settings
 from depthwatch.logtext import shown
@@ -55,9 +55,11 @@ class ClipRunner:
         on_progress: Callable[[], None] = lambda: None,
         niceness: int = 0,
         slot: Slot | None = None,
+        maxsize: int = 1000,
     ) -> None:
         """`niceness`: as the workers' (daemon.worker_niceness), below the inference thread. `slot`:
-        the supervisor's record of this thread, told which clip it works on."""
+        the supervisor's record of this thread, told which clip it works on. `maxsize`: clips waiting
+        at most (a clip turned away is found again by the rescan after an overflow)."""
         self._slot = slot
         self._engine = engine
         self._settings = settings
@@ -65,11 +67,11 @@ class ClipRunner:
         self._on_result = on_result
         self._on_progress = on_progress
         self._niceness = niceness
-        self._cond = threading.Condition()
-        self._waiting: OrderedDict[Path, ClipJob] = OrderedDict()
+        self._queue: LatestWinsQueue[ClipJob] = LatestWinsQueue(maxsize)
+        self._lock = threading.Lock()
+        #: Why the job in progress is to end, and which job that is (a cancel outlives no job).
+        self._cancel: tuple[ClipJob, str] | None = None
         self._current: ClipJob | None = None
-        self._cancel: str | None = None
-        self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="depthwatch-clip", daemon=True)
         #: The job in progress (None when idle); read by the status file.
         self.progress: Progress | None = None
@@ -78,49 +80,48 @@ class ClipRunner:
         self._thread.start()
         return self
 
-    def submit(self, job: ClipJob) -> None:
-        """Queue a clip; a newer version of the one in progress cancels it, another clip for its output is refused."""
-        with self._cond:
-            if self._stopping:
-                return
-            rival = next((j for j in (self._current, self._waiting.get(job.output)) if _rival(j, job)), None)
-        if rival is not None:  # outside the lock: the result's line is logged and counted
+    def submit(self, job: ClipJob) -> bool:
+        """Queue a clip; a newer version of the one in progress cancels it, another clip for its output is refused.
+
+        False: the queue is full (the clip is found again by the rescan after an overflow).
+        """
+        if self._queue.closed:
+            return True
+        rival = next((j for j in (self._queue.started_for(job.output), self._queue.waiting_for(job.output)) if _rival(j, job)), None)
+        if rival is not None:  # the result's line is logged and counted
             self._on_result(job, ClipResult(job, error=clips_sharing(rival.source, job.final)))
-            return
-        with self._cond:
-            if self._stopping:
-                return
-            current = self._current
-            if current is not None and current.output == job.output:
-                if same_source_version(current, job):
-                    return  # the same version, found again (a rescan)
-                self._cancel = NEWER
-            waiting = self._waiting.get(job.output)
-            if same_source_version(waiting, job):
-                return
-            self._waiting[job.output] = job
-            self._waiting.move_to_end(job.output)
-            self._cond.notify_all()
+            return True
+        return self._queue.put(job, supersede=self._newer)
+
+    def _newer(self, started: ClipJob) -> None:
+        """Under the queue's lock: another version of the clip `started` arrived; it ends, and the new one starts over."""
+        with self._lock:
+            self._cancel = (started, NEWER)
 
     @property
     def waiting(self) -> int:
-        with self._cond:
-            return len(self._waiting)
+        return len(self._queue)
+
+    @property
+    def maxsize(self) -> int:
+        return self._queue.maxsize
 
     def stop(self, timeout: float | None = None) -> bool:
         """Cancel the job in progress (its temporary file goes), drop the waiting ones, join; True if it ended."""
-        with self._cond:
-            self._stopping = True
-            self._waiting.clear()
+        self._queue.close()
+        with self._lock:
             if self._current is not None:
-                self._cancel = STOPPED_BY_SHUTDOWN
-            self._cond.notify_all()
+                self._cancel = (self._current, STOPPED_BY_SHUTDOWN)
         if self._thread.ident is not None:
             self._thread.join(timeout)
         return not self._thread.is_alive()
 
     def _cancelled(self) -> str | None:
-        return self._cancel
+        with self._lock:
+            cancel = self._cancel
+            if cancel is not None and cancel[0] is self._current:
+                return cancel[1]
+            return STOPPED_BY_SHUTDOWN if self._queue.closed else None
 
     def _progress(self, progress: Progress) -> None:
         self.progress = progress
@@ -129,13 +130,11 @@ class ClipRunner:
     def _loop(self) -> None:
         yield_to_inference(self._niceness)
         while True:
-            with self._cond:
-                while not self._waiting and not self._stopping:
-                    self._cond.wait()
-                if self._stopping:
-                    return
-                _, job = self._waiting.popitem(last=False)
-                self._current, self._cancel = job, None
+            job = self._queue.get()
+            if job is None:  # closed: the daemon stops
+                return
+            with self._lock:
+                self._current = job
             log.info("clip %s -> %s: started", shown(job.source.name), shown(job.final.name))
             if self._slot is not None:
                 self._slot.working((job.source, job.signature) if job.signature is not None else None, "clip")
@@ -149,8 +148,9 @@ class ClipRunner:
             finally:
                 if self._slot is not None:
                     self._slot.idle()
-            with self._cond:
-                self._current, self.progress = None, None
+            with self._lock:
+                self._current, self._cancel, self.progress = None, None, None
+            self._queue.done(job)  # the same version found again is queued anew from here on
             try:
                 self._on_result(job, result)
                 self._on_progress()
