@@ -22,6 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from benchmarks import bookkeeping
 from benchmarks import clips as clip_bench
 from benchmarks import farm as farm_bench
 from benchmarks import farmclips as farmclips_bench
@@ -33,7 +34,7 @@ from benchmarks.daemon import Knobs
 from benchmarks.processes import BenchError
 from depthwatch.errors import DepthwatchError
 
-SCENARIOS = ("classic", "predict", "burst", "latency", "memory", "refine", "stable", "farm", "clips", "first-start")
+SCENARIOS = ("classic", "predict", "burst", "bookkeeping", "latency", "memory", "refine", "stable", "farm", "clips", "first-start")
 
 
 def _ints(text: str) -> list[int]:
@@ -277,6 +278,8 @@ def _bench(args: argparse.Namespace, work: Path) -> int:
                 s["burst_ort"] = _run(
                     results, "depthwatch burst (CPU fp32)", lambda: scenarios.burst(plan, ort_knobs, name="burst-ort")
                 )
+        if "bookkeeping" not in args.skip:
+            s["bookkeeping"] = _run(results, "the daemon's bookkeeping per frame (notes, heartbeat)", lambda: bookkeeping.cost(work))
         if "latency" not in args.skip:
             one_at_a_time = _run(results, "depthwatch latency and scrub", lambda: scenarios.latency_and_scrub(plan))
             if one_at_a_time:

@@ -144,6 +144,8 @@ def derive(results: dict[str, Any]) -> dict[str, Any]:
         "daemon_startup_s": _median(startups),
         "bare_startup_s": _median(_get(s, "bare", "startup_s") or []),
         "burst_edges_vs_none": _ratio(burst, _get(s, "refine_none", "burst", "fps")),
+        # The supervisor's per-frame notes as a share of one burst frame's time (its frames/s inverted).
+        "bookkeeping_share_of_burst_frame": _ratio(_get(s, "bookkeeping", "notes_us_per_frame"), _ratio(1e6, burst)),
         "latency_p50_edges_minus_none_ms": None
         if p50 is None or _get(s, "refine_none", "latency", "p50_ms") is None
         else p50 - _get(s, "refine_none", "latency", "p50_ms"),
@@ -414,6 +416,14 @@ def table(results: dict[str, Any]) -> str:
         )
         if stages:
             lines.append(f"  latency, daemon's own stage medians (ms): {stages}")
+    bk = s.get("bookkeeping")
+    if bk:
+        lines.append(
+            f"bookkeeping (the supervisor's notes, one core): {_f(bk['notes_us_per_frame'])} us/frame, "
+            f"{_f(d.get('bookkeeping_share_of_burst_frame'), '.2%')} of a burst frame's {_f(_ratio(1000, _get(s, 'burst', 'fps')), '.2f')} ms; "
+            f"heartbeat: a {_f(bk['heartbeat_write_us'] / 1000, '.2f')} ms status write every 5 s, "
+            f"{_f(bk['heartbeat_core_share'], '.3%')} of a core"
+        )
     rn = s.get("refine_none")
     if rn:
         lines.append(

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SCENARIOS = {
     "costs", "ceiling", "classic_flask", "classic_gunicorn", "classic_full", "bare", "burst", "latency", "scrub", "daemon",
-    "refine_none", "refine_micro", "predict", "normalise",
+    "refine_none", "refine_micro", "predict", "normalise", "bookkeeping",
 }
 
 
@@ -89,6 +89,10 @@ def test_quick_benchmark_runs_every_scenario(tmp_path: Path) -> None:
 
     for name in ("ceiling", "classic_flask", "classic_gunicorn", "burst"):
         assert _positive(s[name]["fps"]), name
+    # What the daemon's own bookkeeping costs a frame, set against the burst's frame in the same run.
+    assert _positive(s["bookkeeping"]["notes_us_per_frame"]) and _positive(s["bookkeeping"]["heartbeat_write_us"])
+    assert _positive(results["derived"]["bookkeeping_share_of_burst_frame"])
+    assert "bookkeeping (the supervisor's notes, one core):" in stdout
     if not results["machine"]["accelerated"]:
         assert _positive(s["parallel_ceiling"]["fps"])
         # One inference at a time: a run's CPU on the engine's threads, and the bound that leaves,
