@@ -99,7 +99,7 @@ def _terminate(signum: int, frame: object) -> None:
 def _interrupted(args: argparse.Namespace, how: str = "Ctrl-C") -> str:
     if args.command != "once":
         return f"interrupted ({how})"
-    from depthwatch.clips.media.video import is_clip_name
+    from depthwatch.media.video import is_clip_name
 
     if getattr(args, "join", False):  # the segments are its input: they go only once the depth clip is whole
         return f"interrupted ({how}): no partial depth clip stays, and the segments stay until a join ends; the same command again joins them"

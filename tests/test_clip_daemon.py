@@ -31,7 +31,7 @@ from benchmarks.clips import pan_clip_frames, photos, write_clip  # noqa: E402
 from benchmarks.frames import pan_frames  # noqa: E402
 from conftest import FASTDEPTH, fill_disk, quadrant_frame, write_by_rename  # noqa: E402
 from daemon_process import DaemonProcess, wait_for  # noqa: E402
-from depthwatch.clips.media import video, wholeness  # noqa: E402
+from depthwatch.media import video, wholeness  # noqa: E402
 from test_clips import probe  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
@@ -487,7 +487,7 @@ def test_a_recursive_watch_never_takes_its_own_sequences_or_depth_clips_for_inpu
     (in the hidden folder) and once in place, are never mapped; nor is a depth clip depthwatch made, under any name.
     The clip exported again makes the sequence again, and a user's file saved in its folder stays."""
     from depthwatch.frames import ownership
-    from depthwatch.clips.media import cliprecord, clipwrite
+    from depthwatch.media import cliprecord, clipwrite
 
     if not FASTDEPTH.is_file():
         pytest.skip(f"the real model {FASTDEPTH} is not here")

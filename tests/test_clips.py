@@ -369,7 +369,7 @@ def test_a_dead_writers_temporary_sequence_folder_is_swept(tmp_path: Path) -> No
 
     from depthwatch.files import temp_name_for
     from depthwatch.frames.writer import sweep_temp_files
-    from depthwatch.clips.media import cliprecord
+    from depthwatch.media import cliprecord
 
     dead = tmp_path / ".shot_depth.999999999-0123abcd.dwtmp"
     dead.mkdir()
@@ -395,8 +395,8 @@ def test_a_clip_writer_that_cannot_start_leaves_no_file(tmp_path: Path, kind: tu
     """The writer creates its file first; one that cannot start (an encoder or a container FFmpeg refuses,
     or a farm manager's SIGTERM arriving meanwhile) had no caller to remove it yet: a range task cancelled
     that way left its partial segment (seen on a loaded AVX2 machine, one run in three)."""
-    from depthwatch.clips.media import clipwrite
-    from depthwatch.clips.media.video import ClipInfo
+    from depthwatch.media import clipwrite
+    from depthwatch.media.video import ClipInfo
 
     container, encoder = kind
     info = ClipInfo(96, 64, Fraction(24), 10, None, None, "prores")
@@ -415,7 +415,7 @@ def test_the_farm_clients_sweep_takes_a_killed_joins_temporary_sequence_folder_a
 ) -> None:
     """`once --farm` sweeps its targets' leftovers after a job: a sequence folder a killed client left too."""
     from depthwatch.frames.writer import sweep_temp_files_for
-    from depthwatch.clips.media import cliprecord
+    from depthwatch.media import cliprecord
 
     target = tmp_path / "shot_depth"
     killed = tmp_path / ".shot_depth.4242-0123abcd.dwtmp"  # a worker's pid, on another machine
@@ -483,7 +483,7 @@ def test_a_kill_between_the_renames_of_a_swap_costs_no_sequence(tmp_path: Path) 
     import os
 
     from depthwatch.frames.writer import sweep_temp_files
-    from depthwatch.clips.media import cliprecord
+    from depthwatch.media import cliprecord
 
     def sequence(name: str, frames: bytes, whole: bool, age_s: int) -> Path:
         folder = tmp_path / name
@@ -661,7 +661,7 @@ def _faststart(path: Path, count: int = 24) -> bytes:
 
 
 def _state(path: Path) -> tuple[bool | None, bool]:
-    from depthwatch.clips.media import wholeness
+    from depthwatch.media import wholeness
 
     with open(path, "rb") as f:
         return wholeness.state_at(lambda offset, n: os.pread(f.fileno(), n, offset), os.stat(path).st_size)
@@ -700,7 +700,7 @@ def test_a_depth_clip_names_its_clip_which_keeps_it_but_a_copied_folder_is_its_o
     """`/out/{stem}_depth.mov` from day1/A001.mov: day2/A001.mov is refused in one line while day1's is there (the
     depth clip names its clip), and maps once it is gone; a folder copied with its depth clip (dates not kept)
     is mapped again in its new place, not refused for the clip it was copied from."""
-    from depthwatch.clips.media import cliprecord
+    from depthwatch.media import cliprecord
 
     out = tmp_path / "out"
     for day in ("day1", "day2"):
@@ -748,7 +748,7 @@ def test_a_crafted_index_gives_no_verdict_and_no_error(tmp_path: Path) -> None:
     and never raises (the settle thread must go on)."""
     import random
 
-    from depthwatch.clips.media import mp4index, wholeness
+    from depthwatch.media import mp4index, wholeness
 
     data = bytearray(_faststart(tmp_path / "fast.mp4", 24))
     _whole, _last, (start, end) = wholeness._boxes_complete(lambda o, n: bytes(data[o : o + n]), len(data))
@@ -765,7 +765,7 @@ def test_a_crafted_index_gives_no_verdict_and_no_error(tmp_path: Path) -> None:
 
 def test_the_box_walk_is_bounded(tmp_path: Path) -> None:
     """8 MiB of 8-byte boxes: the walk stops at MOST_TOP_BOXES and leaves it to settling (no verdict)."""
-    from depthwatch.clips.media import wholeness
+    from depthwatch.media import wholeness
 
     crafted = tmp_path / "crafted.mp4"
     crafted.write_bytes(b"\x00\x00\x00\x10ftypisom\x00\x00\x02\x00" + b"\x00\x00\x00\x08free" * (1 << 20))

@@ -530,7 +530,7 @@ def test_a_turned_anamorphic_clips_exr_sequence_says_the_upright_pixel_aspect(tm
 
 def test_a_clips_sequence_is_numbered_from_0_by_default(tmp_path: Path) -> None:
     """And a sequence folder a killed `once` left half written goes at the next run beside it."""
-    from depthwatch.clips.media import cliprecord
+    from depthwatch.media import cliprecord
 
     source = tmp_path / "short.mov"
     write_clip(source, pan_clip_frames(SIZE, 3, step=8), codec="prores")

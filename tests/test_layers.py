@@ -113,7 +113,7 @@ import grimp
 layers = tomllib.load(open("pyproject.toml", "rb"))["tool"]["importlinter"]["contracts"][0]["layers"]
 roots = [name.strip() for layer in layers for part in layer.split("|") for name in part.split(":")]
 graph = grimp.build_graph("depthwatch", exclude_type_checking_imports=False)
-# A package's __init__ above its layers (the root, clips/) may stay outside them only if it imports nothing of ours.
+# The package's own __init__ may stay outside the layers only while it imports nothing of ours.
 outside = sorted(
     m for m in graph.modules
     if not any(m == root or m.startswith(root + ".") for root in roots)
@@ -129,7 +129,7 @@ def _outside(root: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_every_module_is_in_a_layer():
-    """A module the contract's layers do not name is checked by nothing: a new module of clips/ must be placed."""
+    """A module the contract's layers do not name is checked by nothing: a new module beside `files` must be placed."""
     done = _outside(REPO)
     assert done.returncode == 0, "outside every layer: " + done.stdout[-3000:] + done.stderr[-2000:]
 
@@ -137,9 +137,49 @@ def test_every_module_is_in_a_layer():
 def test_a_module_outside_the_layers_is_caught(tmp_path):
     shutil.copytree(REPO / "depthwatch", tmp_path / "depthwatch", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    (tmp_path / "depthwatch" / "clips" / "newcomer.py").write_text("from depthwatch.frames import job  # noqa\n")
+    (tmp_path / "depthwatch" / "newcomer.py").write_text("from depthwatch.frames import job  # noqa\n")
 
     done = _outside(tmp_path)
 
     assert done.returncode != 0
-    assert "depthwatch.clips.newcomer" in done.stdout
+    assert "depthwatch.newcomer" in done.stdout
+
+
+_CLIP_INTERFACE = """
+import sys
+import grimp
+
+graph = grimp.build_graph("depthwatch", exclude_type_checking_imports=False)
+# What callers may import of clips/: the package (its names) and the modules it hands on for a clip in ranges.
+open_to_callers = {"depthwatch.clips", *(f"depthwatch.clips.{m}" for m in ("clipindex", "rangepass", "segments", "timeline"))}
+reached = sorted(
+    f"{caller} -> {module}"
+    for module in graph.find_children("depthwatch.clips")
+    if module not in open_to_callers
+    for caller in graph.find_modules_that_directly_import(module)
+    if not caller.startswith("depthwatch.clips")
+)
+print("\\n".join(reached))
+sys.exit(1 if reached else 0)
+"""
+
+
+def _clip_interface(root: Path) -> subprocess.CompletedProcess[str]:
+    return run_on(root, [sys.executable, "-c", _CLIP_INTERFACE])
+
+
+def test_the_daemon_once_and_the_farm_reach_clips_through_its_interface():
+    """Outside clips/, nothing imports the way's own modules (the job, make, stream, placing, sequence)."""
+    done = _clip_interface(REPO)
+    assert done.returncode == 0, "past the clips interface: " + done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_a_caller_reaching_past_the_clips_interface_is_caught(tmp_path):
+    shutil.copytree(REPO / "depthwatch", tmp_path / "depthwatch", ignore=shutil.ignore_patterns("__pycache__"))
+    intake = tmp_path / "depthwatch" / "daemon" / "intake.py"
+    intake.write_text(intake.read_text() + "\nfrom depthwatch.clips import stream  # noqa\n")
+
+    done = _clip_interface(tmp_path)
+
+    assert done.returncode != 0
+    assert "depthwatch.daemon.intake -> depthwatch.clips.stream" in done.stdout

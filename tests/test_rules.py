@@ -78,7 +78,7 @@ def test_what_is_a_frame(tmp_path: Path) -> None:
 
 def test_a_sequence_is_never_a_frame_while_written_or_once_in_place_whatever_its_name(tmp_path: Path) -> None:
     """By mark, not by name: inside depthwatch's temporary folder, or beside a sequence marker, with any template."""
-    from depthwatch.clips.media import cliprecord
+    from depthwatch.media import cliprecord
 
     r = Rules(
         WatchConfig(folders=(tmp_path,), patterns=("*.png",), recursive=True),

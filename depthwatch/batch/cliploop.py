@@ -16,7 +16,7 @@ from depthwatch.batch.vetting import sweep_left_behind
 
 def run(jobs: list[Any], refused: list[str], config: Any, engine: Any = None) -> int:
     """Each clip to its depth clip (`refused`: a line for each clip refused, said first); returns the failures."""
-    from depthwatch.clips.make import make_clip
+    from depthwatch.clips import make_clip
     from depthwatch.frames.settings import Settings
     from depthwatch.model import catalogue
     from depthwatch.model.engine import Engine

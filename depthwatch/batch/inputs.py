@@ -11,13 +11,13 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from depthwatch.clips.media.video import CLIP_EXTENSIONS, is_clip_name
 from depthwatch.config import OutputConfig, WatchConfig
 from depthwatch.errors import ConfigError, FrameError, InputError
 from depthwatch.frames import ownership
 from depthwatch.frames.rules import Rules
 from depthwatch.imaging.formats import EXTENSIONS
 from depthwatch.logtext import shown
+from depthwatch.media.video import CLIP_EXTENSIONS, is_clip_name
 
 #: Beside each input unless -o says otherwise; a fixed name would collide across inputs.
 DEFAULT_TEMPLATE = "{stem}_depth.jpg"
@@ -66,7 +66,7 @@ def template_for(output: str | None, single: bool, default: str = DEFAULT_TEMPLA
 
 def names_clip_output(output: str) -> bool:
     """Whether -o names a depth clip (.mov, .mkv, .mp4) or an image-sequence template."""
-    from depthwatch.clips.media import cliptemplates, clipwrite
+    from depthwatch.media import cliptemplates, clipwrite
 
     return clipwrite.kind_for(Path(output).suffix) is not None or cliptemplates.is_sequence(output)
 

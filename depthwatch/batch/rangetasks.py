@@ -32,12 +32,7 @@ from typing import Any
 
 from depthwatch.batch.inputs import frame_range
 from depthwatch.batch.taskprogress import TaskProgress
-from depthwatch.clips import segments, timeline
-from depthwatch.clips.clipindex import ClipIndex
-from depthwatch.clips.clipindex import read as read_index
-from depthwatch.clips.job import ClipJob
-from depthwatch.clips.media import cliprecord, clipwrite, sourcemeta, video
-from depthwatch.clips.rangepass import ClipRange, inferred
+from depthwatch.clips import ClipIndex, ClipJob, ClipRange, rangepass, read_index, segments, timeline
 from depthwatch.errors import ConfigError, FrameError, OutputError
 from depthwatch.files import sha256_of, temp_name_for
 from depthwatch.frames import ownership
@@ -45,6 +40,7 @@ from depthwatch.frames.job import signature_of
 from depthwatch.frames.settings import Settings
 from depthwatch.imaging import normalise, render, stabilise
 from depthwatch.logtext import shown
+from depthwatch.media import cliprecord, clipwrite, sourcemeta, video
 from depthwatch.model.engine import Engine
 
 #: Frames seen beyond each edge of a range (the planner's window and look-ahead): a shot
@@ -104,7 +100,7 @@ def make_range(
     seen = ClipRange(str(job.source), lo, index.times[lo:hi], index.seek_for(lo), version, meta.shown_size, meta.display_matrix)
     kind_out = info.profile.predicts
     clip_percent = settings.render.clip_percent
-    frames = ((k, image, inference.prediction) for k, (image, inference) in enumerate(inferred(seen, engine), lo))
+    frames = ((k, image, inference.prediction) for k, (image, inference) in enumerate(rangepass.inferred(seen, engine), lo))
     if stable:
         planned = (
             (k, image, nearness)

@@ -31,8 +31,7 @@ def clip_jobs(clips: list[Path], config: Any) -> tuple[list[Any], list[str]]:
     an output that is a file depthwatch did not make, stop the run as a clash of
     frames does (nothing is written).
     """
-    from depthwatch.clips import timeline
-    from depthwatch.clips.job import ClipJob
+    from depthwatch.clips import ClipJob, timeline
 
     rules = rules_for((c.parent for c in clips), config.output.template, config.output.clip_template)
     inputs = {os.path.realpath(c) for c in clips}

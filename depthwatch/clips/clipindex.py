@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from depthwatch.clips.media.video import picture_stream, require_av
 from depthwatch.errors import FrameError
+from depthwatch.media.video import picture_stream, require_av
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from depthwatch.clips.media import video
 from depthwatch.frames.job import Signature
 from depthwatch.frames.result import Outcome
 from depthwatch.logtext import shown
+from depthwatch.media import video
 
 
 @dataclass(frozen=True)

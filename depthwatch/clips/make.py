@@ -19,7 +19,6 @@ from dataclasses import replace
 
 from depthwatch.clips import sequence, timeline
 from depthwatch.clips.job import ClipJob, ClipResult, Progress
-from depthwatch.clips.media import clipwrite, sourcemeta, video
 from depthwatch.clips.placing import refuse_outside, refuse_replacing, remove, rename_into_place
 from depthwatch.clips.stream import Pass, Restart, WriteBehind
 from depthwatch.errors import DepthwatchError, FrameError, OwnOutput, Superseded
@@ -30,6 +29,7 @@ from depthwatch.frames.settings import Settings
 from depthwatch.frames.writer import ensure_folder, open_folder
 from depthwatch.imaging import codec, normalise, render
 from depthwatch.logtext import shown
+from depthwatch.media import clipwrite, sourcemeta, video
 from depthwatch.model.engine import Engine
 from depthwatch.model.spec import ModelInfo
 

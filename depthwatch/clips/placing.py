@@ -16,7 +16,6 @@ import re
 from pathlib import Path
 
 from depthwatch.clips import timeline
-from depthwatch.clips.media import cliprecord
 from depthwatch.errors import FrameError, OutputError
 from depthwatch.files import exchange, is_temp_name, rename_noreplace, sync_folder, temp_name_for, write_new
 from depthwatch.frames import ownership
@@ -24,6 +23,7 @@ from depthwatch.frames.folders import inside
 from depthwatch.frames.rules import clips_sharing
 from depthwatch.frames.writer import remove_own_folder, remove_own_in
 from depthwatch.logtext import shown
+from depthwatch.media import cliprecord
 
 log = logging.getLogger("depthwatch.clips")
 

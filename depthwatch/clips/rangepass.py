@@ -37,13 +37,13 @@ from typing import Any
 import numpy as np
 
 from depthwatch.clips import segments, sequence
-from depthwatch.clips.media import clipwrite, orientation
-from depthwatch.clips.media.video import ClipInfo, picture_stream, require_av
 from depthwatch.errors import DepthwatchError, FrameError
 from depthwatch.files import sync_folder
 from depthwatch.frames.settings import Settings
 from depthwatch.imaging import codec, stabilise, tensor
 from depthwatch.imaging.render import render as render_map
+from depthwatch.media import clipwrite, orientation
+from depthwatch.media.video import ClipInfo, picture_stream, require_av
 from depthwatch.model.engine import BACKGROUND, Inference
 
 log = logging.getLogger("depthwatch")

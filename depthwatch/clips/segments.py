@@ -45,13 +45,13 @@ import shutil
 from pathlib import Path
 
 from depthwatch.clips import sequence
-from depthwatch.clips.media import clipwrite
-from depthwatch.clips.media.sourcemeta import SourceMeta
-from depthwatch.clips.media.video import ClipInfo, require_av
 from depthwatch.errors import FrameError, OutputError
 from depthwatch.frames import ownership
 from depthwatch.frames.settings import Settings
 from depthwatch.logtext import shown
+from depthwatch.media import clipwrite
+from depthwatch.media.sourcemeta import SourceMeta
+from depthwatch.media.video import ClipInfo, require_av
 
 #: The intra-only kind each output kind's segments are written in.
 SEGMENT_KINDS = {".mov": ".mov", ".mkv": ".mkv", ".mp4": ".mkv"}

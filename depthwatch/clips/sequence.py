@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from depthwatch.clips.media import cliprecord, cliptemplates, video
 from depthwatch.errors import OutputError
 from depthwatch.files import write_new
 from depthwatch.frames import provenance
 from depthwatch.frames.settings import Settings
 from depthwatch.imaging import codec
 from depthwatch.logtext import shown
+from depthwatch.media import cliprecord, cliptemplates, video
 
 
 def begin(folder: Path, frame_name: str) -> None:

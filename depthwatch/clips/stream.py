@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from depthwatch.clips.media import video
 from depthwatch.errors import ModelChanged
 from depthwatch.imaging import codec, normalise, stabilise, tensor
+from depthwatch.media import video
 from depthwatch.model.engine import BACKGROUND, Engine, Inference
 from depthwatch.model.spec import ModelInfo
 from depthwatch.threadnames import name_this_thread

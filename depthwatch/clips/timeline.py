@@ -32,11 +32,11 @@ from fractions import Fraction
 from pathlib import Path
 from types import ModuleType
 
-from depthwatch.clips.media.cliptemplates import timecode_frames
-from depthwatch.clips.media.video import ClipInfo
 from depthwatch.errors import FrameError
 from depthwatch.frames.writer import atomic_write
 from depthwatch.logtext import one_line, shown
+from depthwatch.media.cliptemplates import timecode_frames
+from depthwatch.media.video import ClipInfo
 
 #: In every timeline depthwatch writes (OTIO metadata, an FCPXML comment): its own to replace.
 MARK = "depthwatch depth clip timeline"

@@ -8,7 +8,7 @@ Numbered frames (`shot_1001.jpg`, see `sequences`) are a sequence: with
 `output.normalise: stable` each frame goes through twice (`batch.passes`).
 Stills, and everything in `frame` mode, get their own map each, exactly as
 the daemon's per-frame path makes it. Clips (`shot.mov`, `A001.mp4`: see
-`clips.media.video`) become depth clips of the same length, rate, timecode, size
+`media.video`) become depth clips of the same length, rate, timecode, size
 and pixel aspect (`clips`), by default `{stem}_depth.mov` beside the clip;
 `-o` names another file, folder or template, and its extension picks the codec.
 """
@@ -22,12 +22,12 @@ from typing import Any
 
 from depthwatch.batch.inputs import DEFAULT_CLIP_TEMPLATE, DEFAULT_TEMPLATE, collect_inputs, names_clip_output, template_for
 from depthwatch.batch.progress import say
-from depthwatch.clips.media.video import CLIP_EXTENSIONS, is_clip_name
 from depthwatch.commands.common import add_config_arguments, config_from_args
 from depthwatch.errors import ConfigError, FrameError
 from depthwatch.farm.jobtemplate import CHUNK
 from depthwatch.imaging.normalise import MODES
 from depthwatch.logtext import shown
+from depthwatch.media.video import CLIP_EXTENSIONS, is_clip_name
 
 HELP = "write depth maps for the given frames (files or folders) and exit"
 
@@ -107,7 +107,7 @@ def main(args: argparse.Namespace) -> int:
     if (args.join or (clips and args.frames)) and (args.farm or sources or not clips or (args.join and args.frames)):
         raise ConfigError("--frames on clips and --join are a farm manager's tasks: clips only, without --farm, one of the two at a time")
     if clips:
-        from depthwatch.clips.media.video import require_av
+        from depthwatch.media.video import require_av
 
         try:
             require_av()

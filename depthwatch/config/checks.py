@@ -204,8 +204,8 @@ def map_template(value: Any, base: Path) -> str:
 
 
 def clip_template(value: Any, base: Path) -> str:
-    """Like `map_template`, for the depth clip of a clip (see `clips.media.clipwrite`)."""
-    from depthwatch.clips.media.cliptemplates import template_problem
+    """Like `map_template`, for the depth clip of a clip (see `media.clipwrite`)."""
+    from depthwatch.media.cliptemplates import template_problem
 
     template = text(value, base)
     problem = template_problem(template)

@@ -57,7 +57,7 @@ class WatchConfig:
 @dataclass(frozen=True)
 class OutputConfig:
     template: str = field(default="depth.jpg", metadata=setting(checks.map_template))
-    # A clip's depth clip (see depthwatch/clips/media/clipwrite.py): .mov, .mkv, .mp4 or an image sequence.
+    # A clip's depth clip (see depthwatch/media/clipwrite.py): .mov, .mkv, .mp4 or an image sequence.
     clip_template: str = field(default="{stem}_depth.mov", metadata=setting(checks.clip_template))
     # The number of a clip's first frame in an image sequence ({frame}): 0, or 1001 as VFX pipelines count.
     first_frame: int = field(default=0, metadata=setting(checks.whole(0, 99_999_999)))

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from depthwatch.clips.job import ClipJob, ClipResult
+from depthwatch.clips import ClipJob, ClipResult
 from depthwatch.daemon.modelhealth import ModelHealth
 from depthwatch.daemon.reporting import StatusReport
 from depthwatch.daemon.retries import Retries

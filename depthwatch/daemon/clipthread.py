@@ -21,11 +21,9 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from depthwatch.clips.job import ClipJob, ClipResult, Progress
-from depthwatch.clips.make import make_clip
+from depthwatch.clips import ClipJob, ClipResult, Progress, make_clip
 from depthwatch.frames.jobqueue import LatestWinsQueue
 from depthwatch.frames.rules import clips_sharing
 from depthwatch.frames.settings import Settings

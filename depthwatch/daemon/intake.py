@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from depthwatch.clips.job import ClipJob
+from depthwatch.clips import ClipJob
 from depthwatch.daemon.accounting import Accounts
 from depthwatch.daemon.blackbox import BlackBox
 from depthwatch.daemon.clipthread import ClipRunner

@@ -53,6 +53,7 @@ from depthwatch.daemon.supervisor import HEARTBEAT_S, Supervisor
 from depthwatch.daemon.waiters import MapWaiters
 from depthwatch.daemon.watcher import Watcher
 from depthwatch.errors import EX_SOFTWARE, DepthwatchError
+from depthwatch.frames.job import Job
 from depthwatch.frames.jobqueue import LatestWinsQueue
 from depthwatch.frames.pipeline import Pipeline
 from depthwatch.frames.rules import Rules

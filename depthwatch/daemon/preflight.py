@@ -13,12 +13,12 @@ import logging
 import os
 from pathlib import Path
 
-from depthwatch.clips.media import video
 from depthwatch.config import Config, OutputConfig
 from depthwatch.daemon.status import is_running, path_for, read_status
 from depthwatch.frames.rules import Rules, template_clashes
 from depthwatch.frames.writer import sweep_temp_files_below
 from depthwatch.logtext import shown
+from depthwatch.media import video
 
 log = logging.getLogger("depthwatch")
 

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from depthwatch.clips.media import wholeness
 from depthwatch.errors import DepthwatchError
 from depthwatch.frames.reading import open_checked
 from depthwatch.imaging import formats
+from depthwatch.media import wholeness
 
 _T = TypeVar("_T")
 #: Reads `n` bytes at `offset` (`os.pread` on the open file).

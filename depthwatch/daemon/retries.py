@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from depthwatch.clips.job import ClipJob
+from depthwatch.clips import ClipJob
 from depthwatch.daemon.parked import MOST_PARKED, Parked
 from depthwatch.daemon.reporting import StatusReport
 from depthwatch.daemon.waiters import MapWaiters

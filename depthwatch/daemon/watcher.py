@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 from cachetools import LRUCache
 from watchdog.events import FileSystemEvent
 
-from depthwatch.clips.media import video
 from depthwatch.config import WatchConfig
 from depthwatch.daemon.observer import EventHandler, WatchdogLog
 from depthwatch.daemon.probing import CLIP, clip_state, kernel_file, probe, what_is_missing
@@ -39,6 +38,7 @@ from depthwatch.files import kind_of, link_problem
 from depthwatch.frames.job import Signature, signature_from
 from depthwatch.frames.rules import Rules
 from depthwatch.logtext import shown
+from depthwatch.media import video
 from depthwatch.threadnames import name_this_thread
 
 if TYPE_CHECKING:

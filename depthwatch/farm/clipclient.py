@@ -44,12 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from depthwatch.clips import segments, timeline
-from depthwatch.clips.clipindex import ClipIndex, ranges
-from depthwatch.clips.clipindex import read as read_index
-from depthwatch.clips.media import sourcemeta, video
-from depthwatch.clips.placing import refuse_replacing, remove, rename_into_place
-from depthwatch.clips.rangepass import ClipRange, RangeReport
+from depthwatch.clips import ClipIndex, ClipRange, RangeReport, ranges, read_index, refuse_replacing, remove, rename_into_place, segments, timeline
 from depthwatch.config import Config
 from depthwatch.errors import DepthwatchError, FarmError
 from depthwatch.farm.client import connect, say_if_no_workers
@@ -62,6 +57,7 @@ from depthwatch.frames.settings import Settings
 from depthwatch.frames.writer import sweep_temp_files_for
 from depthwatch.imaging import codec, normalise, stabilise
 from depthwatch.logtext import shown
+from depthwatch.media import sourcemeta, video
 
 #: A clip's range is this many times `farm.frames_per_task` frames (a frame of a clip costs a
 #: decode from its keyframe on top of the model: ranges are longer than a sequence's tasks).

@@ -11,12 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from depthwatch.clips import rangepass
-from depthwatch.clips.media import clipwrite
-from depthwatch.clips.media.video import ClipInfo
-from depthwatch.clips.rangepass import ClipRange, RangeReport
+from depthwatch.clips import ClipRange, RangeReport, rangepass
 from depthwatch.farm.tasks import runner
 from depthwatch.frames.settings import Settings
+from depthwatch.media import clipwrite
+from depthwatch.media.video import ClipInfo
 
 
 def collect_clip_range(task: ClipRange) -> RangeReport:

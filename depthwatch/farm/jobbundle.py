@@ -102,7 +102,7 @@ def clip_job(clip: Any, output: str | None, config: Any, model: str, chunk: int,
     """The job of one clip's depth clip (`clip`: its `ClipJob`); FrameError or ConfigError for a clip its
     range tasks could not map."""
     from depthwatch.batch import rangetasks
-    from depthwatch.clips.clipindex import read as read_index
+    from depthwatch.clips import read_index
 
     rangetasks.depth_clip_kind(clip)  # an image sequence is made on one node or with once --farm
     count = len(read_index(clip.source))

@@ -27,9 +27,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from depthwatch.clips.media import cliprecord
 from depthwatch.files import is_temp_name
 from depthwatch.frames import provenance
+from depthwatch.media import cliprecord
 
 
 def is_depth_map(path: Path, dir_fd: int | None = None) -> bool:

@@ -16,7 +16,6 @@ import string
 from collections.abc import Iterable
 from pathlib import Path
 
-from depthwatch.clips.media import cliprecord, cliptemplates, video
 from depthwatch.config import OutputConfig, WatchConfig
 from depthwatch.errors import ConfigError, FrameError
 from depthwatch.frames import ownership, provenance
@@ -24,6 +23,7 @@ from depthwatch.frames.folders import inside
 from depthwatch.frames.job import Job, Signature
 from depthwatch.imaging.formats import EXTENSIONS, map_format_problem
 from depthwatch.logtext import shown
+from depthwatch.media import cliprecord, cliptemplates, video
 
 _SIDECAR_SUFFIXES = (".json",)
 #: The extensions a frame can have, as written in either case.

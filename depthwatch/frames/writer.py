@@ -22,7 +22,6 @@ from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 
-from depthwatch.clips.media.cliprecord import SEQUENCE_MARKER, is_whole, marked_frames
 from depthwatch.errors import OutputError
 from depthwatch.files import (
     is_temp_name,
@@ -37,6 +36,7 @@ from depthwatch.frames import ownership
 from depthwatch.frames.folders import LeadsOutside, Unchecked, inside, open_inside
 from depthwatch.frames.replacing import ReplaceCheck
 from depthwatch.logtext import shown
+from depthwatch.media.cliprecord import SEQUENCE_MARKER, is_whole, marked_frames
 from depthwatch.processes import left_behind
 
 log = logging.getLogger("depthwatch.frames")

@@ -4,7 +4,7 @@ Decoding and encoding, the model's input tensor, and the render chain that
 turns a prediction into a map: normalise (one frame) or stabilise (a shot),
 refine (the edge-aware upscale), levels. It knows a model only by its contract
 and profile. Clips are the clip family's (`clips/`, their files in
-`clips/media/`).
+`media/`).
 
 Most of it is pure work on bytes and arrays, with no state. What is not, and why:
 

@@ -14,7 +14,7 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
-from depthwatch.clips.media import mp4index
+from depthwatch.media import mp4index
 
 #: QuickTime / ISO BMFF top-level boxes that may hold or pad a clip; anything else at the
 #: top level means the bytes are not (yet) a whole file of that family.

@@ -12,9 +12,9 @@ import re
 from fractions import Fraction
 from pathlib import Path
 
-from depthwatch.clips.media.clipwrite import KINDS
-from depthwatch.clips.media.video import ClipInfo
 from depthwatch.imaging.exr import FrameMeta
+from depthwatch.media.clipwrite import KINDS
+from depthwatch.media.video import ClipInfo
 
 
 def sequence_frame(info: ClipInfo, k: int) -> FrameMeta:

@@ -18,7 +18,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from depthwatch.clips.media.video import require_av
+from depthwatch.media.video import require_av
 
 #: The container comment every depth clip carries (and a sequence folder's marker file holds).
 MARK = "depthwatch depth clip"

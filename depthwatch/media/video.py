@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from depthwatch.clips.media import orientation
-from depthwatch.clips.media.wholeness import is_complete
 from depthwatch.errors import FrameError
+from depthwatch.media import orientation
+from depthwatch.media.wholeness import is_complete
 
 #: File extensions taken as clips (the containers editors hand around).
 CLIP_EXTENSIONS = frozenset({".mov", ".mp4", ".m4v", ".mkv", ".mxf", ".avi", ".webm", ".mts", ".m2ts"})

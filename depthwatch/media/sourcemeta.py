@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from depthwatch.clips.media.video import picture_stream, require_av
 from depthwatch.logtext import shown
+from depthwatch.media.video import picture_stream, require_av
 
 log = logging.getLogger("depthwatch.clips")
 

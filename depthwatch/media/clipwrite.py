@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from depthwatch.clips.media.cliprecord import MARK, first_frame_mark, picture_of, quoted
-from depthwatch.clips.media.sourcemeta import SourceMeta
-from depthwatch.clips.media.video import FIELD_ORDERS, ClipInfo, require_av
 from depthwatch.errors import FrameError, OutputError
+from depthwatch.media.cliprecord import MARK, first_frame_mark, picture_of, quoted
+from depthwatch.media.sourcemeta import SourceMeta
+from depthwatch.media.video import FIELD_ORDERS, ClipInfo, require_av
 
 
 @dataclass(frozen=True)

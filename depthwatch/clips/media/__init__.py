@@ -1,1 +1,0 @@
-"""Clip files: what a clip holds and how a depth clip is written, below the layers that ask (see `clips`)."""
