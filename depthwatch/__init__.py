@@ -4,7 +4,7 @@ import os as _os
 
 __version__ = "0.1.0"
 
-# onnxruntime's wheels (1.32 seen on Linux) start Microsoft's 1DS telemetry when the library
+# onnxruntime's wheels (1.32 on Linux, at least) start Microsoft's 1DS telemetry when the library
 # loads: DNS lookups of mobile.events.data.microsoft.com from its own threads, a device id and
 # an event database under ~/.cache/Microsoft/DeveloperTools, a `.ses` file in $TMPDIR. depthwatch
 # never phones home and writes nothing outside its own folders, so it is switched off here, in

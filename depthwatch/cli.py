@@ -87,8 +87,8 @@ def setup_logging(level: str = "info") -> bool:
 class Terminated(KeyboardInterrupt):
     """SIGTERM to `once`, as a farm manager cancels or requeues a task: the clean-up Ctrl-C gets, then exit 143.
 
-    Before, its default action ended the process where it stood: a range task's
-    partial segment (megabytes to gigabytes on shared storage) stayed, and nothing was said.
+    Its default action would end the process where it stands: a range task's
+    partial segment (megabytes to gigabytes on shared storage) would stay, and nothing be said.
     """
 
 

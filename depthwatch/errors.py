@@ -52,8 +52,8 @@ class InferenceFailed(FrameError):
     """The model's run raised for this frame (a wedged provider, a graph that fails on every input).
 
     One such frame may be the frame's fault; several in a row are the model's, and
-    the status says so (as for `BadPrediction`): a model that fails every frame
-    left `/health` saying all was well.
+    the status says so (as for `BadPrediction`): else a model that fails every
+    frame leaves `/health` saying all is well.
     """
 
 

@@ -71,8 +71,8 @@ def unset_variables(value: str) -> list[str]:
     """The `$NAME` and `${NAME}` in `value` that are not set (`os.path.expandvars` leaves them as written).
 
     Why: a folder under `$SHOTS` works from a terminal, while a service (launchd,
-    systemd) starts without the shell's variables: the daemon then watched a new,
-    empty folder named `$SHOTS`, and said all was well.
+    systemd) starts without the shell's variables: the daemon would then watch a
+    new, empty folder named `$SHOTS`, and say all is well.
     """
     names = (m.group(1) or m.group(2) for m in re.finditer(r"\$(?:(\w+)|\{([^}]*)\})", value))
     return list(dict.fromkeys(name for name in names if name not in os.environ))

@@ -77,9 +77,9 @@ def _own_start() -> int | None:
 def own_tag() -> str:
     """This process as a temporary file's name says it: `PID`, `tSTART` where it can be read, and `hHOST`.
 
-    A pid alone outlived its process: a daemon restarted in a container is pid
-    1 each time, so every leftover of the run before looked like its own, live
-    writer's, and was never swept. And a pid means something only on the
+    A pid alone outlives its process: a daemon restarted in a container is pid
+    1 each time, so every leftover of the run before would look like its own,
+    live writer's, and never be swept. And a pid means something only on the
     machine (and in the container) that gave it: `HOST` says which.
     """
     started = _own_start()
@@ -92,12 +92,12 @@ def own_host() -> str:
 
     Two containers sharing a volume, or two hosts sharing a folder over NFS,
     each have a pid 1 (and pids of their own): asked of this machine's
-    processes, a writer there looked dead, and its file in flight was removed.
+    processes, a writer there would look dead, and its file in flight be removed.
     The host name tells them apart: Docker, Podman and Kubernetes give each
     container its own, kept across its restarts (a pid namespace's number is
-    not: a restarted container took its own leftovers for another's, kept an
-    hour). Containers sharing the host's name (host networking) are judged by
-    pid, as before.
+    not: a restarted container would take its own leftovers for another's, and
+    keep them an hour). Containers sharing the host's name (host networking) are
+    asked as this machine's processes are: by pid and start.
     """
     return hashlib.blake2b(os.uname().nodename.encode(), digest_size=3).hexdigest()
 

@@ -58,7 +58,7 @@ def yield_to_inference(niceness: int) -> None:
     the inference thread is started with), not from the thread that starts
     this one: a thread pool starts a worker from whichever thread hands it
     work, another worker included, and a thread starts with its creator's
-    niceness, so counting from there put the second worker at 19.
+    niceness, so counting from there would put the second worker at 19.
     """
     name_this_thread()
     if not sys.platform.startswith("linux") or niceness <= 0:

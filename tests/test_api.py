@@ -246,7 +246,7 @@ def test_bad_requests_get_their_codes_and_one_log_line_each(api_daemon, tmp_path
         assert len(lines) <= n
     assert "secret" not in "".join(p.name for p in d.watch.iterdir() if p.name != "link.jpg")
     assert "the image/jpeg body is empty" in api_lines(d)[-3] and "frame=. is a watch folder, not a frame in one" in api_lines(d)[-2]
-    # Escaped once, as the log escapes names (before: twice, `a\\\\b`, matching neither the name nor the log).
+    # Escaped once, as the log escapes names (twice, `a\\\\b`, would match neither the name nor the log).
     assert "frame=../a\\\\b.jpg is outside the watch folders" in api_lines(d)[-1], api_lines(d)[-1]
 
     # An undecodable frame on disk: 422 (once the watcher has failed it too, still one attempt).
@@ -268,9 +268,9 @@ def test_bad_requests_get_their_codes_and_one_log_line_each(api_daemon, tmp_path
 
 def test_a_request_waitress_cannot_parse_gets_its_400_and_its_connection_closed(api_daemon):
     """A garbage request line, a lowercase method, a header without a colon, a NUL in a header: each
-    one 400, one log line, the connection closed. (Before, the refusal's own log line raised on the
-    command and path such a request never had: no answer, a traceback, the connection held open, and
-    a hundred of them locked every plugin out.) Also: HEAD /health is its headers alone, so a client's
+    one 400, one log line, the connection closed. (A refusal's log line that reads the command and path
+    such a request never had raises: no answer, a traceback, the connection held open, and a hundred
+    of them lock every plugin out.) Also: HEAD /health is its headers alone, so a client's
     next answer on the connection is not read from a body it never asked for, and a name with a newline
     in it comes back on one line, as the log has it."""
     import socket
@@ -512,8 +512,8 @@ def test_rules_refuse_escapes_used_by_the_api(tmp_path):
 
 
 def test_a_refused_frame_is_told_its_own_reason(tmp_path):
-    """Before: a hidden frame was "does not match watch.patterns" (it matched), and a user's photo
-    named as maps are named, with no record of depthwatch's, was "one of depthwatch's own files"."""
+    """A hidden frame is not "does not match watch.patterns" (it matches), and a user's photo named
+    as maps are named, with no record of depthwatch's, is not "one of depthwatch's own files"."""
     from depthwatch.daemon.api import PredictApp, Refused
 
     watch = tmp_path / "watch"

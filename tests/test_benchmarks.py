@@ -245,7 +245,7 @@ def test_the_real_network_made_fp32_goes_through_autos_int8_gate(tmp_path: Path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["realint8.json"]  # its temporary folder is gone
     # What auto quantizes (8-bit weights, the first and last convolution in fp32) is faithful on
     # this CPU's kernels and on AVX2's: 0.9976 and 0.9975 here, where the whole graph in int8 gave
-    # 0.9954 and 0.9904 (saturated), and 7-bit weights, which depthwatch gave AVX2 before, 0.9693.
+    # 0.9954 and 0.9904 (saturated), and 7-bit weights (onnxruntime's advice for AVX2) 0.9693.
     found = [result["int8 agreement with fp32"]]
     if emulate:
         assert "error" not in result["emulated"], result["emulated"]

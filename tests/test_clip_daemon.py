@@ -247,7 +247,7 @@ def test_two_clips_for_one_depth_clip_get_one_line(tmp_path: Path) -> None:
         made = _signature(output)
         os.rename(tmp_path / "A.mov", d.watch / "A.mov")
         d.wait_for(lambda: d.counts().get("clips_failed") == 1, what="A.mov refused")
-        assert not d.counts().get("failed")  # a clip, not a frame (before: "frames: 0 done, 1 failed")
+        assert not d.counts().get("failed")  # a clip, not a frame (not "frames: 0 done, 1 failed")
         shown = subprocess.run([sys.executable, "-m", "depthwatch", "status", "--status", str(d.status_path)],
                                capture_output=True, text=True, timeout=60).stdout
         assert "clips:       1 done, 1 failed, 0 waiting" in shown and "frames:      0 done, 0 failed" in shown, shown
@@ -459,8 +459,8 @@ def test_a_clip_for_the_depth_clip_in_progress_is_refused_not_cancelling_it(tmp_
 
 
 def test_a_finished_depth_sequence_folder_is_no_failed_frame_under_pattern_star(tmp_path: Path, tiny_model: Path) -> None:
-    """watch.patterns ["*"]: before, every clip mapped to a sequence added a failure ("shot_depth: is a
-    folder, not an image file"), set the last error, and wrote shot_depth.error.json into the user's folder."""
+    """watch.patterns ["*"]: a clip mapped to a sequence must add no failure ("shot_depth: is a folder,
+    not an image file"), set no last error, and write no shot_depth.error.json into the user's folder."""
     d = DaemonProcess(
         tmp_path, tiny_model, watch={"patterns": ["*"]},
         output={"template": "{stem}_depth.png", "clip_template": "{stem}_depth/{frame:04d}.png", "error_sidecar": True},

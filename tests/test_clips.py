@@ -393,8 +393,8 @@ def test_a_dead_writers_temporary_sequence_folder_is_swept(tmp_path: Path) -> No
 @pytest.mark.parametrize("kind", [("mov", "no_such_encoder"), ("no_such_container", "prores_aw")], ids=["encoder", "container"])
 def test_a_clip_writer_that_cannot_start_leaves_no_file(tmp_path: Path, kind: tuple[str, str]) -> None:
     """The writer creates its file first; one that cannot start (an encoder or a container FFmpeg refuses,
-    or a farm manager's SIGTERM arriving meanwhile) had no caller to remove it yet: a range task cancelled
-    that way left its partial segment (seen on a loaded AVX2 machine, one run in three)."""
+    or a farm manager's SIGTERM arriving meanwhile) has no caller to remove it yet: under load a range task
+    can be cancelled that way, and must not leave its partial segment."""
     from depthwatch.media import clipwrite
     from depthwatch.media.video import ClipInfo
 

@@ -58,15 +58,15 @@ BAD_CONFIGS = {
         ":1:1: output.png_bits 32 (float) needs .tif or .exr maps, and output.template '{stem}_depth.{ext}' makes a *.PNG frame's map a PNG",
     ),
     "output is input": ("watch:\n  patterns: [frame.jpg]\noutput:\n  template: frame.jpg\n", "output.template 'frame.jpg' is also a watch pattern"),
-    # A save cut short leaves NULs: before, a traceback, and a running daemon died at its reload.
+    # A save cut short leaves NULs: one line, not a traceback that ends a running daemon at its reload.
     "control character": ("watch:\n  patterns: ['*.jpg']\n\x00\n", ":3:1: a control character (#x0000) YAML does not allow; remove it"),
     "not utf-8": ("output:\n  template: 'd\xe9.jpg'\n".encode("latin-1"), ":2:15: not UTF-8 text (byte 0xe9); save the file as UTF-8"),
     "two documents": ("watch: {}\n---\noutput: {}\n", ":2:1: not valid YAML: expected a single document in the stream but found another document"),
-    # YAML 1.1 reads these as other numbers than the ones written: before, taken without a word.
+    # YAML 1.1 reads these as other numbers than the ones written: said, not taken without a word.
     "padded frame number": ("output:\n  first_frame: 01001\n", ":2:16: output.first_frame is written 01001, which YAML reads as 513 (octal)"),
     "base 60": ("watch:\n  settle_ms: 2:30\n", ":2:14: watch.settle_ms is written 2:30, which YAML reads as 150 (base 60)"),
     "word read as false": ("output:\n  refine: no\n", ':2:11: output.refine must be one of edges, none, not bool False (YAML reads no as false: write "no" in quotes'),
-    # A service starts without the shell's variables: before, a folder named `$SHOTS` was made and watched.
+    # A service starts without the shell's variables: no folder named `$SHOTS` is made and watched.
     "unset variable": ("watch:\n  folders: [$DEPTHWATCH_UNSET_IN_TESTS/frames]\n", ":2:12: watch.folders uses $DEPTHWATCH_UNSET_IN_TESTS, which is not set here"),
     "unset variable in model": ("model:\n  path: ${DEPTHWATCH_UNSET_IN_TESTS}/m.onnx\n", ":2:9: model.path uses $DEPTHWATCH_UNSET_IN_TESTS, which is not set"),
     "status file folder": ("daemon:\n  status_file: nowhere/status.json\n", "/nowhere does not exist; create it or fix the path"),
@@ -154,7 +154,7 @@ def test_check_command_validates_loads_and_runs_a_frame(tmp_path, tiny_model):
     assert "contract:  input 'image' float32 NCHW 32x32 -> output 'depth' [1x32x32]" in done.stdout
     assert done.stdout.strip().endswith("ok")
     # What `run` does with the same config, check says too: a pattern/template clash is warned about,
-    # and daemon.max_megapixels is for editors' frames, not check's own 1080p one (before: "1920x1080
+    # and daemon.max_megapixels is for editors' frames, not check's own 1080p one (not "1920x1080
     # is 2 megapixels, over the limit of 2", exit 1, for a config that runs).
     path.write_text(
         f"model:\n  path: {tiny_model}\n  profile: midas-v21-small\ndaemon:\n  max_megapixels: 2\n"
@@ -236,8 +236,8 @@ def test_numbers_yaml_reads_as_written_and_a_folder_named_with_a_dollar_are_take
 @pytest.mark.parametrize("how", ["user config folder", "-c"])
 def test_a_config_linked_to_dev_zero_is_refused_at_start_in_one_line(tmp_path, how):
     """The config is read bounded, like a frame: a link to /dev/zero is refused with exit 78 before a byte
-    is read. In the user's folder it stops the search (before, the search went on to ./config.yaml or
-    the built-in defaults, which watch another folder, without a word)."""
+    is read. In the user's folder it stops the search (going on to ./config.yaml or the built-in
+    defaults would watch another folder, without a word)."""
     xdg = tmp_path / "xdg"
     (xdg / "depthwatch").mkdir(parents=True)
     config = xdg / "depthwatch" / "config.yaml"
@@ -260,7 +260,7 @@ def test_a_config_linked_to_dev_zero_is_refused_at_start_in_one_line(tmp_path, h
 
 def test_the_repository_config_points_to_pages_that_exist():
     """A comment in config.yaml that sends the reader elsewhere names a page of docs/ that is there, or a
-    section the README has (before: 'see README, "HTTP API"', a section the README does not have)."""
+    section the README has (not 'see README, "HTTP API"' where the README has no such section)."""
     comments = " ".join(
         line.split("#", 1)[1].strip() for line in (REPO / "config.yaml").read_text().splitlines() if line.lstrip().startswith("#")
     )

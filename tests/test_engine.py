@@ -221,8 +221,8 @@ def test_reload_swaps_on_the_inference_thread_and_keeps_the_old_model_on_failure
 
 
 def test_a_frame_that_ends_the_inference_thread_is_named_and_the_frames_behind_it_are_not_failed(tmp_path):
-    """Before: the frame at fault got no line of its own (its error was lost with the thread), and
-    every frame queued behind it was logged and counted as failed with the engine's error."""
+    """The frame at fault gets a line of its own (its error is not lost with the thread), and the
+    frames queued behind it are not logged and counted as failed with the engine's error."""
     from depthwatch.errors import FrameError, Stopped
 
     model = brightness_model(tmp_path / "m.onnx", size=(32, 32))

@@ -299,7 +299,7 @@ def test_path_map_sends_the_workers_their_own_view_of_the_storage(farm: Farm, fr
     assert maps_in(client_view / "shots") == {}
     assert_whole(worker_view / "shots", 8)
     # A worker prefix that is not there on the workers: said as such, naming the worker's path
-    # (before: "its folder vanished before the frame could be read", of the client's path).
+    # (not "its folder vanished before the frame could be read", of the client's path).
     nowhere = farm.root / "not-mounted"
     farm.write_config(path_map={str(client_view): str(nowhere)})
     try:
@@ -355,7 +355,7 @@ def test_an_interrupted_job_resumes_with_only_the_missing_maps(farm: Farm, frame
     client = start_once("--farm", farm.address, "-c", str(farm.config), str(frames[0].parent), "-o", str(out),
                         cwd=farm.root, log=log)
     wait_for(lambda: len(maps_in(out)) >= 20 if out.is_dir() else False, what="some maps")
-    client.send_signal(signal.SIGINT)  # Ctrl-C: said, with what it leaves (before, a silent exit 130)
+    client.send_signal(signal.SIGINT)  # Ctrl-C: said, with what it leaves (not a silent exit 130)
     try:
         assert client.wait(60) == 130
     finally:

@@ -270,7 +270,7 @@ def test_a_farm_managers_own_range_tasks_joined_are_local_onces_depth_clip(farm:
     early = once("--join")
     assert early.returncode == 1 and not out.exists()
     assert "no segment of frames 13-39" in early.stderr and len(early.stderr.strip().splitlines()) == 1, early.stderr
-    # Ranges that overlap: said as such (before, "no segment of frames 13-39" with one covering them there).
+    # Ranges that overlap: said as such (not "no segment of frames 13-39" with one covering them there).
     assert once("--frames", "10-39").returncode == 0
     told = once("--join")
     assert told.returncode == 1 and "the segments of frames 0-12 and 10-39 overlap (frames 10-12 are in both)" in told.stderr, told.stderr
@@ -280,7 +280,7 @@ def test_a_farm_managers_own_range_tasks_joined_are_local_onces_depth_clip(farm:
     done = once("--join", "--timeline")
     assert done.returncode == 0, done.stderr
     assert "(and its timelines, .otio and .fcpxml): 40 frames joined" in done.stdout
-    # The join honours --timeline as local once and once --farm do (before: none written, nothing said).
+    # The join honours --timeline as local once and once --farm do (not none written, nothing said).
     assert out.with_suffix(".otio").is_file() and out.with_suffix(".fcpxml").is_file()
     assert_same_clip(source, out, local(farm, source, farm.root / "local-prores.mov"))
     assert not (farm.root / ".managed.mov.farm").exists()

@@ -468,7 +468,7 @@ def test_a_wrong_file_placed_by_hand_offline_is_refused_with_what_to_do_and_acce
     server, model_bytes, other_model_bytes, tmp_path
 ):
     """midas-v21-small's place holds another model and the network is out: exit 65 and what to do with
-    the file that is there (before: "downloading it again", then "put the file at ... yourself", exit 69,
+    the file that is there (not "downloading it again", then "put the file at ... yourself", exit 69,
     with or without --accept). --accept keeps it and records its sha256; --force online replaces it."""
     with socket.socket() as probe:  # a port nothing listens on: offline
         probe.bind(("127.0.0.1", 0))

@@ -246,10 +246,10 @@ def test_a_reload_leaves_the_daemons_own_temporary_files_alone(tmp_path, tiny_mo
         ours = d.watch / f".depth.jpg.{d.proc.pid}t{start_number(d.proc.pid)}-0123abcd.dwtmp"  # a write in flight
         theirs = d.watch / f".depth.jpg.{dead.pid}-0123abcd.dwtmp"  # a killed process's leftover
         old = d.watch / ".depth.jpg.0123abcd.dwtmp"  # from before temp names carried a pid
-        # A run before, of the same pid (a container's pid 1 at every start): before, never swept.
+        # A run before, of the same pid (a container's pid 1 at every start): swept all the same.
         reused = d.watch / f".depth.jpg.{d.proc.pid}t{start_number(d.proc.pid) - 1}-0123abcd.dwtmp"
         # Another container's pid 1 sharing the volume (or another host's, over NFS): its pid cannot be
-        # asked here (before: its write in flight was removed); untouched for hours, it was left behind.
+        # asked here, so its write in flight stays; untouched for hours, it was left behind.
         there = "000000" if processes.own_host() != "000000" else "111111"
         elsewhere = d.watch / f".depth.jpg.1t99h{there}-0123abcd.dwtmp"
         abandoned = d.watch / f".depth.jpg.1t98h{there}-4567abcd.dwtmp"
@@ -269,8 +269,8 @@ def test_a_reload_leaves_the_daemons_own_temporary_files_alone(tmp_path, tiny_mo
 
 
 def test_a_dead_daemons_pid_taken_by_another_program_is_not_taken_for_the_daemon(tmp_path, tiny_model):
-    """After a crash or a reboot a pid is some other program's: before, `depthwatch status` said
-    "running" and a start warned of a second daemon. The status names its process's start as the
+    """After a crash or a reboot a pid is some other program's: `depthwatch status` must not say
+    "running", nor a start warn of a second daemon. The status names its process's start as the
     kernel keeps it (no wall clock: a clock step must not make a live daemon dead)."""
     from depthwatch.processes import start_token
 
@@ -296,8 +296,8 @@ def test_a_dead_daemons_pid_taken_by_another_program_is_not_taken_for_the_daemon
 
 
 def test_a_status_file_that_went_is_written_again_and_a_folder_that_went_is_said_once(tmp_path, tiny_model):
-    """A tmp cleaner or a cleared state folder: before, an idle daemon's status file stayed gone
-    (`depthwatch status`: "not running" while it ran), and a missing folder was warned at every write."""
+    """A tmp cleaner or a cleared state folder: an idle daemon's status file must not stay gone
+    (`depthwatch status`: "not running" while it runs), nor a missing folder be warned at every write."""
     d = DaemonProcess(tmp_path, tiny_model, daemon={"status_file": str(tmp_path / "state" / "status.json")})
     (tmp_path / "state").mkdir()
     d.status_path = tmp_path / "state" / "status.json"

@@ -22,7 +22,7 @@ from depthwatch.imaging.stabilise import motion
 from depthwatch.model.contract import MAX_ASPECT, Contract, model_input_size
 from depthwatch.model.profiles import PROFILES
 
-#: The issue's strip: 1 x 70000 pixels, 0.07 megapixels, far under daemon.max_megapixels.
+#: A hostile strip: 1 x 70000 pixels, 0.07 megapixels, far under daemon.max_megapixels.
 STRIP = 70_000
 #: The daemon's peak resident memory with such a strip mapped stays under this (it grew past 3 GB).
 PEAK_RSS = 1 << 30

@@ -83,7 +83,7 @@ def test_reduced_jpeg_decode_gives_the_same_model_input():
 
 
 def test_a_frame_just_over_the_limit_is_told_from_it():
-    """Before: "1920x1080 is 2 megapixels, over the limit of 2" and "0 megapixels, over the limit of 0"."""
+    """Not "1920x1080 is 2 megapixels, over the limit of 2" nor "0 megapixels, over the limit of 0"."""
     frame = jpeg_bytes(np.zeros((1080, 1920, 3), np.uint8))
     with pytest.raises(FrameError, match=r"1920x1080 is 2\.07 megapixels, over the limit of 2;"):
         codec.decode(frame, max_pixels=2_000_000)
@@ -92,7 +92,7 @@ def test_a_frame_just_over_the_limit_is_told_from_it():
 
 
 def test_a_file_or_clip_just_over_its_limit_is_told_from_it(tmp_path):
-    """Before: "is 0 MB, over the limit of 0 MB" (max_file_mb: 0.3), and a clip of 2.07 megapixels
+    """Not "is 0 MB, over the limit of 0 MB" (max_file_mb: 0.3), nor a clip of 2.07 megapixels
     "over the limit of 2 megapixels", on every path."""
     from depthwatch.frames.reading import read_file
 

@@ -391,7 +391,7 @@ def test_a_clip_whose_picture_starts_after_its_sound_gets_a_depth_clip_that_star
         lengths.append([t[0].source_range.duration.to_frames() for t in timeline.video_tracks()])
     assert lengths[0] == lengths[1] and lengths[0][0] > 10, lengths  # as its frames play (not its count of 10), late start or not
     # The timeline is the picture's span: it starts where the picture does (0.5 s = 15 frames of 30 fps into
-    # the file), or the shot's last frames, and its map's, fell outside it (before: it started at the file's start).
+    # the file), or the shot's last frames, and its map's, fall outside it (as from the file's start).
     late = otio.adapters.read_from_file(str(tmp_path / "vfr_05_depth.otio"))
     for track in late.video_tracks():
         assert track[0].source_range.start_time.to_frames() == 15
@@ -406,7 +406,7 @@ def test_a_clip_whose_picture_starts_after_its_sound_gets_a_depth_clip_that_star
 
 def test_a_cover_image_stored_as_a_video_stream_is_not_taken_for_the_clips_picture(tmp_path: Path) -> None:
     """A still beside the picture (Matroska lists a cover PNG first; MP4 marks it an attached picture):
-    before, the Matroska clip's "depth clip" was one frame of the cover, said written."""
+    taken for it, the Matroska clip's "depth clip" would be one frame of the cover, said written."""
     ffmpeg = _tool("ffmpeg", "ffmpeg")
     picture, cover = tmp_path / "v.mp4", tmp_path / "cover.png"
     _phone_clip(picture, durations=[512] * 10, time_base=Fraction(1, 15360))
@@ -600,7 +600,7 @@ def test_once_timeline_writes_an_otio_and_an_fcpxml_with_the_clip_on_v1_and_its_
     fcpxml = tmp_path / "B002_C007_depth.fcpxml"
     root = ET.parse(fcpxml).getroot()
     assert root.get("version") == "1.9"
-    # The source's 128:117 pixels, as ffprobe reads them, in the project's format (before: square).
+    # The source's 128:117 pixels, as ffprobe reads them, in the project's format (not square).
     shape = root.find("resources/format")
     assert shape is not None and (shape.get("paspH"), shape.get("paspV")) == ("128", "117")
     assert ffprobe(source, "stream=sample_aspect_ratio")["streams"][0]["sample_aspect_ratio"] == "128:117"
@@ -619,7 +619,7 @@ def test_once_timeline_writes_an_otio_and_an_fcpxml_with_the_clip_on_v1_and_its_
     # is refused before any work (exit 78, the depth clip untouched), not failed after writing the clip.
     once(str(source), "--timeline")
     # One the editor opened and saved with a marker of theirs (OpenTimelineIO keeps the mark through the
-    # round trip) is theirs now: before, a rerun replaced it and the marker was gone.
+    # round trip) is theirs now: a rerun must not replace it and lose the marker.
     edited = otio.adapters.read_from_file(str(tmp_path / "B002_C007_depth.otio"))
     edited.tracks[0].markers.append(otio.schema.Marker(name="FIX SKY HERE", marked_range=otio.opentime.TimeRange(start, otio.opentime.RationalTime(1, 24000 / 1001))))
     otio.adapters.write_to_file(edited, str(tmp_path / "B002_C007_depth.otio"))

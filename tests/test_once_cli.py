@@ -111,7 +111,7 @@ def test_error_sidecars_are_written_and_removed_by_once_as_by_the_daemon(tmp_pat
 
 def test_a_still_under_an_output_that_names_a_depth_clip_is_refused_not_written_elsewhere(tmp_path):
     """`once frame.png -o out.mov`: -o names a depth clip (or an image sequence), which a still cannot
-    give; before, its map went unasked to depth.jpg beside the frame and the run said it was written."""
+    give; its map must not go unasked to depth.jpg beside the frame, with the run saying it was written."""
     frames(tmp_path / "in", "frame.png", "b.png")
     broken = tmp_path / "broken.onnx"
     broken.write_bytes(b"not a model")  # refused before the model loads: loading it would fail with exit 78 first
@@ -277,7 +277,7 @@ def test_a_frame_rewritten_again_while_its_shot_is_mapped_again_fails_with_no_ma
 
 
 def test_ctrl_c_says_what_it_leaves(tmp_path):
-    """Ctrl-C in the middle of a run: one line, exit 130 (before, nothing at all)."""
+    """Ctrl-C in the middle of a run: one line, exit 130 (not nothing at all)."""
     import signal
     import time
 
@@ -310,8 +310,8 @@ def test_ctrl_c_says_what_it_leaves(tmp_path):
 
 
 def test_a_users_file_named_as_maps_are_named_is_left_out_of_a_folder_with_a_line(tmp_path, tiny_model):
-    """Before, `once FOLDER` left out a user's own matte_depth.png (no record of depthwatch's: not a map
-    it made) without a word, and the summary counted only the others."""
+    """`once FOLDER` leaves out a user's own matte_depth.png (no record of depthwatch's: not a map it
+    made) with a line, not without a word with the summary counting only the others."""
     frames(tmp_path / "in", "a.png", "matte_depth.png")
     done = once(tmp_path, "in", "-o", "{stem}_depth.png", "--model", str(tiny_model))
     assert done.returncode == 0, done.stderr
@@ -325,8 +325,8 @@ def test_a_users_file_named_as_maps_are_named_is_left_out_of_a_folder_with_a_lin
 
 
 def test_a_sequence_cut_into_range_tasks_gets_the_maps_one_run_gives(tmp_path):
-    """A farm manager's tasks over an image sequence (`once DIR --frames A-B` each): before, each task
-    planned its frames alone and the grey levels jumped at every task's edge. Now each sees the
+    """A farm manager's tasks over an image sequence (`once DIR --frames A-B` each): a task that planned
+    its frames alone would make the grey levels jump at every task's edge, so each sees the
     frames about its range, as a clip's range task does: the maps are those of one whole run."""
     from conftest import FASTDEPTH
     from skimage import data

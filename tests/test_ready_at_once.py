@@ -91,8 +91,8 @@ def test_sigterm_while_the_model_loads_ends_the_daemon(tmp_path):
         wait_for(lambda: log_lines(d, "config "), timeout=60, what="the daemon to start loading")
         assert d.state() != "running"
         d.send(signal.SIGTERM)
-        # Before, the start held the signal until the load and a measurement of every engine
-        # (minutes for this model) had ended; now it ends within its shutdown time.
+        # The start does not hold the signal until the load and a measurement of every engine
+        # (minutes for this model) have ended: it ends within its shutdown time.
         assert d.proc.wait(60) == 0
         assert log_lines(d, "stopped before the model was ready")
         assert not log_lines(d, "ready: watching")
@@ -440,7 +440,7 @@ def test_a_quantization_that_did_not_finish_leaves_nothing_for_good(tmp_path):
     left = [f".int8-{dead}-abcd1234.pre.onnx.dwtmp", f".int8-{dead}-abcd1234.pre.onnx-inferred.dwtmp", ".int8-k2j4h5g6.onnx.dwtmp"]
     live = f".int8-{os.getpid()}-live0000.onnx.dwtmp"  # a quantization under way in a live process
     # Another container's (or host's, the cache on NFS) pid 1: its quantization under way cannot be asked
-    # from here (before: removed as a dead process's), and one left untouched for hours is left behind.
+    # from here (so it is not removed as a dead process's), and one left untouched for hours is left behind.
     there = "000000" if processes.own_host() != "000000" else "111111"
     elsewhere, abandoned = f".int8-1t99h{there}-busy0000.onnx.dwtmp", f".int8-1t98h{there}-gone0000.onnx.dwtmp"
     for name in (*left, live, elsewhere, abandoned):

@@ -65,8 +65,8 @@ def test_new_template_pattern_folder_and_model_take_effect(tmp_path, tiny_model)
 def test_a_model_edit_undone_while_it_loads_leaves_the_model_in_service(tmp_path, tiny_model):
     """The config names a slow-loading model, then goes back while it loads: the load is withdrawn.
 
-    Before, the load swapped in anyway and served every frame from a model the config no longer
-    named, with no error anywhere, until the next edit. Whichever way the timing falls (the edit
+    Swapped in anyway, it would serve every frame from a model the config no longer names, with
+    no error anywhere, until the next edit. Whichever way the timing falls (the edit
     back seen before the load ends, or after it), the model in service at the end is the one the
     config names, the status says so, and a frame's map is made by it.
     """
@@ -111,11 +111,11 @@ def test_broken_edit_keeps_the_last_good_config_until_fixed(tmp_path, tiny_model
         write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
         wait_for(lambda: (d.watch / "depth.jpg").exists(), what="a frame served on the old config")
 
-        # A save cut short leaves NUL bytes: before, the reload's traceback ended the daemon (exit 1).
+        # A save cut short leaves NUL bytes: reported, not a reload's traceback that ends the daemon (exit 1).
         write_by_rename(d.config_path, good.encode() + b"\x00\x00\n")
         wait_for(lambda: "a control character (#x0000)" in (d.status().get("config_error") or ""), what="the NUL to be reported")
         assert d.proc.poll() is None
-        # Emptied (a save cut short, a truncate): before, the built-in defaults, watching ./tmp.
+        # Emptied (a save cut short, a truncate): refused, not the built-in defaults, watching ./tmp.
         write_by_rename(d.config_path, b"# settings to come\n")
         wait_for(lambda: "is empty (or only comments)" in (d.status().get("config_error") or ""), what="the empty file to be reported")
         assert not (d.config_path.parent / "tmp").exists()
@@ -193,7 +193,7 @@ def test_png_bits_takes_effect_on_reload(tmp_path, tiny_model):
         wait_for(lambda: d.counts().get("failed") == 1, what="the 32-bit PNG map refused")
         assert "shot1.png: output.png_bits 32 (float) needs .tif or .exr maps" in d.log()
         edit(d, lambda c: c["output"].update(png_bits=16))
-        d.send(signal.SIGHUP)  # the way the issue's user applied it; the edit alone reloads too
+        d.send(signal.SIGHUP)  # the way a user may apply it; the edit alone reloads too
         wait_for(lambda: d.status().get("config_loads", 0) >= 2, what="the reload")
         write_by_rename(d.watch / "shot2.png", png)
         wait_for(lambda: (d.watch / "shot2_depth.png").exists(), what="the 16-bit PNG map")
@@ -249,8 +249,8 @@ def test_queue_size_takes_effect_on_reload(tmp_path):
 
 
 def test_settings_kept_for_the_next_start_are_said_once_and_the_status_stays_where_it_is(tmp_path, tiny_model):
-    """daemon.workers changed and changed back says so once (before: "take effect at the next start" for
-    going back to the value running too); daemon.status_file moved live left the old file saying
+    """daemon.workers changed and changed back says so once (not "take effect at the next start" for
+    going back to the value running too); daemon.status_file moved live would leave the old file saying
     "running" with its counts frozen, and "gone without stopping cleanly" after a clean stop."""
     d = DaemonProcess(tmp_path, tiny_model).start()
     moved = tmp_path / "moved.json"

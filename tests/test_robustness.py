@@ -110,7 +110,7 @@ def test_an_error_record_older_than_a_current_map_goes_at_the_next_start(tmp_pat
 
 def test_a_plate_written_as_imagemagick_writes_it_is_mapped_without_a_false_empty_error(tmp_path, tiny_model):
     """ImageMagick opens its output, closes it empty, and opens it again to write it once it is encoded
-    (seconds for a 4K plate): before, "the file is empty (0 bytes)" was logged as a failure in between.
+    (seconds for a 4K plate): "the file is empty (0 bytes)" is not logged as a failure in between.
     A file written empty in place and left so is still reported, at the incomplete timeout."""
     d = DaemonProcess(tmp_path, tiny_model, watch={"incomplete_timeout_s": 3}).start()
     frame, depth = d.watch / "frame.jpg", d.watch / "depth.jpg"
@@ -397,8 +397,8 @@ def test_the_watch_limit_is_judged_per_drive_when_two_watch_folders_are_drives_r
 
 
 def test_frames_written_while_the_watch_folder_cannot_be_searched_are_mapped_once_it_can(tmp_path, tiny_model):
-    """A share's permissions fixed up, a chmod: before, a traceback per frame and the frames dropped
-    for good (the old map kept showing the version before, and the status said nothing failed)."""
+    """A share's permissions fixed up, a chmod: no traceback per frame, no frames dropped for good
+    (the old map showing the version before, and the status saying nothing failed)."""
     d = DaemonProcess(tmp_path, tiny_model, restricted=True).start()  # permissions bind, as for a user
     try:
         write_by_rename(d.watch / "frame.jpg", jpeg_bytes(quadrant_frame()))
@@ -477,9 +477,9 @@ def test_full_disk_leaves_nothing_half_written_and_retries(tmp_path, tiny_model,
 
 
 def test_a_disk_with_room_for_a_small_file_but_not_the_map_counts_its_frame_failed_once(tmp_path, tiny_model, small_disk):
-    """The folder looks writable (free space, permission) but the map does not fit: before, the frame
-    came back from the parked lot every five seconds for good, each time +1 failed, +2 retried and
-    three log lines (15,000 "failed" a weekend for one frame). Now: counted once, its pauses grow."""
+    """The folder looks writable (free space, permission) but the map does not fit: the frame is counted
+    once and its pauses grow, rather than coming back from the parked lot every five seconds for good,
+    each time +1 failed, +2 retried and three log lines (15,000 "failed" a weekend for one frame)."""
     d = DaemonProcess(
         tmp_path, tiny_model, watch={"folders": [str(small_disk)]},
         output={"template": "depth.png", "png_compression": 0}, daemon={"retries": 1, "log_level": "debug"},
@@ -502,7 +502,7 @@ def test_a_disk_with_room_for_a_small_file_but_not_the_map_counts_its_frame_fail
         counts = d.counts()
         assert counts["failed"] == 1 and counts["retried"] == 1, counts
         assert d.log().count("made again once") == 1 and d.temp_files() == []
-        # The status says a frame waits (before: "0 queued, 0 in progress", its old map showing).
+        # The status says a frame waits (not "0 queued, 0 in progress", its old map showing).
         wait_for(lambda: d.status().get("parked") == 1, what="the parked frame in the status")
         (small_disk / "filler").unlink()
         wait_for(lambda: d.counts().get("done") == 2, timeout=120, what="the map once there is room")
@@ -536,8 +536,8 @@ def test_inference_error_fails_one_frame_and_the_daemon_serves_on(tmp_path):
         wait_for(lambda: d.counts().get("failed") == 1, what="the failing frame")
         assert "frame.jpg: inference failed:" in d.log()
         assert d.status().get("health_error") is None  # one frame may be the frame's fault
-        # Frame after frame, the model's: said in the status, as unusable predictions are (before:
-        # health_error null and /health "running" while the model failed every frame).
+        # Frame after frame, the model's: said in the status, as unusable predictions are (not
+        # health_error null and /health "running" while the model fails every frame).
         for i in range(2, 6):
             write_by_rename(d.watch / "frame.jpg", jpeg_bytes(np.full((40 + i, 40, 3), 255, np.uint8)))
             wait_for(lambda i=i: d.counts().get("failed") == i, what=f"failing frame {i}")

@@ -91,8 +91,8 @@ def test_malformed_frame_ranges_say_why(text: str) -> None:
 
 
 def test_pre_roll_frames_numbered_below_zero_are_negative_frames(tmp_path):
-    """`shot.-003.exr`, as pipelines write pre-roll (fileseq reads it so): before, frame 3, so
-    `--frames 1-3` took the pre-roll too and the sequence split in two at frame 0."""
+    """`shot.-003.exr`, as pipelines write pre-roll (fileseq reads it so): read as frame 3,
+    `--frames 1-3` would take the pre-roll too and the sequence split in two at frame 0."""
     from depthwatch.frames.sequences import frame_range, parse, sequences
 
     names = [tmp_path / f"shot.{n:04d}.exr" for n in range(-3, 4)]

@@ -227,8 +227,8 @@ def test_a_stray_status_file_is_one_line_and_a_last_error_is_shown_as_the_log_ha
 
 
 def test_a_gone_daemons_clip_and_frames_in_hand_are_said_in_the_past(tmp_path):
-    """Before: a daemon killed mid-clip showed `79/360 frames, 36.4 fps, about 8 s left` and its
-    frames `1 in progress`, as if it ran; one that stopped after a failure was "gone without stopping cleanly"."""
+    """A daemon killed mid-clip does not show `79/360 frames, 36.4 fps, about 8 s left` and its frames
+    `1 in progress`, as if it ran; one that stopped after a failure is not "gone without stopping cleanly"."""
     from depthwatch.daemon.status import Status, write_status
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
@@ -258,9 +258,9 @@ def test_run_from_a_checkout_uses_its_config_yaml_and_says_so(tmp_path, tiny_mod
         assert shown.returncode == 0
         assert rows(shown.stdout)["config"] == str(checkout / "config.yaml")
 
-        # A reload reads the file it started with. Before, it searched again: a user config that
-        # appeared (`service install` writes one) took over at the next edit, and a config moved
-        # away switched the daemon to the built-in defaults, watching ./tmp, without a word.
+        # A reload reads the file it started with. Searching again, a user config that appeared
+        # (`service install` writes one) would take over at the next edit, and a config moved away
+        # would switch the daemon to the built-in defaults, watching ./tmp, without a word.
         user = Path(os.environ["XDG_CONFIG_HOME"]) / "depthwatch" / "config.yaml"
         user.parent.mkdir(parents=True)
         user.write_text(f"model:\n  path: {tiny_model}\n  profile: midas-v21-small\nwatch:\n  folders: [other]\n")

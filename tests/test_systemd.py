@@ -214,8 +214,8 @@ def test_install_then_uninstall_run_systemctl_and_leave_the_folder_as_found(conf
 
 
 def test_uninstall_says_stopped_only_once_systemd_says_so(config: Path, home: Path, tools, capsys):
-    """A `disable --now` whose stop failed (a cancelled job): before, "stopped and removed", exit 0,
-    with the daemon running on under a unit file that was gone."""
+    """A `disable --now` whose stop failed (a cancelled job): not "stopped and removed", exit 0,
+    with the daemon running on under a unit file that is gone."""
     assert service("install", "-c", str(config)) == 0
     unit_file = home / ".config/systemd/user/depthwatch.service"
     tools.clear()
@@ -460,10 +460,10 @@ def test_status_reads_systemctl_show(config: Path, home: Path, tools, capsys):
 
 
 def test_what_systemd_says_is_said_truly_starting_gone_unit_exec_errors_and_sigkill(config: Path, home: Path, tools, capsys):
-    """Before: a starting daemon (Type=notify, until READY=1) was "running: no"; a daemon whose unit
-    file was deleted was "not installed, nothing to do" for status, stop and uninstall while it ran on;
-    systemd's 203 (the virtualenv moved) read "killed by signal 75"; a stop that ended in SIGKILL
-    said "exit status none yet"."""
+    """A starting daemon (Type=notify, until READY=1) is not "running: no"; a daemon whose unit file
+    was deleted is not "not installed, nothing to do" for status, stop and uninstall while it runs on;
+    systemd's 203 (the virtualenv moved) does not read "killed by signal 75"; a stop that ended in
+    SIGKILL does not say "exit status none yet"."""
     starting = "LoadState=loaded\nActiveState=activating\nSubState=start\nMainPID=4242\nExecMainCode=0\nExecMainStatus=0\n"
     assert parse_show(starting).running
     gone = "LoadState=not-found\nActiveState=active\nSubState=running\nMainPID=4242\nExecMainCode=0\nExecMainStatus=0\n"

@@ -202,7 +202,7 @@ def join(job: ClipJob, settings: Settings, model: Path, requeued: bool = False) 
     finally:
         temp.unlink(missing_ok=True)
     segments.remove_folder(folder)
-    if settings.timeline:  # --timeline, output.timeline: the join was silently without one
+    if settings.timeline:  # --timeline, output.timeline: the join writes it too, as local once does
         shown_as = replace(meta, display_matrix=timing.display_matrix)  # a turned clip's timeline is upright
         timeline.write(job.source, job.final, shown_as, timing.length(written, meta.rate), job.output_roots, timing.lead(meta.rate))
     return written

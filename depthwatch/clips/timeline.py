@@ -16,7 +16,7 @@ Each file carries a mark, so a second run replaces its own timeline and
 never a file of the same name someone else made. The mark names a digest of
 the file as written: a timeline an editor opened and saved with their own
 markers, tracks or name (OpenTimelineIO keeps metadata through every round
-trip, so the mark came along) is theirs now, and is never replaced. A
+trip, so the mark comes along) is theirs now, and is never replaced. A
 timeline from before the digest (a plain mark) is still known as ours.
 """
 

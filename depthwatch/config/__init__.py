@@ -12,7 +12,7 @@ One module per job:
 - `combinations`: settings fine alone but impossible together;
 - `hosts`: whether the API's address reaches only this machine.
 
-Callers import from here, as they did when this was one module.
+Callers import from here, whichever module a name lives in.
 
 Why no schema library (pydantic v2, msgspec) for the checks: what users get
 from a config is its messages, `file:line:column: output.jpeg_quality must be

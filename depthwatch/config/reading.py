@@ -236,7 +236,7 @@ def _section(cls: type, name: str, data: Any, node: yaml.Node, path: Path, base:
 def _refuse_surprising_number(value: Any, written: str | None, what: str) -> None:
     """A plain number YAML 1.1 reads as another: 01001 in octal (513), 2:30 in base 60 (150).
 
-    A frame number padded as VFX writes it (`first_frame: 01001`) became 513 without a word.
+    A frame number padded as VFX writes it (`first_frame: 01001`) would become 513 without a word.
     """
     if written is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return

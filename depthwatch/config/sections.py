@@ -154,7 +154,7 @@ class Config:
 #: Settings read under an old name, section by section: {old: new}. Each is read as the new one,
 #: with one warning that says what to write instead (see `reading`).
 RENAMED: dict[str, dict[str, str]] = {
-    # Percentile clipping of the depth range sat beside output.clip_template (video clips).
+    # Percentile clipping of the depth range: `clip_percent` reads like output.clip_template's (video clips).
     "output": {"clip_percent": "range_percentile"},
 }
 

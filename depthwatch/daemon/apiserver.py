@@ -60,9 +60,9 @@ class _LoggedErrorTask(ErrorTask):
         limit = self.channel.server.adj.max_request_body_size
         if error.code == 413:
             error.body = f"the body is over api.max_body_mb ({limit / 1024 / 1024:.3g} MB); send a smaller image or raise api.max_body_mb"
-        # A request line or header waitress could not parse leaves no command or path: reading them
-        # raised here, no answer went out, and the connection stayed open for good (100 such locked
-        # every plugin out).
+        # A request line or header waitress could not parse leaves no command or path: read without a
+        # default, they raise here, no answer goes out, and the connection stays open for good (100 such
+        # lock every plugin out).
         command = getattr(self.request, "command", None) or "?"
         path = getattr(self.request, "path", None) or "?"
         if error.code == 431:  # headers too large: waitress parsed a stand-in request line, not the client's

@@ -269,7 +269,7 @@ class Daemon:
         # What the last run ended on, said before anything is mapped; a slot per thread that works on frames.
         self.black_box.open(self.supervisor.slots_on_disk(config.daemon.workers), crashes=self._catch_crashes)
         # `starting`, in the status file from now: a large model's first load takes a while, and
-        # `depthwatch status` meanwhile said "not running" (or showed the last run's pid, stopped).
+        # `depthwatch status` would meanwhile say "not running" (or show the last run's pid, stopped).
         self.report.touch()
         self.report.write()
         # The engine measurement never holds the start: it runs in idle time once frames are served.

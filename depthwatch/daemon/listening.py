@@ -1,7 +1,7 @@
 """Whether the HTTP API can listen where `api.host` says, asked before it tries.
 
 Why apart from the server: `depthwatch check` asks too, without the api extra's
-waitress, so a host that does not resolve (waitress raised a bare ValueError:
+waitress, so a host that does not resolve (waitress raises a bare ValueError:
 a traceback and exit 1, restarted in a loop by the service manager) or an
 address that is not this machine's is one line before the daemon ever starts.
 """

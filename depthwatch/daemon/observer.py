@@ -56,11 +56,11 @@ def trusts_close_events(observer: Any) -> bool:
 
 
 #: The events the watcher acts on where close events are trusted (`Watcher.on_event`). Asked of
-#: inotify alone, the kernel sends no others: every frame the daemon reads (open, close without
-#: writing), every map it writes (open, each write's modify) and every folder it syncs raised events
-#: that watchdog's threads turned into objects, grouped and queued, only for the handler to drop
+#: inotify alone, the kernel sends no others: otherwise every frame the daemon reads (open, close
+#: without writing), every map it writes (open, each write's modify) and every folder it syncs raises
+#: events that watchdog's threads turn into objects, group and queue, only for the handler to drop
 #: them. Not asked for, watchdog's threads spend 1.0-1.15 ms of CPU a frame in a burst of 1080p
-#: frames, where they spent 1.8-2.0 (600 frames, a fast model, three runs each).
+#: frames rather than 1.8-2.0 (600 frames, a fast model, three runs each).
 #: Elsewhere (polling, FSEvents) the watcher settles files by their changes, and takes every event.
 TRUSTED_EVENTS: list[type[FileSystemEvent]] = [
     FileCreatedEvent, FileClosedEvent, FileMovedEvent, DirCreatedEvent, DirMovedEvent, DirDeletedEvent,

@@ -11,8 +11,8 @@ watcher and get their tries again. Nothing is written to look.
 A folder that looks writable and still cannot take the map (a disk with room
 for a small file but not for this 16-bit map, a quota, a flaky share) keeps
 its grown pause when its frames come back: only a map written there starts
-the pauses again from two seconds. (Before, every hand-back started them
-again: a frame tried every five seconds for good.)
+the pauses again from two seconds. (Were every hand-back to start them
+again, such a frame would be tried every five seconds for good.)
 """
 
 from __future__ import annotations
@@ -112,8 +112,8 @@ class Parked:
         writing failed again): its entry, with its pause, stays until a map is
         written there (`written`) or it has had no frame for FORGET_AFTER_S. A
         frame deleted meanwhile (a render cleared to make room) is no longer
-        waiting: before, it was counted as waiting for as long as its folder
-        stayed unwritable, and kept for good.
+        waiting: it is dropped, not counted as waiting and kept for good while
+        its folder stays unwritable.
         """
         now = time.monotonic()
         with self._lock:

@@ -3,8 +3,8 @@
 The parts of the daemon change the `Status` in memory and `touch` it; the
 main loop writes the file (an fsync each time) only when something changed,
 and when the file is gone (a state folder cleared, a tmp cleaner: the daemon's
-own folder is made again): an idle daemon whose file went said "not running"
-for good. A clip's progress reaches it at most once a second (`CLIP_STATUS_S`).
+own folder is made again): an idle daemon whose file went would say "not
+running" for good. A clip's progress reaches it at most once a second (`CLIP_STATUS_S`).
 A file that cannot be written is said once, not at every write.
 """
 
@@ -136,8 +136,8 @@ class StatusReport:
                     "again, tried every %.0f s", exc, _LOOK_FOR_FILE_S,
                 )
             self._failing = True
-            # Still to be written (before, the change was taken as written: once space was back an idle daemon's
-            # status kept the counts of before the disk filled, for good).
+            # Still to be written: a change taken as written would leave an idle daemon's status with the counts
+            # of before the disk filled, for good, once space was back.
             self._dirty, self._retry_at = True, now + _LOOK_FOR_FILE_S
             return
         if self._failing:

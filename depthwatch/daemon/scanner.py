@@ -187,8 +187,9 @@ class Scanner:
     def _tidy(self, path: Path) -> None:
         """A frame whose map is current: an error record beside it is older than that map.
 
-        A kill between the map's rename and the record's removal left "failed" beside a
-        good map for good: the next start found the map current and looked no further.
+        A kill between the map's rename and the record's removal leaves "failed" beside a
+        good map, and the next start finds the map current and looks no further: the record
+        goes here, or it stays for good.
         """
         if not self.rules.error_records:
             return

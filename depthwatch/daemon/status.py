@@ -162,7 +162,7 @@ def read_status(path: Path) -> dict[str, Any]:
 
     ValueError, as for a file that is not JSON: every reader already says "cannot
     read" for it. A stray file in the state folder with `"updated"` as a date
-    string took `depthwatch status` down with a traceback, hiding every daemon.
+    string must not take `depthwatch status` down with a traceback, hiding every daemon.
     """
     data = json.loads(path.read_text())
     if not isinstance(data, dict):

@@ -302,8 +302,8 @@ class Watcher:
             self._look(path, state)
         except PermissionError as exc:
             # Its folder cannot be searched for now (a share's permissions being fixed up, a
-            # chmod): before, a traceback, and the frame dropped for good. Said once, looked
-            # at again with growing pauses, mapped once it can be read.
+            # chmod): not a reason to drop the frame for good. Said once, looked at again
+            # with growing pauses, mapped once it can be read.
             if not state.denied:
                 log.warning(
                     "%s: cannot be looked at (%s; its folder's permissions?); looked at again until it can be",
@@ -355,7 +355,7 @@ class Watcher:
         if st.st_size == 0 and not state.moved and not video.is_clip_name(path):
             # Still empty, and not renamed into place whole: its writer may have truncated it,
             # closed it and opened it again to write it later (ImageMagick does, and encodes a 4K
-            # plate for seconds in between: "the file is empty" was a false failure). Its next
+            # plate for seconds in between: "the file is empty" would be a false failure). Its next
             # close decides; one that stays empty is reported at the incomplete timeout.
             waited = now - state.since
             if waited < self.config.incomplete_timeout_s:

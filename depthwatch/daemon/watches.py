@@ -155,8 +155,8 @@ class WatchFolders:
         """A recursive watch the kernel's watch limit cut short: watch the folder itself, scan the rest.
 
         watchdog adds a recursive watch folder by folder and gives the whole watch up at the
-        first folder over the limit, so a tree with more folders than the limit allows was
-        never watched at all (a warning every second, no frame ever mapped). Its own folder
+        first folder over the limit, so a tree with more folders than the limit allows would
+        never be watched at all (a warning every second, no frame ever mapped). Its own folder
         takes one watch; the folders under it are then found unwatched and scanned
         (`_check_coverage`), and said once.
         """

@@ -307,7 +307,7 @@ def _outcomes(
 
     `jobs` (a pass that writes maps): a frame whose map is on disk, made from its version now and
     with these settings (`made_with`), was written by a worker whose answer was lost (the scheduler
-    gone, its connection cut): it is counted written, not failed ("0 written, 60 failed" with 56 on disk).
+    gone, its connection cut): it is counted written, not failed (else "0 written, 60 failed" with 56 on disk).
     `made_with`: per job (`made_with_each`).
     """
     try:

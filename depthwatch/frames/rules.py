@@ -389,7 +389,7 @@ def map_is_current(source: Path, output: Path, made_with: str | None = None, mod
             if record is not None and "size" in record:
                 return provenance.same_clip_version(record, frame)
             return output.stat().st_mtime_ns >= frame.st_mtime_ns
-        if video.is_clip_name(output):  # a depth clip: the version its comment names; before it named one, by time
+        if video.is_clip_name(output):  # a depth clip: the version its comment names; by time where it names none (an older one's)
             # Size and mtime, not the inode: a clip is hours of work to map again, and a share that
             # gives new inodes at each reconnect, a copy with `cp -a`, or a farm worker's view of the
             # file would have it mapped again with nothing changed.

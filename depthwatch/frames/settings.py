@@ -48,8 +48,8 @@ class Settings:
         """A digest of what shapes a map's pixels (normalise, render, encoding), for its record.
 
         So a map made under other settings is known as such (`rules.map_is_current`):
-        `once --farm` run again with `--gamma 2.2` found every map "up to date" by its
-        frame's version alone, kept them all and said they were written.
+        by its frame's version alone, `once --farm` run again with `--gamma 2.2` would
+        find every map "up to date", keep them all and say they were written.
         """
         shape = repr((self.normalise, self.render, self.encoding))
         return hashlib.sha256(shape.encode()).hexdigest()[:12]
@@ -59,8 +59,8 @@ class Settings:
         """`made_with` of a shot-stable map made live (the daemon, the API: each output's shot so far).
 
         Not the shot planner's map (`once`, the farm: each whole shot seen first), so
-        `once --farm` does not keep a daemon's preview of a sequence as its own map:
-        it did, said "8 up to date", and its maps differed from local once's.
+        `once --farm` does not keep a daemon's preview of a sequence as its own map
+        (saying "8 up to date", with maps that differ from a local `once`'s).
         """
         shape = repr(("live", self.normalise, self.render, self.encoding))
         return hashlib.sha256(shape.encode()).hexdigest()[:12]

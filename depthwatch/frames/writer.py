@@ -71,11 +71,11 @@ def ensure_folder(folder: Path, roots: tuple[Path, ...] = ()) -> None:
 
     Not created through a link that now leads outside `roots` (a folder outside
     is a write too), and not where the drive it was written on is gone: made
-    with its parents, a cache drive's folder came back on the system disk once
-    the drive was ejected, its maps landed there, said done, and the drive kept
-    the last version's when it came back (and where the mount point went with
-    the drive, the folder made took its name, so the drive came back under
-    another). So the mount point each output folder lies on is noted when a
+    with its parents, a cache drive's folder would come back on the system disk
+    once the drive is ejected, its maps land there, said done, and the drive
+    keep the last version's when it comes back (and where the mount point goes
+    with the drive, the folder made takes its name, so the drive comes back
+    under another). So the mount point each output folder lies on is noted when a
     map is first written there; while it is no longer mounted, a retryable
     OutputError: the frame waits until the drive is back. A folder never
     written to is made as configured, parents and all.

@@ -137,8 +137,8 @@ def depth_map(
     normalise, render and encode ends (stage timings). `ahead`: this frame's
     `ahead`, made while the model ran. `beside`: an idle thread that may encode
     half the map (`codec.encode`); the bytes are the same without it. (The
-    refine guide made there while this one normalises measured no gain: the
-    shot's flow already keeps both cores busy.)
+    refine guide is not made there while this one normalises: the shot's flow
+    already keeps both cores busy, so it would gain nothing.)
     """
     guide = frame.image
     shot = None

@@ -284,7 +284,7 @@ class _SyncedFile:
     A depth clip is hundreds of megabytes. Left to the kernel, it sits in the
     page cache until writeback, and an fsync of a live frame's map (ext4's
     journal commits in order) can then wait behind a large part of it: a
-    frame dropped while a clip is written waited 200 ms for its map. Synced as
+    frame dropped while a clip is written waits up to 200 ms for its map. Synced as
     it goes (a megabyte at a time, on the clip's writer thread, which holds back
     while a live frame is in flight), there is never much of the clip to flush.
     """

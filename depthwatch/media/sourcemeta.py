@@ -4,7 +4,7 @@ the display matrix.
 Phone footage is variable-rate more often than not: frames last as long as
 the light or the phone's load made them. Written at a constant rate, the same
 frame count drifts against its source over the clip (a clip whose later frames
-last twice as long came out 2.36 s short). So a variable-rate source's frame
+last twice as long comes out 2.36 s short). So a variable-rate source's frame
 times are read here, from the container's packets (demuxed, not decoded),
 and the depth clip is written with exactly those times and its source's time
 base. A constant-rate source (within one tick of its rate) keeps the plain
@@ -165,8 +165,8 @@ def _last_duration(found: list[tuple[int, int]], end: int | None) -> int:
 
     With B-frames, the packet with the highest time is not the last one
     decoded, and its duration is its decode step, not how long it is shown
-    (a phone clip's last frame came out 43.3 ms long where the source shows
-    it for 40.3, 33 where HEVC's shows it for 40). The packet's own is taken
+    (a phone clip's last frame would come out 43.3 ms long where the source
+    shows it for 40.3, 33 where HEVC's shows it for 40). The packet's own is taken
     only where the stream does not say, or says something no frame could
     last (past four of the clip's longest steps).
     """

@@ -47,8 +47,8 @@ def picture_stream(container: Any) -> Any:
     """The clip's picture among its video streams; None when it has none.
 
     Why not the first: a cover image or a thumbnail is a video stream too,
-    and Matroska may list it first (a one-frame PNG: its "depth clip" was one
-    frame, said written). So: never an attached picture, a still or a
+    and Matroska may list it first (a one-frame PNG: taken, its "depth clip" is
+    one frame, said written). So: never an attached picture, a still or a
     thumbnail track (unless that is all there is), then the stream marked
     default, then one that lasts (nine tenths of the longest at least: a
     cover unmarked is a frame long), then the largest (a proxy track lasts as

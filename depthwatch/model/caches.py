@@ -105,9 +105,8 @@ def open_entry(root: Path, model: Path, digest: str, runtime_version: str, optio
     changed, onnxruntime was upgraded, or the options differ), an entry whose
     model files are all gone, and the least recently used beyond MAX_ENTRIES.
     An entry names every model path that used it (two projects' copies of one
-    model share it): one of them changed leaves it to the others (before, it
-    was removed from under them, and the next start of theirs made it again
-    before `ready`).
+    model share it): one of them changed leaves it to the others (removed from
+    under them, it would be made again by their next start, before `ready`).
     """
     model = Path(os.path.abspath(model))
     key = cache_key(digest, runtime_version, options)

@@ -375,8 +375,8 @@ class Engine:
         reason: Exception = self._error or EngineStopped("the inference engine has stopped")
         if self.failure is not None:
             # The jobs waiting behind the one that ended the thread were never tried: dropped, as by a
-            # stop, for the next start to map (they were each logged and counted as failed, and the
-            # frame at fault was named by none of the lines).
+            # stop, for the next start to map (failed, each would be logged and counted, and none of
+            # those lines would name the frame at fault).
             reason = Stopped(f"not mapped: the inference engine stopped on another frame before it ran ({self.failure})")
         for future, _ in self._jobs.drain():
             if future.running() or future.set_running_or_notify_cancel():

@@ -42,10 +42,10 @@ def rotating_handler(path: Path) -> logging.Handler:
 class _LogFile(logging.handlers.RotatingFileHandler):
     """The rotating log file, where a line that cannot be written (a full disk) is counted, not lost unsaid.
 
-    The standard handler printed Python's 30-line "--- Logging error ---" for
+    The standard handler prints Python's 30-line "--- Logging error ---" for
     each such line on stderr (under launchd a file on the same full disk, never
-    rotated), and once the disk had room the log went on as if nothing had been
-    missed. Now stderr gets one line when the writing stops, and the log's
+    rotated), and once the disk has room the log goes on as if nothing had been
+    missed. Here stderr gets one line when the writing stops, and the log's
     first line after says how many lines are missing and why.
     """
 

@@ -105,8 +105,8 @@ def environment(executable: str | None = None, extra_path: Sequence[str] = ()) -
     buffer would hold anything printed there until the process exits (logging
     goes to stderr, which Python line-buffers anyway). The XDG base folders the
     installing shell sets (`PINNED`): a service starts without the shell's
-    variables, so a model fetched under $XDG_DATA_HOME was "not installed" for
-    it, and its status went where `depthwatch status` does not look.
+    variables, so a model fetched under $XDG_DATA_HOME would be "not installed"
+    for it, and its status would go where `depthwatch status` does not look.
     """
     pinned = {name: os.environ[name] for name in PINNED if os.path.isabs(os.environ.get(name, ""))}
     return {"PATH": search_path(executable, extra_path), "PYTHONUNBUFFERED": "1", **pinned}
@@ -116,9 +116,9 @@ def environment(executable: str | None = None, extra_path: Sequence[str] = ()) -
 def as_the_service_sees_it(manager_environment: Mapping[str, str] | None = None) -> Iterator[None]:
     """Only the variables a service will have, meanwhile: a config is checked as the daemon will read it.
 
-    `service install` said "installed and started" for a config whose folder was
-    under a variable of the shell's (`$SHOTS`): the daemon then exited 78 at every
-    start, and launchd started it again every 30 s, for good. `manager_environment`:
+    Checked with the shell's variables, a config whose folder is under one of them
+    (`$SHOTS`) would be "installed and started", its daemon then exit 78 at every
+    start, and launchd start it again every 30 s, for good. `manager_environment`:
     what the service manager itself hands every service (systemd's user manager:
     `systemctl --user show-environment`, environment.d included), where it can say.
     """

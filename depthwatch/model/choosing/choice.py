@@ -58,7 +58,7 @@ from depthwatch.model.choosing.trials import Trial, Variant, fastest, reference,
 if TYPE_CHECKING:
     from depthwatch.model.choosing.measurement import Measurement
 
-# The decision's lines have always come from the engine's logger: filters and tests keep working.
+# The decision's lines come from the engine's logger, where log filters and tests look for them.
 log = logging.getLogger("depthwatch.model.engine")
 
 #: Measures a model's variants now, before its first frame (the engine, on its inference thread).
@@ -75,7 +75,7 @@ def decision_key(
 
     `only`: the provider an explicit list serves from, whose precisions alone were measured: a choice of
     its own, never the one `providers: auto` remembers (a list naming CUDA where there is none, falling
-    back to the CPU, once stored "CPU" as auto's choice for every later daemon and worker).
+    back to the CPU, would otherwise store "CPU" as auto's choice for every later daemon and worker).
     """
     if not runtime_version.startswith("onnxruntime"):
         runtime_version = f"onnxruntime {runtime_version}"
@@ -179,7 +179,7 @@ def decide(
         if again:
             why = "measured on a busy machine"
         if chosen[1] == precisions.INT8 and mode == "background" and not _int8_at_hand(spec):
-            # Its int8 file gone from the cache (cleaned, pruned, damaged): quantized again before `ready` took a
+            # Its int8 file gone from the cache (cleaned, pruned, damaged): quantizing again before `ready` takes a
             # minute for a large model. fp32 on that provider serves now; int8 is measured again in idle time.
             log.info("the int8 model of %s is not in the cache: %s serves at fp32 now, and int8 is measured again in idle time",
                      spec.path.name, providers.short(chosen[0]))

@@ -1,8 +1,8 @@
 """int8: a static quantization of the model, made once per model and machine, kept beside the compiled models.
 
 On a CPU without bf16 (AVX2 alone, most laptops and many cloud machines) the
-one precision left to gain speed is int8: the same MiDaS-sized model ran 1.6x
-faster quantized on one thread, where OpenVINO's fp32 was no faster than
+one precision left to gain speed is int8: a MiDaS-sized model runs 1.6x
+faster quantized on one thread, where OpenVINO's fp32 is no faster than
 onnxruntime's. Whether a model stays faithful in int8 depends on the model, so
 `precision: auto` measures the quantized model beside fp32 and keeps it only
 if its maps pass the same check as bf16 (see `precision`).
@@ -16,7 +16,7 @@ fp32. Measured on the one trained network here, the shared FastDepth made fp32
 again (`python -m benchmarks.realint8`; the AVX2 rows under QEMU's Haswell
 CPU, whose kernels are AVX2's): whole int8 kept r 0.9954 with VNNI and 0.9904
 on AVX2 alone, where u8s8 products saturate; with 7-bit weights (onnxruntime's
-`reduce_range`, its advice there and depthwatch's choice until now) 0.9693,
+`reduce_range`, its advice there) 0.9693,
 refused; with both ends in fp32, 8-bit weights: 0.9976 with VNNI, 0.9975 on
 AVX2, and no slower (the ends, 3 channels in and 1 out, gain nothing in
 int8). So one file for every x86 CPU, faithful on both. It runs in this
@@ -77,8 +77,8 @@ def _settings() -> dict[str, Any]:
         "weights": "int8 per channel, 8 bits",
         "fp32": f"the first and last convolution, from {ENDS_FROM}",
         "calibration": "probe images",
-        # 2: the tools' preparation runs (it never had before: it asked for sympy).
-        # 3: 8-bit weights on every CPU, the ends in fp32 (`ENDS_FROM`).
+        # Raised with each change to how the file is made, so a file made otherwise is made again. 3: the
+        # tools' preparation runs (without sympy), 8-bit weights on every CPU, the ends in fp32 (`ENDS_FROM`).
         "scheme": 3,
     }
 
@@ -96,10 +96,10 @@ def cached(model: Path, cache_root: Path, state_dir: Path) -> Path | None:
     """The int8 model of `model` made earlier with today's settings, as it was written; or None.
 
     A file that is not the one written (a disk error, a copy or a sync cut
-    short, a hand's edit) is removed, with one line: before, a damaged file
-    that still parsed was served (maps correlating 0.45 with the good ones,
-    said "ok"), and one that did not sent the engine to the CPU at fp32 for
-    good, said "did not take the model". Its size and sha256 are kept beside
+    short, a hand's edit) is removed, with one line: served, a damaged file
+    that still parses gives maps correlating 0.45 with the good ones, said
+    "ok", and one that does not sends the engine to the CPU at fp32 for good,
+    said "did not take the model". Its size and sha256 are kept beside
     it when it is written (`_DIGEST`); a file from before that is trusted once
     and its digest kept from then on.
     """
@@ -137,7 +137,7 @@ def _entry_locked(folder: Path) -> Iterator[None]:
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
-        yield  # cannot lock: as before
+        yield  # cannot lock: goes on unlocked
         return
     try:
         with contextlib.suppress(OSError):
@@ -196,7 +196,7 @@ def int8_model(
     return target
 
 
-#: A quantization's temporary files: `.int8-<processes.own_tag>-<random>...dwtmp` (before, `.int8-<random>...`).
+#: A quantization's temporary files: `.int8-<processes.own_tag>-<random>...dwtmp` (an older depthwatch's: `.int8-<random>...`).
 _TEMPORARY = re.compile(r"\.int8-(?:(\d+)(?:t(\d+))?(?:h([0-9a-f]{6}))?-)?[^.]+\..*\.dwtmp")
 
 
@@ -204,7 +204,7 @@ def _sweep(folder: Path) -> None:
     """Remove the temporaries of quantizations whose process is gone (killed, or stopped mid-way).
 
     Each is as large as the model: a few interrupted starts (a logout, a lid
-    closed) filled the cache with hidden copies nothing removed.
+    closed) would fill the cache with hidden copies nothing removes.
     """
     try:
         names = os.listdir(folder)
@@ -284,9 +284,9 @@ def _quantize(
         # The tools' own preparation (graph fusions, ONNX shape inference), which the quantizer
         # advises; a graph it cannot prepare is quantized as it is. Without it a Pad before a
         # Conv, say, stays a node of its own between quantize and dequantize pairs: the real
-        # FastDepth network in fp32 ran 1.2-1.35x slower in int8 unprepared (benchmarks.realint8).
+        # FastDepth network in fp32 runs 1.2-1.35x slower in int8 unprepared (benchmarks.realint8).
         # The symbolic shape inference is left out: it needs sympy (tens of MB, not a dependency
-        # here), which made the whole preparation fail; it serves graphs with dynamic shapes
+        # here), without which the whole preparation fails; it serves graphs with dynamic shapes
         # that ONNX's own inference cannot follow, and the quantizer does without it.
         source = str(model)
         try:

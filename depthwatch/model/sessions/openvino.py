@@ -36,9 +36,9 @@ HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16", "int8": "f32"}
 #: The CPU plugin's OPTIMIZATION_CAPABILITIES that mean a precision runs natively.
 CAPABILITY = {"bf16": "BF16", "fp16": "FP16"}
 #: How long the inference thread waits on the request before looking at `terminate` again.
-#: Shorter than a run: at 20 ms a bf16 model of 5-20 ms was never cut short, so a scrub's last
-#: frame waited behind a superseded run; at 2 ms its map came 44.9 -> 37.8 ms after the last
-#: write (medians of 15, AVX-512 BF16 EPYC), with the burst no slower (the wait itself releases
+#: Shorter than a run: at 20 ms a bf16 model of 5-20 ms is never cut short, so a scrub's last
+#: frame waits behind a superseded run; at 2 ms its map comes 37.8 ms after the last write, not
+#: 44.9 (medians of 15, AVX-512 BF16 EPYC), with the burst no slower (the wait itself releases
 #: the GIL; 500 wake-ups a second cost nothing measurable).
 WAIT_SLICE_MS = 2
 
