@@ -9,6 +9,7 @@ once every first pass is in, from the version there now.
 from __future__ import annotations
 
 import sys
+import threading
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
@@ -33,10 +34,14 @@ def run(plan: Plan, config: Any, clip_jobs: list[Any], clip_refused: list[str]) 
     progress, failures, settings = plan.progress, plan.failures, plan.settings
     spec = catalogue.resolve(config.model, config.base)
 
+    # Set at Ctrl-C or SIGTERM, before the engine stops: the frames that stop then fail with it, and
+    # their lines would come after the one line `cli` says of the interrupt, as if a frame were at fault.
+    interrupted = threading.Event()
+
     def report(done: Future[Result]) -> None:
         result = done.result()
         progress.update(1)
-        if not result.ok:
+        if not result.ok and not interrupted.is_set():
             failures.append(result.describe())
             progress.write(f"depthwatch: {result.describe()}", file=sys.stderr)
 
@@ -62,16 +67,20 @@ def run(plan: Plan, config: Any, clip_jobs: list[Any], clip_refused: list[str]) 
         def started() -> Pipeline:
             return Pipeline(engine, workers=config.daemon.workers, niceness=config.daemon.worker_niceness)
 
-        pipeline = started()
-        for source in stills:  # each its own map, exactly the per-frame one
-            pipeline.submit(by_source[source], replace(settings, normalise=FRAME)).add_done_callback(report)
-        passes = [sequence(pipeline, sequence_jobs, written, settings, report) for sequence_jobs, written in planned]
-        pipeline.close()  # its threads joined, so every pass 2 has reported: the frames rewritten since pass 1 are known
-        if any(changed for changed, _shots in passes):
+        try:
             pipeline = started()
-            for changed, shots in passes:
-                again(pipeline, changed, shots, settings, report)
-            pipeline.close()
+            for source in stills:  # each its own map, exactly the per-frame one
+                pipeline.submit(by_source[source], replace(settings, normalise=FRAME)).add_done_callback(report)
+            passes = [sequence(pipeline, sequence_jobs, written, settings, report) for sequence_jobs, written in planned]
+            pipeline.close()  # its threads joined, so every pass 2 has reported: the frames rewritten since pass 1 are known
+            if any(changed for changed, _shots in passes):
+                pipeline = started()
+                for changed, shots in passes:
+                    again(pipeline, changed, shots, settings, report)
+                pipeline.close()
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli.Terminated): `cli` says the one line
+            interrupted.set()
+            raise
         progress.close()
         clip_failures = cliploop.run(clip_jobs, clip_refused, config, engine) if clips else 0
     summary(len(plan.sources), len(failures), plan.began)
