@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 import pytest
 from conftest import jpeg_bytes, write_by_rename
-from daemon_process import DaemonProcess, assert_one_process, strace_works, wait_for
+from daemon_process import DaemonProcess, assert_one_process, machine_factor, strace_works, wait_for
 
 requests = pytest.importorskip("requests")
 pytest.importorskip("waitress")
@@ -848,7 +848,7 @@ def test_a_request_trickling_in_is_cut_off_at_api_request_timeout_s(api_daemon, 
                 closed = True
         elapsed = time.monotonic() - start
     assert closed, "the trickling request was never cut off"
-    assert 1.0 <= elapsed < 10, elapsed
+    assert 1.0 <= elapsed < 10 * machine_factor(), elapsed  # cut off by its 1 s, not by the client giving up
     wait_for(lambda: "did not arrive whole within 1 s (api.request_timeout_s)" in d.log(), what="the log line")
     write_by_rename(d.watch / "frame.jpg", jpeg_bytes(block_frame(15)))
     answer = requests.post(f"{d.url}/predict", timeout=HTTP_TIMEOUT)  # whole at once: well within it
