@@ -6,9 +6,9 @@ the one change a 1080p frame needs, a `cv2.resize` of the uint8 frame to the
 model's input (OpenCV's default, bilinear), then transpose, `astype("float32")
 / 255`, `session.run`, rescale to 0..255, and `cv2.imwrite` of
 `<folder>/depth.jpg` at the model's size (256x256 for MiDaS small), not the
-frame's. It answers "ok". Nothing else is changed: an earlier version of this
-peer converted the whole 1080p frame to float64 before resizing it, which
-the seed never did and which made the peer about 1.7x slower than the seed.
+frame's. It answers "ok". Nothing else is changed: converting the whole 1080p
+frame to float64 before resizing it, which the seed never does, would make the
+peer about 1.7x slower than the seed.
 
 `BENCH_FULL=1` is the labelled variant "the seed's loop doing depthwatch's
 job": the same loop, but the map is resized to the frame's size and written

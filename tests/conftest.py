@@ -25,7 +25,7 @@ os.environ["ORT_DISABLE_TELEMETRY"] = "1"
 
 # A suite started in the background by a non-interactive shell (`pytest &` in a script, a CI
 # runner) inherits SIGINT ignored, and every program it starts would too: `once` then rightly
-# keeps it ignored, as a background job should, and the tests that press Ctrl-C saw exit 0.
+# keeps it ignored, as a background job should, and the tests that press Ctrl-C would see exit 0.
 # Those tests stand for an editor at a terminal, whose programs start with SIGINT at its default.
 # (`service logs -f` takes Ctrl-C whatever it inherits: tests/test_launchd.py checks both ways.)
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:

@@ -388,9 +388,9 @@ def test_listens_on_loopback_only_by_default(api_daemon, tmp_path, tiny_model):
     assert "api.token is not set" in exposed.log()
     exposed.close()
 
-    # A host that does not resolve (waitress raised a bare ValueError: a traceback and exit 1, restarted
-    # in a loop), or an address that is not this machine's (its advice was to change the port): one
-    # line naming api.host, exit 78, from `run` and from `check` alike; the status does not stay `starting`.
+    # A host that does not resolve (left to waitress, a bare ValueError: a traceback and exit 1, restarted
+    # in a loop), or an address that is not this machine's (not a port to change): one line naming
+    # api.host, exit 78, from `run` and from `check` alike; the status does not stay `starting`.
     for host, said in (("nosuchhost.invalid", "is neither an address nor a name this machine can resolve"),
                        ("192.0.2.1", "is not an address of this machine")):
         wrong = DaemonProcess(tmp_path / host, tiny_model, api={"enabled": True, "host": host, "token": "t", "port": 0})
@@ -664,7 +664,7 @@ def refusals(d: DaemonProcess) -> list[str]:
 @pytest.mark.parametrize("how", ["client gone", "deadline"])
 def test_abandoned_image_requests_do_not_hold_up_a_dropped_frame(slow_api_daemon, how):
     """30 image bodies nobody waits for any more (clients gone, or api.timeout_s passed), then a frame
-    dropped: its map comes after its own inference, not after 30 others (38.8 s, once)."""
+    dropped: its map comes after its own inference, not after 30 others (tens of seconds)."""
     d = slow_api_daemon(api={"timeout_s": 0.5} if how == "deadline" else {}, daemon={"log_level": "debug"})
     body = jpeg_bytes(block_frame(2))
     client_timeout = 0.5 if how == "client gone" else HTTP_TIMEOUT
@@ -755,7 +755,7 @@ def test_a_map_deleted_since_is_made_again_not_answered_done(api_daemon, referen
     assert (answer.status_code, answer.text) == (200, "DONE")
     assert_same_map(decode_map((d.watch / "depth.jpg").read_bytes()), reference.depth(data))
     # A file of the user's in the map's place: 409 (the frame is fine; the map cannot be written), and
-    # once it is gone the next request makes the map, not the last answer from memory (it said 422 for good).
+    # once it is gone the next request makes the map, not the last answer from memory (a 422 for good).
     (d.watch / "depth.jpg").write_bytes(b"the editor's own depth.jpg")
     answer = requests.post(f"{d.url}/predict", timeout=HTTP_TIMEOUT)
     assert answer.status_code == 409 and "is not a depth map depthwatch made" in answer.text, answer.text

@@ -222,7 +222,7 @@ def test_the_real_network_made_fp32_goes_through_autos_int8_gate(tmp_path: Path,
     # On AVX2 alone (no VNNI) int8's u8s8 products saturate: QEMU's Haswell gives this machine's
     # onnxruntime that CPU's kernels, whatever CPU runs the suite (agreements only, not times). An
     # x86 CPU without VNNI or AMX runs those kernels itself: emulating them there checks nothing more
-    # (and took half of this test's 35 s of CPU on such a machine, an AMD EPYC with AVX2 alone).
+    # (and costs half of this test's 35 s of CPU on such a machine, an AMD EPYC with AVX2 alone).
     x86 = platform.machine() == "x86_64"
     avx2_kernels = x86 and not {"avx512_vnni", "avx_vnni", "amx_int8"} & set(hardware.cpu_features())
     emulate = x86 and not avx2_kernels and shutil.which("qemu-x86_64") is not None
@@ -244,7 +244,7 @@ def test_the_real_network_made_fp32_goes_through_autos_int8_gate(tmp_path: Path,
     assert "auto serves " in done.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["realint8.json"]  # its temporary folder is gone
     # What auto quantizes (8-bit weights, the first and last convolution in fp32) is faithful on
-    # this CPU's kernels and on AVX2's: 0.9976 and 0.9975 here, where the whole graph in int8 gave
+    # this CPU's kernels and on AVX2's: 0.9976 and 0.9975 here, where the whole graph in int8 gives
     # 0.9954 and 0.9904 (saturated), and 7-bit weights (onnxruntime's advice for AVX2) 0.9693.
     found = [result["int8 agreement with fp32"]]
     if emulate:

@@ -133,7 +133,7 @@ def test_sigterm_mid_clip_leaves_nothing_and_the_next_start_maps_it(tmp_path: Pa
     d = _daemon(tmp_path)
     source = d.watch / "B002.mov"
     # Long enough to outlast several of the status file's once-a-second writes on a fast machine (64 frames
-    # a second at this size with OpenVINO on AVX-512 BF16: a 60-frame clip was done between two writes).
+    # a second at this size with OpenVINO on AVX-512 BF16: a 60-frame clip is done between two writes).
     count = write_clip(tmp_path / "B002.mov", pan_clip_frames((320, 180), 240, step=1, shot=80), codec="prores")
     try:
         d.start()

@@ -205,13 +205,13 @@ def test_other_outputs(sources: dict[str, Path], engine: Engine, tmp_path: Path,
 
 @pytest.mark.parametrize("name", ["{stem}_depth.mkv", "{stem}_depth/{frame:04d}.png"])
 def test_a_clip_replaced_by_another_take_dated_earlier_is_not_up_to_date(sources: dict[str, Path], engine: Engine, tmp_path: Path, name: str) -> None:
-    """Depth clips were judged by date alone: a clip replaced by another take whose file is dated earlier
-    (a card copy keeps its date, as Finder's and cp -p's do; a restore) kept its old depth clip at the
-    daemon's next start and at the farm's resume, said up to date. The depth clip names its clip's version."""
+    """The depth clip names its clip's version, so a date alone does not make it up to date: a clip replaced
+    by another take whose file is dated earlier (a card copy keeps its date, as Finder's and cp -p's do; a
+    restore) is mapped again at the daemon's next start and at the farm's resume, its old depth clip newer or not."""
     source = tmp_path / "A001.mov"
     shutil.copy2(sources["prores"], source)
     # Dated ten hours ahead, as a UTC+10 camera's card reads on a machine that takes its dates for UTC:
-    # by date it was never up to date, and was mapped again at every start of the daemon.
+    # by date it would never be up to date, and would be mapped again at every start of the daemon.
     ahead = time.time_ns() + 10 * 3_600_000_000_000
     os.utime(source, ns=(ahead, ahead))
     job = ClipJob(source, tmp_path / name.replace("{stem}", source.stem))
@@ -225,7 +225,7 @@ def test_a_clip_replaced_by_another_take_dated_earlier_is_not_up_to_date(sources
     os.replace(other, source)
     assert (job.final.stat().st_mtime_ns if job.final.exists() else 0) > source.stat().st_mtime_ns
     assert not map_is_current(source, job.output)
-    # A depth clip made before it named its version is judged by date, as before.
+    # A depth clip that names no version (an older depthwatch's) is still judged by date.
     if not job.sequence:
         legacy = tmp_path / "legacy_depth.mkv"
         ffmpeg = shutil.which("ffmpeg") or pytest.skip("ffmpeg is missing (.ci/run installs it)")

@@ -207,7 +207,8 @@ def test_a_config_folder_the_user_cannot_search_is_one_line_and_exit_78(tmp_path
 
 
 def test_the_old_name_of_range_percentile_still_works_and_says_so(tmp_path, caplog):
-    """output.clip_percent (renamed: it sat beside output.clip_template) is read, with one warning line."""
+    """output.clip_percent, the old name of output.range_percentile (beside output.clip_template it reads as a
+    setting of video clips), is still read, with one warning line; set beside the new name, it is refused."""
     path = tmp_path / "config.yaml"
     with caplog.at_level("WARNING", logger="depthwatch.config"):
         config = configuration.parse("output:\n  clip_percent: [2, 98]\n", path)

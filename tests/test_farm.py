@@ -195,9 +195,9 @@ def test_per_frame_maps_on_the_farm_are_local_onces_too(farm: Farm, frames: list
 
 
 def test_a_sequence_cut_into_range_tasks_on_the_farm_gets_the_maps_one_run_gives(farm: Farm, frames: list[Path]) -> None:
-    """`once --farm --frames A-B` planned its range alone (local `once --frames` plans it with the
-    frames about it): the grey levels jumped at every task's edge, a one-frame task got a frame's
-    own map, and a later whole run kept those maps as up to date."""
+    """`once --farm --frames A-B` plans its range with the frames about it, as local `once --frames`
+    does: the grey levels hold across every task's edge, a one-frame task gets its place in the shot
+    (not a frame's own map), and a later whole run finds the tasks' maps up to date."""
     for folder in ("whole", "tasks"):
         (farm.root / folder).mkdir()
         for frame in frames[:21]:
@@ -217,8 +217,8 @@ def test_a_sequence_cut_into_range_tasks_on_the_farm_gets_the_maps_one_run_gives
 
 
 def test_a_daemons_live_maps_of_a_sequence_are_not_taken_for_the_farms_shot_planned_ones(farm: Farm, frames: list[Path]) -> None:
-    """The daemon maps each frame of a sequence live (each output's own shot state); its records said
-    the same settings as the shot planner's, so `once --farm` kept them all as up to date."""
+    """The daemon maps each frame of a sequence live (each output's own shot state), and its records
+    say so: they are not the shot planner's settings, so `once --farm` maps the frames again."""
     from daemon_process import DaemonProcess
 
     root = farm.root / "previewed"
@@ -237,8 +237,8 @@ def test_a_daemons_live_maps_of_a_sequence_are_not_taken_for_the_farms_shot_plan
 
 
 def test_maps_made_with_another_model_are_not_up_to_date_on_the_farm(farm: Farm, frames: list[Path]) -> None:
-    """A preview made with a small model, then the farm (whose workers run another): its maps were
-    kept as up to date (the farm compared settings, not the model) and the run said so, exit 0."""
+    """A preview made with a small model, then the farm (whose workers run another): its maps are not
+    up to date there (the farm compares the model as well as the settings), so the farm maps them again."""
     folder = farm.root / "previewed-elsewhere"
     folder.mkdir()
     for frame in frames[:3]:
@@ -382,7 +382,7 @@ def test_an_interrupted_job_resumes_with_only_the_missing_maps(farm: Farm, frame
     assert done.returncode == 0, done.stderr
     missing = FRAMES - len(kept)
     assert f"{FRAMES} frame(s): {len(kept)} up to date, {missing} to map" in done.stderr
-    # The summary tells the maps written now from the ones already made (it counted both as written).
+    # The summary tells the maps written now from the ones already made (not both counted as written).
     assert f"{missing} depth map{'s' if missing != 1 else ''} written, {len(kept)} up to date, 0 failed" in done.stdout, done.stdout
     assert_whole(out, FRAMES)
     assert {name: (p.stat().st_ino, p.stat().st_mtime_ns) for name, p in maps_in(out).items() if name in kept} == kept
@@ -390,8 +390,8 @@ def test_an_interrupted_job_resumes_with_only_the_missing_maps(farm: Farm, frame
     assert sum(c["done"] for c in computed) == missing, (computed, [w.log() for w in fresh])
     assert sum(len(w.frame_lines()) for w in fresh) == missing
 
-    # Run again under other settings: no map made under the old ones is "up to date" (every one was,
-    # by its frame's version alone, and the run said all were written under the new ones).
+    # Run again under other settings: no map made under the old ones is "up to date" (a frame's version
+    # alone does not make it so), and no map keeps the record of the old ones.
     from depthwatch.frames import provenance
 
     records = {name: provenance.read(p)["made_with"] for name, p in maps_in(out).items()}
@@ -403,7 +403,8 @@ def test_an_interrupted_job_resumes_with_only_the_missing_maps(farm: Farm, frame
 
 
 def test_error_sidecars_are_written_and_removed_on_the_farm(farm: Farm, frames: list[Path]) -> None:
-    """`output.error_sidecar` was the daemon's alone: the farm wrote no record of a failed frame."""
+    """`output.error_sidecar` holds on the farm too: a failed frame gets its record beside the output,
+    and the record goes once the frame maps."""
     folder = farm.root / "records"
     folder.mkdir()
     shutil.copy(frames[0], folder / "a.jpg")
@@ -436,7 +437,7 @@ def test_stills_made_on_the_farm_are_up_to_date_the_next_time(farm: Farm, frames
 def test_a_frame_whose_answer_was_lost_with_the_scheduler_but_whose_map_is_on_disk_is_written(tmp_path: Path) -> None:
     """A task that fails as a whole (the scheduler gone, its connection cut) fails each frame, except
     those whose map a worker had written: on disk, of the frame's version, under these settings.
-    The client said "0 depth maps written, 60 failed" with 56 maps on disk."""
+    Those count as written, so the summary never calls a frame failed whose map is there."""
     from depthwatch.farm.client import _outcomes
     from depthwatch.farm.tasks import FrameTask
     from depthwatch.frames import provenance
@@ -498,8 +499,8 @@ def test_an_unreachable_scheduler_or_a_missing_model_is_one_line(tmp_path: Path,
 
 
 def test_a_model_named_for_a_farm_run_is_refused_since_the_workers_run_their_own(tmp_path: Path, tiny_model: Path) -> None:
-    """`once --farm ... --model X`: the workers map with the model each was started with, so X was
-    silently not used (and the run said its maps were written)."""
+    """`once --farm ... --model X` (or --profile) is refused: the workers map with the model each was
+    started with, so X would silently not be used, and the run would still say its maps were written."""
     frame = make_frames(tmp_path / "f", count=1)[0]
     for extra in (("--model", str(tiny_model)), ("--profile", "midas-v21-small")):
         done = run_once("--farm", "tcp://127.0.0.1:9", str(frame), *extra, cwd=tmp_path)

@@ -361,8 +361,9 @@ def test_a_clip_the_workers_cannot_read_fails_with_a_line_per_failed_range_and_e
 
 
 def test_a_scheduler_that_dies_mid_clip_ends_the_run_with_a_line_not_a_hang(tmp_path: Path) -> None:
-    """The scheduler killed mid-job: the client went on submitting ranges to a client Dask had closed,
-    whose futures never finish, and hung for good (no summary, no exit code; a farm manager's task never ended)."""
+    """The scheduler killed mid-job: the run ends with one line and exit 1. Submitting more ranges to a client
+    Dask has closed gives futures that never finish: a hang for good, no summary, no exit code, a farm manager's
+    task that never ends."""
     from onnx_models import slow_model
 
     farm = Farm(tmp_path, model=slow_model(tmp_path / "slow.onnx", seconds=0.1, size=64, channels=16))

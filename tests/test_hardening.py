@@ -245,7 +245,7 @@ def test_a_reload_leaves_the_daemons_own_temporary_files_alone(tmp_path, tiny_mo
 
         ours = d.watch / f".depth.jpg.{d.proc.pid}t{start_number(d.proc.pid)}-0123abcd.dwtmp"  # a write in flight
         theirs = d.watch / f".depth.jpg.{dead.pid}-0123abcd.dwtmp"  # a killed process's leftover
-        old = d.watch / ".depth.jpg.0123abcd.dwtmp"  # from before temp names carried a pid
+        old = d.watch / ".depth.jpg.0123abcd.dwtmp"  # an older depthwatch's: no pid in the name
         # A run before, of the same pid (a container's pid 1 at every start): swept all the same.
         reused = d.watch / f".depth.jpg.{d.proc.pid}t{start_number(d.proc.pid) - 1}-0123abcd.dwtmp"
         # Another container's pid 1 sharing the volume (or another host's, over NFS): its pid cannot be

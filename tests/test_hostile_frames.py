@@ -24,7 +24,7 @@ from depthwatch.model.profiles import PROFILES
 
 #: A hostile strip: 1 x 70000 pixels, 0.07 megapixels, far under daemon.max_megapixels.
 STRIP = 70_000
-#: The daemon's peak resident memory with such a strip mapped stays under this (it grew past 3 GB).
+#: The daemon's peak resident memory with such a strip mapped stays under this (unbounded, it grows past 3 GB).
 PEAK_RSS = 1 << 30
 
 
@@ -67,7 +67,7 @@ def held_small(d: DaemonProcess, condition):
 )
 def test_a_thumbnail_fits_its_box_whatever_the_frames_shape(size, thumb):
     """Bounded by both sides: at most THUMB_WIDTH x THUMB_HEIGHT (102,400) pixels, where a strip's
-    thumbnail 160 wide was 11.2 million rows."""
+    thumbnail 160 wide would be 11.2 million rows."""
     w, h = size
     tw, th = motion.thumbnail_size(w, h)
     assert (tw, th) == thumb

@@ -35,7 +35,7 @@ def test_depth_models_are_inverted_so_white_is_near_either_way():
     b = normalise.frame(metres, DEPTH)
     np.testing.assert_allclose(a, [[0.0, 1.0]])
     np.testing.assert_allclose(b, [[0.0, 1.0]])
-    # Inverting is a level now, after normalising: white = far.
+    # Inverting is a level, applied after normalising: white = far.
     inverted = render.render(a, (2, 1), RenderOptions(levels=Levels(invert=True)))
     np.testing.assert_array_equal(inverted, [[255, 0]])
 

@@ -128,8 +128,8 @@ def test_ten_and_twelve_bit_plates_from_imagemagick_and_ffmpeg_map_as_the_8_bit_
 
 def test_plates_and_stills_turned_by_their_orientation_tag_decode_upright_at_every_depth(tmp_path: Path) -> None:
     """A camera's or scanner's picture stored on its side with a tag saying so (TIFF Orientation, PNG eXIf)
-    is decoded as viewers show it, as JPEG and 8/16-bit TIFF were: 10- and 12-bit TIFF (read by
-    OpenImageIO) and PNG (its chunks stripped) came out on their side. A 16-bit CMYK TIFF, which
+    is decoded as viewers show it, as a JPEG is: 8- and 16-bit TIFF, 10- and 12-bit TIFF (read by
+    OpenImageIO) and PNG alike, none left on its side. A 16-bit CMYK TIFF, which
     OpenCV does not read, is decoded by OpenImageIO, not called "corrupt"."""
     pytest.importorskip("OpenImageIO", reason="plates need the plates extra: pip install -e '.[plates]'")
     from PIL import Image
@@ -296,9 +296,10 @@ def test_an_interlaced_clip_with_sound_keeps_its_field_order_and_its_timeline_de
 
 
 def test_two_frames_at_one_time_keep_every_later_map_on_its_own_frame(tmp_path: Path) -> None:
-    """Concatenating and slideshow tools write two frames at one time: the times were kept by time, so
-    the pair collapsed to one and every later map was shown over the frame after its own (the depth
-    clip a frame longer than its source), while the log said each frame's own time was kept."""
+    """Concatenating and slideshow tools write two frames at one time: the second is kept a tick later
+    and the log says so, so every map stays on its own frame and the depth clip is as long as its source.
+    Keyed by time alone, the pair would collapse to one and every later map would show over the frame
+    after its own."""
     ffmpeg = _tool("ffmpeg", "ffmpeg")
     source = tmp_path / "dup.mov"
     subprocess.run([ffmpeg, "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=s=160x96:r=30:d=1", "-vf", "setpts='N-eq(N,5)'",
@@ -317,9 +318,9 @@ def test_two_frames_at_one_time_keep_every_later_map_on_its_own_frame(tmp_path: 
 
 
 def test_a_stream_joined_midway_is_timed_by_the_frames_that_decode(tmp_path: Path) -> None:
-    """A transport stream recorded or split midway: its first packets never decode. Their times were
-    taken for frames: a steady 25 fps clip was said variable-rate and every map was shown before its
-    picture (the depth clip a second early)."""
+    """A transport stream recorded or split midway: its first packets never decode. The depth clip is
+    timed by the frames that do: a steady 25 fps clip stays steady (not "variable-rate"), and every
+    map shows with its picture, not before it (taken for frames, those packets would put it a second early)."""
     ffmpeg = _tool("ffmpeg", "ffmpeg")
     whole, source = tmp_path / "whole.ts", tmp_path / "half.mts"
     subprocess.run([ffmpeg, "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=s=160x96:r=25:d=4", "-c:v", "libx264",
@@ -338,8 +339,9 @@ def test_a_stream_joined_midway_is_timed_by_the_frames_that_decode(tmp_path: Pat
 
 
 def test_streams_joined_end_to_end_are_timed_at_their_rate_not_paired_a_tick_apart(tmp_path: Path) -> None:
-    """`cat a.ts b.ts`: each part's times start again, so half the frames share a time with another;
-    sorted, the two parts' frames were paired a tick apart in a depth clip half as long as its frames."""
+    """`cat a.ts b.ts`: each part's times start again, so half the frames share a time with another.
+    The run says its times are not one timeline and times the frames at their rate; sorted by time,
+    the two parts' frames would pair a tick apart in a depth clip half as long as its frames."""
     ffmpeg = _tool("ffmpeg", "ffmpeg")
     part, joined = tmp_path / "part.ts", tmp_path / "joined.mts"
     subprocess.run([ffmpeg, "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=s=160x96:r=25:d=2", "-c:v", "libx264",
@@ -511,7 +513,7 @@ def test_an_exr_sequence_carries_each_frames_timecode_rate_and_pixel_aspect_and_
 
 def test_a_turned_anamorphic_clips_exr_sequence_says_the_upright_pixel_aspect(tmp_path: Path) -> None:
     """A phone's anamorphic shot filmed on its side: the sequence is stored upright, and its pixels'
-    aspect turns with them (4:3 stored is 3:4 upright); it said 4:3, so Nuke showed it squashed."""
+    aspect turns with them (4:3 stored is 3:4 upright): a header saying 4:3 would show it squashed in Nuke."""
     import OpenEXR
 
     ffmpeg = _tool("ffmpeg", "ffmpeg")
@@ -547,10 +549,10 @@ def test_a_clips_sequence_is_numbered_from_0_by_default(tmp_path: Path) -> None:
 
 
 def test_a_timeline_holds_any_name_a_matroska_clips_timecode_and_a_turned_clips_upright_frame(tmp_path: Path) -> None:
-    """A name that is not UTF-8 (a card reader's, an old share's) crashed the timeline after the depth clip was
-    in place, with a traceback, and the next clip was never mapped; a control character made an .fcpxml no
-    XML parser (nor Final Cut Pro) takes, said written. A Matroska clip's timecode (its tag is TIMECODE) was
-    lost, from the timelines and the depth clip; a phone clip on its side opened in a landscape project."""
+    """A name that is not UTF-8 (a card reader's, an old share's) with a control character in it: both clips'
+    timelines are written, the .fcpxml well-formed XML (as Final Cut Pro needs), each name as the log shows it
+    and each URL the name's own bytes. A Matroska clip's timecode (its tag is TIMECODE) reaches the timelines
+    and the depth clip; a phone clip on its side gets an upright (portrait) project."""
     import xml.etree.ElementTree as ET
 
     otio = pytest.importorskip("opentimelineio", reason="timelines need the timeline extra: pip install -e '.[timeline]'")

@@ -368,8 +368,9 @@ def test_install_refuses_a_config_the_daemon_could_not_start_with(config: Path, 
 def test_install_checks_the_config_as_the_service_will_see_it_without_the_shells_variables(
     config: Path, home: Path, tools, capsys, monkeypatch
 ):
-    """A watch folder under $SHOTS, set in the shell: install said "installed and started", and the
-    daemon, started without the shell's variables, exited 78 at every start, restarted for good."""
+    """A watch folder under $SHOTS, set in the shell: install refuses it (exit 78, one line, nothing
+    installed), since the daemon, started without the shell's variables, would exit 78 at every start
+    and be restarted for good while install said "installed and started"."""
     monkeypatch.setenv("SHOTS", str(config.parent))
     text = config.read_text().replace("- frames", "- $SHOTS/frames")
     assert "$SHOTS" in text
@@ -382,8 +383,8 @@ def test_install_checks_the_config_as_the_service_will_see_it_without_the_shells
 
 
 def test_the_xdg_folders_of_the_installing_shell_go_into_the_service(config: Path, home: Path, monkeypatch):
-    """A model fetched under the shell's $XDG_DATA_HOME was "not installed" for the service, and its
-    status went where `depthwatch status` in that shell does not look."""
+    """The shell's absolute $XDG_DATA_HOME and $XDG_STATE_HOME go into the service, so a model fetched
+    under them is installed for it too, and its status goes where `depthwatch status` in that shell looks."""
     monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
     monkeypatch.setenv("XDG_STATE_HOME", str(home / "state"))
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")  # not absolute: ignored, as the XDG spec says
@@ -556,7 +557,7 @@ def test_logs_of_an_empty_log_say_so(home: Path, tools, capsys):
 def test_logs_follow_prints_new_lines_until_interrupted(home: Path, tmp_path: Path, sigint: str):
     """Ctrl-C ends it, even when it was started with SIGINT ignored: what a program started in the
     background by a non-interactive shell inherits (a CI runner's suite, `cmd &` in a script), and
-    then Python installs no KeyboardInterrupt of its own. That is how it once never exited."""
+    then Python installs no KeyboardInterrupt of its own: left at that, it would never exit."""
     log = launchd.log_path(home)
     log.parent.mkdir(parents=True)
     log.write_text("old\n")

@@ -68,10 +68,10 @@ def test_a_script_gets_one_summary_line(tmp_path, tiny_model):
     lines = done.stdout.splitlines()
     assert len(lines) == 1 and lines[0].startswith("3 depth maps written, 0 failed, in "), done.stdout
     assert lines[0].endswith(" s")
-    # A frame named twice is one frame: one map, counted once (it said 3).
+    # A frame named twice is one frame: one map, counted once (not 3).
     again = once(tmp_path, "shots/a.jpg", "shots/a.jpg", "./shots/a.jpg", "--model", str(tiny_model))
     assert again.returncode == 0 and again.stdout.startswith("1 depth map written, 0 failed, in "), again.stdout
-    # So is a folder named by itself and by a link to it (it said 6 for 3 maps on disk).
+    # So is a folder named by itself and by a link to it (not 6 for 3 maps on disk).
     (tmp_path / "link").symlink_to(tmp_path / "shots")
     both = once(tmp_path, "shots", "link", "--model", str(tiny_model))
     assert both.returncode == 0 and both.stdout.startswith("3 depth maps written, 0 failed, in "), both.stdout
@@ -94,8 +94,9 @@ def test_the_summary_counts_failures_too(tmp_path, tiny_model):
 
 
 def test_error_sidecars_are_written_and_removed_by_once_as_by_the_daemon(tmp_path, tiny_model):
-    """`output.error_sidecar` was the daemon's alone: `once` wrote no record, and left the daemon's
-    beside the map once the frame was fixed, so a pipeline reading it still saw a failure."""
+    """`output.error_sidecar` holds for `once` as for the daemon: a failed frame gets its record, a good
+    one none, and the record goes once the frame is fixed and mapped, so a pipeline reading it never
+    sees a failure beside a good map."""
     frames(tmp_path / "shots", "good.jpg")
     (tmp_path / "shots" / "bad.jpg").write_text("not a picture")
     (tmp_path / "records.yaml").write_text("output:\n  error_sidecar: true\n")
@@ -359,8 +360,8 @@ def test_a_sequence_cut_into_range_tasks_gets_the_maps_one_run_gives(tmp_path):
 
 
 def test_a_cancelled_join_says_its_segments_stay():
-    """A join cancelled by a farm manager said "nothing of this task stays (its partial segment is
-    removed)", as a range task does: a join makes no segment, and the segments it joins stay."""
+    """A join cancelled by a farm manager says what stays: no partial depth clip, and the segments it
+    joins. A range task's line ("nothing of this task stays") would be wrong there: a join makes no segment."""
     from depthwatch.cli import _interrupted, build_parser
 
     said = {
@@ -376,8 +377,9 @@ def test_a_cancelled_join_says_its_segments_stay():
 
 
 def test_a_range_task_cancelled_with_sigterm_leaves_nothing_and_says_so(tmp_path):
-    """Farm managers cancel and requeue a task with SIGTERM: a range task ended where it stood, said
-    nothing, and left its partial segment (megabytes to gigabytes on shared storage) for good."""
+    """Farm managers cancel and requeue a task with SIGTERM: a range task says so in one line, exit 143,
+    and removes its partial segment, which would otherwise stay on shared storage for good (megabytes
+    to gigabytes)."""
     import signal
     import time
 

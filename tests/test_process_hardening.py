@@ -581,8 +581,10 @@ def test_a_finished_shot_folder_moved_into_a_recursive_watch_is_not_mapped_again
 
 
 def test_a_frame_the_process_keeps_ending_on_is_named_then_set_aside_until_it_changes(tmp_path):
-    """A frame that crashes the model's runtime natively ended the process with no line, and every
-    restart met it again and crashed again, for good (a kill during its run stands in for the crash)."""
+    """A frame that crashes the model's runtime natively ends the process with no line; without a note of
+    it, every restart would meet it again and crash again, for good. Named at the next start and tried
+    once more, it is set aside once it has ended the process twice, until it changes (a kill during its
+    run stands in for the crash)."""
     from onnx_models import slow_model
 
     model = slow_model(tmp_path / "slow.onnx", seconds=0.5)
@@ -649,8 +651,8 @@ def test_a_frame_the_process_crashed_on_is_set_aside_at_the_next_start(tmp_path)
 
 
 def test_an_output_folder_never_written_to_is_made_with_its_parents(tmp_path):
-    """The drive check refused a new output folder whose parent was missing too (~/Depth/ProjectX/ with
-    neither there yet), for good: only a folder written on a mount that is gone waits."""
+    """The drive check makes a new output folder whose parent is missing too (~/Depth/ProjectX/ with
+    neither there yet), and makes it again once cleared: only a folder written on a mount that is gone waits."""
     from depthwatch.frames.writer import ensure_folder
 
     folder = tmp_path / "Depth" / "ProjectX"
@@ -662,8 +664,8 @@ def test_an_output_folder_never_written_to_is_made_with_its_parents(tmp_path):
 
 
 def test_a_parked_frame_deleted_while_its_disk_stays_full_is_no_longer_waiting(tmp_path, tiny_model, small_disk):
-    """A frame parked for a full disk and then deleted (a render cleared to make room) was counted as
-    waiting for its folder for as long as the disk stayed full, and kept in memory for good."""
+    """A frame parked for a full disk and then deleted (a render cleared to make room) stops waiting at once,
+    while the disk is still full: it is neither counted as waiting for its folder nor kept in memory."""
     d = DaemonProcess(tmp_path, tiny_model, watch={"folders": [str(small_disk)], "patterns": ["*.jpg"]},
                       output={"template": "{stem}_depth.png"}, daemon={"retries": 1})
     d.watch = small_disk
@@ -682,8 +684,8 @@ def test_a_parked_frame_deleted_while_its_disk_stays_full_is_no_longer_waiting(t
 
 
 def test_a_status_file_on_a_disk_that_was_full_catches_up_once_there_is_room(tmp_path, tiny_model, small_disk):
-    """A failed write of the status was taken as written: once space was back an idle daemon's status
-    kept the counts of before the disk filled (1 done with 3 maps on disk), for good."""
+    """A failed write of the status is not taken as written: once space is back an idle daemon's status
+    catches up (3 done with 3 maps on disk, not the 1 of before the disk filled) and says so."""
     status = small_disk / "status.json"
     d = DaemonProcess(tmp_path, tiny_model, daemon={"status_file": str(status)})
     d.status_path = status
@@ -705,9 +707,9 @@ def test_a_status_file_on_a_disk_that_was_full_catches_up_once_there_is_room(tmp
 
 
 def test_maps_for_an_ejected_cache_drive_wait_for_it_and_never_land_on_the_system_disk(tmp_path, tiny_model):
-    """An output template on a cache drive (/media/…/CACHE/Depth/{stem}.png): once the drive was ejected, its
-    folder was made again, parents and all, on the system disk under the mount point; maps landed there,
-    said done, and the drive kept the last version's map when it came back."""
+    """An output template on a cache drive (/media/…/CACHE/Depth/{stem}.png): while the drive is ejected, its
+    frames wait, said in a line each, and nothing is made on the system disk under the mount point (maps there
+    would be said done while the drive keeps an older version's); once it is back, the current maps land on it."""
     drive = tmp_path / "CACHE"
     drive.mkdir()
     mount = ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(drive)]
@@ -762,8 +764,9 @@ def _black_box(status: Path, frame: Path, then: str) -> subprocess.Popen:
 
 
 def test_a_full_disk_under_the_status_file_costs_the_black_box_not_the_process(tmp_path, small_disk):
-    """The note was a file mapped into memory: on a full disk the first frame's note was a store into
-    a page with no block, and the process died of SIGBUS with no line, at every restart."""
+    """On a full disk the black box cannot keep its note: it says so in a line and the process goes on.
+    A note kept in a file mapped into memory would be a store into a page with no block there, and the
+    process would die of SIGBUS with no line, at every restart."""
     fill_disk(small_disk)
     frame = tmp_path / "frame.jpg"
     frame.write_bytes(b"x")
@@ -775,8 +778,9 @@ def test_a_full_disk_under_the_status_file_costs_the_black_box_not_the_process(t
 
 
 def test_a_second_daemon_on_one_status_file_neither_clears_nor_reads_the_first_ones_note(tmp_path, caplog):
-    """Two daemons given one status file: the second's start truncated the first's live note and its
-    clean stop removed it, so a crash of the first on a frame was never named."""
+    """Two daemons given one status file: the second says so and leaves the first's live note alone, neither
+    truncating it at its start nor removing it at its clean stop, nor taking it for a crash; so a crash of the
+    first on a frame is still named at its next start."""
     from depthwatch.daemon.blackbox import BlackBox
 
     status = tmp_path / "daemon.status.json"
@@ -806,8 +810,8 @@ def test_a_second_daemon_on_one_status_file_neither_clears_nor_reads_the_first_o
 
 
 def test_a_log_file_on_a_full_disk_says_how_many_lines_are_missing_not_a_traceback_each(tmp_path, tiny_model, small_disk):
-    """$DEPTHWATCH_LOG_FILE (the LaunchAgent's) on a full disk: each line became Python's 30-line
-    "--- Logging error ---" on stderr, and once there was room the log went on with no word of the gap."""
+    """$DEPTHWATCH_LOG_FILE (the LaunchAgent's) on a full disk: no line becomes Python's 30-line
+    "--- Logging error ---" on stderr, and once there is room the log says how many lines are missing."""
     log_file = small_disk / "depthwatch.log"
     d = DaemonProcess(tmp_path, tiny_model, wrapper=("env", f"DEPTHWATCH_LOG_FILE={log_file}"))
     d.start()

@@ -189,7 +189,7 @@ def test_an_explicit_lists_precision_choice_is_not_remembered_as_autos(tmp_path,
     """An explicit list measures only its own provider's precisions; that is no answer for `auto`.
 
     Stored under auto's key, a `check` with `providers: [cuda]` on a machine without CUDA (falling back
-    to the CPU) made every later `auto` daemon and worker serve from the CPU, saying "measured before".
+    to the CPU) would make every later `auto` daemon and worker serve from the CPU, saying "measured before".
     """
     model = brightness_model(tmp_path / "m.onnx")
     machine = Machine({COREML: FAST, CPU: CPU_DELAY})
@@ -345,8 +345,9 @@ def test_an_unwritable_cache_costs_the_cache_not_the_model(tmp_path, caplog):
 
 
 def test_check_providers_on_a_busy_machine_remembers_the_choice_as_busy(tmp_path):
-    """`check --providers` (and `once`, a farm worker) stored a measurement contended by other processes
-    as a quiet one: a slower engine picked under load served every later start, never measured again."""
+    """`check --providers` (and `once`, a farm worker) says a measurement was contended by other processes
+    and remembers it as busy, so the next start measures again: kept as a quiet one, a slower engine picked
+    under load would serve every later start, never measured again."""
     from onnx_models import slow_model
 
     model = slow_model(tmp_path / "conv.onnx", layers=6, size=64, channels=16)
@@ -369,9 +370,10 @@ def test_check_providers_on_a_busy_machine_remembers_the_choice_as_busy(tmp_path
 
 
 def test_a_cache_entry_two_copies_of_a_model_share_stays_when_one_copy_changes(tmp_path):
-    """Two projects' copies of one model share its compiled (or int8) entry; the marker named the last
-    user only, so changing one copy removed the entry from under the other, whose next start made it
-    again before `ready` (a minute of quantizing for a large model)."""
+    """Two projects' copies of one model share its compiled (or int8) entry, which stays while any copy uses
+    it: changing one copy leaves it to the other (a marker naming only the last user would remove it, and the
+    other's next start would make it again before `ready`, a minute of quantizing for a large model), and it
+    goes once no copy is left."""
     root = tmp_path / "int8"
     first, second = tmp_path / "a" / "m.onnx", tmp_path / "b" / "m.onnx"
     for path in (first, second):

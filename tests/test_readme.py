@@ -43,7 +43,8 @@ def _section(text: str, heading: str) -> str:
 
 
 def test_the_set_up_installs_what_the_readme_offers_and_says_so():
-    """Clips and the HTTP API are in the README; with `pip install -e .` each was a refusal, then a second install."""
+    """Clips and the HTTP API are in the README, so its set-up installs their extras (and says what each is for):
+    with a bare `pip install -e .` each would be a refusal, then a second install."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     table = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
     set_up = _section(readme, "Set up and run the daemon")

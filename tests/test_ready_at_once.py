@@ -167,7 +167,8 @@ def test_a_live_frame_goes_before_the_measurement(tmp_path):
 
 
 def test_an_error_of_our_own_fails_the_frame_and_the_inference_thread_serves_on(tmp_path):
-    """An empty prediction made the map check raise ValueError, which ended the inference thread."""
+    """An empty prediction fails its frame as a bad prediction; the inference thread serves the next one.
+    A ValueError from the map check, left to escape, would end that thread."""
     model = brightness_model(tmp_path / "m.onnx")
     empty = threading.Event()
 
@@ -192,7 +193,8 @@ def test_an_error_of_our_own_fails_the_frame_and_the_inference_thread_serves_on(
 
 
 def test_a_damaged_digest_record_is_hashed_again_and_the_model_loads(tmp_path, cache_home):
-    """A digests.json entry without its sha256 was a KeyError on the inference thread: a bare exit 1."""
+    """A digests.json entry without its sha256 is hashed again and the model loads; left as it is, it would be a
+    KeyError on the inference thread: a bare exit 1."""
     model = brightness_model(tmp_path / "m.onnx")
     machine = Machine({CUDA: FAST, CPU: CPU_DELAY})
     real = caches.model_digest(model, cache_home)
@@ -206,8 +208,8 @@ def test_a_damaged_digest_record_is_hashed_again_and_the_model_loads(tmp_path, c
 
 
 def test_a_daemon_whose_inference_thread_dies_says_so_and_exits_non_zero(tmp_path):
-    """The thread ending (here: a BaseException from a session, which nothing should catch) is no
-    longer hidden: the status says failed with the reason, /health would not say serving, exit 70."""
+    """The thread ending (here: a BaseException from a session, which nothing should catch) is not
+    hidden: the status says failed with the reason, /health would not say serving, exit 70."""
 
     class Fatal(BaseException):
         pass
@@ -299,9 +301,10 @@ def test_int8_is_kept_where_its_maps_are_faithful_and_refused_where_not(tmp_path
 
 
 def test_a_damaged_int8_file_in_the_cache_is_made_again_not_served(tmp_path, cache_home, caplog):
-    """A cached int8 file damaged after it was written (a disk error, a sync cut short) that still parsed
-    was served unchecked, its maps unlike the model's, said "ok"; one that did not parse sent the engine
-    to the CPU at fp32 for good, said "did not take the model"."""
+    """A cached int8 file damaged after it was written (a disk error, a sync cut short) is told by its sha256,
+    removed and made again, in one line, and the maps are the model's. Unchecked, one that still parses would
+    serve maps unlike the model's, said "ok"; one that does not would send the engine to the CPU at fp32 for
+    good, said "did not take the model"."""
     caplog.set_level(logging.INFO, logger="depthwatch")
     model = conv_model(tmp_path / "conv.onnx")
     frame = np.random.default_rng(5).random((1, 3, 64, 64), dtype=np.float32)
@@ -323,8 +326,9 @@ def test_a_damaged_int8_file_in_the_cache_is_made_again_not_served(tmp_path, cac
 
 
 def test_a_remembered_int8_choice_whose_file_is_gone_serves_fp32_at_once_and_makes_int8_in_idle_time(tmp_path, cache_home, caplog):
-    """The int8 file of a remembered int8 choice gone from the cache (cleaned, pruned, damaged): the
-    daemon quantized it again before `ready` (a minute for a 41 MB model), a frame dropped meanwhile waiting."""
+    """The int8 file of a remembered int8 choice gone from the cache (cleaned, pruned, damaged): the daemon is
+    ready at once at fp32 and makes the file again in idle time, not before `ready` (a minute for a 41 MB model,
+    a frame dropped meanwhile waiting)."""
     caplog.set_level(logging.INFO, logger="depthwatch")
     model = conv_model(tmp_path / "conv.onnx")
     with Engine(spec(model, ("cpu",))) as engine:  # measured now, as `check --providers` does: int8 made
@@ -349,8 +353,9 @@ def test_a_remembered_int8_choice_whose_file_is_gone_serves_fp32_at_once_and_mak
 
 
 def test_int8_that_cannot_be_made_for_a_full_cache_serves_fp32_rather_than_nothing(tmp_path, small_disk, monkeypatch, caplog):
-    """A full (or read-only) cache made the quantization fail, and the model was refused: `once`, `check`
-    and the daemon (with int8 remembered, its file gone) exited 78, the fp32 model never served."""
+    """A full (or read-only) cache makes the quantization fail, and the fp32 model serves, said in one line:
+    the model is not refused (`once`, `check` and the daemon, with int8 remembered and its file gone, would
+    exit 78, the fp32 model never served)."""
     caplog.set_level(logging.INFO, logger="depthwatch")
     monkeypatch.setenv("XDG_CACHE_HOME", str(small_disk))
     model = conv_model(tmp_path / "conv.onnx")
@@ -365,8 +370,9 @@ def test_int8_that_cannot_be_made_for_a_full_cache_serves_fp32_rather_than_nothi
 
 
 def test_a_quantization_ends_where_it_is_told_to_with_nothing_left(tmp_path):
-    """A stop waited for the whole quantization (12 s of a 41 MB model, past the shutdown's timeout, a
-    model-sized temporary left), and a frame dropped meanwhile waited for all of it (a minute)."""
+    """A quantization looks between calibration images whether to stop (a stop, a frame dropped meanwhile),
+    and ends there with nothing left: no temporary, no half a model. Waited for whole, it would take a 41 MB
+    model 12 s, past the shutdown's timeout, and hold a dropped frame for a minute."""
     model = conv_model(tmp_path / "conv.onnx")
     cache_root, state = tmp_path / "int8", tmp_path / "state"
     tensors = [np.random.default_rng(i).random((1, 3, 64, 64), dtype=np.float32) for i in range(4)]
@@ -417,7 +423,7 @@ def padded_conv_model(path: Path) -> Path:
 
 def test_int8_is_quantized_after_the_tools_preparation_so_a_pad_joins_its_conv(tmp_path, cache_home):
     # Unprepared, each Pad stays a node of its own between quantize and dequantize pairs: the
-    # real FastDepth network in fp32 ran 1.2-1.4x slower in int8 that way (benchmarks.realint8).
+    # real FastDepth network in fp32 runs 1.2-1.4x slower in int8 that way (benchmarks.realint8).
     import onnx
 
     model = padded_conv_model(tmp_path / "padded.onnx")
@@ -429,9 +435,9 @@ def test_int8_is_quantized_after_the_tools_preparation_so_a_pad_joins_its_conv(t
 
 
 def test_a_quantization_that_did_not_finish_leaves_nothing_for_good(tmp_path):
-    """A stop or a kill while quantizing left model-sized hidden files in the cache, one more at each
-    interrupted start, and nothing removed them; now the next quantization removes those of processes
-    that are gone (a live one's stay), and its own go with it."""
+    """A stop or a kill while quantizing leaves model-sized hidden files in the cache, one more at each
+    interrupted start: the next quantization removes those of processes that are gone (a live one's
+    stay), and its own go with it."""
     model = padded_conv_model(tmp_path / "padded.onnx")
     cache_root, state = tmp_path / "int8", tmp_path / "state"
     folder = quantize._target(model, cache_root, state).parent
@@ -454,9 +460,9 @@ def test_a_quantization_that_did_not_finish_leaves_nothing_for_good(tmp_path):
 
 
 def test_int8_keeps_its_first_and_last_convolution_in_fp32_and_gives_the_others_all_8_bits(tmp_path, cache_home):
-    # The real FastDepth network made fp32 again (benchmarks.realint8): whole in int8 its maps kept
-    # r 0.9954 with VNNI and 0.9904 on AVX2 alone (u8s8 saturates there), with the 7-bit weights
-    # depthwatch gave AVX2 before 0.9693 (refused); the ends in fp32, 8-bit weights: 0.9976 / 0.9975.
+    # The real FastDepth network made fp32 again (benchmarks.realint8): whole in int8 its maps keep
+    # r 0.9954 with VNNI and 0.9904 on AVX2 alone (u8s8 saturates there), with 7-bit weights on AVX2
+    # 0.9693 (refused); the ends in fp32, 8-bit weights: 0.9976 / 0.9975.
     import onnx
     from onnx import numpy_helper
 
@@ -592,8 +598,8 @@ def test_other_processes_keeping_the_cpus_busy_are_seen():
 
 
 def test_the_daemon_starts_with_a_damaged_digest_record(tmp_path):
-    """The real process: a digests.json whose entry lost its sha256 made the first load a bare
-    AssertionError and exit 1 (a restart loop under launchd); now the model is hashed again."""
+    """The real process: a digests.json whose entry has lost its sha256 has the model hashed again, and the
+    daemon maps (not a bare AssertionError at the first load and exit 1, a restart loop under launchd)."""
     model = brightness_model(tmp_path / "m.onnx")
     stat = model.stat()
     cache = Path(os.environ["XDG_CACHE_HOME"]) / "depthwatch"
@@ -612,7 +618,8 @@ def test_the_daemon_starts_with_a_damaged_digest_record(tmp_path):
 
 
 def test_an_int8_file_is_hashed_once_a_process_not_at_every_look(tmp_path, monkeypatch):
-    """Each start hashed the whole int8 file twice before `ready` (the choice, then the load)."""
+    """A process hashes the whole int8 file once, not at every look (the choice, then the load: twice before
+    `ready`); a file changed since is looked at again."""
     model = conv_model(tmp_path / "conv.onnx")
     cache_root, state = tmp_path / "int8", tmp_path / "state"
     tensors = [np.random.default_rng(i).random((1, 3, 64, 64), dtype=np.float32) for i in range(2)]
@@ -629,8 +636,9 @@ def test_an_int8_file_is_hashed_once_a_process_not_at_every_look(tmp_path, monke
 
 
 def test_frames_that_keep_cutting_a_quantization_short_leave_it_for_the_next_start_said(tmp_path):
-    """A quantization made in idle time was started over at every frame: a steady trickle of frames kept
-    it from ever finishing, and nothing said so (the next start measured nothing again)."""
+    """A quantization made in idle time starts over at every frame, so a steady trickle of frames could keep
+    it from ever finishing: cut short MOST_CUT_SHORT times, it is given up, said, and the measurement is
+    remembered as busy, so the next start measures again."""
     from depthwatch.model.choosing.measurement import MOST_CUT_SHORT, Measurement, Preempted
 
     tries = []

@@ -57,7 +57,7 @@ def test_a_fastdepth_graph_renamed_to_depth_onnx_runs_as_fastdepth_not_inverted(
     assert "depth.onnx: profile fastdepth-nyu, recognised by its graph" in done.stderr
     # The model's output is larger where the frame is bright; for FastDepth larger is
     # farther, so the bright corner must come out dark (white = near). The generic
-    # MiDaS guess made it white: an inverted map without a word.
+    # MiDaS guess would make it white: an inverted map without a word.
     assert not top_left_is_bright(tmp_path / "frame_depth.jpg")
 
 

@@ -274,7 +274,7 @@ def test_settings_kept_for_the_next_start_are_said_once_and_the_status_stays_whe
 def test_a_config_replaced_by_a_fifo_is_refused_and_sigterm_still_stops_the_daemon(tmp_path, tiny_model):
     """A FIFO at the config's path, then SIGHUP: the read must not wait for a writer that never comes.
 
-    The reload runs on the main loop, which also sees SIGTERM: a read blocked there kept the daemon
+    The reload runs on the main loop, which also sees SIGTERM: a read blocked there would keep the daemon
     from stopping until it was killed. The FIFO is refused in one line, and SIGTERM stops the daemon
     cleanly, within its shutdown time (and some for a loaded machine).
     """
@@ -296,7 +296,7 @@ def test_a_config_replaced_by_a_fifo_is_refused_and_sigterm_still_stops_the_daem
 
 def test_a_config_linked_to_a_device_or_grown_past_its_limit_is_refused_and_the_last_good_one_kept(tmp_path, tiny_model):
     """A config is read like a frame, bounded: a 2 MB file is refused before it is parsed, and a link to
-    /dev/zero without a byte read (read, it grew the daemon's memory until the process was killed)."""
+    /dev/zero without a byte read (read, it would grow the daemon's memory until the process was killed)."""
     d = DaemonProcess(tmp_path, tiny_model).start()
     try:
         good = d.config_path.read_text()

@@ -86,8 +86,9 @@ def test_bad_inputs_are_reported_once_and_the_last_good_map_stays(tmp_path, tiny
 
 
 def test_an_error_record_older_than_a_current_map_goes_at_the_next_start(tmp_path, tiny_model):
-    """A kill between a map's rename and its error record's removal left "failed" beside a good,
-    current map for good: the start-up scan found the map current and looked no further."""
+    """A kill between a map's rename and its error record's removal leaves "failed" beside a good,
+    current map: the start-up scan, finding the map current, removes the record too (it does not stop
+    at the map), and says so, without mapping the frame again."""
     from depthwatch.frames.errorrecords import write_error_record
 
     d = DaemonProcess(tmp_path, tiny_model, output={"error_sidecar": True})
@@ -255,9 +256,9 @@ def _recursive_over_the_limit(tmp_path: Path, model: Path, shots: int, watches: 
 
 
 def test_folders_beyond_the_inotify_watch_limit_are_said_and_scanned_not_silently_dropped(tmp_path, tiny_model):
-    """watchdog skips a folder it cannot watch without a word: the frames of a recursive watch's
-    folders beyond the user's inotify limit (8192 on many systems, shared with every program)
-    were never mapped, and the daemon said it was watching."""
+    """watchdog skips a folder it cannot watch without a word, so the folders of a recursive watch
+    beyond the user's inotify limit (8192 on many systems, shared with every program) are said, counted
+    in the status and scanned: their frames are mapped, not left while the daemon says it is watching."""
     watch, shots, d = _recursive_over_the_limit(tmp_path, tiny_model, shots=8, watches=3)
     try:
         late = watch / "late"
@@ -294,8 +295,8 @@ def _raise_watch_limit(daemon: DaemonProcess, watches: int) -> None:
 
 
 def test_a_recursive_watch_cut_short_by_the_inotify_limit_is_watched_whole_once_the_limit_is_raised(tmp_path, tiny_model):
-    """The limit's warning said "raise it and restart depthwatch": raised, nothing changed until a
-    restart, and the folders under the watch folder were scanned every 5 s instead of watched."""
+    """Raising the inotify limit takes effect without a restart: the daemon watches the whole tree once the
+    limit allows it, says so, and stops scanning every 5 s the folders under the watch folder."""
     watch, shots, d = _recursive_over_the_limit(tmp_path, tiny_model, shots=6, watches=3)
     try:
         unwatched = lambda: d.status().get("unwatched", {}).get(str(watch), 0)  # noqa: E731
@@ -331,8 +332,8 @@ def test_a_recursive_watch_cut_short_by_the_inotify_limit_is_watched_whole_once_
 
 
 def test_a_watch_folder_refused_for_the_inotify_limit_is_said_once_and_scanned_not_waited_for(tmp_path, tiny_model):
-    """A watch folder the kernel's inotify limit refused was said to be refused for "No space left on
-    device" every second, the status said it was gone, and no frame in it was ever mapped."""
+    """A watch folder the kernel's inotify limit refuses is said once, for that limit (not "No space left on
+    device" every second), counted as not watched rather than gone, and scanned: its frames are mapped."""
     d = DaemonProcess(
         tmp_path, tiny_model, wrapper=_watch_limit(0),
         watch={"patterns": ["*.jpg"], "incomplete_timeout_s": 1}, output={"template": "{stem}_depth.jpg"},
@@ -359,9 +360,9 @@ def test_a_watch_folder_refused_for_the_inotify_limit_is_said_once_and_scanned_n
 
 
 def test_the_watch_limit_is_judged_per_drive_when_two_watch_folders_are_drives_roots(tmp_path):
-    """Two drives' roots share an inode number (1 on tmpfs, 2 on ext4): the kernel's list was searched
-    for the root's inode alone, found it on two devices, and said nothing at all, so folders beyond the
-    watch limit on either drive were neither said nor scanned."""
+    """Two drives' roots share an inode number (1 on tmpfs, 2 on ext4): the kernel's list of watches is
+    read per drive, so folders beyond the watch limit on either drive are found. Searched for the root's
+    inode alone, it would be found on two devices and nothing said, nor any folder scanned."""
     import ctypes
 
     from depthwatch.daemon.coverage import unwatched, watched_folders
@@ -517,7 +518,7 @@ def test_watch_folder_deleted_and_recreated_is_watched_again(tmp_path, tiny_mode
         assert d.status()["waiting_for"] == []
         shutil.rmtree(d.watch)
         wait_for(lambda: "disappeared or was replaced" in d.log(), what="the loss to be noticed")
-        # Not only the log: the status says no frame can come from it (it said all was well).
+        # Not only the log: the status says no frame can come from it (not that all is well).
         wait_for(lambda: d.status().get("waiting_for") == [str(d.watch)], what="the status to say the folder is gone")
         d.watch.mkdir()
         wait_for(lambda: d.log().count(f"watching {d.watch} for frame.jpg") == 2, what="the watch to come back")
@@ -635,7 +636,7 @@ def test_unmounted_and_remounted_volume_is_watched_again(tmp_path, tiny_model):
         assert subprocess.run(mount, capture_output=True).returncode == 0
         # The daemon may find the new mount when it watches the folder again, or at its next health
         # check (one more "watching" line): either way a frame dropped there now gets its map (the
-        # old map went with the old mount). Counting the lines raced the mount against the re-watch.
+        # old map went with the old mount). Counting the lines would race the mount against the re-watch.
         write_by_rename(volume / "frame.jpg", jpeg_bytes(quadrant_frame(bright="bottom-right")))
         wait_for(lambda: (volume / "depth.jpg").exists(), what="a map on the remounted volume")
         assert d.counts()["failed"] == 0

@@ -2,9 +2,9 @@
 
 Three thousand frames after the daemon is warm: a leak of 1.8 KB a frame (a fifth of one
 64x48 frame decoded) alone adds the 5% the test allows to its memory (about 105 MiB; without
-a leak it grows 2% more up to frame 4,000, then stays flat). (It was
-ten thousand frames, then six thousand: 35 s of CPU and 70 s of one test process on an AVX2 machine,
-whose whole suite must stay under ten minutes on slower hosts of the same kind.)
+a leak it grows 2% more up to frame 4,000, then stays flat). No more than that: six thousand
+frames take 35 s of CPU and 70 s of one test process on an AVX2 machine, whose whole suite must
+stay under ten minutes on slower hosts of the same kind.
 """
 
 from __future__ import annotations

@@ -136,8 +136,8 @@ def test_daemon_follows_real_motion_and_finds_every_cut_on_its_own_frame(tmp_pat
     print(f"daemon: warp error {ratio:.3f}x the bare maps'; on moving pixels correlation median "
           f"{np.median(moving):.3f}, 10th percentile {np.percentile(moving, 10):.3f}")
     assert ratio <= 0.32
-    # The targets are 0.95 / 0.88; this holds what the daemon's segmentation makes of them (the
-    # filter before it: 0.966 / 0.890), so what moves cannot start lagging again unseen.
+    # The targets are 0.95 / 0.88; this holds the margin the daemon's segmentation keeps above them,
+    # so what moves cannot start lagging unseen.
     assert np.median(moving) >= 0.97 and np.percentile(moving, 10) >= 0.92
     # Every cut on its own frame, and no other; each shot's first map is that frame's own.
     cuts = [i for i, line in enumerate(lines) if "shot" in line.split(" ms: ")[1]]

@@ -91,7 +91,7 @@ def test_status_shows_a_hand_started_daemon_and_exits_3_once_it_stopped(tmp_path
         assert datetime.fromisoformat(started.group(1)).tzinfo is not None
         assert shown["config"] == "built-in defaults"
         assert shown["status file"].startswith(str(status_files[0]))
-        # The precision too (fp32 or int8, as auto measured): the status file had it, the line did not.
+        # The precision too (fp32 or int8, as auto measured): the line shows what the status file holds.
         precision = json.loads(status_files[0].read_text())["precision"]
         assert precision in ("fp32", "int8")
         assert shown["model"] == f"{tiny_model} (profile midas-v21-small; providers CPUExecutionProvider at {precision})"
@@ -112,7 +112,7 @@ def test_status_shows_a_hand_started_daemon_and_exits_3_once_it_stopped(tmp_path
 
 def test_status_tells_the_truth_about_a_daemon_whose_config_file_now_holds_a_bad_edit(tmp_path, tiny_model):
     """The daemon runs on in its last good config; `status -c config.yaml` (and `status` beside it) still
-    shows it, with the edit's error, where it exited 78 (or said "not running"). And a frame named with
+    shows it, with the edit's error, rather than exiting 78 (or saying "not running"). And a frame named with
     a newline cannot add lines of its own to what status prints (a forged "last error: none")."""
     watch = tmp_path / "shots"
     watch.mkdir()
@@ -147,7 +147,7 @@ def test_status_tells_the_truth_about_a_daemon_whose_config_file_now_holds_a_bad
 
 
 def test_an_edit_naming_a_model_that_cannot_be_loaded_is_shown_once(tmp_path, tiny_model):
-    """The status showed the same line twice, as "config error" and again as "model error": it is the model's."""
+    """A model that cannot be loaded is shown once, as a "model error", not again as a "config error"."""
     config = tmp_path / "config.yaml"
     settings = {"model": {"path": str(tiny_model), "profile": "midas-v21-small"}, "watch": {"folders": [str(tmp_path)]}}
     config.write_text(yaml.safe_dump(settings))
@@ -169,7 +169,7 @@ def test_an_edit_naming_a_model_that_cannot_be_loaded_is_shown_once(tmp_path, ti
 
 def test_a_start_whose_model_does_not_load_leaves_a_status_saying_so(tmp_path):
     """The status file is written as the start begins (`starting`: a large model's load takes a while,
-    and status said "not running" all along), and a start that ends there says why."""
+    and status must not say "not running" all along), and a start that ends there says why."""
     watch = tmp_path / "shots"
     watch.mkdir()
     broken = tmp_path / "broken.onnx"
@@ -205,8 +205,9 @@ def test_a_daemon_that_died_is_shown_as_not_running(tmp_path, tiny_model):
 
 def test_a_stray_status_file_is_one_line_and_a_last_error_is_shown_as_the_log_has_it(tmp_path):
     """A file in the state folder with fields of other types (an ISO date for `updated`, counts as text)
-    took `depthwatch status` down with a traceback, hiding every daemon; and a last error, escaped
-    as the log escapes names, was escaped again (`back\\\\slash`), matching neither file nor log."""
+    is one line, not a traceback that takes `depthwatch status` down and hides every daemon; and a last
+    error, escaped as the log escapes names, is shown as the log has it, not escaped again
+    (`back\\\\slash`, matching neither file nor log)."""
     from depthwatch.daemon.status import Status, write_status
     from depthwatch.logtext import shown
 
@@ -302,10 +303,10 @@ def test_two_daemons_on_the_same_config_are_warned_about(tmp_path, tiny_model):
 
 
 def test_status_lists_the_running_daemons_first_and_each_stopped_one_in_a_line(tmp_path):
-    """Every daemon that ever ran leaves its file in the state folder: `status` printed each in full,
-    newest first, stopped ones included, each "0 queued, 0 in progress when it stopped (the next start
-    maps them)". The running one comes first, in full; a stopped one is one line, saying what it left
-    only when it left something."""
+    """Every daemon that ever ran leaves its file in the state folder, so `status` does not print each in
+    full, newest first, each "0 queued, 0 in progress when it stopped (the next start maps them)". The
+    running one comes first, in full; a stopped one is one line, saying what it left only when it left
+    something."""
     from depthwatch.daemon.status import Status, write_status
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)

@@ -492,8 +492,9 @@ def test_what_systemd_says_is_said_truly_starting_gone_unit_exec_errors_and_sigk
 
 @pytest.mark.parametrize("odd", ["nl\nx", "esc\x1b[31m", "ends\\"])
 def test_a_config_whose_path_a_unit_cannot_name_is_one_line(tmp_path: Path, tiny_model: Path, home: Path, tools, capsys, odd: str):
-    """A newline in the config's folder was a ValueError traceback; a trailing backslash made
-    WorkingDirectory= a line continuation that swallowed the next line, and verify passed."""
+    """A config whose folder a unit cannot name is refused in one line, nothing installed: a newline in it
+    would be a ValueError traceback, and a trailing backslash would make WorkingDirectory= a line
+    continuation that swallows the next line, which verify passes."""
     config = make_project(tmp_path / odd, tiny_model)
     assert service("install", "-c", str(config)) == EX_CONFIG
     err = capsys.readouterr().err
@@ -504,8 +505,8 @@ def test_a_config_whose_path_a_unit_cannot_name_is_one_line(tmp_path: Path, tiny
 def test_install_checks_the_config_with_what_the_user_manager_hands_every_service(config: Path, home: Path, tools, capsys, monkeypatch):
     """A variable of the shell alone is refused (the service would exit 78 at every start); one the
     user manager hands every unit at each of its starts (environment.d) is the service's too. One it
-    holds only until the next boot (set-environment, a login session's) was taken as the service's:
-    installed and started, then 78 at every start after a reboot."""
+    holds only until the next boot (set-environment, a login session's) is refused with where to put it:
+    taken as the service's, it would be installed and started, then exit 78 at every start after a reboot."""
     generator = next((g for g in ENVIRONMENT_D_GENERATORS if os.access(g, os.X_OK)), None)
     if generator is None:
         pytest.skip("systemd's environment.d generator is not installed (Debian's systemd package; .ci/run installs it)")
@@ -526,8 +527,8 @@ def test_install_checks_the_config_with_what_the_user_manager_hands_every_servic
 
 
 def test_a_failed_reinstall_starts_the_old_service_again(config: Path, home: Path, tools, capsys):
-    """`systemctl restart` stopped the old daemon; the new unit failed; the old unit was put back, and
-    the service that had been mapping frames stayed down, unsaid."""
+    """`systemctl restart` stops the old daemon, then the new unit fails: the old unit is put back and
+    started again, and the install says so, so the service that was mapping frames does not stay down, unsaid."""
     assert service("install", "-c", str(config)) == 0
     old = unitfile.unit_path(home, os.environ).read_bytes()
     tools.clear()

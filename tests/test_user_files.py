@@ -547,7 +547,7 @@ def test_a_new_map_takes_its_free_name_only_while_it_is_free(tmp_path, tiny_mode
     assert provenance.read(tmp_path / "shot_depth.jpg")["source"] == "shot.jpg"
 
 
-#: Seconds after onnxruntime loads by which its telemetry had looked up its collector (9.3 s seen), and a margin.
+#: Seconds after onnxruntime loads by which its telemetry has looked up its collector (about 9.3 s), and a margin.
 TELEMETRY_FIRST_UPLOAD_S = 15.0
 
 
