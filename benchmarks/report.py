@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-#: The issue's targets; reported, never asserted.
+#: The targets depthwatch holds itself to; reported, never asserted.
 BURST_VS_LIMIT = 0.95
 LATENCY_OVERHEAD_MS = 10.0
 SCRUB_INFERENCE_SHARE = 0.5
@@ -87,7 +87,7 @@ def one_run_fps(results: dict[str, Any], ceiling: str = "ceiling", costs: str = 
 
 
 def derive(results: dict[str, Any]) -> dict[str, Any]:
-    """The ratios the issue asks for, within this run."""
+    """The ratios the targets are stated in, within this run."""
     s = results["scenarios"]
     ceiling = _get(s, "ceiling", "fps")
     ceiling_ms = _get(s, "ceiling", "ms_per_frame")
@@ -196,7 +196,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         add(f"burst vs bare loop ({engine}, accelerator)", v, None if v is None else v >= BURST_VS_LIMIT, f">= {BURST_VS_LIMIT}")
     else:
         limits = [(engine, d["burst_vs_limit"], d.get("one_run_vs_limit"))]
-        if engine != seed:  # the issue's row for onnxruntime fp32 on both sides, too
+        if engine != seed:  # the row for onnxruntime fp32 on both sides, too
             limits.append((seed, d.get("burst_ort_vs_limit_ort"), d.get("one_run_ort_vs_limit_ort")))
         for name, value, bound in limits:
             met = None if value is None else value >= BURST_VS_LIMIT
