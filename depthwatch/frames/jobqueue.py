@@ -72,15 +72,15 @@ class LatestWinsQueue(Generic[J]):
             current = self._waiting.get(key) or self._started.get(key)
             if same_source_version(current, job):
                 return True
-            started = self._started.get(key)
-            if supersede is not None and started is not None:
-                supersede(started)
             if key in self._waiting:
                 del self._waiting[key]
                 self.superseded += 1
             elif len(self._waiting) >= self.maxsize:
                 self.overflowed = True
-                return False
+                return False  # turned away: the job started for the output goes on
+            started = self._started.get(key)
+            if supersede is not None and started is not None:
+                supersede(started)
             self._waiting[key] = job
             self._cond.notify()
             return True
