@@ -243,6 +243,15 @@ def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, make: Call
     return Path(kept["path"]) if "path" in kept else kept["value"]  # type: ignore[return-value]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _slow_models_calibrated_once_per_run(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`onnx_models.slow_model`'s calibration measured once per run, shared by the test processes."""
+    import onnx_models
+
+    if os.environ.get("PYTEST_XDIST_WORKER") is not None:
+        onnx_models.SHARED_CALIBRATION = tmp_path_factory.getbasetemp().parent / "layer_seconds.json"
+
+
 @pytest.fixture(scope="session")
 def _real_models_engines(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
     """The real model's engines measured on this machine, once per run (see `_measured_once`, `once_per_run`).
