@@ -12,6 +12,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import cv2
 import numpy as np
@@ -44,6 +45,8 @@ SHARED_ENV = "DEPTHWATCH_SHARED"
 SHARED = Path(os.environ.get(SHARED_ENV) or Path(__file__).resolve().parents[2] / "shared").expanduser()
 SHARED_MODELS = SHARED / "models"
 FASTDEPTH = SHARED_MODELS / "fastdepth_224_nyu_int8.onnx"
+
+T = TypeVar("T")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -190,6 +193,14 @@ def _measured_once(home: Path, model: Path, profile: str) -> Path:
     assert done.returncode == 0, done.stderr[-2000:]
     remembered = list((home / "cache").rglob("providers.json"))
     assert len(remembered) == 1, f"no engine choice remembered for {model.name}: {done.stderr[-2000:]}"
+    # Remembered as a first run on a quiet machine remembers it. Measured here at the start of the
+    # run, beside the other test processes starting, the choice is often marked as made on a busy
+    # machine, and then every daemon started on the model measured its engines again in idle time
+    # (up to 6 s of CPU each, in some forty tests that are not about the measurement).
+    choices = json.loads(remembered[0].read_text())
+    for choice in choices.values():
+        choice["busy"] = False
+    remembered[0].write_text(json.dumps(choices))
     return remembered[0].parent
 
 
@@ -213,9 +224,45 @@ def remember(measured: Path) -> None:
     mine.write_text(json.dumps(known))
 
 
+def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], T]) -> T:
+    """`make(folder)` once for the whole run, its result shared by every test process (pytest-xdist's workers).
+
+    The first process to ask makes it in a folder beside the workers' own (under the run's
+    base temporary folder), the others wait on a lock and take what it made: what is the same
+    for every process (the engines measured on this machine) is not made three times over at the
+    start of the run, three processes at once on two cores. Without xdist: made here, as before.
+    `make`'s result must be JSON (a path is kept as text and given back as a Path).
+    """
+    import fcntl
+
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return make(tmp_path_factory.mktemp(name))
+    root = tmp_path_factory.getbasetemp().parent  # the run's, shared by its workers
+    made = root / f"{name}.json"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, also if `make` fails (the next one tries again)
+        if not made.is_file():
+            folder = root / name
+            shutil.rmtree(folder, ignore_errors=True)  # a failed try's
+            folder.mkdir()
+            result = make(folder)
+            made.write_text(json.dumps({"path": str(result)} if isinstance(result, Path) else {"value": result}))
+        kept = json.loads(made.read_text())
+    return Path(kept["path"]) if "path" in kept else kept["value"]  # type: ignore[return-value]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _slow_models_calibrated_once_per_run(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`onnx_models.slow_model`'s calibration measured once per run, shared by the test processes."""
+    import onnx_models
+
+    if os.environ.get("PYTEST_XDIST_WORKER") is not None:
+        onnx_models.SHARED_CALIBRATION = tmp_path_factory.getbasetemp().parent / "layer_seconds.json"
+
+
 @pytest.fixture(scope="session")
 def _real_models_engines(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
-    """The real model's engines measured on this machine, once per test process (see `_measured_once`).
+    """The real model's engines measured on this machine, once per run (see `_measured_once`, `once_per_run`).
 
     Tests of the measurement itself use models of their own, or folders of
     their own (`test_providers`, `test_ready_at_once`, `test_openvino`), and
@@ -223,14 +270,15 @@ def _real_models_engines(tmp_path_factory: pytest.TempPathFactory) -> Path | Non
     """
     if not FASTDEPTH.is_file():
         return None
-    return _measured_once(tmp_path_factory.mktemp("measured"), FASTDEPTH, "fastdepth-nyu")
+    return once_per_run(tmp_path_factory, "measured", lambda home: _measured_once(home, FASTDEPTH, "fastdepth-nyu"))
 
 
 @pytest.fixture(scope="session")
 def _tiny_models_engines(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`tiny_model`'s engines measured on this machine, once per test process (see `_measured_once`)."""
-    home = tmp_path_factory.mktemp("measured-tiny")
-    return _measured_once(home, brightness_model(home / "tiny.onnx"), "midas-v21-small")
+    """`tiny_model`'s engines measured on this machine, once per run (see `_measured_once`, `once_per_run`)."""
+    return once_per_run(
+        tmp_path_factory, "measured-tiny", lambda home: _measured_once(home, brightness_model(home / "tiny.onnx"), "midas-v21-small")
+    )
 
 
 @pytest.fixture(autouse=True)

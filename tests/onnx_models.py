@@ -100,17 +100,26 @@ def failing_model(path: Path, size: int = 16) -> Path:
     return _save(_square_float_graph(nodes, "failing", size, inits), path)
 
 
-def _conv_stack(layers: int, channels: int, scale: float) -> tuple[list, list, str]:
-    """Nodes and weights of `layers` 3x3 convolutions with ReLU on "image"; the last output's name."""
+def _conv_stack(layers: int, channels: int, scale: float, bias: float = 0.0) -> tuple[list, list, str]:
+    """Nodes and weights of `layers` 3x3 convolutions with ReLU on "image"; the last output's name.
+
+    `bias`: added by every convolution (none: the stack's values shrink layer by layer).
+    """
     import numpy as np
+    from onnx import numpy_helper
 
     rng = np.random.default_rng(0)
     nodes, inits = [], []
     current, in_ch = "image", 3
+    if bias:
+        inits.append(numpy_helper.from_array(np.full(channels, bias, np.float32), "bias"))
     for i in range(layers):
         weights = (rng.standard_normal((channels, in_ch, 3, 3)) * scale).astype(np.float32)
-        inits.append(helper.make_tensor(f"w{i}", TensorProto.FLOAT, list(weights.shape), weights.ravel().tolist()))
-        nodes.append(helper.make_node("Conv", [current, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]))
+        if bias:  # raw bytes: the same weights, written in a fraction of the time for a stack of hundreds
+            inits.append(numpy_helper.from_array(weights, f"w{i}"))
+        else:
+            inits.append(helper.make_tensor(f"w{i}", TensorProto.FLOAT, list(weights.shape), weights.ravel().tolist()))
+        nodes.append(helper.make_node("Conv", [current, f"w{i}", *(["bias"] if bias else [])], [f"c{i}"], pads=[1, 1, 1, 1]))
         nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"]))
         current, in_ch = f"r{i}", channels
     return nodes, inits, current
@@ -140,20 +149,53 @@ def slow_model(
 
     Its output is the convolutions' mean plus the frame's brightness, so a
     frame that is not one flat colour gets a map that is not flat either.
+
+    A model made for `seconds` keeps its convolutions' values clear of
+    subnormal numbers (`steady`), so that its time grows with its layers as
+    the count assumes: without, each layer shrinks them (by about 0.6), and
+    past 150 layers or so every one runs on subnormals, 15 times slower:
+    the "one second" model at 256x256 (250 layers on an AVX-512 machine) took
+    17 s a run, and a test that wanted three frames in flight spent a minute
+    and 30 s of CPU on them.
     """
     if layers is None:
-        layers = layers_for(seconds if seconds is not None else 0.1, size, channels)
-    nodes, inits, last = _conv_stack(layers, channels, 0.05)
+        return _slow(path, layers_for(seconds if seconds is not None else 0.1, size, channels), size, channels, steady=True)
+    return _slow(path, layers, size, channels, steady=False)
+
+
+#: What each convolution of a `steady` stack adds: its values settle about there, never subnormal.
+_STEADY_BIAS = 0.01
+#: What a `steady` stack's mean is scaled by before it is added to the brightness: to as little as
+#: the mean of a plain stack of as many layers comes to (0.6 ** 70, about 3e-16, and less the deeper).
+_STEADY_SHARE = 1e-16
+
+
+def _slow(path: Path, layers: int, size: int, channels: int, *, steady: bool) -> Path:
+    """`slow_model`'s graph: `steady`, the stack's values kept clear of subnormals (see there)."""
+    nodes, inits, last = _conv_stack(layers, channels, 0.05, _STEADY_BIAS if steady else 0.0)
+    if steady:
+        inits.append(helper.make_tensor("share", TensorProto.FLOAT, [], [_STEADY_SHARE]))
+        nodes += [
+            helper.make_node("ReduceMean", [last], ["settled"], axes=[1], keepdims=0),
+            helper.make_node("Mul", ["settled", "share"], ["busy"]),
+        ]
+    else:
+        nodes.append(helper.make_node("ReduceMean", [last], ["busy"], axes=[1], keepdims=0))
     nodes += [
-        helper.make_node("ReduceMean", [last], ["busy"], axes=[1], keepdims=0),
         helper.make_node("ReduceMean", ["image"], ["mean"], axes=[1], keepdims=0),
         helper.make_node("Add", ["busy", "mean"], ["depth"]),
     ]
     return _save(_square_float_graph(nodes, "slow", size, inits), path)
 
 
-#: Seconds a run of one convolution layer takes here, per (size, channels): measured once per process.
+#: Seconds a run of one convolution layer takes here, per (size, channels): measured once per process,
+#: or once per run where `SHARED_CALIBRATION` names a file the run's test processes share.
 _LAYER_SECONDS: dict[tuple[int, int], float] = {}
+#: A JSON file of the figures above that every test process of one run reads and adds to (under a
+#: lock), so that each (size, channels) is measured once, not once in each process: the probe
+#: at 64x64 builds and loads a 256-convolution model, 6 s of a test's time and 12 s of CPU.
+#: Set by tests/conftest.py under pytest-xdist; None: this process measures for itself.
+SHARED_CALIBRATION: Path | None = None
 #: What the calibration probe's run lasts at least: well above the timer's and the call's overheads.
 _PROBE_S = 0.05
 
@@ -169,32 +211,49 @@ def layers_for(seconds: float, size: int, channels: int = 32) -> int:
     the model then takes longer than `seconds`, as any work does, and the
     tests that use it wait on conditions, never on a time.
     """
+    key = (size, channels)
+    if key not in _LAYER_SECONDS and SHARED_CALIBRATION is not None:
+        import fcntl
+        import json
+
+        with open(SHARED_CALIBRATION.with_name(SHARED_CALIBRATION.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one process measures a key; the others wait and read its figure
+            shared = json.loads(SHARED_CALIBRATION.read_text()) if SHARED_CALIBRATION.is_file() else {}
+            name = f"{size}x{channels}"
+            if name not in shared:
+                shared[name] = _layer_seconds(size, channels)
+                SHARED_CALIBRATION.write_text(json.dumps(shared))
+            _LAYER_SECONDS[key] = shared[name]
+    if key not in _LAYER_SECONDS:
+        _LAYER_SECONDS[key] = _layer_seconds(size, channels)
+    return max(1, min(2000, round(seconds / _LAYER_SECONDS[key])))
+
+
+def _layer_seconds(size: int, channels: int) -> float:
+    """Seconds a run of one convolution layer takes on this CPU when it is let (see `layers_for`)."""
     import tempfile
     import time
 
     import numpy as np
     import onnxruntime
 
-    key = (size, channels)
-    if key not in _LAYER_SECONDS:
-        feed = {"image": np.random.default_rng(0).random((1, 3, size, size), np.float32)}
-        layers = 4
-        with tempfile.TemporaryDirectory() as folder:
-            while True:
-                probe = slow_model(Path(folder) / f"probe{layers}.onnx", layers=layers, size=size, channels=channels)
-                session = onnxruntime.InferenceSession(str(probe), providers=["CPUExecutionProvider"])
+    feed = {"image": np.random.default_rng(0).random((1, 3, size, size), np.float32)}
+    layers = 4
+    with tempfile.TemporaryDirectory() as folder:
+        while True:
+            probe = _slow(Path(folder) / f"probe{layers}.onnx", layers, size, channels, steady=True)
+            session = onnxruntime.InferenceSession(str(probe), providers=["CPUExecutionProvider"])
+            session.run(None, feed)
+            runs = []
+            for _ in range(5):
+                start = time.perf_counter()
                 session.run(None, feed)
-                runs = []
-                for _ in range(5):
-                    start = time.perf_counter()
-                    session.run(None, feed)
-                    runs.append(time.perf_counter() - start)
-                run = min(runs)
-                if run >= _PROBE_S or layers >= 256:
-                    break
-                layers = min(256, layers * max(2, int(_PROBE_S / max(run, 1e-4)) + 1))
-        _LAYER_SECONDS[key] = max(run / layers, 1e-6)
-    return max(1, min(2000, round(seconds / _LAYER_SECONDS[key])))
+                runs.append(time.perf_counter() - start)
+            run = min(runs)
+            if run >= _PROBE_S or layers >= 256:
+                break
+            layers = min(256, layers * max(2, int(_PROBE_S / max(run, 1e-4)) + 1))
+    return max(run / layers, 1e-6)
 
 
 def busy_brightness_model(path: Path, size: int = 64, layers: int = 6, channels: int = 16) -> Path:

@@ -61,7 +61,10 @@ def test_queued_frames_swapped_for_a_fifo_a_device_or_a_sparse_file_and_the_outp
     """
     from onnx_models import slow_model
 
-    model = slow_model(tmp_path / "slow.onnx", seconds=1.0, size=256)  # a second or more per frame, even on a quiet machine
+    # The first blocker's run is the margin: the three frames must be seen queued and swapped before it
+    # ends (the status file's lag, the settle, the swaps: under a second here). Three seconds a frame,
+    # more on a loaded machine, as the steps before the swap are slower too.
+    model = slow_model(tmp_path / "slow.onnx", seconds=3.0, size=256)
     outside = tmp_path / "outside"
     outside.mkdir()
     d = DaemonProcess(

@@ -20,6 +20,7 @@ from conftest import jpeg_bytes, write_by_rename
 from daemon_process import DaemonProcess, wait_for
 from onnx_models import hanging_model, stuck_model
 
+from depthwatch.daemon.supervisor import SILENT_AFTER_S
 from depthwatch.errors import EX_SOFTWARE
 
 
@@ -129,7 +130,14 @@ def test_an_idle_daemon_keeps_its_heartbeat_and_one_that_stops_answering_is_told
         assert "doing:" in said() and "idle" in said()
         os.kill(d.proc.pid, signal.SIGSTOP)  # as a daemon wedged whole would be
         try:
-            wait_for(lambda: "not answering" in said(), timeout=90, what="status to say the daemon is not answering")
+            # `status` is asked once the heartbeat in the status file is older than the bound it applies:
+            # asked from the stop on, it was a Python process started every few hundredths of a second
+            # for half a minute (20 s of CPU, a core of a 2-core machine) to say "running" each time.
+            def silent() -> bool:
+                beat = d.status().get("heartbeat_at")
+                return isinstance(beat, (int, float)) and time.time() - beat > SILENT_AFTER_S
+
+            wait_for(lambda: silent() and "not answering" in said(), timeout=90, what="status to say the daemon is not answering")
         finally:
             os.kill(d.proc.pid, signal.SIGCONT)
         wait_for(lambda: "not answering" not in said(), what="status to say it answers again")

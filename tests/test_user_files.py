@@ -116,7 +116,9 @@ def test_maps_never_land_in_a_folder_swapped_in_while_their_frames_were_in_fligh
     """
     from onnx_models import slow_model
 
-    model = slow_model(tmp_path / "slow.onnx", seconds=1.0, size=256)  # about a second per frame on the CPU provider
+    # Two seconds a frame on the CPU provider: the first frame's run is the margin for the swaps after its
+    # frames are seen in flight (the status file's lag, a rename or two).
+    model = slow_model(tmp_path / "slow.onnx", seconds=2.0, size=256)
     show_a, show_b, outside = tmp_path / "showA" / "shots", tmp_path / "showB" / "shots", tmp_path / "outside"
     for folder in (show_a, show_b, outside):
         folder.mkdir(parents=True)
@@ -191,7 +193,7 @@ def test_a_predict_request_whose_output_folder_turns_into_a_link_outside_is_refu
     requests = __import__("pytest").importorskip("requests")
     from onnx_models import slow_model
 
-    model = slow_model(tmp_path / "slow.onnx", seconds=1.0, size=256)  # a second or more in the model
+    model = slow_model(tmp_path / "slow.onnx", seconds=2.0, size=256)  # two seconds or more in the model: the margin for the swap
     outside = tmp_path / "outside"
     outside.mkdir()
     d = DaemonProcess(
