@@ -230,7 +230,7 @@ def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, make: Call
     The first process to ask makes it in a folder beside the workers' own (under the run's
     base temporary folder), the others wait on a lock and take what it made: what is the same
     for every process (the engines measured on this machine) is not made three times over at the
-    start of the run, three processes at once on two cores. Without xdist: made here, as before.
+    start of the run, three processes at once on two cores. Without xdist: made here.
     `make`'s result must be JSON (a path is kept as text and given back as a Path).
     """
     import fcntl
