@@ -7,12 +7,9 @@ included; and once on a copy with one import back, so the check is shown to be a
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-from test_layers import run_on
+from test_layers import copy_of_the_package, run_script
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,18 +32,13 @@ sys.exit(1 if problems else 0)
 """
 
 
-def _check(root: Path) -> subprocess.CompletedProcess[str]:
-    return run_on(root, [sys.executable, "-c", _CHECK])
-
-
 def test_no_part_of_the_daemon_reaches_back():
-    done = _check(REPO)
+    done = run_script(REPO, _CHECK)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
 
 
 def test_a_part_that_reaches_back_is_caught(tmp_path):
-    shutil.copytree(REPO / "depthwatch", tmp_path / "depthwatch", ignore=shutil.ignore_patterns("__pycache__"))
-    accounting = tmp_path / "depthwatch" / "daemon" / "accounting.py"
+    accounting = copy_of_the_package(tmp_path) / "daemon" / "accounting.py"
     text = accounting.read_text().replace(
         "from __future__ import annotations\n",
         "from __future__ import annotations\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
@@ -55,7 +47,7 @@ def test_a_part_that_reaches_back_is_caught(tmp_path):
     )
     accounting.write_text(text)
 
-    done = _check(tmp_path)
+    done = run_script(tmp_path, _CHECK)
 
     assert done.returncode != 0
     assert "depthwatch.daemon.accounting imports depthwatch.daemon.lifecycle" in done.stdout

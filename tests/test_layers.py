@@ -22,6 +22,18 @@ def run_on(root: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+def run_script(root: Path, script: str) -> subprocess.CompletedProcess[str]:
+    """A Python script over the import graph, run on the copy of the package at `root` (see `run_on`)."""
+    return run_on(root, [sys.executable, "-c", script])
+
+
+def copy_of_the_package(tmp_path: Path) -> Path:
+    """depthwatch and its pyproject.toml copied under `tmp_path`, for a check shown to fail on a change; the copy's package folder."""
+    shutil.copytree(REPO / "depthwatch", tmp_path / "depthwatch", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path / "depthwatch"
+
+
 def _lint(root: Path) -> subprocess.CompletedProcess[str]:
     lint = Path(sys.executable).with_name("lint-imports")
     return run_on(root, [str(lint), "--config", str(root / "pyproject.toml"), "--no-cache"])
@@ -34,9 +46,8 @@ def test_the_layers_are_kept():
 
 
 def test_an_arrow_back_breaks_the_contract(tmp_path):
-    shutil.copytree(REPO / "depthwatch", tmp_path / "depthwatch", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    normalise = tmp_path / "depthwatch" / "imaging" / "normalise.py"
+    package = copy_of_the_package(tmp_path)
+    normalise = package / "imaging" / "normalise.py"
     normalise.write_text(normalise.read_text() + "\nfrom depthwatch.daemon import status  # noqa\n")
 
     done = _lint(tmp_path)
@@ -84,22 +95,18 @@ sys.exit(1 if cycles else 0)
 """
 
 
-def _cycles(root: Path) -> subprocess.CompletedProcess[str]:
-    return run_on(root, [sys.executable, "-c", _CYCLES])
-
-
 def test_no_import_cycle_among_the_modules():
     """No module reaches, through any chain of imports (type-only ones too), back to itself."""
-    done = _cycles(REPO)
+    done = run_script(REPO, _CYCLES)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
 
 
 def test_an_import_cycle_is_caught(tmp_path):
-    shutil.copytree(REPO / "depthwatch", tmp_path / "depthwatch", ignore=shutil.ignore_patterns("__pycache__"))
-    providers = tmp_path / "depthwatch" / "model" / "providers.py"
+    package = copy_of_the_package(tmp_path)
+    providers = package / "model" / "providers.py"
     providers.write_text(providers.read_text() + "\nfrom depthwatch.model import spec  # noqa\n")  # spec imports providers
 
-    done = _cycles(tmp_path)
+    done = run_script(tmp_path, _CYCLES)
 
     assert done.returncode != 0
     assert "depthwatch.model.providers" in done.stdout and "depthwatch.model.spec" in done.stdout
@@ -124,22 +131,17 @@ sys.exit(1 if outside else 0)
 """
 
 
-def _outside(root: Path) -> subprocess.CompletedProcess[str]:
-    return run_on(root, [sys.executable, "-c", _OUTSIDE])
-
-
 def test_every_module_is_in_a_layer():
     """A module the contract's layers do not name is checked by nothing: a new module beside `files` must be placed."""
-    done = _outside(REPO)
+    done = run_script(REPO, _OUTSIDE)
     assert done.returncode == 0, "outside every layer: " + done.stdout[-3000:] + done.stderr[-2000:]
 
 
 def test_a_module_outside_the_layers_is_caught(tmp_path):
-    shutil.copytree(REPO / "depthwatch", tmp_path / "depthwatch", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    (tmp_path / "depthwatch" / "newcomer.py").write_text("from depthwatch.frames import job  # noqa\n")
+    package = copy_of_the_package(tmp_path)
+    (package / "newcomer.py").write_text("from depthwatch.frames import job  # noqa\n")
 
-    done = _outside(tmp_path)
+    done = run_script(tmp_path, _OUTSIDE)
 
     assert done.returncode != 0
     assert "depthwatch.newcomer" in done.stdout
@@ -164,22 +166,18 @@ sys.exit(1 if reached else 0)
 """
 
 
-def _clip_interface(root: Path) -> subprocess.CompletedProcess[str]:
-    return run_on(root, [sys.executable, "-c", _CLIP_INTERFACE])
-
-
 def test_the_daemon_once_and_the_farm_reach_clips_through_its_interface():
     """Outside clips/, nothing imports the way's own modules (the job, make, stream, placing, sequence)."""
-    done = _clip_interface(REPO)
+    done = run_script(REPO, _CLIP_INTERFACE)
     assert done.returncode == 0, "past the clips interface: " + done.stdout[-3000:] + done.stderr[-2000:]
 
 
 def test_a_caller_reaching_past_the_clips_interface_is_caught(tmp_path):
-    shutil.copytree(REPO / "depthwatch", tmp_path / "depthwatch", ignore=shutil.ignore_patterns("__pycache__"))
-    intake = tmp_path / "depthwatch" / "daemon" / "intake.py"
+    package = copy_of_the_package(tmp_path)
+    intake = package / "daemon" / "intake.py"
     intake.write_text(intake.read_text() + "\nfrom depthwatch.clips import stream  # noqa\n")
 
-    done = _clip_interface(tmp_path)
+    done = run_script(tmp_path, _CLIP_INTERFACE)
 
     assert done.returncode != 0
     assert "depthwatch.daemon.intake -> depthwatch.clips.stream" in done.stdout
